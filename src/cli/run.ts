@@ -1,0 +1,56 @@
+import type { CommonOptions } from './main.ts';
+import { effectiveConfig, resolveNodeName } from './main.ts';
+import { createLogger } from '../log.ts';
+import { hostRunner } from '../exec/runner.ts';
+import { modes } from '../modes/registry.ts';
+import { ProxyController } from '../sync/controller.ts';
+import { ManifestsSource } from '../sources/manifests.ts';
+import { startServers } from '../server/servers.ts';
+import { cleanupAll } from './cleanup.ts';
+import type { Source } from '../sources/types.ts';
+import type { Logger } from '../log.ts';
+import type { ProxyConfig } from '../config/config.ts';
+
+export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {
+  if (o.manifests) return new ManifestsSource({ dir: o.manifests, nodeName, log: log.child({ source: 'manifests' }) });
+  if (cfg.kubeconfig || process.env.KUBERNETES_SERVICE_HOST) {
+    // TODO(lead): static import once src/sources/kubernetes.ts lands.
+    const modPath = '../sources/kubernetes.ts';
+    const { createKubernetesSource } = (await import(modPath)) as { createKubernetesSource: (o: unknown) => Source };
+    return createKubernetesSource({ kubeconfig: cfg.kubeconfig || undefined, nodeName, log: log.child({ source: 'kubernetes' }) });
+  }
+  throw new Error('KPROXY_NO_SOURCE: nothing to watch; give --manifests DIR (no cluster) or --kubeconfig FILE, or run in a cluster');
+}
+
+export async function runCommand(o: CommonOptions): Promise<void> {
+  const cfg = effectiveConfig(o);
+  const log = createLogger({ level: o.logLevel });
+  if (o.cleanup) {
+    await cleanupAll(hostRunner, log);
+    return;
+  }
+  const nodeName = resolveNodeName(cfg);
+  const source = await createSource(o, cfg, nodeName, log);
+  const mode = modes[cfg.mode];
+  log.info({ mode: cfg.mode, nodeName, source: o.manifests ? `manifests:${o.manifests}` : 'kubernetes' }, 'starting kproxy');
+  const ctrl = new ProxyController({ config: cfg, nodeName, mode, allModes: modes, source, runner: hostRunner, log });
+  await ctrl.start();
+  const servers = await startServers(
+    { ctrl, source, mode: cfg.mode, healthTimeoutMs: 2 * cfg.syncPeriodMs, log },
+    cfg.healthzBindAddress,
+    cfg.metricsBindAddress,
+  );
+  let stopping = false;
+  const shutdown = async (sig: string) => {
+    if (stopping) return;
+    stopping = true;
+    log.info({ signal: sig }, 'stopping; kernel rules stay in place for the next start');
+    const force = setTimeout(() => process.exit(0), 5000);
+    force.unref();
+    await ctrl.stop().catch(() => {});
+    await servers.close().catch(() => {});
+    process.exit(0);
+  };
+  process.on('SIGINT', () => void shutdown('SIGINT'));
+  process.on('SIGTERM', () => void shutdown('SIGTERM'));
+}

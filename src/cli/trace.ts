@@ -1,0 +1,53 @@
+import type { CommonOptions } from './main.ts';
+import { effectiveConfig, resolveNodeName } from './main.ts';
+import { modes } from '../modes/registry.ts';
+import { planFromManifests } from './state.ts';
+import { hostRunner } from '../exec/runner.ts';
+import { canonicalIP, joinHostPort } from '../core/ip.ts';
+import type { TraceResult } from '../modes/types.ts';
+
+interface TraceOptions extends CommonOptions {
+  live?: boolean;
+  from: string;
+  to: string;
+  proto: string;
+  json?: boolean;
+}
+
+export function parseTarget(to: string): { ip: string; port: number } {
+  const m = /^(?:\[([^\]]+)\]|([^:]+)):(\d+)$/.exec(to);
+  const ip = m ? canonicalIP(m[1] ?? m[2]) : null;
+  const port = m ? Number(m[3]) : NaN;
+  if (!ip || !(port >= 1 && port <= 65535)) throw new Error(`KPROXY_TRACE_INPUT: --to wants IP:PORT, got ${JSON.stringify(to)}`);
+  return { ip, port };
+}
+
+export function formatTrace(r: TraceResult, pkt: string): string {
+  const verdict = r.output === '' ? 'not handled by kproxy (the packet is left alone)' : /^(REJECT|DROP|ACCEPT)$/.test(r.output) ? r.output : 'DNAT';
+  const lines = [
+    `packet:     ${pkt}`,
+    `verdict:    ${verdict}`,
+    `endpoints:  ${/^(REJECT|DROP|ACCEPT)?$/.test(r.output) ? '-' : r.output}`,
+    `masquerade: ${r.masq ? 'yes' : 'no'}`,
+    ...(r.notes ?? []).map((n) => `note:       ${n}`),
+    'rules matched:',
+    ...r.rules.map((x, i) => `  ${String(i + 1).padStart(3)}. ${x}`),
+  ];
+  return lines.join('\n') + '\n';
+}
+
+export async function traceCommand(o: TraceOptions): Promise<void> {
+  const cfg = effectiveConfig(o);
+  const mode = modes[cfg.mode];
+  if (!mode.trace) throw new Error(`KPROXY_TRACE_UNSUPPORTED: mode ${cfg.mode} has no tracer yet`);
+  const from = canonicalIP(o.from);
+  if (!from) throw new Error(`KPROXY_TRACE_INPUT: --from wants an IP, got ${JSON.stringify(o.from)}`);
+  const { ip, port } = parseTarget(o.to);
+  const protocol = o.proto.toUpperCase();
+  if (protocol !== 'TCP' && protocol !== 'UDP' && protocol !== 'SCTP') throw new Error(`KPROXY_TRACE_INPUT: --proto wants tcp, udp or sctp, got ${o.proto}`);
+  if (!o.live && !o.manifests) throw new Error('KPROXY_TRACE_INPUT: give --manifests DIR (planned rules) or --live (kernel state)');
+  const input = o.live ? undefined : planFromManifests(o.manifests!, cfg, resolveNodeName(cfg), o.nodeIp);
+  const r = await mode.trace({ from, to: ip, port, protocol, input, live: !!o.live }, { runner: hostRunner });
+  if (o.json) process.stdout.write(JSON.stringify({ output: r.output, masq: r.masq, rules: r.rules }) + '\n');
+  else process.stdout.write(formatTrace(r, `${protocol.toLowerCase()} ${from} -> ${joinHostPort(ip, port)} (mode ${cfg.mode}${o.live ? ', live' : ''})`));
+}

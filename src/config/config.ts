@@ -1,0 +1,287 @@
+// KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1): load, default, validate.
+// Defaults are upstream's (pkg/proxy/apis/config/v1alpha1/defaults.go). Validation errors
+// name the field and the bad value, and nothing touches the host before they are checked.
+import { readFileSync } from 'node:fs';
+import { parse as parseYAML } from 'yaml';
+import { z } from 'zod';
+import { parseCIDR, canonicalIP } from '../core/ip.ts';
+
+export const MODES = ['userspace', 'iptables', 'ipvs', 'nftables'] as const;
+export type ModeName = (typeof MODES)[number];
+export const IPVS_SCHEDULERS = ['rr', 'wrr', 'lc', 'wlc', 'lblc', 'lblcr', 'sh', 'dh', 'sed', 'nq', 'mh'] as const;
+
+export class ConfigError extends Error {
+  readonly code = 'KPROXY_CONFIG_INVALID';
+  constructor(readonly field: string, message: string) {
+    super(`KPROXY_CONFIG_INVALID: ${field}: ${message}`);
+  }
+}
+
+/** Go duration text ("1m30s", "250ms", "0s") → milliseconds. */
+export function parseDuration(text: string | number): number | null {
+  if (typeof text === 'number') return Number.isFinite(text) ? text : null;
+  const s = String(text).trim();
+  if (s === '0') return 0;
+  const re = /(-?\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)/gy;
+  let total = 0;
+  let m: RegExpExecArray | null;
+  let consumed = 0;
+  const unit: Record<string, number> = { h: 3600e3, m: 60e3, s: 1e3, ms: 1, us: 1e-3, 'µs': 1e-3, ns: 1e-6 };
+  while ((m = re.exec(s))) {
+    total += parseFloat(m[1]) * unit[m[2]];
+    consumed = re.lastIndex;
+  }
+  if (consumed !== s.length || s.length === 0) return null;
+  return total;
+}
+
+const duration = z.union([z.string(), z.number()]);
+
+const schema = z
+  .object({
+    apiVersion: z.string().optional(),
+    kind: z.string().optional(),
+    bindAddress: z.string().optional(),
+    healthzBindAddress: z.string().optional(),
+    metricsBindAddress: z.string().optional(),
+    bindAddressHardFail: z.boolean().optional(),
+    enableProfiling: z.boolean().optional(),
+    clusterCIDR: z.string().optional(),
+    hostnameOverride: z.string().optional(),
+    clientConnection: z
+      .object({
+        kubeconfig: z.string().optional(),
+        acceptContentTypes: z.string().optional(),
+        contentType: z.string().optional(),
+        qps: z.number().optional(),
+        burst: z.number().optional(),
+      })
+      .strict()
+      .optional(),
+    iptables: z
+      .object({
+        masqueradeBit: z.number().int().nullable().optional(),
+        masqueradeAll: z.boolean().optional(),
+        localhostNodePorts: z.boolean().nullable().optional(),
+        syncPeriod: duration.optional(),
+        minSyncPeriod: duration.optional(),
+      })
+      .strict()
+      .optional(),
+    ipvs: z
+      .object({
+        syncPeriod: duration.optional(),
+        minSyncPeriod: duration.optional(),
+        scheduler: z.string().optional(),
+        excludeCIDRs: z.array(z.string()).nullable().optional(),
+        strictARP: z.boolean().optional(),
+        tcpTimeout: duration.optional(),
+        tcpFinTimeout: duration.optional(),
+        udpTimeout: duration.optional(),
+      })
+      .strict()
+      .optional(),
+    nftables: z
+      .object({
+        masqueradeBit: z.number().int().nullable().optional(),
+        masqueradeAll: z.boolean().optional(),
+        syncPeriod: duration.optional(),
+        minSyncPeriod: duration.optional(),
+      })
+      .strict()
+      .optional(),
+    winkernel: z.record(z.unknown()).optional(),
+    logging: z.record(z.unknown()).optional(),
+    featureGates: z.record(z.boolean()).optional(),
+    mode: z.string().optional(),
+    portRange: z.string().optional(),
+    udpIdleTimeout: duration.optional(),
+    conntrack: z.record(z.unknown()).optional(),
+    configSyncPeriod: duration.optional(),
+    nodePortAddresses: z.array(z.string()).nullable().optional(),
+    detectLocalMode: z.string().optional(),
+    detectLocal: z.record(z.unknown()).optional(),
+    oomScoreAdj: z.number().int().nullable().optional(),
+    showHiddenMetricsForVersion: z.string().optional(),
+    syncPeriod: duration.optional(),
+    minSyncPeriod: duration.optional(),
+  })
+  .strict();
+
+export type RawConfig = z.infer<typeof schema>;
+
+/** The effective configuration kproxy runs with, every default filled in. */
+export interface ProxyConfig {
+  mode: ModeName;
+  hostnameOverride: string;
+  kubeconfig: string;
+  clusterCIDRs: string[];
+  bindAddress: string;
+  healthzBindAddress: string;
+  metricsBindAddress: string;
+  masqueradeAll: boolean;
+  masqueradeBit: number;
+  localhostNodePorts: boolean;
+  /** canonical CIDRs; empty = all local addresses (upstream's default) */
+  nodePortAddresses: string[];
+  syncPeriodMs: number;
+  minSyncPeriodMs: number;
+  udpIdleTimeoutMs: number;
+  configSyncPeriodMs: number;
+  ipvs: {
+    scheduler: string;
+    excludeCIDRs: string[];
+    strictARP: boolean;
+    tcpTimeoutMs: number;
+    tcpFinTimeoutMs: number;
+    udpTimeoutMs: number;
+    syncPeriodMs: number;
+    minSyncPeriodMs: number;
+  };
+  featureGates: Record<string, boolean>;
+}
+
+/** Flags from the command line; any that is set overrides the file. */
+export interface ConfigFlags {
+  mode?: string;
+  kubeconfig?: string;
+  hostnameOverride?: string;
+  clusterCidr?: string;
+  healthzBindAddress?: string;
+  metricsBindAddress?: string;
+  nodeportAddresses?: string;
+  masqueradeAll?: boolean;
+  ipvsScheduler?: string;
+}
+
+function durationField(field: string, v: string | number | undefined, dflt: number): number {
+  if (v === undefined) return dflt;
+  const ms = parseDuration(v);
+  if (ms === null) throw new ConfigError(field, `invalid duration ${JSON.stringify(v)} (want e.g. "30s", "1m", "250ms")`);
+  if (ms < 0) throw new ConfigError(field, `must not be negative, got ${JSON.stringify(v)}`);
+  return ms;
+}
+
+function hostPortField(field: string, v: string): string {
+  if (v === '') return v;
+  const m = /^(\[[0-9a-fA-F:.]+\]|[0-9.]+)?:(\d+)$/.exec(v) ?? /^([0-9.]+)$/.exec(v);
+  if (!m) throw new ConfigError(field, `invalid address ${JSON.stringify(v)} (want IP:port)`);
+  const host = (m[1] ?? '').replace(/^\[|\]$/g, '');
+  if (host && !canonicalIP(host)) throw new ConfigError(field, `invalid IP in ${JSON.stringify(v)}`);
+  if (m[2] !== undefined && (Number(m[2]) < 0 || Number(m[2]) > 65535)) {
+    throw new ConfigError(field, `port out of range in ${JSON.stringify(v)}`);
+  }
+  return v;
+}
+
+function cidrList(field: string, list: string[]): string[] {
+  return list.map((c, i) => {
+    const p = parseCIDR(c);
+    if (!p) throw new ConfigError(`${field}[${i}]`, `invalid CIDR ${JSON.stringify(c)}`);
+    return p.text;
+  });
+}
+
+export function parseConfigText(text: string, source = 'config'): RawConfig {
+  let doc: unknown;
+  try {
+    doc = parseYAML(text) ?? {};
+  } catch (e) {
+    throw new ConfigError(source, `not valid YAML: ${(e as Error).message}`);
+  }
+  const res = schema.safeParse(doc);
+  if (!res.success) {
+    const issue = res.error.issues[0];
+    const path = issue.path.join('.') || '(root)';
+    if (issue.code === 'unrecognized_keys') {
+      const where = issue.path.length ? `${path}.` : '';
+      throw new ConfigError(`${where}${issue.keys[0]}`, 'unknown field');
+    }
+    throw new ConfigError(path, issue.message);
+  }
+  const raw = res.data;
+  if (raw.kind !== undefined && raw.kind !== 'KubeProxyConfiguration') {
+    throw new ConfigError('kind', `want KubeProxyConfiguration, got ${JSON.stringify(raw.kind)}`);
+  }
+  if (raw.apiVersion !== undefined && raw.apiVersion !== 'kubeproxy.config.k8s.io/v1alpha1') {
+    throw new ConfigError('apiVersion', `want kubeproxy.config.k8s.io/v1alpha1, got ${JSON.stringify(raw.apiVersion)}`);
+  }
+  return raw;
+}
+
+export function loadConfigFile(path: string): RawConfig {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (e) {
+    throw new ConfigError('--config', `cannot read ${path}: ${(e as Error).message}`);
+  }
+  return parseConfigText(text, path);
+}
+
+/** Applies upstream's defaults and the flags, validates, and returns the effective config. */
+export function resolveConfig(raw: RawConfig = {}, flags: ConfigFlags = {}): ProxyConfig {
+  const modeText = flags.mode ?? raw.mode ?? '';
+  const mode = (modeText === '' ? 'iptables' : modeText) as ModeName;
+  if (!MODES.includes(mode)) {
+    throw new ConfigError('mode', `unknown mode ${JSON.stringify(modeText)} (want one of ${MODES.join(', ')})`);
+  }
+  const modeSection = mode === 'nftables' ? raw.nftables : raw.iptables;
+  const masqueradeBit = modeSection?.masqueradeBit ?? 14;
+  if (masqueradeBit < 0 || masqueradeBit > 31) {
+    throw new ConfigError(`${mode === 'nftables' ? 'nftables' : 'iptables'}.masqueradeBit`, `must be in [0, 31], got ${masqueradeBit}`);
+  }
+  const schedText = flags.ipvsScheduler ?? raw.ipvs?.scheduler ?? '';
+  const scheduler = schedText === '' ? 'rr' : schedText;
+  if (!(IPVS_SCHEDULERS as readonly string[]).includes(scheduler)) {
+    throw new ConfigError('ipvs.scheduler', `unknown scheduler ${JSON.stringify(schedText)} (want one of ${IPVS_SCHEDULERS.join(', ')})`);
+  }
+  const clusterCIDRText = flags.clusterCidr ?? raw.clusterCIDR ?? '';
+  const clusterCIDRs = clusterCIDRText === '' ? [] : cidrList('clusterCIDR', clusterCIDRText.split(',').map((s) => s.trim()));
+  const npaList = flags.nodeportAddresses !== undefined
+    ? flags.nodeportAddresses.split(',').map((s) => s.trim()).filter(Boolean)
+    : raw.nodePortAddresses ?? [];
+  const nodePortAddresses = npaList.includes('primary') ? ['primary'] : cidrList('nodePortAddresses', npaList);
+
+  const syncSection = mode === 'ipvs' ? raw.ipvs : modeSection;
+  const syncPeriodMs = durationField(`${mode === 'ipvs' ? 'ipvs' : mode === 'nftables' ? 'nftables' : 'iptables'}.syncPeriod`, raw.syncPeriod ?? syncSection?.syncPeriod, 30_000);
+  const minSyncPeriodMs = durationField(`${mode === 'ipvs' ? 'ipvs' : mode === 'nftables' ? 'nftables' : 'iptables'}.minSyncPeriod`, raw.minSyncPeriod ?? syncSection?.minSyncPeriod, 1_000);
+  if (syncPeriodMs === 0) throw new ConfigError('syncPeriod', 'must be greater than 0');
+  if (minSyncPeriodMs > syncPeriodMs) {
+    throw new ConfigError('minSyncPeriod', `must not exceed syncPeriod (${minSyncPeriodMs}ms > ${syncPeriodMs}ms)`);
+  }
+
+  return {
+    mode,
+    hostnameOverride: flags.hostnameOverride ?? raw.hostnameOverride ?? '',
+    kubeconfig: flags.kubeconfig ?? raw.clientConnection?.kubeconfig ?? '',
+    clusterCIDRs,
+    bindAddress: raw.bindAddress ?? '0.0.0.0',
+    healthzBindAddress: hostPortField('healthzBindAddress', flags.healthzBindAddress ?? raw.healthzBindAddress ?? '0.0.0.0:10256'),
+    metricsBindAddress: hostPortField('metricsBindAddress', flags.metricsBindAddress ?? raw.metricsBindAddress ?? '127.0.0.1:10249'),
+    masqueradeAll: flags.masqueradeAll ?? modeSection?.masqueradeAll ?? false,
+    masqueradeBit,
+    localhostNodePorts: raw.iptables?.localhostNodePorts ?? true,
+    nodePortAddresses,
+    syncPeriodMs,
+    minSyncPeriodMs,
+    udpIdleTimeoutMs: durationField('udpIdleTimeout', raw.udpIdleTimeout, 250),
+    configSyncPeriodMs: durationField('configSyncPeriod', raw.configSyncPeriod, 15 * 60_000),
+    ipvs: {
+      scheduler,
+      excludeCIDRs: cidrList('ipvs.excludeCIDRs', raw.ipvs?.excludeCIDRs ?? []),
+      strictARP: raw.ipvs?.strictARP ?? false,
+      tcpTimeoutMs: durationField('ipvs.tcpTimeout', raw.ipvs?.tcpTimeout, 0),
+      tcpFinTimeoutMs: durationField('ipvs.tcpFinTimeout', raw.ipvs?.tcpFinTimeout, 0),
+      udpTimeoutMs: durationField('ipvs.udpTimeout', raw.ipvs?.udpTimeout, 0),
+      syncPeriodMs: durationField('ipvs.syncPeriod', raw.ipvs?.syncPeriod, 30_000),
+      minSyncPeriodMs: durationField('ipvs.minSyncPeriod', raw.ipvs?.minSyncPeriod, 0),
+    },
+    featureGates: raw.featureGates ?? {},
+  };
+}
+
+/** Upstream prints the mark as %#08x of 1<<bit: "0x00004000" for bit 14. */
+export function masqueradeMark(bit: number): string {
+  return '0x' + (1 << bit >>> 0).toString(16).padStart(8, '0');
+}

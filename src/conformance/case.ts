@@ -1,0 +1,161 @@
+// Loading a conformance case (format: ../shared/conformance/README.md). Generic: the mode
+// adapters (src/modes/<mode>/conformance.ts) interpret config.json and compare output.
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { parseAllDocuments } from 'yaml';
+import { ProxyStateTracker } from '../core/tracker.ts';
+import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
+import type { ProxyState } from '../core/model.ts';
+
+export interface CaseConfig {
+  mode: string;
+  ipFamily?: string;
+  nodeName?: string;
+  [key: string]: unknown;
+}
+
+export interface Flow {
+  name: string;
+  sourceIP: string;
+  protocol: string;
+  destIP: string;
+  destPort: number;
+  output: string;
+  masq: boolean;
+}
+
+export interface CaseEvent {
+  op: 'add' | 'update' | 'delete';
+  object: K8sService | K8sEndpointSlice;
+}
+
+export interface CaseStep {
+  name: string;
+  dir: string;
+  /** step 1: the objects; later steps: [] */
+  objects: Array<K8sService | K8sEndpointSlice>;
+  events: CaseEvent[];
+  expected?: string;
+  metrics?: { natRulesWritten?: number; natRulesTotal?: number; [k: string]: unknown };
+}
+
+export interface ConformanceCase {
+  name: string;
+  dir: string;
+  kind: 'golden' | 'flows' | 'steps';
+  config: CaseConfig;
+  objects: Array<K8sService | K8sEndpointSlice>;
+  expected?: string;
+  flows?: Flow[];
+  steps?: CaseStep[];
+}
+
+export function readYAMLDocs(text: string, file: string): unknown[] {
+  const docs = parseAllDocuments(text);
+  const out: unknown[] = [];
+  for (const d of docs) {
+    if (d.errors.length) throw new Error(`${file}: ${d.errors[0].message}`);
+    const v = d.toJS();
+    if (v === null || v === undefined) continue;
+    if (Array.isArray(v)) out.push(...v);
+    else out.push(v);
+  }
+  return out;
+}
+
+function readObjects(file: string): Array<K8sService | K8sEndpointSlice> {
+  return readYAMLDocs(readFileSync(file, 'utf8'), file) as Array<K8sService | K8sEndpointSlice>;
+}
+
+export function isCaseDir(dir: string): boolean {
+  return existsSync(join(dir, 'config.json'));
+}
+
+/** Every case directory under the given roots (a root may itself be a case). */
+export function findCases(roots: string[]): string[] {
+  const out: string[] = [];
+  const walk = (d: string) => {
+    if (isCaseDir(d)) {
+      out.push(d);
+      return;
+    }
+    let entries: string[];
+    try {
+      entries = readdirSync(d).sort();
+    } catch {
+      return;
+    }
+    for (const e of entries) {
+      const p = join(d, e);
+      if (statSync(p).isDirectory()) walk(p);
+    }
+  };
+  for (const r of roots) walk(r);
+  return out;
+}
+
+export function loadCase(dir: string): ConformanceCase {
+  const config = JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')) as CaseConfig;
+  const name = dir.replace(/\/+$/, '').split('/').slice(-1)[0];
+  if (existsSync(join(dir, 'steps'))) {
+    const steps: CaseStep[] = readdirSync(join(dir, 'steps'))
+      .sort()
+      .map((s) => {
+        const sd = join(dir, 'steps', s);
+        const objects = existsSync(join(sd, 'input.yaml')) ? readObjects(join(sd, 'input.yaml')) : [];
+        const events = existsSync(join(sd, 'events.yaml'))
+          ? (readYAMLDocs(readFileSync(join(sd, 'events.yaml'), 'utf8'), join(sd, 'events.yaml')) as CaseEvent[])
+          : [];
+        return {
+          name: s,
+          dir: sd,
+          objects,
+          events,
+          expected: existsSync(join(sd, 'expected.txt')) ? readFileSync(join(sd, 'expected.txt'), 'utf8') : undefined,
+          metrics: existsSync(join(sd, 'metrics.json')) ? JSON.parse(readFileSync(join(sd, 'metrics.json'), 'utf8')) : undefined,
+        };
+      });
+    return { name, dir, kind: 'steps', config, objects: [], steps };
+  }
+  const objects = existsSync(join(dir, 'input.yaml')) ? readObjects(join(dir, 'input.yaml')) : [];
+  if (existsSync(join(dir, 'flows.json'))) {
+    return { name, dir, kind: 'flows', config, objects, flows: JSON.parse(readFileSync(join(dir, 'flows.json'), 'utf8')) };
+  }
+  return { name, dir, kind: 'golden', config, objects, expected: readFileSync(join(dir, 'expected.txt'), 'utf8') };
+}
+
+export function caseFamily(config: CaseConfig): 4 | 6 {
+  return config.ipFamily === 'IPv6' ? 6 : 4;
+}
+
+/** A tracker fed with objects as upstream's tests do: OnServiceAdd / OnEndpointSliceAdd, no defaulting. */
+export function trackerFor(config: CaseConfig): ProxyStateTracker {
+  return new ProxyStateTracker(caseFamily(config), config.nodeName ?? 'test-node');
+}
+
+export function applyObject(t: ProxyStateTracker, op: 'add' | 'update' | 'delete', obj: K8sService | K8sEndpointSlice, old?: K8sService | K8sEndpointSlice | null): void {
+  const isSlice = (obj as { kind?: string }).kind === 'EndpointSlice';
+  if (isSlice) {
+    t.endpoints.update(op === 'add' ? null : ((old ?? obj) as K8sEndpointSlice), op === 'delete' ? null : (obj as K8sEndpointSlice));
+  } else {
+    t.services.update(op === 'add' ? null : ((old ?? obj) as K8sService), op === 'delete' ? null : (obj as K8sService));
+  }
+}
+
+export function stateOf(config: CaseConfig, objects: Array<K8sService | K8sEndpointSlice>): ProxyState {
+  const t = trackerFor(config);
+  for (const o of objects) applyObject(t, 'add', o);
+  t.apply();
+  return t.state;
+}
+
+export interface CaseOutcome {
+  ok: boolean;
+  /** what went wrong, first lines */
+  detail?: string;
+}
+
+/** What a mode plugs into the generic runner. */
+export interface ConformanceAdapter {
+  run(c: ConformanceCase): Promise<CaseOutcome> | CaseOutcome;
+}

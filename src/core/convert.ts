@@ -1,0 +1,309 @@
+// API objects (v1 Service, discovery.k8s.io/v1 EndpointSlice) → validated model.
+// Nothing from an API object reaches a rule without passing through here: names that could
+// break a rule, bad IPs, ports out of range and unknown protocols are reported and skipped.
+// Pure: no I/O; problems go to the `report` callback.
+import { canonicalIP, ipFamily, parseCIDR, joinHostPort, type IPFamily } from './ip.ts';
+import {
+  PROTOCOLS,
+  servicePortKey,
+  serviceKey,
+  LABEL_ZONE,
+  type Endpoint,
+  type Protocol,
+  type ServicePort,
+} from './model.ts';
+
+// Minimal shapes of the API objects we read. Objects from YAML and from client-node both fit.
+export interface K8sMeta {
+  name?: string;
+  namespace?: string;
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+  resourceVersion?: string;
+  uid?: string;
+}
+export interface K8sServicePort {
+  name?: string;
+  protocol?: string;
+  port?: number;
+  targetPort?: number | string;
+  nodePort?: number;
+}
+export interface K8sService {
+  apiVersion?: string;
+  kind?: string;
+  metadata?: K8sMeta;
+  spec?: {
+    type?: string;
+    clusterIP?: string;
+    clusterIPs?: string[];
+    ports?: K8sServicePort[];
+    externalIPs?: string[];
+    loadBalancerSourceRanges?: string[];
+    sessionAffinity?: string;
+    sessionAffinityConfig?: { clientIP?: { timeoutSeconds?: number } };
+    externalTrafficPolicy?: string;
+    internalTrafficPolicy?: string;
+    healthCheckNodePort?: number;
+    trafficDistribution?: string;
+    ipFamilies?: string[];
+  };
+  status?: { loadBalancer?: { ingress?: Array<{ ip?: string; hostname?: string; ipMode?: string }> } };
+}
+export interface K8sEndpoint {
+  addresses?: string[];
+  conditions?: { ready?: boolean | null; serving?: boolean | null; terminating?: boolean | null };
+  nodeName?: string;
+  zone?: string;
+  hints?: { forZones?: Array<{ name?: string }>; forNodes?: Array<{ name?: string }> };
+}
+export interface K8sEndpointSlice {
+  apiVersion?: string;
+  kind?: string;
+  metadata?: K8sMeta;
+  addressType?: string;
+  endpoints?: K8sEndpoint[] | null;
+  ports?: Array<{ name?: string; port?: number; protocol?: string }> | null;
+}
+
+export type Report = (msg: string, obj: string) => void;
+
+export const LABEL_SERVICE_PROXY_NAME = 'service.kubernetes.io/service-proxy-name';
+export const LABEL_SERVICE_NAME = 'kubernetes.io/service-name';
+export const DEFAULT_AFFINITY_TIMEOUT = 10800;
+
+// DNS-1123 subdomain (namespaces and names are stricter in practice; this is enough to keep
+// quotes, spaces and rule syntax out of comments and set names).
+const NAME_RE = /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/;
+const PORT_NAME_RE = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+
+export function validName(s: unknown): s is string {
+  return typeof s === 'string' && NAME_RE.test(s);
+}
+
+function validPort(n: unknown): n is number {
+  return typeof n === 'number' && Number.isInteger(n) && n >= 1 && n <= 65535;
+}
+
+function parseProtocol(p: unknown): Protocol | null {
+  if (p === undefined || p === null || p === '') return 'TCP';
+  return PROTOCOLS.includes(p as Protocol) ? (p as Protocol) : null;
+}
+
+export function objectName(o: { metadata?: K8sMeta } | undefined): string {
+  return `${o?.metadata?.namespace ?? '?'}/${o?.metadata?.name ?? '?'}`;
+}
+
+/** Why a Service is not proxied at all, or null when it is. */
+export function serviceSkipReason(svc: K8sService): string | null {
+  const labels = svc.metadata?.labels ?? {};
+  if (LABEL_SERVICE_PROXY_NAME in labels) return `labelled ${LABEL_SERVICE_PROXY_NAME}`;
+  if (svc.spec?.type === 'ExternalName') return 'ExternalName service';
+  const cip = svc.spec?.clusterIP;
+  if (cip === undefined || cip === '' || cip === 'None') return 'headless (no cluster IP)';
+  return null;
+}
+
+function clusterIPForFamily(svc: K8sService, family: IPFamily): string | null {
+  const candidates = svc.spec?.clusterIPs?.length ? svc.spec.clusterIPs : [svc.spec?.clusterIP ?? ''];
+  for (const c of candidates) {
+    const ip = canonicalIP(c);
+    if (ip && ipFamily(ip) === family) return ip;
+  }
+  return null;
+}
+
+/**
+ * The ServicePorts of one Service for one IP family (empty when the Service is skipped or
+ * has no cluster IP of that family). Invalid parts are reported and dropped.
+ */
+export function servicePortsOf(svc: K8sService, family: IPFamily, report: Report = () => {}): ServicePort[] {
+  const who = objectName(svc);
+  if (!validName(svc.metadata?.namespace) || !validName(svc.metadata?.name)) {
+    report('invalid namespace or name', who);
+    return [];
+  }
+  if (serviceSkipReason(svc)) return [];
+  const spec = svc.spec ?? {};
+  const rawCIP = spec.clusterIP ?? '';
+  if (!canonicalIP(rawCIP) && !(spec.clusterIPs ?? []).some((c) => canonicalIP(c))) {
+    report(`invalid clusterIP ${JSON.stringify(rawCIP)}`, who);
+    return [];
+  }
+  const clusterIP = clusterIPForFamily(svc, family);
+  if (!clusterIP) return [];
+
+  const ofFamily = (list: string[] | undefined, what: string): string[] => {
+    const out: string[] = [];
+    for (const raw of list ?? []) {
+      const ip = canonicalIP(String(raw));
+      if (!ip) {
+        report(`invalid ${what} ${JSON.stringify(raw)} ignored`, who);
+        continue;
+      }
+      if (ipFamily(ip) === family && !out.includes(ip)) out.push(ip);
+    }
+    return out;
+  };
+  const externalIPs = ofFamily(spec.externalIPs, 'externalIP');
+  const lbIngress = (svc.status?.loadBalancer?.ingress ?? [])
+    .filter((i) => i.ip && (i.ipMode === undefined || i.ipMode === null || i.ipMode === 'VIP'))
+    .map((i) => i.ip as string);
+  const loadBalancerVIPs = spec.type === 'LoadBalancer' ? ofFamily(lbIngress, 'load balancer ingress IP') : [];
+  const sourceRanges: string[] = [];
+  for (const raw of spec.loadBalancerSourceRanges ?? []) {
+    const c = parseCIDR(String(raw));
+    if (!c) {
+      report(`invalid loadBalancerSourceRange ${JSON.stringify(raw)} ignored`, who);
+      continue;
+    }
+    if (c.family === family && !sourceRanges.includes(c.text)) sourceRanges.push(c.text);
+  }
+  const type = spec.type ?? 'ClusterIP';
+  const externallyAccessibleType =
+    type === 'LoadBalancer' || type === 'NodePort' || ((type === 'ClusterIP' || type === '') && externalIPs.length > 0);
+  const externalPolicyLocal = externallyAccessibleType && spec.externalTrafficPolicy === 'Local';
+  const internalPolicyLocal = spec.internalTrafficPolicy === 'Local';
+  let sticky = 0;
+  if (spec.sessionAffinity === 'ClientIP') {
+    const t = spec.sessionAffinityConfig?.clientIP?.timeoutSeconds;
+    sticky = typeof t === 'number' && t > 0 && t <= 86400 ? Math.floor(t) : DEFAULT_AFFINITY_TIMEOUT;
+  }
+  const hcnp = externalPolicyLocal && validPort(spec.healthCheckNodePort) ? spec.healthCheckNodePort : 0;
+
+  const out: ServicePort[] = [];
+  const seen = new Set<string>();
+  for (const p of spec.ports ?? []) {
+    const portName = p.name ?? '';
+    if (portName !== '' && !PORT_NAME_RE.test(portName)) {
+      report(`invalid port name ${JSON.stringify(portName)} skipped`, who);
+      continue;
+    }
+    const protocol = parseProtocol(p.protocol);
+    if (!protocol) {
+      report(`unknown protocol ${JSON.stringify(p.protocol)} on port ${JSON.stringify(portName)} skipped`, who);
+      continue;
+    }
+    if (!validPort(p.port)) {
+      report(`port ${JSON.stringify(p.port)} of ${JSON.stringify(portName)} out of range, skipped`, who);
+      continue;
+    }
+    let nodePort = 0;
+    if (p.nodePort !== undefined && p.nodePort !== null && p.nodePort !== 0) {
+      if (!validPort(p.nodePort)) {
+        report(`nodePort ${JSON.stringify(p.nodePort)} out of range, ignored`, who);
+      } else if (type === 'NodePort' || type === 'LoadBalancer') {
+        nodePort = p.nodePort;
+      }
+    }
+    const names = { namespace: svc.metadata!.namespace!, name: svc.metadata!.name!, port: portName };
+    const key = servicePortKey(names);
+    if (seen.has(key)) {
+      report(`duplicate port name ${JSON.stringify(portName)} skipped`, who);
+      continue;
+    }
+    seen.add(key);
+    out.push({
+      key,
+      serviceKey: serviceKey(names.namespace, names.name),
+      portName: { ...names, protocol },
+      protocol,
+      clusterIP,
+      port: p.port,
+      nodePort,
+      targetPort: p.targetPort,
+      externalIPs,
+      loadBalancerVIPs,
+      loadBalancerSourceRanges: sourceRanges,
+      stickyMaxAgeSeconds: sticky,
+      externalPolicyLocal,
+      internalPolicyLocal,
+      healthCheckNodePort: hcnp,
+      trafficDistribution: spec.trafficDistribution,
+      family,
+    });
+  }
+  return out;
+}
+
+/** Service "ns/name" an EndpointSlice belongs to, or null. */
+export function sliceServiceKey(slice: K8sEndpointSlice): string | null {
+  const ns = slice.metadata?.namespace;
+  const svc = slice.metadata?.labels?.[LABEL_SERVICE_NAME];
+  if (!validName(ns) || !validName(svc)) return null;
+  return serviceKey(ns, svc);
+}
+
+/**
+ * Endpoints of a set of EndpointSlices of one Service, by servicePortKey, for one family.
+ * Duplicates across slices collapse as upstream (a local copy wins); lists sorted by key.
+ */
+export function endpointsOfSlices(
+  slices: K8sEndpointSlice[],
+  family: IPFamily,
+  nodeName: string,
+  report: Report = () => {},
+): Map<string, Endpoint[]> {
+  const byPort = new Map<string, Map<string, Endpoint>>();
+  const sorted = [...slices].sort((a, b) => (a.metadata?.name ?? '').localeCompare(b.metadata?.name ?? ''));
+  for (const slice of sorted) {
+    const svcKey = sliceServiceKey(slice);
+    const who = objectName(slice);
+    if (!svcKey) {
+      report('EndpointSlice without a valid service-name label', who);
+      continue;
+    }
+    const wantType = family === 4 ? 'IPv4' : 'IPv6';
+    if (slice.addressType !== wantType) continue;
+    for (const p of slice.ports ?? []) {
+      const portName = p.name ?? '';
+      if (portName !== '' && !PORT_NAME_RE.test(portName)) {
+        report(`invalid port name ${JSON.stringify(portName)} skipped`, who);
+        continue;
+      }
+      if (!validPort(p.port)) {
+        if (p.port !== undefined && p.port !== null) report(`port ${JSON.stringify(p.port)} out of range, skipped`, who);
+        continue;
+      }
+      if (!parseProtocol(p.protocol)) {
+        report(`unknown protocol ${JSON.stringify(p.protocol)} skipped`, who);
+        continue;
+      }
+      const key = `${svcKey}:${portName}`;
+      let set = byPort.get(key);
+      if (!set) byPort.set(key, (set = new Map()));
+      for (const ep of slice.endpoints ?? []) {
+        if (!ep.addresses?.length) continue;
+        const ip = canonicalIP(String(ep.addresses[0]));
+        if (!ip) {
+          report(`invalid endpoint address ${JSON.stringify(ep.addresses[0])} skipped`, who);
+          continue;
+        }
+        if (ipFamily(ip) !== family) continue;
+        const c = ep.conditions ?? {};
+        const isLocal = !!ep.nodeName && ep.nodeName === nodeName;
+        const e: Endpoint = {
+          ip,
+          port: p.port,
+          key: joinHostPort(ip, p.port),
+          isLocal,
+          ready: c.ready === undefined || c.ready === null || c.ready === true,
+          serving: c.serving === undefined || c.serving === null || c.serving === true,
+          terminating: c.terminating === true,
+          nodeName: ep.nodeName,
+          zone: ep.zone,
+          zoneHints: (ep.hints?.forZones ?? []).map((z) => z.name ?? '').filter(Boolean),
+          nodeHints: (ep.hints?.forNodes ?? []).map((z) => z.name ?? '').filter(Boolean),
+        };
+        if (!set.has(e.key) || isLocal) set.set(e.key, e);
+      }
+    }
+  }
+  const out = new Map<string, Endpoint[]>();
+  for (const [key, set] of byPort) {
+    out.set(key, [...set.values()].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0)));
+  }
+  return out;
+}
+
+export { LABEL_ZONE };

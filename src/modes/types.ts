@@ -1,0 +1,81 @@
+// What every proxy mode provides. A mode is a pure planner (state → desired rules/objects →
+// text) plus an executor-backed Proxier that applies it; modes register by name in
+// registry.ts (kpng's "backends are functions from full state to kernel").
+import type { ProxyConfig, ModeName } from '../config/config.ts';
+import type { ProxyState } from '../core/model.ts';
+import type { Logger } from '../log.ts';
+import type { CommandRunner } from '../exec/runner.ts';
+
+/** Facts about this node that planners need. */
+export interface NodeContext {
+  nodeName: string;
+  /** this node's own addresses of the planned family (NodePort targets, addrtype LOCAL) */
+  nodeIPs: string[];
+  nodeLabels: Record<string, string>;
+  family: 4 | 6;
+}
+
+export interface PlanInput {
+  state: ProxyState;
+  config: ProxyConfig;
+  node: NodeContext;
+}
+
+export interface SyncStats {
+  /** rules (or objects) written by this sync */
+  rulesWritten: number;
+  /** rules (or objects) kproxy believes are installed after it */
+  rulesTotal: number;
+  /** human-readable summary of what changed, for the per-sync diff log and /debug/diff */
+  diff?: string;
+}
+
+export interface Proxier {
+  /**
+   * Brings the host to the desired state of `input`. `changed` holds the service keys
+   * ("ns/name") changed since the last successful sync; `full` asks for a complete rewrite
+   * (first sync, after a failure, periodic). Throws on failure, leaving the old rules.
+   */
+  sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats>;
+  /** the desired state last applied, as text (for /debug/rules) */
+  dump(): string;
+  /** stop background work (listeners, timers); does not remove kernel state */
+  stop(): Promise<void>;
+}
+
+export interface TraceRequest {
+  from: string;
+  to: string;
+  port: number;
+  protocol: 'TCP' | 'UDP' | 'SCTP';
+  /** planned state to trace through; absent with live */
+  input?: PlanInput;
+  live: boolean;
+}
+
+export interface TraceResult {
+  /** "10.180.0.1:80, 10.180.0.2:80" | "REJECT" | "DROP" | "ACCEPT" | "" */
+  output: string;
+  masq: boolean;
+  /** every rule matched, in order, as text */
+  rules: string[];
+  /** free-form extra facts (scheduler, affinity, ...) */
+  notes?: string[];
+}
+
+export interface ModeDeps {
+  config: ProxyConfig;
+  log: Logger;
+  runner: CommandRunner;
+}
+
+export interface ModeModule {
+  name: ModeName;
+  /** dry run: the text that would be applied for this state (no root, no host access) */
+  render(input: PlanInput): string;
+  /** checks prerequisites (binaries, kernel modules) and returns a proxier */
+  createProxier(deps: ModeDeps): Promise<Proxier>;
+  /** removes everything this mode may have left on the host; idempotent, ignores absence */
+  cleanup(runner: CommandRunner, log: Logger): Promise<void>;
+  trace?(req: TraceRequest, deps: { runner: CommandRunner }): Promise<TraceResult>;
+}

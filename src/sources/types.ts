@@ -1,0 +1,32 @@
+// A source of Services, EndpointSlices and this node's Node object. It delivers (old, new)
+// pairs: add = (null, obj), delete = (obj, null). It calls onSynced once both Services and
+// EndpointSlices have been listed completely; nothing is written to the kernel before that.
+import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
+
+export interface K8sNode {
+  metadata?: { name?: string; labels?: Record<string, string> };
+  status?: { addresses?: Array<{ type?: string; address?: string }> };
+}
+
+export interface SourceHandler {
+  onService(oldObj: K8sService | null, newObj: K8sService | null): void;
+  onEndpointSlice(oldObj: K8sEndpointSlice | null, newObj: K8sEndpointSlice | null): void;
+  onNode?(node: K8sNode | null): void;
+  onSynced(): void;
+}
+
+export interface SourceHealth {
+  synced: boolean;
+  /** false while the source cannot reach its origin (API server down, watch broken) */
+  connected: boolean;
+  /** ms since epoch of the last successful list or watch event, 0 if never */
+  lastContactMs: number;
+  /** human-readable problem, when any */
+  problem?: string;
+}
+
+export interface Source {
+  start(handler: SourceHandler): Promise<void>;
+  stop(): Promise<void>;
+  health(): SourceHealth;
+}

@@ -1,0 +1,196 @@
+// Wires one proxy together: source → change trackers → sync loop → mode proxier. It is the
+// only place that knows all of them; each stays testable on its own.
+import { networkInterfaces } from 'node:os';
+import type { ProxyConfig, ModeName } from '../config/config.ts';
+import { ProxyStateTracker } from '../core/tracker.ts';
+import { canonicalIP, ipFamily } from '../core/ip.ts';
+import type { Logger } from '../log.ts';
+import type { CommandRunner } from '../exec/runner.ts';
+import type { ModeModule, NodeContext, PlanInput, Proxier, SyncStats } from '../modes/types.ts';
+import type { K8sNode, Source } from '../sources/types.ts';
+import { SyncLoop } from './loop.ts';
+
+export interface ControllerOptions {
+  config: ProxyConfig;
+  nodeName: string;
+  mode: ModeModule;
+  /** every mode, for cleaning up what the others left */
+  allModes: Record<ModeName, ModeModule>;
+  source: Source;
+  runner: CommandRunner;
+  log: Logger;
+  /** overrides interface discovery (tests) */
+  nodeIPs?: () => string[];
+  /** skip removing other modes' leftovers (dry environments, tests) */
+  skipCleanup?: boolean;
+  backoffInitialMs?: number;
+  backoffMaxMs?: number;
+}
+
+export interface SyncRecord {
+  at: number;
+  full: boolean;
+  durationMs: number;
+  ok: boolean;
+  stats?: SyncStats;
+  error?: string;
+  changed: string[];
+}
+
+/** This node's addresses of a family, as the kernel sees them (kube-ipvs0 and loopback excluded). */
+export function discoverNodeIPs(family: 4 | 6): string[] {
+  const out: string[] = [];
+  for (const [name, addrs] of Object.entries(networkInterfaces())) {
+    if (name === 'kube-ipvs0') continue;
+    for (const a of addrs ?? []) {
+      if (a.internal) continue;
+      const ip = canonicalIP(a.address.split('%')[0]);
+      if (ip && ipFamily(ip) === family && !ip.startsWith('fe80:') && !out.includes(ip)) out.push(ip);
+    }
+  }
+  return out;
+}
+
+export class ProxyController {
+  readonly tracker: ProxyStateTracker;
+  readonly loop: SyncLoop;
+  proxier: Proxier | null = null;
+  private nodeLabels: Record<string, string> = {};
+  private changedSinceSuccess = new Set<string>();
+  private synced = false;
+  readonly history: SyncRecord[] = [];
+  readonly startedAt = Date.now();
+  private readonly listeners: Array<(r: SyncRecord) => void> = [];
+
+  constructor(private readonly opts: ControllerOptions) {
+    const log = opts.log;
+    this.tracker = new ProxyStateTracker(4, opts.nodeName, (msg, obj) => log.warn({ object: obj }, `invalid API object: ${msg}; skipped`));
+    this.loop = new SyncLoop({
+      minSyncPeriodMs: opts.config.minSyncPeriodMs,
+      syncPeriodMs: opts.config.syncPeriodMs,
+      sync: (full) => this.syncOnce(full),
+      backoffInitialMs: opts.backoffInitialMs,
+      backoffMaxMs: opts.backoffMaxMs,
+      onError: (err, attempt, wait) =>
+        log.error({ err: (err as Error).message, attempt, retryInMs: wait }, 'sync failed; the previous rules stay in place; retrying with a full sync'),
+    });
+  }
+
+  onSync(fn: (r: SyncRecord) => void): void {
+    this.listeners.push(fn);
+  }
+
+  get isSynced(): boolean {
+    return this.synced;
+  }
+
+  nodeContext(): NodeContext {
+    return {
+      nodeName: this.opts.nodeName,
+      nodeIPs: (this.opts.nodeIPs ?? (() => discoverNodeIPs(4)))(),
+      nodeLabels: this.nodeLabels,
+      family: 4,
+    };
+  }
+
+  planInput(): PlanInput {
+    return { state: this.tracker.state, config: this.opts.config, node: this.nodeContext() };
+  }
+
+  async start(): Promise<void> {
+    const { log, mode } = this.opts;
+    if (!this.opts.skipCleanup) await this.cleanupOtherModes();
+    this.proxier = await mode.createProxier({ config: this.opts.config, log: log.child({ mode: mode.name }), runner: this.opts.runner });
+    await this.opts.source.start({
+      onService: (o, n) => {
+        if (this.tracker.services.update(o, n)) this.loop.request();
+      },
+      onEndpointSlice: (o, n) => {
+        if (this.tracker.endpoints.update(o, n)) this.loop.request();
+      },
+      onNode: (node: K8sNode | null) => {
+        const labels = node?.metadata?.labels ?? {};
+        if (JSON.stringify(labels) !== JSON.stringify(this.nodeLabels)) {
+          this.nodeLabels = { ...labels };
+          this.loop.requestFull();
+        }
+      },
+      onSynced: () => {
+        if (this.synced) return;
+        this.synced = true;
+        log.info('sources synced; starting the sync loop');
+        this.loop.start();
+      },
+    });
+  }
+
+  async stop(): Promise<void> {
+    await this.opts.source.stop();
+    await this.loop.stop();
+    await this.proxier?.stop();
+  }
+
+  /**
+   * Removes what other modes left. iptables and ipvs share KUBE-* chain names, so their
+   * cleanups run only when the other mode's own traces exist; otherwise a plain restart of
+   * one would tear down the chains it is still forwarding with.
+   */
+  private async cleanupOtherModes(): Promise<void> {
+    const { allModes, mode, runner, log } = this.opts;
+    for (const other of Object.values(allModes)) {
+      if (other.name === mode.name) continue;
+      const shared = (mode.name === 'iptables' || mode.name === 'ipvs') && (other.name === 'iptables' || other.name === 'ipvs');
+      if (shared && !(await this.hasLeftovers(other.name))) continue;
+      try {
+        await other.cleanup(runner, log.child({ cleanup: other.name }));
+      } catch (e) {
+        log.warn({ mode: other.name, err: (e as Error).message }, 'cleanup of another mode failed; continuing');
+      }
+    }
+  }
+
+  private async hasLeftovers(name: ModeName): Promise<boolean> {
+    const { runner } = this.opts;
+    try {
+      if (name === 'ipvs') {
+        const r = await runner.run('ip', ['link', 'show', 'kube-ipvs0']);
+        return r.code === 0;
+      }
+      if (name === 'iptables') {
+        const r = await runner.run('iptables-save', ['-t', 'nat']);
+        return r.code === 0 && /^:KUBE-(SVC|SEP)-/m.test(r.stdout);
+      }
+    } catch {
+      return false;
+    }
+    return false;
+  }
+
+  private async syncOnce(full: boolean): Promise<void> {
+    const started = Date.now();
+    for (const k of this.tracker.apply()) this.changedSinceSuccess.add(k);
+    const changed = new Set(this.changedSinceSuccess);
+    const rec: SyncRecord = { at: started, full, durationMs: 0, ok: false, changed: [...changed].sort() };
+    try {
+      if (!this.proxier) throw new Error('proxier not created');
+      rec.stats = await this.proxier.sync(this.planInput(), changed, full);
+      rec.ok = true;
+      this.changedSinceSuccess.clear();
+    } catch (e) {
+      rec.error = (e as Error).message;
+      throw e;
+    } finally {
+      rec.durationMs = Date.now() - started;
+      this.history.push(rec);
+      if (this.history.length > 50) this.history.shift();
+      for (const l of this.listeners) l(rec);
+      if (rec.ok) {
+        this.opts.log.info(
+          { full, durationMs: rec.durationMs, changed: rec.changed.length, rulesWritten: rec.stats?.rulesWritten, rulesTotal: rec.stats?.rulesTotal },
+          'synced',
+        );
+        if (rec.stats?.diff) this.opts.log.debug({ diff: rec.stats.diff }, 'sync diff');
+      }
+    }
+  }
+}
