@@ -1,0 +1,80 @@
+// Runs the generic conformance runner over every case in ../shared/conformance whose mode is
+// built, and checks the runner itself: unknown modes fail, the closing line is exact.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, mkdirSync, writeFileSync, rmSync, cpSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { execFileSync } from 'node:child_process';
+import { findCases, loadCase } from '../../src/conformance/case.ts';
+import { runConformance } from '../../src/conformance/runner.ts';
+import { conformanceAdapters } from '../../src/modes/registry.ts';
+
+const repo = resolve(import.meta.dirname, '../..');
+const shared = resolve(repo, '../shared/conformance');
+
+test('every shared case of a built mode passes', async () => {
+  const all = findCases([shared]);
+  assert.ok(all.length >= 10, `expected the shared cases, found ${all.length}`);
+  const built = all.filter((d) => conformanceAdapters[loadCase(d).config.mode]);
+  const lines: string[] = [];
+  const res = await runConformance(built.length ? built : [], conformanceAdapters, (l) => lines.push(l));
+  if (built.length === 0) return assert.fail('no mode with a conformance adapter is built');
+  assert.equal(res.failed, 0, lines.join('\n'));
+  assert.equal(res.passed, built.length);
+  assert.equal(lines.at(-1), `${built.length} passed, 0 failed`);
+});
+
+test('a case for a mode that is not built fails, never passes', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kp-conf-'));
+  try {
+    mkdirSync(join(dir, 'c1'));
+    writeFileSync(join(dir, 'c1', 'config.json'), JSON.stringify({ mode: 'bogus-mode', nodeName: 'n' }));
+    writeFileSync(join(dir, 'c1', 'input.yaml'), '');
+    writeFileSync(join(dir, 'c1', 'expected.txt'), '');
+    const res = await runConformance([dir], conformanceAdapters);
+    assert.equal(res.passed, 0);
+    assert.equal(res.failed, 1);
+    assert.match(res.lines.join('\n'), /not built/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('an empty directory is a failure, not a silent pass', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kp-conf-'));
+  try {
+    const res = await runConformance([dir], conformanceAdapters);
+    assert.equal(res.failed, 1);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('kproxy conformance exits non-zero on a failed case and prints the closing line', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kp-conf-'));
+  try {
+    // Copy a real case and break its expectation: the runner must notice.
+    const golden = findCases([shared]).find((d) => {
+      const c = loadCase(d);
+      return c.kind === 'golden' && conformanceAdapters[c.config.mode];
+    });
+    if (!golden) return assert.fail('no golden case of a built mode');
+    cpSync(golden, join(dir, 'broken'), { recursive: true });
+    writeFileSync(join(dir, 'broken', 'expected.txt'), '*nat\n:KUBE-NOPE - [0:0]\nCOMMIT\n');
+    let out = '';
+    let code = 0;
+    try {
+      out = execFileSync(process.execPath, [join(repo, 'bin/kproxy.js'), 'conformance', dir], { encoding: 'utf8' });
+    } catch (e) {
+      const err = e as { status: number; stdout: string };
+      code = err.status;
+      out = err.stdout;
+    }
+    assert.equal(code, 1);
+    assert.match(out, /^FAIL /m);
+    assert.equal(out.trim().split('\n').at(-1), '0 passed, 1 failed');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
