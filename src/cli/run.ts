@@ -34,12 +34,13 @@ export async function runCommand(o: CommonOptions): Promise<void> {
   const mode = modes[cfg.mode];
   log.info({ mode: cfg.mode, nodeName, source: o.manifests ? `manifests:${o.manifests}` : 'kubernetes' }, 'starting kproxy');
   const ctrl = new ProxyController({ config: cfg, nodeName, mode, allModes: modes, source, runner: hostRunner, log });
-  await ctrl.start();
+  // Health first: while the source waits for its first list, /healthz must answer (503).
   const servers = await startServers(
     { ctrl, source, mode: cfg.mode, healthTimeoutMs: 2 * cfg.syncPeriodMs, log },
     cfg.healthzBindAddress,
     cfg.metricsBindAddress,
   );
+  await ctrl.start();
   let stopping = false;
   const shutdown = async (sig: string) => {
     if (stopping) return;

@@ -154,11 +154,16 @@ export interface ConfigFlags {
   ipvsScheduler?: string;
 }
 
-function durationField(field: string, v: string | number | undefined, dflt: number): number {
+/**
+ * A duration field. Upstream treats 0 as "unset" for most periods (kubeadm writes
+ * `syncPeriod: 0s`), so zeroMeansDefault keeps such configs working.
+ */
+function durationField(field: string, v: string | number | undefined, dflt: number, zeroMeansDefault = false): number {
   if (v === undefined) return dflt;
   const ms = parseDuration(v);
   if (ms === null) throw new ConfigError(field, `invalid duration ${JSON.stringify(v)} (want e.g. "30s", "1m", "250ms")`);
   if (ms < 0) throw new ConfigError(field, `must not be negative, got ${JSON.stringify(v)}`);
+  if (ms === 0 && zeroMeansDefault) return dflt;
   return ms;
 }
 
@@ -244,8 +249,8 @@ export function resolveConfig(raw: RawConfig = {}, flags: ConfigFlags = {}): Pro
   const nodePortAddresses = npaList.includes('primary') ? ['primary'] : cidrList('nodePortAddresses', npaList);
 
   const syncSection = mode === 'ipvs' ? raw.ipvs : modeSection;
-  const syncPeriodMs = durationField(`${mode === 'ipvs' ? 'ipvs' : mode === 'nftables' ? 'nftables' : 'iptables'}.syncPeriod`, raw.syncPeriod ?? syncSection?.syncPeriod, 30_000);
-  const minSyncPeriodMs = durationField(`${mode === 'ipvs' ? 'ipvs' : mode === 'nftables' ? 'nftables' : 'iptables'}.minSyncPeriod`, raw.minSyncPeriod ?? syncSection?.minSyncPeriod, 1_000);
+  const syncPeriodMs = durationField(`${mode === 'ipvs' ? 'ipvs' : mode === 'nftables' ? 'nftables' : 'iptables'}.syncPeriod`, raw.syncPeriod ?? syncSection?.syncPeriod, 30_000, true);
+  const minSyncPeriodMs = durationField(`${mode === 'ipvs' ? 'ipvs' : mode === 'nftables' ? 'nftables' : 'iptables'}.minSyncPeriod`, raw.minSyncPeriod ?? syncSection?.minSyncPeriod, mode === 'ipvs' ? 0 : 1_000, mode !== 'ipvs');
   if (syncPeriodMs === 0) throw new ConfigError('syncPeriod', 'must be greater than 0');
   if (minSyncPeriodMs > syncPeriodMs) {
     throw new ConfigError('minSyncPeriod', `must not exceed syncPeriod (${minSyncPeriodMs}ms > ${syncPeriodMs}ms)`);
@@ -257,16 +262,16 @@ export function resolveConfig(raw: RawConfig = {}, flags: ConfigFlags = {}): Pro
     kubeconfig: flags.kubeconfig ?? raw.clientConnection?.kubeconfig ?? '',
     clusterCIDRs,
     bindAddress: raw.bindAddress ?? '0.0.0.0',
-    healthzBindAddress: hostPortField('healthzBindAddress', flags.healthzBindAddress ?? raw.healthzBindAddress ?? '0.0.0.0:10256'),
-    metricsBindAddress: hostPortField('metricsBindAddress', flags.metricsBindAddress ?? raw.metricsBindAddress ?? '127.0.0.1:10249'),
+    healthzBindAddress: hostPortField('healthzBindAddress', flags.healthzBindAddress || raw.healthzBindAddress || '0.0.0.0:10256'),
+    metricsBindAddress: hostPortField('metricsBindAddress', flags.metricsBindAddress || raw.metricsBindAddress || '127.0.0.1:10249'),
     masqueradeAll: flags.masqueradeAll ?? modeSection?.masqueradeAll ?? false,
     masqueradeBit,
     localhostNodePorts: raw.iptables?.localhostNodePorts ?? true,
     nodePortAddresses,
     syncPeriodMs,
     minSyncPeriodMs,
-    udpIdleTimeoutMs: durationField('udpIdleTimeout', raw.udpIdleTimeout, 250),
-    configSyncPeriodMs: durationField('configSyncPeriod', raw.configSyncPeriod, 15 * 60_000),
+    udpIdleTimeoutMs: durationField('udpIdleTimeout', raw.udpIdleTimeout, 250, true),
+    configSyncPeriodMs: durationField('configSyncPeriod', raw.configSyncPeriod, 15 * 60_000, true),
     ipvs: {
       scheduler,
       excludeCIDRs: cidrList('ipvs.excludeCIDRs', raw.ipvs?.excludeCIDRs ?? []),
@@ -274,7 +279,7 @@ export function resolveConfig(raw: RawConfig = {}, flags: ConfigFlags = {}): Pro
       tcpTimeoutMs: durationField('ipvs.tcpTimeout', raw.ipvs?.tcpTimeout, 0),
       tcpFinTimeoutMs: durationField('ipvs.tcpFinTimeout', raw.ipvs?.tcpFinTimeout, 0),
       udpTimeoutMs: durationField('ipvs.udpTimeout', raw.ipvs?.udpTimeout, 0),
-      syncPeriodMs: durationField('ipvs.syncPeriod', raw.ipvs?.syncPeriod, 30_000),
+      syncPeriodMs: durationField('ipvs.syncPeriod', raw.ipvs?.syncPeriod, 30_000, true),
       minSyncPeriodMs: durationField('ipvs.minSyncPeriod', raw.ipvs?.minSyncPeriod, 0),
     },
     featureGates: raw.featureGates ?? {},
