@@ -1,0 +1,76 @@
+// nftables mode: one private `kube-proxy` table per IP family, written as one `nft -f`
+// transaction per sync. Planner (plan.ts), text (ruleset.ts), tracer (trace.ts) are pure;
+// the proxier (proxier.ts) applies through the nft executor (src/exec/nft.ts).
+import type { ConformanceAdapter } from '../../conformance/case.ts';
+import type { CommandRunner } from '../../exec/runner.ts';
+import { NftExecutor } from '../../exec/nft.ts';
+import { canonicalIP } from '../../core/ip.ts';
+import type { Logger } from '../../log.ts';
+import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../types.ts';
+import { nftablesConformance } from './conformance.ts';
+import { TABLE } from './names.ts';
+import { optionsFromInput, planRuleset } from './plan.ts';
+import { NftProxier } from './proxier.ts';
+import { dumpRuleset } from './ruleset.ts';
+import { traceNft, traceRuleset } from './trace.ts';
+
+export { planRuleset, optionsFromInput } from './plan.ts';
+export { traceNft, traceRuleset } from './trace.ts';
+export { dumpRuleset } from './ruleset.ts';
+export { sortNftTransaction } from './conformance.ts';
+
+/** The table as it would be applied for this state (knftables dump form; valid `nft -f` input). */
+function render(input: PlanInput): string {
+  return dumpRuleset(planRuleset(input.state, optionsFromInput(input)));
+}
+
+async function createProxier(deps: ModeDeps): Promise<Proxier> {
+  // Fails with KPROXY_EXEC_MISSING when nft is not installed.
+  await new NftExecutor(deps.runner).version();
+  return new NftProxier({ runner: deps.runner, log: deps.log });
+}
+
+async function cleanup(runner: CommandRunner, log: Logger): Promise<void> {
+  const exec = new NftExecutor(runner);
+  for (const family of ['ip', 'ip6'] as const) {
+    try {
+      if (await exec.deleteTable(family, TABLE)) log.info({ family }, 'deleted nftables table kube-proxy');
+    } catch (e) {
+      const code = (e as { code?: string }).code;
+      // No nft at all means nothing of ours can be there.
+      if (code === 'KPROXY_EXEC_MISSING') return;
+      throw e;
+    }
+  }
+}
+
+/** This host's addresses, for "fib ... type local" in a live trace. */
+async function hostAddresses(runner: CommandRunner): Promise<string[]> {
+  const r = await runner.run('ip', ['-j', 'addr', 'show'], { timeoutMs: 10_000 });
+  if (r.code !== 0) return [];
+  try {
+    const links = JSON.parse(r.stdout) as Array<{ addr_info?: Array<{ local?: string }> }>;
+    return links.flatMap((l) => (l.addr_info ?? []).map((a) => canonicalIP(a.local ?? '')).filter((a): a is string => !!a));
+  } catch {
+    return [];
+  }
+}
+
+async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promise<TraceResult> {
+  const pkt = { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port };
+  if (req.live) {
+    const family = req.to.includes(':') ? 'ip6' : 'ip';
+    const text = await new NftExecutor(deps.runner).listTable(family, TABLE);
+    if (text === null) return { output: '', masq: false, rules: [], notes: [`no ${family} ${TABLE} table on this host`] };
+    const local = await hostAddresses(deps.runner);
+    const r = traceNft(text, pkt, { localIPs: local });
+    return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
+  }
+  if (!req.input) throw new Error('KPROXY_TRACE_NO_INPUT: a planned trace needs --manifests (or use --live)');
+  const rs = planRuleset(req.input.state, optionsFromInput(req.input));
+  const r = traceRuleset(rs, pkt, { localIPs: req.input.node.nodeIPs });
+  return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
+}
+
+export const mode: ModeModule = { name: 'nftables', render, createProxier, cleanup, trace };
+export const conformance: ConformanceAdapter | undefined = nftablesConformance;

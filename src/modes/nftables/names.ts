@@ -1,0 +1,94 @@
+// Object names in the kube-proxy nftables table, exactly as upstream builds them
+// (pkg/proxy/nftables/proxier.go): "HASH-ns/name/proto/port" for service chains and
+// "HASH-ns/name/proto/port__ip/port" for endpoint chains, where HASH is the first 8
+// characters of base32(sha256(name)). The hash keeps truncated names unique and makes
+// near-identical names easy to tell apart. Pure.
+import { createHash } from 'node:crypto';
+import type { ServicePort } from '../../core/model.ts';
+
+/** nftables' limit on object names (knftables.NameLengthMax). */
+export const NAME_LENGTH_MAX = 256;
+const CHAIN_NAME_PREFIX_LENGTH_MAX = 16;
+export const CHAIN_NAME_BASE_LENGTH_MAX = NAME_LENGTH_MAX - CHAIN_NAME_PREFIX_LENGTH_MAX;
+
+export const TABLE = 'kube-proxy';
+
+const BASE32 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
+
+/** RFC 4648 base32 of the first 5 bytes: exactly the first 8 characters of the full encoding. */
+function base32Prefix8(buf: Buffer): string {
+  let bits = 0n;
+  for (let i = 0; i < 5; i++) bits = (bits << 8n) | BigInt(buf[i]);
+  let out = '';
+  for (let i = 7; i >= 0; i--) out += BASE32[Number((bits >> BigInt(i * 5)) & 31n)];
+  return out;
+}
+
+export function hashAndTruncate(name: string): string {
+  const hash = createHash('sha256').update(name, 'utf8').digest();
+  let out = `${base32Prefix8(hash)}-${name}`;
+  if (out.length > CHAIN_NAME_BASE_LENGTH_MAX) out = out.slice(0, CHAIN_NAME_BASE_LENGTH_MAX - 3) + '...';
+  return out;
+}
+
+interface PortNameLike {
+  namespace: string;
+  name: string;
+  port: string;
+}
+
+/** "HASH-ns/name/proto/port"; protocol lower case. */
+export function servicePortChainNameBase(n: PortNameLike, protocol: string): string {
+  return hashAndTruncate(`${n.namespace}/${n.name}/${protocol}/${n.port}`);
+}
+
+/** Splits "ip:port" / "[ip]:port" as Go's net.SplitHostPort. */
+export function splitHostPort(endpoint: string): [string, string] {
+  if (endpoint.startsWith('[')) {
+    const end = endpoint.indexOf(']');
+    return [endpoint.slice(1, end), endpoint.slice(end + 2)];
+  }
+  const i = endpoint.lastIndexOf(':');
+  return [endpoint.slice(0, i), endpoint.slice(i + 1)];
+}
+
+/** "HASH-ns/name/proto/port__ip/port"; IPv6 colons become dots (not allowed in names). */
+export function servicePortEndpointChainNameBase(n: PortNameLike, protocol: string, endpoint: string): string {
+  const [ip, port] = splitHostPort(endpoint);
+  const safeIP = ip.replaceAll(':', '.');
+  return hashAndTruncate(`${n.namespace}/${n.name}/${protocol}/${n.port}__${safeIP}/${port}`);
+}
+
+export interface ServiceChainNames {
+  cluster: string;
+  local: string;
+  external: string;
+  firewall: string;
+}
+
+export function serviceChainNames(sp: ServicePort): ServiceChainNames {
+  const base = servicePortChainNameBase(sp.portName, sp.protocol.toLowerCase());
+  return {
+    cluster: `service-${base}`,
+    local: `local-${base}`,
+    external: `external-${base}`,
+    firewall: `firewall-${base}`,
+  };
+}
+
+export function endpointChainName(sp: ServicePort, endpointKey: string): string {
+  return `endpoint-${servicePortEndpointChainNameBase(sp.portName, sp.protocol.toLowerCase(), endpointKey)}`;
+}
+
+export function affinitySetName(sp: ServicePort, endpointKey: string): string {
+  return `affinity-${servicePortEndpointChainNameBase(sp.portName, sp.protocol.toLowerCase(), endpointKey)}`;
+}
+
+/** Service and endpoint chain names always contain "/", none of the fixed chains do. */
+export function isServiceChainName(name: string): boolean {
+  return name.includes('/');
+}
+
+export function isAffinitySetName(name: string): boolean {
+  return name.startsWith('affinity-');
+}

@@ -1,0 +1,388 @@
+// The nftables planner: proxy state → the desired content of the `kube-proxy` table, as
+// upstream's syncProxyRules() (pkg/proxy/nftables/proxier.go) builds it in a full sync.
+// Dispatch is by verdict maps (service-ips, service-nodeports), "no endpoints" handling by
+// the no-endpoint-* maps checked from the filter hooks, load balancing by
+// `numgen random mod N vmap`, affinity by per-endpoint dynamic sets. Pure.
+import { canonicalIP, cidrContains, parseCIDR, isLoopback } from '../../core/ip.ts';
+import { categorizeEndpoints } from '../../core/categorize.ts';
+import { externallyAccessible, type Endpoint, type ProxyState, type ServicePort } from '../../core/model.ts';
+import { masqueradeMark as formatMark } from '../../config/config.ts';
+import type { PlanInput } from '../types.ts';
+import { affinitySetName, endpointChainName, serviceChainNames, TABLE } from './names.ts';
+import { addElement, addRule, addSet, ensureChain, newRuleset, type Ruleset } from './ruleset.ts';
+
+/** How "traffic from this cluster's pods" is recognised (upstream's LocalTrafficDetector). */
+export type LocalDetector =
+  | { kind: 'cidr'; cidr: string }
+  | { kind: 'interface'; name: string }
+  | { kind: 'interface-prefix'; prefix: string }
+  | null;
+
+export interface NftPlanOptions {
+  family: 4 | 6;
+  nodeName: string;
+  nodeLabels: Record<string, string>;
+  /** primary node IP of the family: LoadBalancerSourceRanges containing it also allow the LB IPs */
+  nodeIP: string | null;
+  /** addresses that accept NodePorts, or 'all' (every local address but loopback) */
+  nodePortIPs: string[] | 'all';
+  localDetector: LocalDetector;
+  masqueradeAll: boolean;
+  /** the literal mark text, e.g. "0x4000" */
+  masqueradeMark: string;
+  /** service CIDRs of the family; traffic to unallocated IPs in them is dropped */
+  serviceCIDRs: string[];
+}
+
+// Chain, set and map names (upstream constants).
+export const C = {
+  filterPreroutingPreDNAT: 'filter-prerouting-pre-dnat',
+  filterOutputPreDNAT: 'filter-output-pre-dnat',
+  filterInput: 'filter-input',
+  filterForward: 'filter-forward',
+  filterOutput: 'filter-output',
+  natPrerouting: 'nat-prerouting',
+  natOutput: 'nat-output',
+  natPostrouting: 'nat-postrouting',
+  services: 'services',
+  serviceIPs: 'service-ips',
+  serviceNodePorts: 'service-nodeports',
+  nodePortIPs: 'nodeport-ips',
+  clusterIPs: 'cluster-ips',
+  serviceEndpointsCheck: 'service-endpoints-check',
+  nodePortEndpointsCheck: 'nodeport-endpoints-check',
+  noEndpointServices: 'no-endpoint-services',
+  noEndpointNodePorts: 'no-endpoint-nodeports',
+  reject: 'reject-chain',
+  clusterIPsCheck: 'cluster-ips-check',
+  firewallIPs: 'firewall-ips',
+  firewallCheck: 'firewall-check',
+  markMasq: 'mark-for-masquerade',
+  masquerading: 'masquerading',
+} as const;
+
+// Filter chains run before DNAT (-110) where they must see the service IP, at the normal
+// filter priority (0) where they may reject (reject is only valid in input/forward/output).
+const BASE_CHAINS = [
+  { name: C.filterPreroutingPreDNAT, type: 'filter', hook: 'prerouting', priority: -110 },
+  { name: C.filterOutputPreDNAT, type: 'filter', hook: 'output', priority: -110 },
+  { name: C.filterForward, type: 'filter', hook: 'forward', priority: 0 },
+  { name: C.filterInput, type: 'filter', hook: 'input', priority: 0 },
+  { name: C.filterOutput, type: 'filter', hook: 'output', priority: 0 },
+  { name: C.natPrerouting, type: 'nat', hook: 'prerouting', priority: -100 },
+  { name: C.natOutput, type: 'nat', hook: 'output', priority: -100 },
+  { name: C.natPostrouting, type: 'nat', hook: 'postrouting', priority: 100 },
+] as const;
+
+export const BASE_CHAIN_NAMES: readonly string[] = BASE_CHAINS.map((c) => c.name);
+
+// Rules jumping from base chains to the top-level regular chains, in rule order per chain.
+const JUMP_CHAINS: Array<{ dst: string; src: string; extra: string }> = [
+  { dst: C.nodePortEndpointsCheck, src: C.filterInput, extra: 'ct state new' },
+  { dst: C.serviceEndpointsCheck, src: C.filterInput, extra: 'ct state new' },
+  { dst: C.serviceEndpointsCheck, src: C.filterForward, extra: 'ct state new' },
+  { dst: C.serviceEndpointsCheck, src: C.filterOutput, extra: 'ct state new' },
+  { dst: C.firewallCheck, src: C.filterPreroutingPreDNAT, extra: 'ct state new' },
+  { dst: C.firewallCheck, src: C.filterOutputPreDNAT, extra: 'ct state new' },
+  { dst: C.services, src: C.natOutput, extra: '' },
+  { dst: C.services, src: C.natPrerouting, extra: '' },
+  { dst: C.masquerading, src: C.natPostrouting, extra: '' },
+  { dst: C.clusterIPsCheck, src: C.filterForward, extra: 'ct state new' },
+  { dst: C.clusterIPsCheck, src: C.filterOutput, extra: 'ct state new' },
+];
+
+function ipX(family: 4 | 6): string {
+  return family === 6 ? 'ip6' : 'ip';
+}
+
+function addrType(family: 4 | 6): string {
+  return family === 6 ? 'ipv6_addr' : 'ipv4_addr';
+}
+
+function noLocalhost(family: 4 | 6): string {
+  return family === 6 ? 'ip6 daddr != ::1' : 'ip daddr != 127.0.0.0/8';
+}
+
+function ifLocal(d: LocalDetector, family: 4 | 6): string | null {
+  if (!d) return null;
+  if (d.kind === 'cidr') return `${ipX(family)} saddr ${d.cidr}`;
+  if (d.kind === 'interface') return `iifname ${d.name}`;
+  return `iifname ${d.prefix}*`;
+}
+
+function ifNotLocal(d: LocalDetector, family: 4 | 6): string | null {
+  if (!d) return null;
+  if (d.kind === 'cidr') return `${ipX(family)} saddr != ${d.cidr}`;
+  if (d.kind === 'interface') return `iifname != ${d.name}`;
+  return `iifname != ${d.prefix}*`;
+}
+
+/** The fixed part of the table: base chains, dispatch, no-endpoint handling, firewall, masquerade. */
+function setupTable(rs: Ruleset, o: NftPlanOptions): void {
+  const ip = ipX(o.family);
+  const addr = addrType(o.family);
+  for (const bc of BASE_CHAINS) ensureChain(rs, bc.name, { type: bc.type, hook: bc.hook, priority: bc.priority });
+  for (const j of JUMP_CHAINS) {
+    ensureChain(rs, j.dst);
+    addRule(rs, j.src, [j.extra, 'jump', j.dst].filter(Boolean).join(' '));
+  }
+  for (const c of [C.services, C.clusterIPsCheck, C.masquerading, C.markMasq]) ensureChain(rs, c);
+
+  addRule(rs, C.markMasq, `mark set mark or ${o.masqueradeMark}`);
+  addRule(rs, C.masquerading, `mark and ${o.masqueradeMark} == 0 return`);
+  addRule(rs, C.masquerading, `mark set mark xor ${o.masqueradeMark}`);
+  addRule(rs, C.masquerading, 'masquerade fully-random');
+
+  addSet(rs, { kind: 'set', name: C.clusterIPs, type: addr, comment: 'Active ClusterIPs' });
+  addRule(rs, C.clusterIPsCheck, `${ip} daddr @${C.clusterIPs} reject`, 'Reject traffic to invalid ports of ClusterIPs');
+  if (o.serviceCIDRs.length > 0) {
+    addRule(rs, C.clusterIPsCheck, `${ip} daddr { ${o.serviceCIDRs.join(',')} } drop`, 'Drop traffic to unallocated ClusterIPs');
+  }
+
+  const matchAll = o.nodePortIPs === 'all';
+  if (!matchAll) {
+    addSet(rs, { kind: 'set', name: C.nodePortIPs, type: addr, comment: 'IPs that accept NodePort traffic' });
+    for (const a of o.nodePortIPs as string[]) addElement(rs, C.nodePortIPs, { key: [a] });
+  }
+
+  addSet(rs, {
+    kind: 'map',
+    name: C.noEndpointServices,
+    type: `${addr} . inet_proto . inet_service : verdict`,
+    comment: 'vmap to drop or reject packets to services with no endpoints',
+  });
+  addSet(rs, {
+    kind: 'map',
+    name: C.noEndpointNodePorts,
+    type: 'inet_proto . inet_service : verdict',
+    comment: 'vmap to drop or reject packets to service nodeports with no endpoints',
+  });
+  ensureChain(rs, C.reject, { comment: 'helper for @no-endpoint-services / @no-endpoint-nodeports' });
+  addRule(rs, C.reject, 'reject');
+  addRule(rs, C.serviceEndpointsCheck, `${ip} daddr . meta l4proto . th dport vmap @${C.noEndpointServices}`);
+  addRule(
+    rs,
+    C.nodePortEndpointsCheck,
+    matchAll
+      ? `${noLocalhost(o.family)} meta l4proto . th dport vmap @${C.noEndpointNodePorts}`
+      : `${ip} daddr @${C.nodePortIPs} meta l4proto . th dport vmap @${C.noEndpointNodePorts}`,
+  );
+
+  addSet(rs, {
+    kind: 'map',
+    name: C.firewallIPs,
+    type: `${addr} . inet_proto . inet_service : verdict`,
+    comment: 'destinations that are subject to LoadBalancerSourceRanges',
+  });
+  addRule(rs, C.firewallCheck, `${ip} daddr . meta l4proto . th dport vmap @${C.firewallIPs}`);
+
+  addSet(rs, {
+    kind: 'map',
+    name: C.serviceIPs,
+    type: `${addr} . inet_proto . inet_service : verdict`,
+    comment: 'ClusterIP, ExternalIP and LoadBalancer IP traffic',
+  });
+  addSet(rs, { kind: 'map', name: C.serviceNodePorts, type: 'inet_proto . inet_service : verdict', comment: 'NodePort traffic' });
+  addRule(rs, C.services, `${ip} daddr . meta l4proto . th dport vmap @${C.serviceIPs}`);
+  addRule(
+    rs,
+    C.services,
+    matchAll
+      ? `fib daddr type local ${noLocalhost(o.family)} meta l4proto . th dport vmap @${C.serviceNodePorts}`
+      : `${ip} daddr @${C.nodePortIPs} meta l4proto . th dport vmap @${C.serviceNodePorts}`,
+  );
+}
+
+function writeServiceToEndpointRules(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, chain: string, eps: Endpoint[]): void {
+  ensureChain(rs, chain);
+  if (sp.stickyMaxAgeSeconds > 0) {
+    for (const ep of eps) {
+      addRule(rs, chain, `${ipX(o.family)} saddr @${affinitySetName(sp, ep.key)} goto ${endpointChainName(sp, ep.key)}`);
+    }
+  }
+  const entries = eps.map((ep, i) => `${i} : goto ${endpointChainName(sp, ep.key)}`).join(' , ');
+  addRule(rs, chain, `numgen random mod ${eps.length} vmap { ${entries} }`);
+}
+
+/** One service port: map elements always; its chains (service, external, firewall, endpoints). */
+function planServicePort(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, endpoints: Endpoint[]): void {
+  if (!sp.clusterIP) return;
+  const ip = ipX(o.family);
+  const proto = sp.protocol.toLowerCase();
+  const port = String(sp.port);
+  const names = serviceChainNames(sp);
+  const cat = categorizeEndpoints(endpoints, sp, o.nodeName, o.nodeLabels);
+  const hasEndpoints = cat.hasAnyEndpoints;
+  const sticky = sp.stickyMaxAgeSeconds > 0;
+
+  const usesClusterPolicyChain = cat.clusterEndpoints.length > 0 && (!sp.internalPolicyLocal || (externallyAccessible(sp) && !sp.externalPolicyLocal));
+  const usesLocalPolicyChain = cat.localEndpoints.length > 0 && (sp.internalPolicyLocal || (externallyAccessible(sp) && sp.externalPolicyLocal));
+
+  let internalChain = names.cluster;
+  let hasInternal = hasEndpoints;
+  if (sp.internalPolicyLocal) {
+    internalChain = names.local;
+    if (cat.localEndpoints.length === 0) hasInternal = false;
+  }
+  let externalPolicyChain = names.cluster;
+  let hasExternal = hasEndpoints;
+  if (sp.externalPolicyLocal) {
+    externalPolicyChain = names.local;
+    if (cat.localEndpoints.length === 0) hasExternal = false;
+  }
+  // The external chain is needed even without externally usable endpoints: it holds the
+  // short-circuit rules for pod and node traffic.
+  const usesExternalChain = hasEndpoints && externallyAccessible(sp);
+
+  let internalVerdict = '';
+  let externalVerdict = '';
+  if (!hasEndpoints) {
+    internalVerdict = `goto ${C.reject}`;
+    externalVerdict = `goto ${C.reject}`;
+  } else {
+    if (!hasInternal) internalVerdict = 'drop';
+    if (!hasExternal) externalVerdict = 'drop';
+  }
+  const comment = sp.key;
+
+  addElement(rs, C.clusterIPs, { key: [sp.clusterIP] });
+  if (hasInternal) {
+    addElement(rs, C.serviceIPs, { key: [sp.clusterIP, proto, port], value: `goto ${internalChain}` });
+  } else {
+    addElement(rs, C.noEndpointServices, { key: [sp.clusterIP, proto, port], value: internalVerdict, comment });
+  }
+
+  for (const eip of sp.externalIPs) {
+    if (hasEndpoints) addElement(rs, C.serviceIPs, { key: [eip, proto, port], value: `goto ${names.external}` });
+    if (!hasExternal) addElement(rs, C.noEndpointServices, { key: [eip, proto, port], value: externalVerdict, comment });
+  }
+
+  const usesFirewall = sp.loadBalancerVIPs.length > 0 && sp.loadBalancerSourceRanges.length > 0;
+  for (const lb of sp.loadBalancerVIPs) {
+    if (hasEndpoints) addElement(rs, C.serviceIPs, { key: [lb, proto, port], value: `goto ${names.external}` });
+    if (usesFirewall) addElement(rs, C.firewallIPs, { key: [lb, proto, port], value: `goto ${names.firewall}` });
+  }
+  if (!hasExternal) {
+    for (const lb of sp.loadBalancerVIPs) {
+      addElement(rs, C.noEndpointServices, { key: [lb, proto, port], value: externalVerdict, comment });
+    }
+  }
+
+  if (sp.nodePort !== 0) {
+    const np = String(sp.nodePort);
+    if (hasEndpoints) addElement(rs, C.serviceNodePorts, { key: [proto, np], value: `goto ${names.external}` });
+    if (!hasExternal) addElement(rs, C.noEndpointNodePorts, { key: [proto, np], value: externalVerdict, comment });
+  }
+
+  // Chains. Endpoint chains first so that the vmap targets exist in declaration order.
+  for (const ep of cat.allReachableEndpoints) ensureChain(rs, endpointChainName(sp, ep.key));
+
+  if (hasInternal) {
+    if (o.masqueradeAll) {
+      addRule(rs, internalChain, `${ip} daddr ${sp.clusterIP} jump ${C.markMasq}`);
+    } else {
+      const notLocal = ifNotLocal(o.localDetector, o.family);
+      // Masquerade off-cluster traffic to the ClusterIP: a static route to the service
+      // range through any node may bounce off-node.
+      if (notLocal) addRule(rs, internalChain, `${ip} daddr ${sp.clusterIP} ${notLocal} jump ${C.markMasq}`);
+    }
+  }
+
+  if (usesExternalChain) {
+    ensureChain(rs, names.external);
+    if (!sp.externalPolicyLocal) {
+      // Non-local endpoints may be on another node: masquerade so replies come back here.
+      addRule(rs, names.external, `jump ${C.markMasq}`);
+    } else {
+      const local = ifLocal(o.localDetector, o.family);
+      // Pod traffic to an external IP behaves as if it went out to the LB and back in.
+      if (local && usesClusterPolicyChain) addRule(rs, names.external, `${local} goto ${names.cluster}`, 'short-circuit pod traffic');
+      // Node traffic gets the node IP (or the LB IP) as source: masquerade it.
+      addRule(rs, names.external, `fib saddr type local jump ${C.markMasq}`, 'masquerade local traffic');
+      if (usesClusterPolicyChain) addRule(rs, names.external, `fib saddr type local goto ${names.cluster}`, 'short-circuit local traffic');
+    }
+    if (hasExternal) addRule(rs, names.external, `goto ${externalPolicyChain}`);
+  }
+
+  if (usesFirewall) {
+    const sources = [...sp.loadBalancerSourceRanges];
+    const allowFromNode = o.nodeIP !== null && sp.loadBalancerSourceRanges.some((c) => cidrContains(c, o.nodeIP!));
+    // A node connecting to a VIP that is also a local address loops back with the VIP as
+    // source; allow that when the node itself is allowed.
+    if (allowFromNode) sources.push(...sp.loadBalancerVIPs);
+    addRule(rs, names.firewall, `${ip} saddr != { ${sources.join(' , ')} } drop`);
+  }
+
+  if (sticky) {
+    for (const ep of cat.allReachableEndpoints) {
+      addSet(rs, {
+        kind: 'set',
+        name: affinitySetName(sp, ep.key),
+        type: addrType(o.family),
+        flags: ['dynamic', 'timeout'],
+        timeoutSeconds: sp.stickyMaxAgeSeconds,
+      });
+    }
+  }
+
+  if (usesClusterPolicyChain) writeServiceToEndpointRules(rs, o, sp, names.cluster, cat.clusterEndpoints);
+  if (usesLocalPolicyChain) writeServiceToEndpointRules(rs, o, sp, names.local, cat.localEndpoints);
+
+  for (const ep of cat.allReachableEndpoints) {
+    const chain = endpointChainName(sp, ep.key);
+    // Hairpin: a pod reaching itself through the service must be masqueraded.
+    addRule(rs, chain, `${ip} saddr ${ep.ip} jump ${C.markMasq}`);
+    if (sticky) addRule(rs, chain, `update @${affinitySetName(sp, ep.key)} { ${ip} saddr }`);
+    addRule(rs, chain, `meta l4proto ${proto} dnat to ${ep.key}`);
+  }
+}
+
+/** The desired table for a state: upstream's full sync. */
+export function planRuleset(state: ProxyState, o: NftPlanOptions): Ruleset {
+  const rs = newRuleset(o.family === 6 ? 'ip6' : 'ip', TABLE, 'rules for kube-proxy');
+  setupTable(rs, o);
+  const keys = [...state.services.keys()].sort();
+  for (const key of keys) {
+    const sp = state.services.get(key)!;
+    if (sp.family !== o.family) continue;
+    planServicePort(rs, o, sp, state.endpoints.get(key) ?? []);
+  }
+  return rs;
+}
+
+// ---- options from the running configuration ----
+
+/** Node addresses that accept NodePorts: upstream's NodePortAddresses.GetNodeIPs, minus loopback. */
+export function nodePortIPsFor(cidrs: string[], family: 4 | 6, localAddrs: string[], primary: string | null): string[] | 'all' {
+  if (cidrs.includes('primary')) return primary ? [primary] : 'all';
+  const ofFamily = cidrs.map((c) => parseCIDR(c)).filter((c) => c !== null && c.family === family);
+  if (ofFamily.length === 0) return 'all';
+  if (ofFamily.some((c) => c!.prefix === 0)) return 'all';
+  const out: string[] = [];
+  for (const raw of localAddrs) {
+    const a = canonicalIP(raw);
+    if (!a || isLoopback(a) || out.includes(a)) continue;
+    if (ofFamily.some((c) => cidrContains(c!, a))) out.push(a);
+  }
+  return out;
+}
+
+/** Options for a live node: from the effective config and the node's addresses. */
+export function optionsFromInput(input: PlanInput): NftPlanOptions {
+  const { config, node } = input;
+  const family = node.family;
+  const ofFamily = (c: string) => parseCIDR(c)?.family === family;
+  const clusterCIDR = config.clusterCIDRs.find(ofFamily);
+  const nodeIP = node.nodeIPs.map((a) => canonicalIP(a)).find((a): a is string => !!a) ?? null;
+  return {
+    family,
+    nodeName: node.nodeName,
+    nodeLabels: node.nodeLabels,
+    nodeIP,
+    nodePortIPs: nodePortIPsFor(config.nodePortAddresses, family, node.nodeIPs, nodeIP),
+    localDetector: clusterCIDR ? { kind: 'cidr', cidr: parseCIDR(clusterCIDR)!.text } : null,
+    masqueradeAll: config.masqueradeAll,
+    masqueradeMark: formatMark(config.masqueradeBit),
+    serviceCIDRs: [],
+  };
+}

@@ -1,0 +1,249 @@
+// The nftables tracer: walks the first packet of a new connection through a kube-proxy
+// table (rendered, or read back from `nft list`), as upstream's test tracer does
+// (pkg/proxy/nftables/helpers_test.go): filter prerouting, nat prerouting, apply the first
+// DNAT, then filter forward and filter input. Random choices (numgen) follow every branch,
+// so the result lists all candidate endpoints. Pure.
+import { canonicalIP, cidrContains, joinHostPort } from '../../core/ip.ts';
+import { parseKubeProxyTable } from './parse.ts';
+import { splitHostPort } from './names.ts';
+import type { NftChain, NftSet, Ruleset } from './ruleset.ts';
+
+export interface NftPacket {
+  sourceIP: string;
+  /** TCP | UDP | SCTP (any case); "" = TCP */
+  protocol: string;
+  destIP: string;
+  destPort: number;
+}
+
+export interface NftTraceResult {
+  /** "ip:port, ip:port" | "REJECT" | "DROP" | "" */
+  output: string;
+  masq: boolean;
+  /** every rule matched, in order */
+  rules: string[];
+  /** rules the tracer could not interpret */
+  notes: string[];
+}
+
+interface Pkt {
+  src: string;
+  proto: string;
+  dst: string;
+  dport: string;
+}
+
+const MAX_DEPTH = 64;
+
+class Tracer {
+  readonly matches: string[] = [];
+  readonly outputs: string[] = [];
+  readonly notes: string[] = [];
+  masq = false;
+
+  constructor(
+    private readonly rs: Ruleset,
+    private readonly local: Set<string>,
+  ) {}
+
+  private isLocal(ip: string): boolean {
+    return this.local.has(canonicalIP(ip) ?? ip);
+  }
+
+  private set(name: string): NftSet | undefined {
+    return this.rs.sets.get(name);
+  }
+
+  /** key parts against packet fields; IP parts may be CIDRs (interval sets) */
+  private elementFor(set: NftSet | undefined, want: string[]): { value?: string } | undefined {
+    if (!set) return undefined;
+    for (const el of set.elements.values()) {
+      if (el.key.length !== want.length) continue;
+      if (el.key.every((k, i) => keyPartMatches(k, want[i]))) return el;
+    }
+    return undefined;
+  }
+
+  /** Runs a chain; true when the packet hit a terminal verdict (DNAT, drop, reject). */
+  runChain(name: string, p: Pkt, depth = 0): boolean {
+    const ch: NftChain | undefined = this.rs.chains.get(name);
+    if (!ch) {
+      this.notes.push(`unknown chain ${name}`);
+      return true;
+    }
+    if (depth > MAX_DEPTH) {
+      this.notes.push(`jump depth exceeded at ${name}`);
+      return true;
+    }
+    for (const r of ch.rules) {
+      const res = this.runRule(r.rule, ruleDisplay(name, r.rule, r.comment), p, depth);
+      if (res === 'terminal') return true;
+      if (res === 'return') return false;
+    }
+    return false;
+  }
+
+  /** Evaluates one rule piece by piece; 'next' when it does not match or falls through. */
+  private runRule(text: string, shown: string, p: Pkt, depth: number): 'next' | 'terminal' | 'return' {
+    let rule = text.replace(/^ct state new\s*/, '').replace(/\s*comment "[^"]*"$/, '').trim();
+    let m: RegExpExecArray | null;
+    while (rule !== '') {
+      rule = rule.trimStart();
+      if ((m = /^ip6? daddr @(\S+)/.exec(rule))) {
+        if (!this.elementFor(this.set(m[1]), [p.dst])) return 'next';
+      } else if ((m = /^ip6? saddr @(\S+)/.exec(rule))) {
+        // Affinity sets record history; a first packet never matches them.
+        if (m[1].startsWith('affinity-') || !this.elementFor(this.set(m[1]), [p.src])) return 'next';
+      } else if ((m = /^ip6? daddr \. meta l4proto \. th dport vmap @(\S+)$/.exec(rule))) {
+        const el = this.elementFor(this.set(m[1]), [p.dst, p.proto, p.dport]);
+        if (!el?.value) return 'next';
+        this.matches.push(shown);
+        rule = el.value;
+        continue;
+      } else if ((m = /^meta l4proto \. th dport vmap @(\S+)$/.exec(rule))) {
+        const el = this.elementFor(this.set(m[1]), [p.proto, p.dport]);
+        if (!el?.value) return 'next';
+        this.matches.push(shown);
+        rule = el.value;
+        continue;
+      } else if ((m = /^ip6? daddr \. meta l4proto \. th dport @(\S+)/.exec(rule))) {
+        if (!this.elementFor(this.set(m[1]), [p.dst, p.proto, p.dport])) return 'next';
+      } else if ((m = /^meta l4proto \. th dport @(\S+)/.exec(rule))) {
+        if (!this.elementFor(this.set(m[1]), [p.proto, p.dport])) return 'next';
+      } else if ((m = /^ip6? (daddr|saddr) (!= )?\{([^}]*)\}/.exec(rule))) {
+        const ip = m[1] === 'daddr' ? p.dst : p.src;
+        const inSet = m[3].split(',').map((s) => s.trim()).filter(Boolean).some((a) => addressMatches(ip, a));
+        if (inSet === (m[2] === '!= ')) return 'next';
+      } else if ((m = /^ip6? (daddr|saddr) (!= )?((?=[0-9a-fA-F:])[0-9a-fA-F:.]+(?:\/\d+)?)(?=\s|$)/.exec(rule))) {
+        const ip = m[1] === 'daddr' ? p.dst : p.src;
+        if (addressMatches(ip, m[3]) === (m[2] === '!= ')) return 'next';
+      } else if ((m = /^fib (daddr|saddr) type local/.exec(rule))) {
+        if (!this.isLocal(m[1] === 'daddr' ? p.dst : p.src)) return 'next';
+      } else if ((m = /^(tcp|udp|sctp) dport (\d+)/.exec(rule))) {
+        if (m[1] !== p.proto || m[2] !== p.dport) return 'next';
+      } else if ((m = /^meta l4proto (tcp|udp|sctp)(?= )(?! dnat)/.exec(rule))) {
+        if (m[1] !== p.proto) return 'next';
+      } else if ((m = /^iifname (!= )?\S+/.exec(rule))) {
+        // Interface-based local detection: the tracer's packets arrive from outside pods.
+        if (!m[1]) return 'next';
+      } else if ((m = /^update @\S+ \{[^}]*\}/.exec(rule))) {
+        // Recording affinity has no effect on the first packet.
+      } else if ((m = /^counter(?: packets \d+ bytes \d+)?/.exec(rule))) {
+        // counters never change the verdict
+      } else if ((m = /^jump mark-for-masquerade$/.exec(rule))) {
+        this.matches.push(shown);
+        this.masq = true;
+      } else if ((m = /^(jump|goto) (\S+)$/.exec(rule))) {
+        this.matches.push(shown);
+        if (this.runChain(m[2], p, depth + 1)) return 'terminal';
+        return m[1] === 'goto' ? 'return' : 'next';
+      } else if ((m = /^(drop|reject)(?: with .*)?$/.exec(rule))) {
+        this.matches.push(shown);
+        this.outputs.push(m[1].toUpperCase());
+        return 'terminal';
+      } else if (/^return$/.test(rule)) {
+        this.matches.push(shown);
+        return 'return';
+      } else if (/^accept$/.test(rule)) {
+        this.matches.push(shown);
+        return 'return';
+      } else if ((m = /^(?:meta l4proto (?:tcp|udp|sctp) )?dnat (?:ip6? )?to (\S+)$/.exec(rule))) {
+        this.matches.push(shown);
+        this.outputs.push(normaliseEndpoint(m[1]));
+        return 'terminal';
+      } else if ((m = /^numgen random mod \d+ vmap \{(.*)\}$/.exec(rule))) {
+        // Follow every branch: the result lists every endpoint the packet may reach.
+        for (const entry of m[1].matchAll(/\d+\s*:\s*(?:goto|jump)\s+([^\s,}]+)/g)) {
+          this.matches.push(shown);
+          this.runChain(entry[1], p, depth + 1);
+        }
+        return 'terminal';
+      } else if ((m = /^mark (set|and) .*$/.exec(rule)) || (m = /^meta mark .*$/.exec(rule))) {
+        return 'next';
+      } else if (/^masquerade/.test(rule)) {
+        return 'next';
+      } else {
+        this.notes.push(`unmatched rule: ${shown}`);
+        return 'next';
+      }
+      rule = rule.slice(m[0].length);
+    }
+    return 'next';
+  }
+}
+
+function ruleDisplay(chain: string, rule: string, comment?: string): string {
+  return `${chain}: ${rule}${comment !== undefined ? ` comment "${comment}"` : ''}`;
+}
+
+function keyPartMatches(key: string, want: string): boolean {
+  if (key === want) return true;
+  const ip = canonicalIP(want);
+  if (!ip) return false;
+  if (key.includes('/')) return cidrContains(key, ip);
+  const k = canonicalIP(key);
+  return k !== null && k === ip;
+}
+
+function addressMatches(ip: string, ruleAddr: string): boolean {
+  if (ruleAddr.includes('/')) return cidrContains(ruleAddr, ip);
+  const a = canonicalIP(ruleAddr);
+  return a !== null && a === canonicalIP(ip);
+}
+
+/** "10.0.0.1:80" / "[fd00::1]:80" in canonical form. */
+function normaliseEndpoint(ep: string): string {
+  const [host, port] = splitHostPort(ep);
+  return joinHostPort(canonicalIP(host) ?? host, Number(port));
+}
+
+/** Base chains of a type and hook in priority order; by name when the text has no hooks. */
+function baseChains(rs: Ruleset, type: 'filter' | 'nat', hook: string, fallback: string[]): string[] {
+  const hooked = [...rs.chains.values()].filter((c) => c.type === type && c.hook === hook);
+  if (hooked.length) return hooked.sort((a, b) => (a.priority ?? 0) - (b.priority ?? 0)).map((c) => c.name);
+  return fallback.filter((n) => rs.chains.has(n));
+}
+
+function endpointOrder(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+function finish(t: Tracer): NftTraceResult {
+  let outs = t.outputs;
+  if (outs.length && outs.every((o) => o !== 'DROP' && o !== 'REJECT')) outs = [...new Set(outs)].sort(endpointOrder);
+  return { output: outs.join(', '), masq: t.masq, rules: t.matches, notes: t.notes };
+}
+
+/** Traces a packet through a parsed table. `localIPs` are this node's addresses (fib ... type local). */
+export function traceRuleset(rs: Ruleset, pkt: NftPacket, opts: { localIPs: string[] }): NftTraceResult {
+  const local = new Set(opts.localIPs.map((a) => canonicalIP(a) ?? a));
+  const t = new Tracer(rs, local);
+  const p: Pkt = {
+    src: canonicalIP(pkt.sourceIP) ?? pkt.sourceIP,
+    proto: (pkt.protocol || 'TCP').toLowerCase(),
+    dst: canonicalIP(pkt.destIP) ?? pkt.destIP,
+    dport: String(pkt.destPort),
+  };
+  for (const c of baseChains(rs, 'filter', 'prerouting', ['filter-prerouting-pre-dnat', 'filter-prerouting'])) {
+    if (t.runChain(c, p)) return finish(t);
+  }
+  for (const c of baseChains(rs, 'nat', 'prerouting', ['nat-prerouting'])) {
+    if (t.runChain(c, p)) break;
+  }
+  // The first DNAT changes the destination address the later filter chains see.
+  const dnat = t.outputs.find((o) => o !== 'DROP' && o !== 'REJECT');
+  const after: Pkt = dnat ? { ...p, dst: splitHostPort(dnat)[0] } : p;
+  for (const c of baseChains(rs, 'filter', 'forward', ['filter-forward'])) {
+    if (t.runChain(c, after)) return finish(t);
+  }
+  for (const c of baseChains(rs, 'filter', 'input', ['filter-input'])) {
+    if (t.runChain(c, after)) break;
+  }
+  return finish(t);
+}
+
+/** Traces through nftables text: a rendered transaction/dump or `nft list table`/`nft -s list ruleset` output. */
+export function traceNft(text: string, pkt: NftPacket, opts: { localIPs: string[] }): NftTraceResult {
+  const fam = pkt.destIP.includes(':') ? 'ip6' : 'ip';
+  return traceRuleset(parseKubeProxyTable(text, fam), pkt, opts);
+}

@@ -1,0 +1,142 @@
+// Turns a desired Ruleset into one `nft -f` transaction. A full sync re-declares and
+// flushes everything kproxy owns (affinity sets excepted: re-adding keeps their entries, so
+// session affinity survives syncs); a partial sync writes only what differs from the
+// table last applied: changed chains are flushed and rewritten, set and map elements are
+// added and deleted one by one. Chains that fall out of use are flushed now and deleted in
+// a later transaction: a kernel older than 6.2 still sees them referenced by a map element
+// deleted in the same batch. Pure.
+import {
+  addChainLine,
+  addElementLine,
+  addRuleLine,
+  addSetLine,
+  addTableLine,
+  elementKey,
+  ruleText,
+  tableRef,
+  type NftChain,
+  type NftElement,
+  type Ruleset,
+} from './ruleset.ts';
+import { isAffinitySetName } from './names.ts';
+
+export interface LiveNames {
+  chains: Set<string>;
+  /** name → kind */
+  sets: Map<string, 'set' | 'map'>;
+}
+
+export interface Transaction {
+  text: string;
+  /** number of commands */
+  ops: number;
+  /** chains flushed here because they fell out of use; delete them in a later sync */
+  staleChains: string[];
+  /** short description of what changed */
+  summary: string;
+}
+
+export interface TransactionOptions {
+  /** add+delete base chains first so a changed hook or priority can be re-created (first sync) */
+  recreateBaseChains?: boolean;
+}
+
+function sameChain(a: NftChain, b: NftChain): boolean {
+  if (a.type !== b.type || a.hook !== b.hook || a.priority !== b.priority || a.comment !== b.comment) return false;
+  if (a.rules.length !== b.rules.length) return false;
+  return a.rules.every((r, i) => ruleText(r) === ruleText(b.rules[i]));
+}
+
+function sameElement(a: NftElement, b: NftElement): boolean {
+  return a.value === b.value && a.comment === b.comment;
+}
+
+function deleteElementLine(rs: Ruleset, set: string, el: NftElement): string {
+  return `delete element ${tableRef(rs)} ${set} { ${elementKey(el.key)} }`;
+}
+
+/** Full sync: replaces the whole content of the table in one batch. */
+export function fullTransaction(desired: Ruleset, live: LiveNames | null, opts: TransactionOptions = {}): Transaction {
+  const t = tableRef(desired);
+  const lines: string[] = [addTableLine(desired)];
+  if (opts.recreateBaseChains) {
+    for (const ch of desired.chains.values()) {
+      if (ch.hook === undefined || !live?.chains.has(ch.name)) continue;
+      lines.push(`add chain ${t} ${ch.name}`, `delete chain ${t} ${ch.name}`);
+    }
+  }
+  for (const s of desired.sets.values()) {
+    lines.push(addSetLine(desired, s));
+    if (!isAffinitySetName(s.name)) lines.push(`flush ${s.kind} ${t} ${s.name}`);
+  }
+  for (const ch of desired.chains.values()) lines.push(addChainLine(desired, ch), `flush chain ${t} ${ch.name}`);
+  for (const ch of desired.chains.values()) for (const r of ch.rules) lines.push(addRuleLine(desired, ch.name, r));
+  for (const s of desired.sets.values()) {
+    if (isAffinitySetName(s.name)) continue;
+    for (const el of s.elements.values()) lines.push(addElementLine(desired, s.name, el));
+  }
+  const staleChains = [...(live?.chains ?? [])].filter((c) => !desired.chains.has(c)).sort();
+  for (const c of staleChains) lines.push(`flush chain ${t} ${c}`);
+  const staleSets = [...(live?.sets.keys() ?? [])].filter((s) => !desired.sets.has(s)).sort();
+  for (const s of staleSets) lines.push(`delete ${live!.sets.get(s)} ${t} ${s}`);
+  return {
+    text: lines.join('\n') + '\n',
+    ops: lines.length,
+    staleChains,
+    summary: `full sync: ${desired.chains.size} chains, ${desired.sets.size} sets/maps; ${staleChains.length} stale chains flushed, ${staleSets.length} stale sets deleted`,
+  };
+}
+
+/** Partial sync: only the differences from `applied` (the table as kproxy last wrote it). */
+export function partialTransaction(desired: Ruleset, applied: Ruleset): Transaction {
+  const t = tableRef(desired);
+  const setLines: string[] = [];
+  const chainLines: string[] = [];
+  const ruleLines: string[] = [];
+  const delLines: string[] = [];
+  const addLines: string[] = [];
+  const changedChains: string[] = [];
+
+  for (const s of desired.sets.values()) {
+    const old = applied.sets.get(s.name);
+    if (!old) setLines.push(addSetLine(desired, s));
+    if (isAffinitySetName(s.name)) continue;
+    const oldEls: Map<string, NftElement> = old?.elements ?? new Map();
+    for (const [k, el] of s.elements) {
+      const prev = oldEls.get(k);
+      if (prev && sameElement(prev, el)) continue;
+      if (prev) delLines.push(deleteElementLine(desired, s.name, prev));
+      addLines.push(addElementLine(desired, s.name, el));
+    }
+    for (const [k, el] of oldEls) if (!s.elements.has(k)) delLines.push(deleteElementLine(desired, s.name, el));
+  }
+
+  for (const ch of desired.chains.values()) {
+    const old = applied.chains.get(ch.name);
+    if (old && sameChain(old, ch)) continue;
+    changedChains.push(ch.name);
+    chainLines.push(addChainLine(desired, ch));
+    if (old) chainLines.push(`flush chain ${t} ${ch.name}`);
+    for (const r of ch.rules) ruleLines.push(addRuleLine(desired, ch.name, r));
+  }
+
+  const staleChains = [...applied.chains.keys()].filter((c) => !desired.chains.has(c)).sort();
+  const staleSets = [...applied.sets.keys()].filter((s) => !desired.sets.has(s)).sort();
+  const tail = [...staleChains.map((c) => `flush chain ${t} ${c}`), ...staleSets.map((s) => `delete ${applied.sets.get(s)!.kind} ${t} ${s}`)];
+  const body = [...setLines, ...chainLines, ...ruleLines, ...delLines, ...addLines, ...tail];
+  if (body.length === 0) return { text: '', ops: 0, staleChains: [], summary: 'no changes' };
+  const lines = [addTableLine(desired), ...body];
+  return {
+    text: lines.join('\n') + '\n',
+    ops: body.length,
+    staleChains,
+    summary:
+      `partial sync: ${changedChains.length} chains rewritten, ${addLines.length} elements added, ` +
+      `${delLines.length} elements deleted, ${staleChains.length} chains retired`,
+  };
+}
+
+/** Deletes chains retired by earlier syncs. */
+export function deleteChainsTransaction(rs: { family: Ruleset['family']; table: string }, chains: string[]): string {
+  return chains.map((c) => `delete chain ${rs.family} ${rs.table} ${c}`).join('\n') + '\n';
+}
