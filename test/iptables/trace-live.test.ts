@@ -1,0 +1,142 @@
+// The tracer on a live ruleset: load rules into a network namespace with iptables-restore,
+// read them back with iptables-save (which reorders options, adds "/32", prints counters
+// and builtin chains), and check that the tracer gives the same answers on both texts.
+// Needs root; everything happens inside a namespace this test creates and deletes.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { hostRunner, runChecked } from '../../src/exec/runner.ts';
+import { getChain, parseIptablesSave, ruleCount } from '../../src/modes/iptables/parse.ts';
+import { traceIptables, type TracePacket } from '../../src/modes/iptables/trace.ts';
+
+const NS = `kpt-trc-${process.pid}`;
+const NODE_IPS = ['192.168.0.2', '192.168.1.2', '192.168.99.11', '2001:db8::1', '2001:db8:1::2'];
+const TIMEOUT = { timeoutMs: 30_000 };
+
+/**
+ * Upstream's TestOverallIPTablesRules golden, made loadable in a fresh namespace: the nfacct
+ * matches need counter objects that only kube-proxy creates, and the PREROUTING jump is the
+ * one the proxier adds outside its restore payload.
+ */
+function loadableGolden(): string {
+  const golden = readFileSync('/work/shared/conformance/golden/iptables-overall/expected.txt', 'utf8');
+  return golden
+    .replace(/ -m nfacct --nfacct-name \S+/g, '')
+    .replace('*nat\n', '*nat\n:PREROUTING ACCEPT [0:0]\n')
+    .replace(/COMMIT\n$/, '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES\nCOMMIT\n');
+}
+
+const FLOWS: Array<{ name: string; src: string; dst: string; port: number; proto?: TracePacket['protocol']; output: string; masq: boolean }> = [
+  { name: 'pod to cluster IP', src: '10.0.0.2', dst: '172.30.0.41', port: 80, output: '10.180.0.1:80', masq: false },
+  { name: 'hairpin', src: '10.180.0.1', dst: '172.30.0.41', port: 80, output: '10.180.0.1:80', masq: true },
+  { name: 'UDP to a TCP service', src: '10.0.0.2', dst: '172.30.0.41', port: 80, proto: 'UDP', output: '', masq: false },
+  { name: 'random choice', src: '10.0.0.2', dst: '172.30.0.44', port: 80, output: '10.180.0.4:80, 10.180.0.5:80', masq: false },
+  { name: 'external IP, Local policy, pod source', src: '10.0.0.2', dst: '192.168.99.22', port: 80, output: '10.180.0.2:80', masq: false },
+  { name: 'external IP, Local policy, node source', src: '192.168.0.2', dst: '192.168.99.22', port: 80, output: '10.180.0.2:80', masq: true },
+  { name: 'external IP, no local endpoints: DROP', src: '203.0.113.2', dst: '192.168.99.22', port: 80, output: 'DROP', masq: false },
+  { name: 'NodePort from outside', src: '203.0.113.2', dst: '192.168.0.2', port: 3003, output: '10.180.0.3:80', masq: true },
+  { name: 'localhost NodePort', src: '127.0.0.1', dst: '127.0.0.1', port: 3001, output: '10.180.0.2:80', masq: true },
+  { name: 'health check node port: ACCEPT', src: '192.168.0.2', dst: '192.168.0.2', port: 30000, output: 'ACCEPT', masq: false },
+  { name: 'affinity', src: '10.0.0.2', dst: '172.30.0.45', port: 80, output: '10.180.0.3:80', masq: false },
+  { name: 'LB source range allowed', src: '203.0.113.2', dst: '5.6.7.8', port: 80, output: '10.180.0.3:80', masq: true },
+  { name: 'LB source range blocked: DROP', src: '203.0.113.200', dst: '5.6.7.8', port: 80, output: 'DROP', masq: false },
+  { name: 'no endpoints: REJECT', src: '10.0.0.2', dst: '172.30.0.46', port: 80, output: 'REJECT', masq: false },
+];
+
+/** A small IPv6 ruleset in upstream's shapes (ip6tables-save prints "/128" and brackets). */
+const IPV6 = `*filter
+:KUBE-SERVICES - [0:0]
+-A KUBE-SERVICES -m comment --comment "ns/none:http has no endpoints" -m tcp -p tcp -d fd00:30::20 --dport 80 -j REJECT
+COMMIT
+*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-SVC-V6 - [0:0]
+:KUBE-SEP-V61 - [0:0]
+:KUBE-SEP-V62 - [0:0]
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-SERVICES -m comment --comment "ns/v6:http cluster IP" -m tcp -p tcp -d fd00:30::10 --dport 80 -j KUBE-SVC-V6
+-A KUBE-SVC-V6 -m comment --comment "ns/v6:http cluster IP" -m tcp -p tcp -d fd00:30::10 --dport 80 ! -s fd00:10::/64 -j KUBE-MARK-MASQ
+-A KUBE-SVC-V6 -m comment --comment "ns/v6:http -> [fd00:10::2]:8080" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-V61
+-A KUBE-SVC-V6 -m comment --comment "ns/v6:http -> [fd00:10::1]:8080" -j KUBE-SEP-V62
+-A KUBE-SEP-V61 -m comment --comment ns/v6:http -s fd00:10::2 -j KUBE-MARK-MASQ
+-A KUBE-SEP-V61 -m comment --comment ns/v6:http -m tcp -p tcp -j DNAT --to-destination [fd00:10::2]:8080
+-A KUBE-SEP-V62 -m comment --comment ns/v6:http -m tcp -p tcp -j DNAT --to-destination [fd00:10::1]:8080
+COMMIT
+`;
+
+const FLOWS6: typeof FLOWS = [
+  { name: 'IPv6 pod to cluster IP', src: 'fd00:10::5', dst: 'fd00:30::10', port: 80, output: '[fd00:10::1]:8080, [fd00:10::2]:8080', masq: false },
+  { name: 'IPv6 hairpin', src: 'fd00:10::2', dst: 'fd00:30::10', port: 80, output: '[fd00:10::1]:8080, [fd00:10::2]:8080', masq: true },
+  { name: 'IPv6 outside source', src: '2001:db8::99', dst: 'fd00:30::10', port: 80, output: '[fd00:10::1]:8080, [fd00:10::2]:8080', masq: true },
+  { name: 'IPv6 no endpoints: REJECT', src: 'fd00:10::5', dst: 'fd00:30::20', port: 80, output: 'REJECT', masq: false },
+];
+
+describe('tracer on live iptables-save output', () => {
+  const loaded = loadableGolden();
+  let live = '';
+  /** `iptables-save -c`: every rule prefixed by its counters */
+  let liveCounters = '';
+  let live6 = '';
+
+  before(async () => {
+    await runChecked(hostRunner, 'ip', ['netns', 'add', NS], TIMEOUT);
+    try {
+      await runChecked(hostRunner, 'ip', ['netns', 'exec', NS, 'iptables-restore'], { ...TIMEOUT, input: loaded });
+      live = (await runChecked(hostRunner, 'ip', ['netns', 'exec', NS, 'iptables-save'], TIMEOUT)).stdout;
+      liveCounters = (await runChecked(hostRunner, 'ip', ['netns', 'exec', NS, 'iptables-save', '-c'], TIMEOUT)).stdout;
+      await runChecked(hostRunner, 'ip', ['netns', 'exec', NS, 'ip6tables-restore'], { ...TIMEOUT, input: IPV6 });
+      live6 = (await runChecked(hostRunner, 'ip', ['netns', 'exec', NS, 'ip6tables-save'], TIMEOUT)).stdout;
+    } catch (e) {
+      await hostRunner.run('ip', ['netns', 'del', NS], TIMEOUT);
+      throw e;
+    }
+  });
+
+  after(async () => {
+    await hostRunner.run('ip', ['netns', 'del', NS], TIMEOUT);
+  });
+
+  test('the live text is really rewritten by iptables-save, with the same rules', () => {
+    assert.notEqual(live, loaded);
+    assert.match(live, /-d 172\.30\.0\.41\/32 -p tcp/);
+    assert.match(live, /^:PREROUTING ACCEPT \[\d+:\d+\]$/m);
+    assert.match(liveCounters, /^\[\d+:\d+\] -A KUBE-SERVICES /m);
+    const a = parseIptablesSave(loaded);
+    const b = parseIptablesSave(live);
+    assert.deepEqual(b.warnings, []);
+    assert.equal(ruleCount(b), ruleCount(a));
+    assert.equal(getChain(b, 'nat', 'KUBE-SERVICES')?.rules.length, getChain(a, 'nat', 'KUBE-SERVICES')?.rules.length);
+  });
+
+  for (const f of FLOWS) {
+    test(`same answer on loaded and live text: ${f.name}`, () => {
+      const pkt = { sourceIP: f.src, destIP: f.dst, destPort: f.port, protocol: f.proto ?? ('' as const) };
+      const want = traceIptables(loaded, pkt, { localIPs: NODE_IPS });
+      assert.equal(want.output, f.output);
+      assert.equal(want.masq, f.masq);
+      for (const text of [live, liveCounters]) {
+        const got = traceIptables(text, pkt, { localIPs: NODE_IPS });
+        const why = `live matched:\n  ${got.rules.join('\n  ')}\nnotes: ${got.notes.join('; ')}`;
+        assert.equal(got.output, want.output, why);
+        assert.equal(got.masq, want.masq, why);
+        assert.equal(got.verdict, want.verdict, why);
+        // The same path, rule for rule, even though each rule's text differs.
+        assert.equal(got.rules.length, want.rules.length, why);
+        assert.deepEqual(got.notes, [], why);
+      }
+    });
+  }
+
+  for (const f of FLOWS6) {
+    test(`same answer on loaded and live IPv6 text: ${f.name}`, () => {
+      assert.match(live6, /-d fd00:30::10\/128/);
+      const pkt = { sourceIP: f.src, destIP: f.dst, destPort: f.port, protocol: f.proto ?? ('' as const) };
+      const want = traceIptables(IPV6, pkt, { localIPs: NODE_IPS });
+      const got = traceIptables(live6, pkt, { localIPs: NODE_IPS });
+      assert.equal(want.output, f.output);
+      assert.equal(want.masq, f.masq);
+      assert.deepEqual([got.output, got.masq, got.rules.length], [want.output, want.masq, want.rules.length], got.rules.join('\n'));
+    });
+  }
+});
