@@ -5,6 +5,7 @@ import { hostRunner } from '../exec/runner.ts';
 import { modes } from '../modes/registry.ts';
 import { ProxyController } from '../sync/controller.ts';
 import { ManifestsSource } from '../sources/manifests.ts';
+import { createKubernetesSource } from '../sources/kubernetes.ts';
 import { startServers } from '../server/servers.ts';
 import { cleanupAll } from './cleanup.ts';
 import type { Source } from '../sources/types.ts';
@@ -14,9 +15,6 @@ import type { ProxyConfig } from '../config/config.ts';
 export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {
   if (o.manifests) return new ManifestsSource({ dir: o.manifests, nodeName, log: log.child({ source: 'manifests' }) });
   if (cfg.kubeconfig || process.env.KUBERNETES_SERVICE_HOST) {
-    // TODO(lead): static import once src/sources/kubernetes.ts lands.
-    const modPath = '../sources/kubernetes.ts';
-    const { createKubernetesSource } = (await import(modPath)) as { createKubernetesSource: (o: unknown) => Source };
     return createKubernetesSource({ kubeconfig: cfg.kubeconfig || undefined, nodeName, log: log.child({ source: 'kubernetes' }) });
   }
   throw new Error('KPROXY_NO_SOURCE: nothing to watch; give --manifests DIR (no cluster) or --kubeconfig FILE, or run in a cluster');

@@ -1,0 +1,386 @@
+// A resilient informer on top of @kubernetes/client-node's ListWatch (list + watch).
+//
+// client-node's ListWatch lists, watches from the list's resourceVersion, re-watches when a
+// stream ends cleanly, relists on 410 Gone (diffing the relist against its cache, so
+// deletes missed while away are reported), but:
+// - its update callback only gets the new object: we keep our own cache keyed by
+//   namespace/name and hand (old, new) pairs to the caller;
+// - it stops for good after any error: we restart it with capped exponential back-off
+//   (it resumes the watch from its last resourceVersion, or relists when it has none);
+// - its Watch never times out and ignores ERROR events other than 410 (the server then
+//   closes and ListWatch re-watches at once, a tight loop): our Watch subclass asks the
+//   server for bookmarks and a watch timeout, aborts a stream that stays silent past
+//   that timeout (a half-open connection), and turns other ERROR events into failures;
+// - errors thrown by watch setup (e.g. an unreadable token file) reject a promise nobody
+//   awaits: we turn them into failures too.
+// The list goes through client-node's own auth/TLS setup (applyToFetchOptions) but returns
+// the raw JSON, so listed objects have exactly the wire shape watched objects have.
+import http from 'node:http';
+import https from 'node:https';
+import { ListWatch, Watch, type KubeConfig, type KubernetesListObject, type KubernetesObject } from '@kubernetes/client-node';
+import type { Logger } from '../log.ts';
+
+export interface BackoffOptions {
+  /** first retry delay (default 200 ms) */
+  initialMs?: number;
+  /** cap (default 5000 ms) */
+  maxMs?: number;
+  /** growth factor (default 2) */
+  factor?: number;
+  /** fraction of the delay removed at random, 0..1 (default 0.1); never exceeds maxMs */
+  jitter?: number;
+}
+
+export function resolveBackoff(b: BackoffOptions = {}): Required<BackoffOptions> {
+  return { initialMs: b.initialMs ?? 200, maxMs: b.maxMs ?? 5000, factor: b.factor ?? 2, jitter: b.jitter ?? 0.1 };
+}
+
+/** Delay before retry number `attempt` (0-based): capped exponential, jitter only shortens. */
+export function backoffDelay(b: Required<BackoffOptions>, attempt: number, rand: () => number = Math.random): number {
+  const raw = Math.min(b.maxMs, b.initialMs * Math.pow(b.factor, Math.min(attempt, 64)));
+  return Math.max(1, Math.round(raw * (1 - b.jitter * rand())));
+}
+
+export interface InformerStatus {
+  /** the first complete list has been delivered */
+  listed: boolean;
+  connected: boolean;
+  lastContactMs: number;
+  problem?: string;
+}
+
+export interface ResilientInformerOptions<T extends KubernetesObject> {
+  kc: KubeConfig;
+  /** API path, e.g. /api/v1/services */
+  path: string;
+  /** short name for logs and problems, e.g. "services" */
+  what: string;
+  labelSelector?: string;
+  fieldSelector?: string;
+  log: Logger;
+  backoff: Required<BackoffOptions>;
+  /** server-side watch timeout asked for; the stream is re-opened after it (default 300..600 s) */
+  watchTimeoutSeconds?: number;
+  /** time allowed for one list request (default 60 s) */
+  listTimeoutMs?: number;
+  onChange(oldObj: T | null, newObj: T | null): void;
+  /** after every complete list (first list and relists) has been delivered */
+  onListed(): void;
+}
+
+class ApiError extends Error {
+  constructor(
+    message: string,
+    readonly statusCode?: number,
+  ) {
+    super(message);
+  }
+}
+
+function keyOf(o: KubernetesObject): string {
+  return `${o.metadata?.namespace ?? ''}/${o.metadata?.name ?? ''}`;
+}
+
+/** One line for logs and health: the error without the (long) query strings of URLs. */
+function errText(err: unknown): string {
+  return rawErrText(err).replace(/(https?:\/\/[^\s?]+)\?\S*/g, '$1');
+}
+
+function rawErrText(err: unknown): string {
+  if (err instanceof Error) {
+    const code = (err as { code?: unknown }).code;
+    const sc = (err as { statusCode?: unknown }).statusCode;
+    const extra = typeof sc === 'number' ? ` (HTTP ${sc})` : typeof code === 'string' && !err.message.includes(code) ? ` (${code})` : '';
+    return `${err.message}${extra}`;
+  }
+  return String(err);
+}
+
+/** GET a list as raw JSON with the kubeconfig's server, TLS and credentials. */
+async function listRaw<T extends KubernetesObject>(
+  kc: KubeConfig,
+  path: string,
+  query: Record<string, string | undefined>,
+  signal: AbortSignal,
+): Promise<KubernetesListObject<T>> {
+  const cluster = kc.getCurrentCluster();
+  if (!cluster) throw new ApiError('no current cluster in the kubeconfig');
+  const url = new URL(cluster.server + path);
+  for (const [k, v] of Object.entries(query)) if (v !== undefined) url.searchParams.set(k, v);
+  const init = await kc.applyToFetchOptions({});
+  const headers: Record<string, string> = { Accept: 'application/json' };
+  (init.headers as Headers | undefined)?.forEach((v, k) => (headers[k] = v));
+  const mod = url.protocol === 'https:' ? https : http;
+  return new Promise((resolve, reject) => {
+    const req = mod.get(url, { agent: init.agent as http.Agent, headers, signal }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('error', reject);
+      res.on('end', () => {
+        const body = Buffer.concat(chunks).toString('utf8');
+        let parsed: unknown;
+        try {
+          parsed = JSON.parse(body);
+        } catch {
+          parsed = undefined;
+        }
+        if (res.statusCode !== 200) {
+          const msg = (parsed as { message?: string } | undefined)?.message ?? (body.slice(0, 200) || res.statusMessage);
+          reject(new ApiError(`list ${path}: ${msg}`, res.statusCode));
+          return;
+        }
+        const list = parsed as KubernetesListObject<T> | undefined;
+        if (!list || !Array.isArray(list.items)) {
+          reject(new ApiError(`list ${path}: response is not a list`, res.statusCode));
+          return;
+        }
+        resolve(list);
+      });
+    });
+    req.on('error', reject);
+  });
+}
+
+export class ResilientInformer<T extends KubernetesObject> {
+  private readonly cache = new Map<string, T>();
+  private readonly lw: ListWatch<T>;
+  private readonly liveStreams = new Set<AbortController>();
+  private readonly listAborts = new Set<AbortController>();
+  private stopped = true;
+  private retryTimer?: NodeJS.Timeout;
+  private attempt = 0;
+  /** a list completed and has not yet been followed by a watch (i.e. its items are delivered) */
+  private listPending = false;
+  readonly status: InformerStatus = { listed: false, connected: false, lastContactMs: 0 };
+
+  constructor(private readonly o: ResilientInformerOptions<T>) {
+    const query = { labelSelector: o.labelSelector, fieldSelector: o.fieldSelector };
+    const listFn = () => this.list(query);
+    this.lw = new ListWatch<T>(o.path, new InstrumentedWatch(o.kc, this), listFn, false, o.labelSelector, o.fieldSelector);
+    this.lw.on('add', (obj) => this.onAddOrUpdate(obj));
+    this.lw.on('update', (obj) => this.onAddOrUpdate(obj));
+    this.lw.on('delete', (obj) => this.onDelete(obj));
+    this.lw.on('error', (err) => this.fail(err));
+  }
+
+  /** Objects currently known, keyed "namespace/name" ("/name" for cluster-scoped). */
+  snapshot(): ReadonlyMap<string, T> {
+    return this.cache;
+  }
+
+  start(): void {
+    if (!this.stopped) return;
+    this.stopped = false;
+    this.run();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
+    await this.lw.stop();
+    for (const c of this.liveStreams) c.abort();
+    for (const c of this.listAborts) c.abort();
+    this.liveStreams.clear();
+    this.listAborts.clear();
+    this.status.connected = false;
+  }
+
+  get isStopped(): boolean {
+    return this.stopped;
+  }
+
+  watchTimeoutSeconds(): number {
+    // Spread re-watches like client-go's reflector (minWatchTimeout..2x).
+    const base = this.o.watchTimeoutSeconds ?? 300;
+    return Math.max(1, Math.round(base * (1 + (this.o.watchTimeoutSeconds ? 0 : Math.random()))));
+  }
+
+  private run(): void {
+    this.lw.start().catch((err: unknown) => this.fail(err));
+  }
+
+  private async list(query: Record<string, string | undefined>): Promise<KubernetesListObject<T>> {
+    const ctl = new AbortController();
+    this.listAborts.add(ctl);
+    const signal = AbortSignal.any([ctl.signal, AbortSignal.timeout(this.o.listTimeoutMs ?? 60_000)]);
+    try {
+      const list = await listRaw<T>(this.o.kc, this.o.path, query, signal);
+      this.markContact();
+      this.listPending = true;
+      return list;
+    } finally {
+      this.listAborts.delete(ctl);
+    }
+  }
+
+  private safeChange(oldObj: T | null, newObj: T | null): void {
+    if (this.stopped) return;
+    try {
+      this.o.onChange(oldObj, newObj);
+    } catch (err) {
+      this.o.log.error({ resource: this.o.what, err: errText(err) }, 'KPROXY_SOURCE_HANDLER_FAILED: event handler threw; event skipped');
+    }
+  }
+
+  private onAddOrUpdate(obj: T): void {
+    const key = keyOf(obj);
+    const old = this.cache.get(key) ?? null;
+    this.cache.set(key, obj);
+    this.safeChange(old, obj);
+  }
+
+  private onDelete(obj: T): void {
+    const key = keyOf(obj);
+    const old = this.cache.get(key);
+    this.cache.delete(key);
+    this.safeChange(old ?? obj, null);
+  }
+
+  /**
+   * Makes the next start list instead of resuming the watch. ListWatch only does that by
+   * itself after a 410; its resourceVersion field is private, hence the cast (pinned to
+   * client-node 1.x; the "server store rewound" test catches a rename).
+   */
+  private forceRelist(): void {
+    const lw = this.lw as unknown as { resourceVersion?: string };
+    if (typeof lw.resourceVersion === 'string') lw.resourceVersion = '';
+  }
+
+  // ---- called by InstrumentedWatch ----
+
+  /** ListWatch opens a watch right after delivering a list: that is when a list is "done". */
+  beforeWatch(): void {
+    if (!this.listPending || this.stopped) return;
+    this.listPending = false;
+    const first = !this.status.listed;
+    this.status.listed = true;
+    this.o.log.debug({ resource: this.o.what, objects: this.cache.size, first }, 'listed');
+    try {
+      this.o.onListed();
+    } catch (err) {
+      this.o.log.error({ resource: this.o.what, err: errText(err) }, 'KPROXY_SOURCE_HANDLER_FAILED: onListed threw');
+    }
+  }
+
+  watchConnected(): void {
+    this.attempt = 0;
+    this.markContact();
+  }
+
+  markContact(): void {
+    const wasDown = !this.status.connected && this.status.problem !== undefined;
+    this.status.connected = true;
+    this.status.lastContactMs = Date.now();
+    this.status.problem = undefined;
+    if (wasDown) this.o.log.info({ resource: this.o.what }, 'API server reachable again');
+  }
+
+  track(ctl: AbortController): void {
+    this.liveStreams.add(ctl);
+  }
+  untrack(ctl: AbortController): void {
+    this.liveStreams.delete(ctl);
+  }
+
+  /** Any list/watch failure: mark disconnected and restart after a back-off delay. */
+  fail(err: unknown): void {
+    if (this.stopped) return;
+    this.status.connected = false;
+    const sc = (err as { statusCode?: number } | undefined)?.statusCode;
+    const hint =
+      sc === 401 || sc === 403
+        ? 'check the credentials and RBAC (kproxy needs list and watch on services, endpointslices.discovery.k8s.io and nodes)'
+        : 'check that the API server is reachable; retrying';
+    this.status.problem = `KPROXY_SOURCE_API_ERROR: ${this.o.what}: ${errText(err)}; ${hint}`;
+    // 504 on a watch is kube-apiserver's "Too large resource version" (the server's store
+    // is behind our version, e.g. restored from a backup): resuming can never work, so
+    // relist, as client-go's reflector does.
+    if (sc === 504) this.forceRelist();
+    if (this.retryTimer) return; // a restart is already scheduled
+    const delayMs = backoffDelay(this.o.backoff, this.attempt++);
+    this.o.log.warn({ resource: this.o.what, err: errText(err), attempt: this.attempt, delayMs }, this.status.problem);
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = undefined;
+      if (!this.stopped) this.run();
+    }, delayMs);
+  }
+}
+
+/**
+ * client-node's Watch with bookmarks, a server-side timeout, a client-side silence timeout,
+ * non-410 ERROR events treated as failures and setup errors reported through `done`.
+ */
+class InstrumentedWatch<T extends KubernetesObject> extends Watch {
+  constructor(
+    kc: KubeConfig,
+    private readonly owner: ResilientInformer<T>,
+  ) {
+    super(kc);
+  }
+
+  override async watch(
+    path: string,
+    queryParams: Record<string, string | number | boolean | undefined>,
+    callback: (phase: string, apiObj: any, watchObj?: any) => void, // eslint-disable-line @typescript-eslint/no-explicit-any
+    done: (err: any) => void, // eslint-disable-line @typescript-eslint/no-explicit-any
+  ): Promise<AbortController> {
+    if (this.owner.isStopped) return new AbortController(); // ends ListWatch's chain
+    this.owner.beforeWatch();
+    const timeoutSeconds = this.owner.watchTimeoutSeconds();
+    const params = { ...queryParams, allowWatchBookmarks: true, timeoutSeconds };
+    let finished = false;
+    let ctl: AbortController | undefined;
+    let abortWhenKnown = false;
+    let silence: NodeJS.Timeout | undefined;
+    const abort = () => (ctl ? ctl.abort() : (abortWhenKnown = true));
+    const armSilence = () => {
+      clearTimeout(silence);
+      // The server ends the stream after timeoutSeconds; silence well past that means the
+      // connection is dead without a FIN (node crash, network partition).
+      silence = setTimeout(() => {
+        finishOnce(new Error(`watch ${path}: no data for ${timeoutSeconds + 30}s`));
+        abort();
+      }, (timeoutSeconds + 30) * 1000);
+      silence.unref?.();
+    };
+    const finishOnce = (err: unknown) => {
+      if (finished) return;
+      finished = true;
+      clearTimeout(silence);
+      if (ctl) this.owner.untrack(ctl);
+      done(err ?? null);
+    };
+    const onEvent = (phase: string, obj: any, raw?: any) => { // eslint-disable-line @typescript-eslint/no-explicit-any
+      if (finished || this.owner.isStopped) return;
+      armSilence();
+      if (phase === 'ERROR' && obj?.code !== 410) {
+        const e = new Error(`watch ${path}: ${obj?.message ?? 'error event'}`) as Error & { statusCode?: number };
+        e.statusCode = typeof obj?.code === 'number' ? obj.code : undefined;
+        finishOnce(e);
+        abort();
+        return;
+      }
+      this.owner.markContact();
+      callback(phase, obj, raw);
+    };
+    try {
+      ctl = await super.watch(path, params, onEvent, finishOnce);
+    } catch (err) {
+      finishOnce(err);
+      return new AbortController();
+    }
+    if (abortWhenKnown || finished) {
+      ctl.abort();
+      return ctl;
+    }
+    if (this.owner.isStopped) {
+      ctl.abort();
+      return ctl;
+    }
+    this.owner.track(ctl);
+    this.owner.watchConnected();
+    armSilence();
+    return ctl;
+  }
+}
