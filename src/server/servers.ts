@@ -5,6 +5,7 @@ import client from 'prom-client';
 import type { ProxyController, SyncRecord } from '../sync/controller.ts';
 import type { Source } from '../sources/types.ts';
 import type { Logger } from '../log.ts';
+import type { UserspaceProxier } from '../dataplane/proxier.ts';
 
 export interface HealthReport {
   healthy: boolean;
@@ -91,6 +92,26 @@ export class Metrics {
   private readonly total = new client.Gauge({ name: 'kproxy_rules_total', help: 'Rules or objects kproxy believes are installed', registers: [this.registry] });
   private readonly services = new client.Gauge({ name: 'kproxy_service_ports', help: 'Service ports known to kproxy', registers: [this.registry] });
 
+  private readonly usSeen = new Map<string, { accepted: number; failed: number }>();
+  private readonly usAccepted = new client.Counter({ name: 'kproxy_userspace_connections_accepted_total', help: 'Connections (TCP) or sessions (UDP) accepted by the userspace proxy', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
+  private readonly usFailed = new client.Counter({ name: 'kproxy_userspace_connections_failed_total', help: 'Connections or datagrams the userspace proxy could not forward to any endpoint', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
+  private readonly usActive = new client.Gauge({ name: 'kproxy_userspace_connections_active', help: 'Open spliced connections or UDP sessions', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
+
+  /** The userspace proxier keeps monotonic totals; prom counters get the deltas. */
+  collectUserspace(proxier: unknown): void {
+    const p = proxier as Partial<UserspaceProxier> | null;
+    if (!p || typeof p.counters !== 'function') return;
+    for (const c of p.counters()) {
+      const labels = { service_port: c.servicePort, protocol: c.protocol };
+      const key = `${c.servicePort}|${c.protocol}`;
+      const prev = this.usSeen.get(key) ?? { accepted: 0, failed: 0 };
+      if (c.accepted > prev.accepted) this.usAccepted.inc(labels, c.accepted - prev.accepted);
+      if (c.failed > prev.failed) this.usFailed.inc(labels, c.failed - prev.failed);
+      this.usActive.set(labels, c.active);
+      this.usSeen.set(key, { accepted: c.accepted, failed: c.failed });
+    }
+  }
+
   record(r: SyncRecord, servicePorts: number): void {
     if (!r.ok) {
       this.failures.inc();
@@ -128,6 +149,7 @@ export async function startServers(deps: ServerDeps, healthzAddr: string, metric
   const metricsServer = createServer(async (req, res) => {
     const url = req.url ?? '/';
     if (url.startsWith('/metrics')) {
+      metrics.collectUserspace(deps.ctrl.proxier);
       res.writeHead(200, { 'content-type': metrics.registry.contentType });
       return res.end(await metrics.registry.metrics());
     }

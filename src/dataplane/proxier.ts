@@ -1,0 +1,210 @@
+// The userspace Proxier: reconciles open listeners, balancers and REDIRECT rules with the
+// plan of each sync. Listeners are keyed by a stable id, so a sync only opens what is new
+// and closes what is gone (closing stops accepting; spliced connections finish on their
+// own), and an endpoint change only swaps the balancer's list: removed endpoints get no new
+// connections, their open ones carry on.
+import { networkInterfaces } from 'node:os';
+import type { ProxyConfig } from '../config/config.ts';
+import { canonicalIP } from '../core/ip.ts';
+import type { CommandRunner } from '../exec/runner.ts';
+import type { Logger } from '../log.ts';
+import { planUserspace, renderPlan, restorePayload, type PlannedListener, type UserspacePlan } from '../modes/userspace/plan.ts';
+import type { PlanInput, Proxier, SyncStats } from '../modes/types.ts';
+import { RoundRobinBalancer } from './balancer.ts';
+import { applyRedirects, removeRedirects } from './redirect.ts';
+import { TcpForwarder, newCounters, type ForwardCounters } from './tcp.ts';
+import { UdpForwarder } from './udp.ts';
+
+export interface UserspaceProxierOptions {
+  config: ProxyConfig;
+  log: Logger;
+  runner: CommandRunner;
+  /** may this proxier program iptables REDIRECT rules (root with iptables)? */
+  redirect: boolean;
+  /** addresses this host can bind besides loopback; default: the interfaces' addresses */
+  localAddresses?: () => string[];
+  dialTimeoutsMs?: number[];
+}
+
+/** Per service port, for metrics. */
+export interface ServicePortCounters extends ForwardCounters {
+  servicePort: string;
+  protocol: 'TCP' | 'UDP';
+}
+
+interface LiveListener {
+  plan: PlannedListener;
+  fwd: TcpForwarder | UdpForwarder;
+  port: number;
+}
+
+export function interfaceAddresses(): string[] {
+  const out: string[] = [];
+  for (const list of Object.values(networkInterfaces())) {
+    for (const a of list ?? []) {
+      const ip = canonicalIP(a.address.split('%')[0]);
+      if (ip) out.push(ip);
+    }
+  }
+  return out;
+}
+
+export class UserspaceProxier implements Proxier {
+  private readonly listeners = new Map<string, LiveListener>();
+  private readonly balancers = new Map<string, RoundRobinBalancer>();
+  private readonly counterMap = new Map<string, ServicePortCounters>();
+  private plan: UserspacePlan | null = null;
+  /** the payload last written; null when kproxy believes no chain of its own is installed */
+  private appliedPayload: string | null = null;
+  private synced = false;
+  private lastNotes = '';
+
+  constructor(private readonly opts: UserspaceProxierOptions) {}
+
+  get redirect(): boolean {
+    return this.opts.redirect;
+  }
+
+  async sync(input: PlanInput, _changed: Set<string>, full: boolean): Promise<SyncStats> {
+    const localAddresses = this.opts.localAddresses ? this.opts.localAddresses() : interfaceAddresses();
+    const plan = planUserspace(input, { redirect: this.opts.redirect, localAddresses });
+    const wanted = new Map(plan.listeners.map((l) => [l.id, l]));
+    const changes: string[] = [];
+
+    // Close first: a listener whose id changed may want the same address back.
+    for (const [id, live] of this.listeners) {
+      if (wanted.has(id)) continue;
+      live.fwd.close();
+      this.listeners.delete(id);
+      changes.push(`- ${id}`);
+    }
+    this.updateBalancers(plan);
+    const failures: string[] = [];
+    for (const l of plan.listeners) {
+      const live = this.listeners.get(l.id);
+      if (live) {
+        this.rebind(live, l);
+        continue;
+      }
+      try {
+        this.listeners.set(l.id, await this.open(l));
+        changes.push(`+ ${l.id}`);
+      } catch (e) {
+        failures.push(`${l.protocol} ${l.host}:${l.port} (${l.servicePortKey}): ${(e as Error).message}`);
+      }
+    }
+    const rulesWritten = await this.syncRules(plan, full || !this.synced);
+    this.plan = plan;
+    this.synced = true;
+    // Frontends that cannot be served are worth a warning, once per change, not every sync.
+    const notes = plan.notes.join('\n');
+    if (notes !== this.lastNotes) for (const n of plan.notes) this.opts.log.warn(`KPROXY_USERSPACE_UNSERVED: ${n}`);
+    this.lastNotes = notes;
+    if (failures.length) {
+      throw new Error(`KPROXY_USERSPACE_BIND: cannot listen on ${failures.join('; ')}; free the address or change the Service`);
+    }
+    return {
+      rulesWritten: changes.length + rulesWritten,
+      rulesTotal: this.listeners.size + plan.redirects.length,
+      diff: changes.join('\n'),
+    };
+  }
+
+  private updateBalancers(plan: UserspacePlan): void {
+    const used = new Set<string>();
+    for (const l of plan.listeners) {
+      if (used.has(l.balancerKey)) continue;
+      used.add(l.balancerKey);
+      let b = this.balancers.get(l.balancerKey);
+      if (!b) this.balancers.set(l.balancerKey, (b = new RoundRobinBalancer({ stickyMaxAgeSeconds: l.stickyMaxAgeSeconds })));
+      b.setStickyMaxAge(l.stickyMaxAgeSeconds);
+      b.setEndpoints(l.endpoints.map((e) => ({ key: e.key, ip: e.ip, port: e.port })));
+    }
+    for (const k of [...this.balancers.keys()]) if (!used.has(k)) this.balancers.delete(k);
+  }
+
+  private countersFor(l: PlannedListener): ServicePortCounters {
+    let c = this.counterMap.get(l.servicePortKey);
+    if (!c || c.protocol !== l.protocol) {
+      c = { servicePort: l.servicePortKey, protocol: l.protocol, ...newCounters() };
+      this.counterMap.set(l.servicePortKey, c);
+    }
+    return c;
+  }
+
+  private async open(l: PlannedListener): Promise<LiveListener> {
+    const balancer = this.balancers.get(l.balancerKey)!;
+    const counters = this.countersFor(l);
+    const log = this.opts.log;
+    const fwd = l.protocol === 'TCP'
+      ? new TcpForwarder({ host: l.host, port: l.port, balancer, counters, log, dialTimeoutsMs: this.opts.dialTimeoutsMs })
+      : new UdpForwarder({ hosts: [l.host, ...l.extraHosts], port: l.port, balancer, counters, log, idleMs: this.opts.config.udpIdleTimeoutMs || 250 });
+    const port = await fwd.listen();
+    return { plan: l, fwd, port };
+  }
+
+  /** An existing listener follows the plan's balancer (the policy may have changed) and timeouts. */
+  private rebind(live: LiveListener, l: PlannedListener): void {
+    live.plan = l;
+    live.fwd.balancer = this.balancers.get(l.balancerKey)!;
+    live.fwd.counters = this.countersFor(l);
+    if (live.fwd instanceof UdpForwarder) live.fwd.idleMs = this.opts.config.udpIdleTimeoutMs || 250;
+  }
+
+  /** Writes the REDIRECT rules when they changed (always on a full sync); returns rules written. */
+  private async syncRules(plan: UserspacePlan, full: boolean): Promise<number> {
+    if (!this.opts.redirect) return 0;
+    // A rule for a listener that failed to bind would send traffic to a closed port.
+    const redirects = plan.redirects.filter((r) => this.listeners.has(r.listenerId));
+    if (redirects.length === 0) {
+      if (this.appliedPayload !== null || full) {
+        await removeRedirects(this.opts.runner, this.opts.log, [plan.family]);
+        const written = this.appliedPayload === null ? 0 : 1;
+        this.appliedPayload = null;
+        return written;
+      }
+      return 0;
+    }
+    const payload = restorePayload({ ...plan, redirects }, (id) => this.listeners.get(id)!.port);
+    if (payload === this.appliedPayload && !full) return 0;
+    try {
+      await applyRedirects(this.opts.runner, plan.family, payload);
+    } catch (e) {
+      // Unknown state: '' never equals a payload and is not null, so the next sync rewrites or removes.
+      this.appliedPayload = '';
+      throw e;
+    }
+    this.appliedPayload = payload;
+    return redirects.length;
+  }
+
+  dump(): string {
+    if (!this.plan) return '# userspace mode: not synced yet\n';
+    return renderPlan(this.plan, (id) => this.listeners.get(id)?.port);
+  }
+
+  /** Counters per service port (accepted/failed/retried connections, open ones), for metrics. */
+  counters(): ServicePortCounters[] {
+    return [...this.counterMap.values()].map((c) => ({ ...c })).sort((a, b) => (a.servicePort < b.servicePort ? -1 : 1));
+  }
+
+  /** Bound port of a planned listener (tests, debug). */
+  listenerPort(id: string): number | undefined {
+    return this.listeners.get(id)?.port;
+  }
+
+  /** UDP sessions open now, over all listeners. */
+  udpSessions(): number {
+    let n = 0;
+    for (const l of this.listeners.values()) if (l.fwd instanceof UdpForwarder) n += l.fwd.sessionCount;
+    return n;
+  }
+
+  async stop(): Promise<void> {
+    for (const l of this.listeners.values()) {
+      if (l.fwd instanceof TcpForwarder) l.fwd.destroy();
+      else l.fwd.destroy();
+    }
+    this.listeners.clear();
+  }
+}

@@ -1,0 +1,87 @@
+// Builders for userspace tests: Services and EndpointSlices as the API shapes them, turned
+// into planner input through the real conversion (stateOf), so tests exercise validation too.
+import { resolveConfig, type ProxyConfig } from '../../src/config/config.ts';
+import { stateOf } from '../../src/conformance/case.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { PlanInput } from '../../src/modes/types.ts';
+
+export const NODE = 'node-a';
+
+export interface SvcOpts {
+  clusterIP: string;
+  ports: { name?: string; port: number; protocol?: 'TCP' | 'UDP' | 'SCTP'; nodePort?: number }[];
+  type?: 'ClusterIP' | 'NodePort' | 'LoadBalancer';
+  externalIPs?: string[];
+  lbIPs?: string[];
+  affinitySeconds?: number;
+  externalTrafficPolicy?: 'Local' | 'Cluster';
+  internalTrafficPolicy?: 'Local' | 'Cluster';
+}
+
+export function svc(name: string, o: SvcOpts, namespace = 'ns'): K8sService {
+  return {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { name, namespace },
+    spec: {
+      type: o.type ?? 'ClusterIP',
+      clusterIP: o.clusterIP,
+      ports: o.ports.map((p) => ({ name: p.name ?? '', port: p.port, protocol: p.protocol ?? 'TCP', nodePort: p.nodePort })),
+      externalIPs: o.externalIPs,
+      sessionAffinity: o.affinitySeconds ? 'ClientIP' : 'None',
+      sessionAffinityConfig: o.affinitySeconds ? { clientIP: { timeoutSeconds: o.affinitySeconds } } : undefined,
+      externalTrafficPolicy: o.externalTrafficPolicy,
+      internalTrafficPolicy: o.internalTrafficPolicy,
+    },
+    status: o.lbIPs ? { loadBalancer: { ingress: o.lbIPs.map((ip) => ({ ip })) } } : undefined,
+  };
+}
+
+export interface EpOpts {
+  ip: string;
+  node?: string;
+  ready?: boolean;
+}
+
+export function slice(
+  service: string,
+  endpoints: EpOpts[],
+  ports: { name?: string; port: number; protocol?: 'TCP' | 'UDP' }[],
+  namespace = 'ns',
+): K8sEndpointSlice {
+  return {
+    apiVersion: 'discovery.k8s.io/v1',
+    kind: 'EndpointSlice',
+    metadata: { name: `${service}-abc`, namespace, labels: { 'kubernetes.io/service-name': service } },
+    addressType: 'IPv4',
+    endpoints: endpoints.map((e) => ({ addresses: [e.ip], nodeName: e.node ?? NODE, conditions: { ready: e.ready ?? true } })),
+    ports: ports.map((p) => ({ name: p.name ?? '', port: p.port, protocol: p.protocol ?? 'TCP' })),
+  } as K8sEndpointSlice;
+}
+
+export function testConfig(raw: Record<string, unknown> = {}): ProxyConfig {
+  return resolveConfig({ mode: 'userspace', ...raw });
+}
+
+export function planInput(objects: Array<K8sService | K8sEndpointSlice>, opts: { nodeIPs?: string[]; config?: ProxyConfig } = {}): PlanInput {
+  return {
+    state: stateOf({ mode: 'userspace', nodeName: NODE }, objects),
+    config: opts.config ?? testConfig(),
+    node: { nodeName: NODE, nodeIPs: opts.nodeIPs ?? ['192.168.0.2'], nodeLabels: {}, family: 4 },
+  };
+}
+
+/** Resolves after ms. */
+export function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+/** Polls `cond` every 20ms until true or timeoutMs. */
+export async function waitFor(cond: () => boolean | Promise<boolean>, timeoutMs: number, what: string): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (let i = 0; i < 10_000 && Date.now() < deadline; i++) {
+    if (await cond()) return;
+    await sleep(20);
+  }
+  throw new Error(`timed out after ${timeoutMs}ms waiting for ${what}`);
+}
