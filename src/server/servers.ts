@@ -30,7 +30,7 @@ export function healthReport(ctrl: ProxyController, source: Source, mode: string
   const src = source.health();
   const reasons: string[] = [];
   if (!ctrl.isSynced) reasons.push('sources not synced yet');
-  else if (!st.lastSuccessAt && now - ctrl.startedAt > healthTimeoutMs) reasons.push('no successful sync yet');
+  else if (!st.lastSuccessAt) reasons.push('no successful sync yet');
   if (st.pendingSince && now - st.pendingSince > healthTimeoutMs) reasons.push(`changes pending for ${Math.round((now - st.pendingSince) / 1000)}s`);
   if (st.consecutiveFailures > 0 && st.lastSuccessAt && now - st.lastSuccessAt > healthTimeoutMs) reasons.push(`sync failing: ${st.lastError}`);
   const healthy = reasons.length === 0;
@@ -140,7 +140,8 @@ export async function startServers(deps: ServerDeps, healthzAddr: string, metric
     if (req.url?.startsWith('/healthz')) return json(res, rep.healthy ? 200 : 503, rep);
     if (req.url?.startsWith('/livez')) {
       // Liveness ignores the source: a cluster outage must not make the kubelet restart us.
-      const live = rep.reasons.every((r) => !r.startsWith('sync failing'));
+      const starting = Date.now() - deps.ctrl.startedAt < deps.healthTimeoutMs;
+      const live = rep.reasons.every((r) => !r.startsWith('sync failing') && !(starting && r.startsWith('no successful')));
       return json(res, live ? 200 : 503, rep);
     }
     json(res, 404, { error: 'not found' });
