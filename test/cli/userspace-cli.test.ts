@@ -74,4 +74,24 @@ test('userspace mode through the CLI: every ready endpoint gets traffic, an adde
 
   const rules = ns.exec('curl', ['-sf', '127.0.0.1:10249/debug/rules']);
   assert.match(rules, /127\.0\.100\.1/);
+
+  const status = ns.exec(process.execPath, ['bin/kproxy.js', 'status']);
+  assert.match(status, /health: +healthy \(200\)/);
+  assert.match(status, /mode: +userspace/);
+  assert.match(status, /recent syncs:\n +\S+ (full|partial)/);
+  const metrics = ns.exec('curl', ['-sf', '127.0.0.1:10249/metrics']);
+  assert.match(metrics, /kubeproxy_sync_proxy_rules_last_timestamp_seconds \d/);
+  assert.match(metrics, /kproxy_userspace_connections_accepted_total\{service_port="t\/web:http",protocol="TCP"\} \d+/);
+});
+
+test('the standalone demo spreads requests over its three loopback backends', async () => {
+  const demoNs = Netns.create(uniqueName('kpt-cli-demo'));
+  let out = '';
+  try {
+    out = demoNs.exec(process.execPath, ['bin/kproxy.js', 'demo', '--requests', '9']);
+  } finally {
+    await demoNs.destroy();
+  }
+  const counts = [...out.matchAll(/^\s*(\d+)\s+hello from (backend-\d)/gm)].map((m) => [m[2], Number(m[1])]);
+  assert.deepEqual(counts, [['backend-1', 3], ['backend-2', 3], ['backend-3', 3]], out);
 });
