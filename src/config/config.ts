@@ -249,11 +249,15 @@ export function resolveConfig(raw: RawConfig = {}, flags: ConfigFlags = {}): Pro
   const nodePortAddresses = npaList.includes('primary') ? ['primary'] : cidrList('nodePortAddresses', npaList);
 
   const syncSection = mode === 'ipvs' ? raw.ipvs : modeSection;
-  const syncPeriodMs = durationField(`${mode === 'ipvs' ? 'ipvs' : mode === 'nftables' ? 'nftables' : 'iptables'}.syncPeriod`, raw.syncPeriod ?? syncSection?.syncPeriod, 30_000, true);
-  const minSyncPeriodMs = durationField(`${mode === 'ipvs' ? 'ipvs' : mode === 'nftables' ? 'nftables' : 'iptables'}.minSyncPeriod`, raw.minSyncPeriod ?? syncSection?.minSyncPeriod, mode === 'ipvs' ? 0 : 1_000, mode !== 'ipvs');
-  if (syncPeriodMs === 0) throw new ConfigError('syncPeriod', 'must be greater than 0');
+  const sectionName = mode === 'ipvs' ? 'ipvs' : mode === 'nftables' ? 'nftables' : 'iptables';
+  // Errors name the field the value came from: a top-level period wins over the mode's section.
+  const syncField = raw.syncPeriod !== undefined ? 'syncPeriod' : `${sectionName}.syncPeriod`;
+  const minSyncField = raw.minSyncPeriod !== undefined ? 'minSyncPeriod' : `${sectionName}.minSyncPeriod`;
+  const syncPeriodMs = durationField(syncField, raw.syncPeriod ?? syncSection?.syncPeriod, 30_000, true);
+  const minSyncPeriodMs = durationField(minSyncField, raw.minSyncPeriod ?? syncSection?.minSyncPeriod, mode === 'ipvs' ? 0 : 1_000, mode !== 'ipvs');
+  if (syncPeriodMs === 0) throw new ConfigError(syncField, 'must be greater than 0');
   if (minSyncPeriodMs > syncPeriodMs) {
-    throw new ConfigError('minSyncPeriod', `must not exceed syncPeriod (${minSyncPeriodMs}ms > ${syncPeriodMs}ms)`);
+    throw new ConfigError(minSyncField, `must not exceed syncPeriod (${minSyncPeriodMs}ms > ${syncPeriodMs}ms)`);
   }
 
   return {

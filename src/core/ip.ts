@@ -31,7 +31,9 @@ function canonicalIPv4(s: string): string | null {
 }
 
 function canonicalIPv6(s: string): string | null {
-  if (!isIPv6(s)) return null;
+  // node:net accepts a zone index ("fe80::1%eth0"); Go's ParseIP does not, and a zone must
+  // never reach a rule.
+  if (s.includes('%') || !isIPv6(s)) return null;
   const words = ipv6Words(s);
   if (!words) return null;
   // An IPv4-mapped address stays in dotted form, as Go prints it as plain IPv4.
@@ -97,7 +99,8 @@ function formatIPv6(words: number[]): string {
 
 export function ipFamily(ip: string): IPFamily | null {
   if (isIPv4(ip)) return 4;
-  if (isIPv6(ip)) return 6;
+  // No isIPv6 shortcut: an IPv4-mapped address ("::ffff:1.2.3.4") is IPv4, as canonicalIP
+  // prints it and as upstream's utilnet.IsIPv6 says.
   const c = canonicalIP(ip);
   if (!c) return null;
   return isIPv4(c) ? 4 : 6;

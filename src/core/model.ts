@@ -58,8 +58,13 @@ export function externallyAccessible(sp: ServicePort): boolean {
   return sp.nodePort !== 0 || sp.loadBalancerVIPs.length > 0 || sp.externalIPs.length > 0;
 }
 
+/**
+ * As upstream's UsesClusterEndpoints: internal policy Cluster, or any external access at all.
+ * Even with externalTrafficPolicy Local, cluster endpoints are needed for short-circuiting
+ * (pods on this node reaching an external IP / node port go to any endpoint).
+ */
 export function usesClusterEndpoints(sp: ServicePort): boolean {
-  return !sp.internalPolicyLocal || (externallyAccessible(sp) && !sp.externalPolicyLocal);
+  return !sp.internalPolicyLocal || externallyAccessible(sp);
 }
 
 export function usesLocalEndpoints(sp: ServicePort): boolean {

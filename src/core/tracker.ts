@@ -89,6 +89,8 @@ export class EndpointsChangeTracker {
     const svcKey = sliceServiceKey(obj);
     if (!svcKey) {
       this.report('EndpointSlice without a valid kubernetes.io/service-name label ignored', objectName(obj));
+      // Relabelled from a valid service to an invalid one: it must still leave the old service.
+      if (oldSlice && newSlice && sliceServiceKey(oldSlice)) return this.update(oldSlice, null);
       return false;
     }
     // A slice whose service label changed moves between services: remove it from the old one.

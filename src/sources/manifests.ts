@@ -5,7 +5,7 @@
 // in force.
 import { readdirSync, readFileSync, statSync, watch, type FSWatcher } from 'node:fs';
 import { join } from 'node:path';
-import { parseAllDocuments } from 'yaml';
+import { parseAllDocuments, isMap, isSeq } from 'yaml';
 import { isDeepStrictEqual } from 'node:util';
 import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
 import type { Logger } from '../log.ts';
@@ -44,11 +44,20 @@ export function parseManifestFile(file: string, text: string): Map<string, { kin
     }
     const value = doc.toJS() as unknown;
     if (value === null || value === undefined) continue;
-    const line = lineOf(doc.range?.[0] ?? 0);
-    const items = (value as { kind?: string; items?: unknown[] }).kind?.endsWith('List')
-      ? ((value as { items?: unknown[] }).items ?? [])
-      : [value];
-    for (const item of items) {
+    const isList = !!(value as { kind?: string }).kind?.endsWith('List');
+    const items = isList ? ((value as { items?: unknown[] }).items ?? []) : [value];
+    // Errors point at the object's own line (its `kind:` when there is one), not at the start
+    // of the document: that may be a `---` or comment line, or the head of a List.
+    const itemsNode = isList && isMap(doc.contents) ? doc.contents.get('items', true) : undefined;
+    const nodes = isList ? (isSeq(itemsNode) ? itemsNode.items : []) : [doc.contents];
+    const lineOfItem = (i: number): number => {
+      const node = nodes[i];
+      const kindNode = isMap(node) ? node.get('kind', true) : undefined;
+      const range = (kindNode as { range?: number[] } | undefined)?.range ?? (node as { range?: number[] } | null)?.range;
+      return lineOf(range?.[0] ?? doc.range?.[0] ?? 0);
+    };
+    for (const [i, item] of items.entries()) {
+      const line = lineOfItem(i);
       if (typeof item !== 'object' || item === null || Array.isArray(item)) {
         throw new ManifestError(file, line, 'a document must be a Kubernetes object');
       }
@@ -156,7 +165,7 @@ export class ManifestsSource implements Source {
       try {
         const st = statSync(path);
         sig = `${st.mtimeMs}:${st.size}:${st.ino}`;
-        if (this.files.get(name)?.sig === sig || this.errors.get(name)?.startsWith(sig)) continue;
+        if (this.files.get(name)?.sig === sig || this.errors.get(name)?.startsWith(`${sig}|`)) continue;
         text = readFileSync(path, 'utf8');
       } catch {
         continue; // vanished between readdir and read: the next scan sees it gone

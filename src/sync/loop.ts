@@ -144,7 +144,13 @@ export class SyncLoop {
     this.status.pendingSince = 0;
     this.status.lastSyncAt = now;
     this.status.syncs++;
-    this.inFlight = this.opts.sync(full);
+    // A sync that throws before returning its promise is a failed sync like any other (and
+    // must not escape as an unhandled rejection of runOnce, stalling the loop).
+    try {
+      this.inFlight = this.opts.sync(full);
+    } catch (err) {
+      this.inFlight = Promise.reject(err);
+    }
     try {
       await this.inFlight;
       this.status.lastSuccessAt = this.clock.now();
@@ -168,8 +174,10 @@ export class SyncLoop {
     }
     if (this.stopped) return;
     if (this.status.pendingSince) this.schedule(this.delayForChange());
-    // The periodic full sync.
-    const sinceFull = this.clock.now() - this.status.lastFullSyncAt;
-    this.schedule(Math.max(0, this.opts.syncPeriodMs - sinceFull));
+    // The periodic full sync; after a failure not before the back-off ends (an overdue full
+    // sync would otherwise retry at once, in a tight loop).
+    const now2 = this.clock.now();
+    const sinceFull = now2 - this.status.lastFullSyncAt;
+    this.schedule(Math.max(0, this.opts.syncPeriodMs - sinceFull, this.retryAt - now2));
   }
 }
