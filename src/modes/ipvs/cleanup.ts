@@ -1,0 +1,108 @@
+// Removes what the ipvs mode may have left on the host: the virtual servers it owns (VIPs on
+// kube-ipvs0 or in its ipsets, NodePorts on local addresses), its iptables jumps and chains,
+// kube-ipvs0, then its ipsets (only once no rule references them). Absence of any piece,
+// or of ipvsadm/ipset/iptables themselves, is fine.
+import { existsSync } from 'node:fs';
+import type { Logger } from '../../log.ts';
+import { ExecError, type CommandRunner } from '../../exec/runner.ts';
+import { Ipvsadm, IptablesFamily } from '../../exec/ipvs.ts';
+import { IPSetExec } from '../../exec/ipset.ts';
+import { Links } from '../../exec/links.ts';
+import { canonicalIP, ipFamily } from '../../core/ip.ts';
+import { allSetNames, DUMMY_DEVICE, FILTER_CHAINS, JUMPS, NAT_CHAINS } from './names.ts';
+import { ownershipPredicate } from './diff.ts';
+import { cleanupScript } from './iptables-rules.ts';
+import { vsDeleteLine } from './ipvs-model.ts';
+import type { IPSetTable } from './ipsets.ts';
+
+function missingTool(e: unknown): boolean {
+  return e instanceof ExecError && e.code === 'KPROXY_EXEC_MISSING';
+}
+
+async function localAddresses(runner: CommandRunner): Promise<string[]> {
+  try {
+    const r = await runner.run('ip', ['-o', 'addr', 'show']);
+    const out: string[] = [];
+    for (const line of r.stdout.split('\n')) {
+      if (line.includes(` ${DUMMY_DEVICE} `) || line.includes(` ${DUMMY_DEVICE}:`)) continue;
+      const m = /\sinet6?\s+([0-9a-fA-F:.]+)\/\d+/.exec(line);
+      const ip = m ? canonicalIP(m[1]) : null;
+      if (ip) out.push(ip);
+    }
+    return out;
+  } catch {
+    return [];
+  }
+}
+
+export async function cleanupIpvs(runner: CommandRunner, log: Logger): Promise<void> {
+  const problems: string[] = [];
+  const links = new Links(runner);
+  const ipset = new IPSetExec(runner);
+  let sets: IPSetTable = new Map();
+  try {
+    sets = await ipset.save();
+  } catch (e) {
+    if (!missingTool(e)) problems.push((e as Error).message);
+  }
+
+  try {
+    // Without the ip_vs module there is no virtual server to remove, and asking ipvsadm
+    // would only make it try (and fail) to load the module.
+    if (!existsSync('/proc/net/ip_vs')) throw new ExecError('KPROXY_EXEC_MISSING', 'ip_vs not loaded');
+    const ipvsadm = new Ipvsadm(runner);
+    const live = await ipvsadm.list();
+    const dummy = await links.addresses(DUMMY_DEVICE);
+    const locals = await localAddresses(runner);
+    const lines: string[] = [];
+    for (const family of [4, 6] as const) {
+      const owned = ownershipPredicate({
+        dummyAddresses: dummy.filter((a) => ipFamily(a) === family),
+        liveSets: sets,
+        nodeIPs: locals.filter((a) => ipFamily(a) === family),
+        created: new Set(),
+        excludeCIDRs: [],
+        family,
+      });
+      for (const [k, st] of live) if (owned(k, st.vs)) lines.push(vsDeleteLine(st.vs));
+    }
+    await ipvsadm.restore(lines);
+    if (lines.length) log.info({ virtualServers: lines.length }, 'removed ipvs virtual servers');
+  } catch (e) {
+    if (!missingTool(e)) problems.push((e as Error).message);
+  }
+
+  for (const family of [4, 6] as const) {
+    const ipt = new IptablesFamily(runner, family);
+    try {
+      const script = cleanupScript(await ipt.save());
+      if (script) {
+        // one atomic restore; if something else still uses a chain of ours, fall back to
+        // command by command so that everything removable is removed
+        await ipt.restore(script).catch(async () => {
+          for (const j of JUMPS) await ipt.deleteJump(j.table, j.from, j.to, j.comment);
+          await ipt.deleteChains('nat', NAT_CHAINS);
+          await ipt.deleteChains('filter', FILTER_CHAINS);
+        });
+      }
+    } catch (e) {
+      if (!missingTool(e)) problems.push((e as Error).message);
+    }
+  }
+
+  try {
+    await links.deleteLink(DUMMY_DEVICE);
+  } catch (e) {
+    if (!missingTool(e)) problems.push((e as Error).message);
+  }
+
+  // after the iptables rules: the kernel refuses to destroy a set a rule still references
+  try {
+    await ipset.destroyAll(allSetNames().filter((n) => sets.has(n)));
+  } catch (e) {
+    if (!missingTool(e)) problems.push((e as Error).message);
+  }
+  if (problems.length) {
+    throw new ExecError('KPROXY_IPVS_CLEANUP_INCOMPLETE', `ipvs cleanup left state behind: ${problems.join('; ')}`);
+  }
+}

@@ -1,0 +1,111 @@
+// ipset objects of the ipvs mode in `ipset save`/`ipset restore` text, and the difference
+// between two states as a restore script (create -exist, add/del only what differs, never a
+// flush). Pure: no I/O.
+import { canonicalIP, parseCIDR } from '../../core/ip.ts';
+import type { IPSetType } from './names.ts';
+
+export interface IPSetState {
+  name: string;
+  type: IPSetType;
+  family: 4 | 6;
+  comment: string;
+  /** normalised entry texts */
+  entries: Set<string>;
+}
+
+/** by kernel set name */
+export type IPSetTable = Map<string, IPSetState>;
+
+/**
+ * One canonical text per entry so that desired and listed entries compare equal: canonical
+ * IPs, lower-case protocol, and no "/32" or "/128" on a host net (ipset prints hosts bare).
+ */
+export function normalizeEntry(text: string): string {
+  return text
+    .trim()
+    .split(',')
+    .map((part) => {
+      const pp = /^([a-zA-Z]+):(\d+)$/.exec(part);
+      if (pp) return `${pp[1].toLowerCase()}:${Number(pp[2])}`;
+      if (part.includes('/')) {
+        const c = parseCIDR(part);
+        if (!c) return part;
+        return (c.family === 4 && c.prefix === 32) || (c.family === 6 && c.prefix === 128) ? c.ip : c.text;
+      }
+      return canonicalIP(part) ?? part;
+    })
+    .join(',');
+}
+
+/** `create` line as upstream's CreateSet, idempotent with -exist */
+export function createLine(s: Pick<IPSetState, 'name' | 'type' | 'family'>): string {
+  if (s.type === 'bitmap:port') return `create ${s.name} bitmap:port range 0-65535 comment -exist`;
+  return `create ${s.name} ${s.type} family ${s.family === 6 ? 'inet6' : 'inet'} hashsize 1024 maxelem 65536 comment -exist`;
+}
+
+/** Parses `ipset save` output (all sets, or one). Unknown set types are kept as listed. */
+export function parseSave(text: string): IPSetTable {
+  const table: IPSetTable = new Map();
+  for (const raw of text.split('\n')) {
+    const w = raw.trim().split(/\s+/);
+    if (w[0] === 'create' && w.length >= 3) {
+      const fi = w.indexOf('family');
+      table.set(w[1], {
+        name: w[1],
+        type: w[2] as IPSetType,
+        family: fi >= 0 && w[fi + 1] === 'inet6' ? 6 : 4,
+        comment: '',
+        entries: new Set(),
+      });
+    } else if (w[0] === 'add' && w.length >= 3) {
+      table.get(w[1])?.entries.add(normalizeEntry(w[2]));
+    }
+  }
+  return table;
+}
+
+export interface IPSetDiff {
+  /** `ipset restore` script; empty when nothing differs */
+  script: string;
+  added: number;
+  deleted: number;
+  created: number;
+}
+
+/**
+ * The restore script from `current` to `desired`: creates missing sets, adds missing
+ * entries, deletes surplus entries. Sets not in `desired` are left alone (cleanup destroys
+ * them once no iptables rule references them).
+ */
+export function diffIPSets(desired: IPSetTable, current: IPSetTable): IPSetDiff {
+  const lines: string[] = [];
+  let added = 0;
+  let deleted = 0;
+  let created = 0;
+  for (const set of desired.values()) {
+    const have = current.get(set.name);
+    if (!have) {
+      lines.push(createLine(set));
+      created++;
+    }
+    const haveEntries = have?.entries ?? new Set<string>();
+    for (const e of [...haveEntries].sort()) {
+      if (!set.entries.has(e)) {
+        lines.push(`del ${set.name} ${e} -exist`);
+        deleted++;
+      }
+    }
+    for (const e of [...set.entries].sort()) {
+      if (!haveEntries.has(e)) {
+        lines.push(`add ${set.name} ${e} -exist`);
+        added++;
+      }
+    }
+  }
+  return { script: lines.length ? lines.join('\n') + '\n' : '', added, deleted, created };
+}
+
+/** the whole desired state as a restore script (render / dry run) */
+export function formatIPSets(desired: IPSetTable): string {
+  return diffIPSets(desired, new Map()).script;
+}

@@ -1,0 +1,203 @@
+// The ipvs mode's planner: ProxyState → the desired IPVS table, addresses on kube-ipvs0,
+// ipsets and iptables rules, as upstream's syncProxyRules decides them (one virtual server
+// per ClusterIP, ExternalIP, LB ingress IP and node IP × NodePort; NAT real servers with
+// weight 1; persistence for ClientIP affinity). Pure: no I/O.
+import { categorizeEndpoints } from '../../core/categorize.ts';
+import { cidrContains, canonicalIP, ipFamily, isLoopback, parseCIDR } from '../../core/ip.ts';
+import type { Endpoint, ServicePort } from '../../core/model.ts';
+import type { PlanInput } from '../types.ts';
+import { masqueradeMark } from '../../config/config.ts';
+import { IPVSSysctl, plannedSysctls } from './sysctls.ts';
+import { SET_INFO, setName, type SetKey } from './names.ts';
+import { normalizeEntry, type IPSetTable } from './ipsets.ts';
+import { renderIptables } from './iptables-rules.ts';
+import { realServerKey, virtualServerKey, type IpvsTable, type RealServer, type VirtualServer } from './ipvs-model.ts';
+
+export interface LBNoNodeAccess {
+  ip: string;
+  port: number;
+  protocol: string;
+}
+
+export interface IpvsPlan {
+  family: 4 | 6;
+  table: IpvsTable;
+  /** service port key for every virtual server key (tracing, logs) */
+  owners: Map<string, string>;
+  /** addresses kube-ipvs0 must carry, sorted */
+  boundAddresses: string[];
+  /** node IPs used for NodePort virtual servers */
+  nodePortIPs: string[];
+  sets: IPSetTable;
+  iptables: string;
+  sysctls: IPVSSysctl[];
+  /** `ipvsadm --set` seconds (0 = keep), or null when none is configured */
+  timeouts: { tcp: number; tcpFin: number; udp: number } | null;
+  /** source-range LBs that the node itself must not reach (KUBE-IPVS-OUT-FILTER) */
+  lbNoNodeAccess: LBNoNodeAccess[];
+  /** masquerade decisions the iptables text encodes, for the tracer */
+  masq: { all: boolean; clusterCIDR: string | null; mark: string };
+}
+
+/** node IPs NodePorts listen on: this family, not loopback, inside nodePortAddresses if set */
+export function nodePortIPs(input: PlanInput): string[] {
+  const fam = input.node.family;
+  const ips = input.node.nodeIPs.map((ip) => canonicalIP(ip)).filter((ip): ip is string => !!ip && ipFamily(ip) === fam && !isLoopback(ip));
+  const npa = input.config.nodePortAddresses;
+  let out = ips;
+  if (npa.length === 1 && npa[0] === 'primary') out = ips.slice(0, 1);
+  else if (npa.length) out = ips.filter((ip) => npa.some((c) => cidrContains(c, ip)));
+  return [...new Set(out)];
+}
+
+function seconds(ms: number): number {
+  return Math.round(ms / 1000);
+}
+
+function emptySets(family: 4 | 6): IPSetTable {
+  const sets: IPSetTable = new Map();
+  for (const info of SET_INFO) {
+    const name = setName(info.key, family);
+    sets.set(name, { name, type: info.type, family, comment: info.comment, entries: new Set() });
+  }
+  return sets;
+}
+
+class PlanBuilder {
+  readonly table: IpvsTable = new Map();
+  readonly owners = new Map<string, string>();
+  readonly bound = new Set<string>();
+  readonly sets: IPSetTable;
+  readonly lbNoNodeAccess: LBNoNodeAccess[] = [];
+
+  constructor(readonly family: 4 | 6) {
+    this.sets = emptySets(family);
+  }
+
+  add(key: SetKey, entry: string): void {
+    this.sets.get(setName(key, this.family))!.entries.add(normalizeEntry(entry));
+  }
+
+  virtualServer(vs: VirtualServer, endpoints: Endpoint[], owner: string, bind: boolean): void {
+    const reals = new Map<string, RealServer>();
+    for (const ep of endpoints) {
+      const rs: RealServer = { address: ep.ip, port: ep.port, weight: 1, forward: 'masq' };
+      reals.set(realServerKey(rs), rs);
+    }
+    const key = virtualServerKey(vs);
+    this.table.set(key, { vs, reals });
+    this.owners.set(key, owner);
+    if (bind) this.bound.add(vs.address);
+  }
+}
+
+/** upstream's syncEndpoint choice: local endpoints when the policy is Local and any exist */
+function pickEndpoints(cat: ReturnType<typeof categorizeEndpoints>, onlyLocal: boolean): Endpoint[] {
+  if (onlyLocal) return cat.localEndpoints.length ? cat.localEndpoints : cat.clusterEndpoints;
+  return cat.clusterEndpoints;
+}
+
+function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, npIPs: string[], nodeIPSet: Set<string>): void {
+  const { config, node, state } = input;
+  if (!sp.clusterIP) return;
+  const proto = sp.protocol.toLowerCase();
+  const endpoints = state.endpoints.get(sp.key) ?? [];
+  const cat = categorizeEndpoints(endpoints, sp, node.nodeName, node.nodeLabels);
+  const scheduler = config.ipvs.scheduler;
+  const vsFor = (address: string, port: number): VirtualServer => ({
+    protocol: sp.protocol,
+    address,
+    port,
+    scheduler,
+    persistence: sp.stickyMaxAgeSeconds > 0 ? sp.stickyMaxAgeSeconds : 0,
+    // upstream sets IP_VS_SVC_F_SCHED2 (FlagSourceHash) for mh, which ipvsadm calls mh-port
+    schedFlags: scheduler === 'mh' ? ['mh-port'] : [],
+  });
+
+  // hairpin: a local endpoint reaching itself through the service is masqueraded
+  for (const ep of endpoints) {
+    if (ep.isLocal) b.add('loopBack', `${ep.ip},${proto}:${ep.port},${ep.ip}`);
+  }
+
+  b.add('clusterIP', `${sp.clusterIP},${proto}:${sp.port}`);
+  b.virtualServer(vsFor(sp.clusterIP, sp.port), pickEndpoints(cat, sp.internalPolicyLocal), sp.key, true);
+
+  for (const ip of sp.externalIPs) {
+    if (ipFamily(ip) !== b.family) continue;
+    b.add(sp.externalPolicyLocal ? 'externalIPLocal' : 'externalIP', `${ip},${proto}:${sp.port}`);
+    // an address that already lives on another interface must not be bound to kube-ipvs0
+    b.virtualServer(vsFor(ip, sp.port), pickEndpoints(cat, sp.externalPolicyLocal), sp.key, !nodeIPSet.has(ip));
+  }
+
+  for (const ip of sp.loadBalancerVIPs) {
+    if (ipFamily(ip) !== b.family) continue;
+    const entry = `${ip},${proto}:${sp.port}`;
+    b.add('loadBalancer', entry);
+    if (sp.externalPolicyLocal) b.add('loadBalancerLocal', entry);
+    const ranges = sp.loadBalancerSourceRanges.filter((c) => parseCIDR(c)?.family === b.family);
+    if (ranges.length) {
+      b.add('loadBalancerFW', entry);
+      for (const cidr of ranges) b.add('loadBalancerSourceCIDR', `${entry},${cidr}`);
+      const allowFromNode = ranges.some((c) => node.nodeIPs.some((n) => cidrContains(c, n)));
+      if (allowFromNode) b.add('loadBalancerSourceIP', `${entry},${ip}`);
+      else b.lbNoNodeAccess.push({ ip, port: sp.port, protocol: proto });
+    }
+    b.virtualServer(vsFor(ip, sp.port), pickEndpoints(cat, sp.externalPolicyLocal), sp.key, !nodeIPSet.has(ip));
+  }
+
+  if (sp.nodePort && npIPs.length) {
+    const entries = sp.protocol === 'SCTP' ? npIPs.map((ip) => `${ip},sctp:${sp.nodePort}`) : [`${sp.nodePort}`];
+    const keys: Record<string, [SetKey, SetKey]> = {
+      TCP: ['nodePortTCP', 'nodePortLocalTCP'],
+      UDP: ['nodePortUDP', 'nodePortLocalUDP'],
+      SCTP: ['nodePortSCTP', 'nodePortLocalSCTP'],
+    };
+    const [all, local] = keys[sp.protocol];
+    for (const e of entries) {
+      b.add(all, e);
+      if (sp.externalPolicyLocal) b.add(local, e);
+    }
+    for (const ip of npIPs) {
+      b.virtualServer(vsFor(ip, sp.nodePort), pickEndpoints(cat, sp.externalPolicyLocal), sp.key, false);
+    }
+  }
+
+  if (sp.healthCheckNodePort) b.add('healthCheckNodePort', `${sp.healthCheckNodePort}`);
+}
+
+export function plan(input: PlanInput): IpvsPlan {
+  const family = input.node.family;
+  const b = new PlanBuilder(family);
+  const npIPs = nodePortIPs(input);
+  const nodeIPSet = new Set(input.node.nodeIPs.map((ip) => canonicalIP(ip) ?? ip));
+  const ports = [...input.state.services.values()]
+    .filter((sp) => sp.family === family)
+    .sort((a, b2) => (a.key < b2.key ? -1 : a.key > b2.key ? 1 : 0));
+  for (const sp of ports) planServicePort(b, sp, input, npIPs, nodeIPSet);
+
+  const boundAddresses = [...b.bound].sort();
+  for (const ip of boundAddresses) b.add('ipvsIPs', ip);
+
+  const cfg = input.config;
+  const clusterCIDR = cfg.clusterCIDRs.find((c) => parseCIDR(c)?.family === family) ?? null;
+  const masq = { all: cfg.masqueradeAll, clusterCIDR, mark: masqueradeMark(cfg.masqueradeBit) };
+  const iptables = renderIptables({ family, sets: b.sets, masq, lbNoNodeAccess: b.lbNoNodeAccess });
+  const t = cfg.ipvs;
+  const timeouts =
+    t.tcpTimeoutMs > 0 || t.tcpFinTimeoutMs > 0 || t.udpTimeoutMs > 0
+      ? { tcp: seconds(t.tcpTimeoutMs), tcpFin: seconds(t.tcpFinTimeoutMs), udp: seconds(t.udpTimeoutMs) }
+      : null;
+  return {
+    family,
+    table: b.table,
+    owners: b.owners,
+    boundAddresses,
+    nodePortIPs: npIPs,
+    sets: b.sets,
+    iptables,
+    sysctls: plannedSysctls(cfg.ipvs.strictARP),
+    timeouts,
+    lbNoNodeAccess: b.lbNoNodeAccess,
+    masq,
+  };
+}

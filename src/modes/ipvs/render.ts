@@ -1,0 +1,24 @@
+// Dry-run text of a plan: what the proxier would put on the host, section by section.
+import { formatTable } from './ipvs-model.ts';
+import { formatIPSets } from './ipsets.ts';
+import { DUMMY_DEVICE } from './names.ts';
+import type { IpvsPlan } from './planner.ts';
+
+export function renderPlan(p: IpvsPlan): string {
+  const out: string[] = [];
+  out.push('# sysctls');
+  for (const s of p.sysctls) {
+    const when = s.minKernel || s.belowKernel ? `  # kernels ${s.minKernel ?? ''}..${s.belowKernel ? `<${s.belowKernel}` : ''} only` : '';
+    out.push(`${s.name}=${s.value}${when}`);
+  }
+  if (p.timeouts) out.push('# ipvsadm timeouts', `ipvsadm --set ${p.timeouts.tcp} ${p.timeouts.tcpFin} ${p.timeouts.udp}`);
+  out.push(`# addresses on ${DUMMY_DEVICE} (dummy device)`);
+  for (const a of p.boundAddresses) out.push(`ip addr add ${a}/${a.includes(':') ? 128 : 32} dev ${DUMMY_DEVICE}`);
+  out.push('# ipset restore');
+  out.push(formatIPSets(p.sets).trimEnd());
+  out.push('# ipvsadm -R');
+  out.push(formatTable(p.table).trimEnd());
+  out.push(`# ${p.family === 6 ? 'ip6tables' : 'iptables'}-restore --noflush`);
+  out.push(p.iptables.trimEnd());
+  return out.filter((l) => l !== '').join('\n') + '\n';
+}

@@ -1,0 +1,143 @@
+// Walks a packet through an IPVS table plus the mode's ipsets and masquerade rules: which
+// virtual server it hits, the candidate real servers, the scheduler, persistence, and
+// whether the iptables rules masquerade it. Works on a plan or on live state. Pure.
+import { cidrContains, joinHostPort } from '../../core/ip.ts';
+import type { TraceResult } from '../types.ts';
+import type { IPSetTable } from './ipsets.ts';
+import { setName, type SetKey } from './names.ts';
+import { virtualServerKey, type IpvsTable } from './ipvs-model.ts';
+
+export interface MasqConfig {
+  all: boolean;
+  clusterCIDR: string | null;
+}
+
+export interface TraceInput {
+  family: 4 | 6;
+  table: IpvsTable;
+  sets: IPSetTable;
+  masq: MasqConfig;
+  /** addresses that are LOCAL on the node besides the VIPs in KUBE-IPVS-IPS */
+  nodeIPs: string[];
+}
+
+export interface Packet {
+  from: string;
+  to: string;
+  port: number;
+  protocol: 'TCP' | 'UDP' | 'SCTP';
+}
+
+function cidrMatch(cidr: string, ip: string): boolean {
+  return cidr.includes('/') ? cidrContains(cidr, ip) : cidr === ip;
+}
+
+export function traceIpvs(inp: TraceInput, pkt: Packet): TraceResult {
+  const has = (k: SetKey, e: string) => inp.sets.get(setName(k, inp.family))?.entries.has(e) ?? false;
+  const entries = (k: SetKey) => [...(inp.sets.get(setName(k, inp.family))?.entries ?? [])];
+  const proto = pkt.protocol.toLowerCase();
+  const ipPort = `${pkt.to},${proto}:${pkt.port}`;
+  const rules: string[] = [];
+  const notes: string[] = [];
+  let masq = false;
+  const loopbackSource = pkt.from.startsWith('127.') || pkt.from === '::1';
+
+  // filter: LoadBalancer source ranges (KUBE-PROXY-FIREWALL → KUBE-SOURCE-RANGES-FIREWALL)
+  if (has('loadBalancerFW', ipPort)) {
+    rules.push(`filter KUBE-PROXY-FIREWALL: ${ipPort} in ${setName('loadBalancerFW', inp.family)}`);
+    const allowed =
+      entries('loadBalancerSourceCIDR').some((e) => e.startsWith(`${ipPort},`) && cidrMatch(e.slice(ipPort.length + 1), pkt.from)) ||
+      has('loadBalancerSourceIP', `${ipPort},${pkt.from}`);
+    if (!allowed) {
+      rules.push('filter KUBE-SOURCE-RANGES-FIREWALL: -j DROP');
+      return { output: 'DROP', masq: false, rules, notes };
+    }
+    rules.push('filter KUBE-SOURCE-RANGES-FIREWALL: source allowed, RETURN');
+  }
+
+  if (loopbackSource) rules.push('nat KUBE-SERVICES: -s loopback -j RETURN');
+  else {
+    if (has('loadBalancer', ipPort)) {
+      rules.push(`nat KUBE-SERVICES: ${ipPort} in ${setName('loadBalancer', inp.family)} -j KUBE-LOAD-BALANCER`);
+      if (has('loadBalancerLocal', ipPort)) rules.push('nat KUBE-LOAD-BALANCER: externalTrafficPolicy Local, RETURN');
+      else {
+        rules.push('nat KUBE-LOAD-BALANCER: -j KUBE-MARK-MASQ');
+        masq = true;
+      }
+    }
+    if (has('clusterIP', ipPort)) {
+      if (inp.masq.all) {
+        rules.push('nat KUBE-SERVICES: cluster IP, masqueradeAll -j KUBE-MARK-MASQ');
+        masq = true;
+      } else if (inp.masq.clusterCIDR) {
+        if (!cidrContains(inp.masq.clusterCIDR, pkt.from)) {
+          rules.push(`nat KUBE-SERVICES: cluster IP, source not in ${inp.masq.clusterCIDR} -j KUBE-MARK-MASQ`);
+          masq = true;
+        }
+      } else if (has('clusterIP', `${pkt.from},${proto}:${pkt.port}`)) {
+        rules.push('nat KUBE-SERVICES: source is a VIP (src,dst) -j KUBE-MARK-MASQ');
+        masq = true;
+      }
+    }
+    if (has('externalIP', ipPort)) {
+      rules.push(`nat KUBE-SERVICES: ${ipPort} in ${setName('externalIP', inp.family)} -j KUBE-MARK-MASQ`);
+      masq = true;
+    }
+    const local = inp.nodeIPs.includes(pkt.to) || has('ipvsIPs', pkt.to);
+    if (local) {
+      const np: Record<string, [SetKey, SetKey, string]> = {
+        tcp: ['nodePortLocalTCP', 'nodePortTCP', String(pkt.port)],
+        udp: ['nodePortLocalUDP', 'nodePortUDP', String(pkt.port)],
+        sctp: ['nodePortLocalSCTP', 'nodePortSCTP', ipPort],
+      };
+      const [localSet, allSet, entry] = np[proto];
+      if (has(localSet, entry)) rules.push('nat KUBE-NODE-PORT: externalTrafficPolicy Local, RETURN');
+      else if (has(allSet, entry)) {
+        rules.push(`nat KUBE-NODE-PORT: ${entry} in ${setName(allSet, inp.family)} -j KUBE-MARK-MASQ`);
+        masq = true;
+      }
+    }
+  }
+
+  const vsKey = virtualServerKey({ address: pkt.to, port: pkt.port, protocol: pkt.protocol });
+  const st = inp.table.get(vsKey);
+  if (!st) {
+    rules.push(`ipvs: no virtual server ${vsKey}`);
+    return { output: '', masq: false, rules, notes };
+  }
+  const persist = st.vs.persistence > 0 ? ` persistent ${st.vs.persistence}` : '';
+  rules.push(`ipvs: virtual server ${vsKey} ${st.vs.scheduler}${persist}`);
+  notes.push(`scheduler ${st.vs.scheduler}${st.vs.schedFlags.length ? ` (${st.vs.schedFlags.join(',')})` : ''}`);
+  notes.push(st.vs.persistence > 0 ? `persistence ${st.vs.persistence}s (sessionAffinity ClientIP)` : 'no persistence');
+  const all = [...st.reals.values()];
+  const draining = all.filter((r) => r.weight === 0).map((r) => joinHostPort(r.address, r.port)).sort();
+  if (draining.length) notes.push(`draining (weight 0, no new connections): ${draining.join(', ')}`);
+  const live = all.filter((r) => r.weight > 0);
+  if (live.length === 0) {
+    // IPVS answers a packet for a virtual server without destinations with ICMP port unreachable
+    rules.push('ipvs: no real server with weight > 0: ICMP port unreachable');
+    return { output: 'REJECT', masq: false, rules, notes };
+  }
+  const targets = live.map((r) => joinHostPort(r.address, r.port)).sort();
+  for (const r of live) {
+    if (has('loopBack', `${r.address},${proto}:${r.port},${pkt.from}`)) {
+      rules.push(`nat KUBE-POSTROUTING: hairpin ${r.address},${proto}:${r.port},${pkt.from} in ${setName('loopBack', inp.family)} -j MASQUERADE`);
+      masq = true;
+    }
+  }
+  rules.push(`ipvs: masquerading (NAT) forward to ${targets.join(', ')}`);
+  return { output: targets.join(', '), masq, rules, notes };
+}
+
+/** the masquerade settings encoded in live `iptables-save -t nat` text */
+export function masqConfigFromIptables(text: string, family: 4 | 6): MasqConfig {
+  const set = setName('clusterIP', family);
+  for (const line of text.split('\n')) {
+    if (!line.startsWith('-A KUBE-SERVICES') || !line.includes(`--match-set ${set} `) || !line.includes('-j KUBE-MARK-MASQ')) continue;
+    const m = /! -s (\S+)/.exec(line);
+    if (m) return { all: false, clusterCIDR: m[1] };
+    if (line.includes(' src,dst')) return { all: false, clusterCIDR: null };
+    return { all: true, clusterCIDR: null };
+  }
+  return { all: false, clusterCIDR: null };
+}

@@ -1,0 +1,427 @@
+// A stateful fake of the host for the ipvs mode's unit tests: ipvsadm, ipset, ip, iptables
+// and modprobe over in-memory kernel state, rejecting what the kernel rejects (a real server
+// for a missing virtual server, an entry for a missing set, a rule using a missing set, a
+// set destroyed while a rule uses it, an unknown module).
+import type { CommandRunner, RunResult } from '../../src/exec/runner.ts';
+import { ExecError } from '../../src/exec/runner.ts';
+import {
+  formatTable,
+  parseRules,
+  realServerKey,
+  splitHostPort,
+  virtualServerKey,
+  type IpvsTable,
+  type RealServer,
+} from '../../src/modes/ipvs/ipvs-model.ts';
+import { normalizeEntry } from '../../src/modes/ipvs/ipsets.ts';
+import type { ModuleFS } from '../../src/exec/modules.ts';
+import type { Sysctl } from '../../src/exec/sysctl.ts';
+import type { Protocol } from '../../src/core/model.ts';
+
+const ok = (stdout = ''): RunResult => ({ code: 0, stdout, stderr: '' });
+const fail = (stderr: string, code = 1): RunResult => ({ code, stdout: '', stderr });
+
+interface FakeSet {
+  type: string;
+  family: string;
+  entries: Set<string>;
+}
+
+const BUILTIN_TARGETS = new Set(['ACCEPT', 'DROP', 'RETURN', 'REJECT', 'MASQUERADE', 'MARK', 'DNAT', 'SNAT']);
+const BUILTIN_CHAINS: Record<string, string[]> = {
+  nat: ['PREROUTING', 'INPUT', 'OUTPUT', 'POSTROUTING'],
+  filter: ['INPUT', 'FORWARD', 'OUTPUT'],
+};
+
+export class FakeHost implements CommandRunner {
+  ipvs: IpvsTable = new Map();
+  sets = new Map<string, FakeSet>();
+  links = new Map<string, Set<string>>([['lo', new Set(['127.0.0.1'])]]);
+  /** iptables family → table → chain → rules */
+  iptables: Record<string, Record<string, Map<string, string[]>>> = { '4': this.emptyTables(), '6': this.emptyTables() };
+  loadedModules = new Set<string>();
+  availableModules = new Set(['ip_vs', 'ip_vs_rr', 'ip_vs_wrr', 'ip_vs_lc', 'ip_vs_wlc', 'ip_vs_sh', 'ip_vs_dh', 'ip_vs_sed', 'ip_vs_nq', 'ip_vs_mh', 'ip_vs_lblc', 'ip_vs_lblcr', 'nf_conntrack']);
+  sysctls = new Map<string, string>();
+  timeouts: string[] | null = null;
+  /** binaries that are "not installed" */
+  missing = new Set<string>();
+  calls: string[] = [];
+
+  private emptyTables(): Record<string, Map<string, string[]>> {
+    const t: Record<string, Map<string, string[]>> = {};
+    for (const [name, chains] of Object.entries(BUILTIN_CHAINS)) t[name] = new Map(chains.map((c) => [c, []]));
+    return t;
+  }
+
+  async run(cmd: string, args: string[], opts: { input?: string } = {}): Promise<RunResult> {
+    this.calls.push([cmd, ...args].join(' '));
+    if (this.missing.has(cmd)) throw new ExecError('KPROXY_EXEC_MISSING', `${cmd} not found; install the package that provides it`);
+    const input = opts.input ?? '';
+    switch (cmd) {
+      case 'ipvsadm':
+        return this.ipvsadm(args, input);
+      case 'ipset':
+        return this.ipset(args, input);
+      case 'ip':
+        return this.ip(args, input);
+      case 'iptables':
+      case 'ip6tables':
+        return this.iptablesCmd(cmd === 'iptables' ? '4' : '6', args);
+      case 'iptables-restore':
+      case 'ip6tables-restore':
+        return this.iptablesRestore(cmd === 'iptables-restore' ? '4' : '6', input);
+      case 'iptables-save':
+      case 'ip6tables-save': {
+        const fam = cmd === 'iptables-save' ? '4' : '6';
+        const text = this.iptablesSave(fam);
+        if (args[0] === '-t') return ok(text.split('*').filter((t) => t.startsWith(`${args[1]}\n`)).map((t) => '*' + t).join(''));
+        return ok(text);
+      }
+      case 'modprobe': {
+        const m = args[args.length - 1];
+        if (!this.availableModules.has(m)) return fail(`modprobe: FATAL: Module ${m} not found in directory /lib/modules/6.1.0-fake`);
+        this.loadedModules.add(m);
+        return ok();
+      }
+      default:
+        return fail(`${cmd}: not modelled`, 127);
+    }
+  }
+
+  // ---------------------------------------------------------------- ipvsadm
+  private ipvsadm(args: string[], input: string): RunResult {
+    if (args[0] === '-Ln') return ok(this.listing());
+    if (args[0] === '-Sn') return ok(formatTable(this.ipvs));
+    if (args[0] === '--set') {
+      this.timeouts = args.slice(1);
+      return ok();
+    }
+    if (args[0] === '-R') {
+      const errors: string[] = [];
+      for (const line of input.split('\n')) {
+        if (!line.trim()) continue;
+        const e = this.ipvsLine(line);
+        if (e) errors.push(e);
+      }
+      // like ipvsadm: carries on after a failing line and exits 0
+      return { code: 0, stdout: '', stderr: errors.map((e) => e + '\n').join('') };
+    }
+    if (args[0] === '-D') {
+      const e = this.ipvsLine(args.join(' '));
+      return e ? fail(e) : ok();
+    }
+    return fail('ipvsadm: unsupported by fake');
+  }
+
+  private ipvsLine(line: string): string | null {
+    const op = line.trim().split(/\s+/)[0];
+    const asAdd = line.replace(/^\s*-[AEDaed]/, op === op.toUpperCase() ? '-A' : '-a');
+    const w = line.trim().split(/\s+/);
+    const protoFlag = w[1];
+    const hp = splitHostPort(w[2] ?? '');
+    const protocol: Protocol = protoFlag === '-u' ? 'UDP' : protoFlag === '--sctp-service' ? 'SCTP' : 'TCP';
+    if (!hp) return 'Invalid address';
+    const key = virtualServerKey({ ...hp, protocol });
+    const vs = this.ipvs.get(key);
+    if (op === '-A' || op === '-E') {
+      const parsed = parseRules(`-A ${w.slice(1).join(' ')}`).get(key);
+      if (!parsed) return 'Invalid line';
+      if (!/^(rr|wrr|lc|wlc|lblc|lblcr|sh|dh|sed|nq|mh)$/.test(parsed.vs.scheduler)) return 'Scheduler or persistence engine not found';
+      if (op === '-A' && vs) return 'Service already exists';
+      if (op === '-E' && !vs) return 'No such service';
+      this.ipvs.set(key, { vs: parsed.vs, reals: vs?.reals ?? new Map() });
+      return null;
+    }
+    if (op === '-D') {
+      if (!vs) return 'No such service';
+      this.ipvs.delete(key);
+      return null;
+    }
+    if (!vs) return 'Service not defined';
+    const ri = w.indexOf('-r');
+    const rhp = splitHostPort(w[ri + 1] ?? '');
+    if (!rhp) return 'Invalid real server';
+    const rk = realServerKey(rhp);
+    const cur = vs.reals.get(rk);
+    if (op === '-d') {
+      if (!cur) return 'No such destination';
+      vs.reals.delete(rk);
+      return null;
+    }
+    const parsed = parseRules(`-A ${w[1]} ${w[2]} -s rr\n${asAdd}`).get(key)?.reals.get(rk);
+    if (!parsed) return 'Invalid line';
+    if (op === '-a' && cur) return 'Destination already exists';
+    if (op === '-e' && !cur) return 'No such destination';
+    vs.reals.set(rk, { ...parsed, activeConn: cur?.activeConn ?? 0, inactConn: cur?.inactConn ?? 0 });
+    return null;
+  }
+
+  private listing(): string {
+    const out = ['IP Virtual Server version 1.2.1 (size=4096)', 'Prot LocalAddress:Port Scheduler Flags', '  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn'];
+    for (const { vs, reals } of this.ipvs.values()) {
+      const hp = vs.address.includes(':') ? `[${vs.address}]:${vs.port}` : `${vs.address}:${vs.port}`;
+      let line = `${vs.protocol.padEnd(4)} ${hp} ${vs.scheduler}`;
+      if (vs.schedFlags.length) line += ` (${vs.schedFlags.join(',')})`;
+      if (vs.persistence) line += ` persistent ${vs.persistence}`;
+      out.push(line);
+      for (const r of reals.values()) {
+        const fwd = { masq: 'Masq', route: 'Route', tunnel: 'Tunnel', local: 'Local' }[r.forward];
+        out.push(`  -> ${realServerKey(r).padEnd(28)} ${fwd.padEnd(7)} ${String(r.weight).padEnd(6)} ${String(r.activeConn ?? 0).padEnd(10)} ${r.inactConn ?? 0}`);
+      }
+    }
+    return out.join('\n') + '\n';
+  }
+
+  /** test helper: pretend connections are open on a real server */
+  setConns(vsKey: string, rsKey: string, active: number, inact = 0): void {
+    const rs = this.ipvs.get(vsKey)?.reals.get(rsKey) as RealServer | undefined;
+    if (!rs) throw new Error(`no real server ${vsKey} ${rsKey}`);
+    rs.activeConn = active;
+    rs.inactConn = inact;
+  }
+
+  // ---------------------------------------------------------------- ipset
+  private setsInUse(): Set<string> {
+    const used = new Set<string>();
+    for (const fam of Object.values(this.iptables)) {
+      for (const t of Object.values(fam)) for (const rules of t.values()) for (const r of rules) {
+        const m = /--match-set (\S+)/.exec(r);
+        if (m) used.add(m[1]);
+      }
+    }
+    return used;
+  }
+
+  private ipset(args: string[], input: string): RunResult {
+    if (args[0] === 'save') {
+      const out: string[] = [];
+      for (const [name, s] of this.sets) {
+        out.push(s.type === 'bitmap:port' ? `create ${name} bitmap:port range 0-65535 comment` : `create ${name} ${s.type} family ${s.family} hashsize 1024 maxelem 65536 comment bucketsize 12 initval 0x1`);
+        for (const e of s.entries) out.push(`add ${name} ${e}`);
+      }
+      return ok(out.join('\n') + (out.length ? '\n' : ''));
+    }
+    if (args[0] === 'list' && args[1] === '-n') return ok([...this.sets.keys()].map((n) => n + '\n').join(''));
+    if (args[0] === 'destroy') {
+      const name = args[1];
+      if (!this.sets.has(name)) return fail('ipset v7.17: The set with the given name does not exist');
+      if (this.setsInUse().has(name)) return fail('ipset v7.17: Set cannot be destroyed: it is in use by a kernel component');
+      this.sets.delete(name);
+      return ok();
+    }
+    if (args[0] === 'restore') {
+      let n = 0;
+      for (const line of input.split('\n')) {
+        n++;
+        const w = line.trim().split(/\s+/);
+        if (!w[0]) continue;
+        const exist = w.includes('-exist');
+        const s = this.sets.get(w[1]);
+        if (w[0] === 'create') {
+          if (s && (!exist || s.type !== w[2])) return fail(`ipset v7.17: Error in line ${n}: Set cannot be created: set with the same name already exists`);
+          if (!s) {
+            const fi = w.indexOf('family');
+            this.sets.set(w[1], { type: w[2], family: fi >= 0 ? w[fi + 1] : 'inet', entries: new Set() });
+          }
+        } else if (w[0] === 'add' || w[0] === 'del') {
+          if (!s) return fail(`ipset v7.17: Error in line ${n}: The set with the given name does not exist`);
+          const e = normalizeEntry(w[2]);
+          if (w[0] === 'add') {
+            if (s.entries.has(e) && !exist) return fail(`ipset v7.17: Error in line ${n}: Element cannot be added to the set: it's already added`);
+            s.entries.add(e);
+          } else {
+            if (!s.entries.has(e) && !exist) return fail(`ipset v7.17: Error in line ${n}: Element cannot be deleted from the set: it's not added`);
+            s.entries.delete(e);
+          }
+        } else if (w[0] === 'destroy') {
+          if (!s) return fail(`ipset v7.17: Error in line ${n}: The set with the given name does not exist`);
+          if (this.setsInUse().has(w[1])) return fail(`ipset v7.17: Error in line ${n}: Set cannot be destroyed: it is in use by a kernel component`);
+          this.sets.delete(w[1]);
+        } else return fail(`ipset v7.17: Error in line ${n}: unknown command ${w[0]}`);
+      }
+      return ok();
+    }
+    return fail('ipset: unsupported by fake');
+  }
+
+  // ---------------------------------------------------------------- ip
+  private ip(args: string[], input = ''): RunResult {
+    if (args[0] === '-batch') {
+      for (const line of input.split('\n')) {
+        if (!line.trim()) continue;
+        const r = this.ip(line.trim().split(/\s+/));
+        if (r.code !== 0) return r;
+      }
+      return ok();
+    }
+    const a = args.join(' ');
+    let m: RegExpExecArray | null;
+    if ((m = /^link show dev (\S+)$/.exec(a))) return this.links.has(m[1]) ? ok(`1: ${m[1]}: <BROADCAST,NOARP>`) : fail(`Device "${m[1]}" does not exist.`);
+    if ((m = /^link add (\S+) type dummy$/.exec(a))) {
+      if (this.links.has(m[1])) return fail('RTNETLINK answers: File exists', 2);
+      this.links.set(m[1], new Set());
+      return ok();
+    }
+    if ((m = /^link del (\S+)$/.exec(a))) {
+      if (!this.links.delete(m[1])) return fail('Cannot find device', 1);
+      return ok();
+    }
+    if ((m = /^-o addr show dev (\S+)$/.exec(a))) {
+      const addrs = this.links.get(m[1]);
+      if (!addrs) return fail(`Device "${m[1]}" does not exist.`);
+      return ok([...addrs].map((ip) => `5: ${m![1]}    ${ip.includes(':') ? 'inet6' : 'inet'} ${ip}/${ip.includes(':') ? 128 : 32} scope global ${m![1]}`).join('\n') + '\n');
+    }
+    if (a === '-o addr show') {
+      const out: string[] = [];
+      for (const [dev, addrs] of this.links) for (const ip of addrs) out.push(`5: ${dev}    ${ip.includes(':') ? 'inet6' : 'inet'} ${ip}/32 scope global ${dev}`);
+      return ok(out.join('\n') + '\n');
+    }
+    if ((m = /^addr (add|del) ([0-9a-f:.]+)\/\d+ dev (\S+)$/.exec(a))) {
+      const addrs = this.links.get(m[3]);
+      if (!addrs) return fail('Cannot find device');
+      if (m[1] === 'add') {
+        if (addrs.has(m[2])) return fail('RTNETLINK answers: File exists', 2);
+        addrs.add(m[2]);
+      } else if (!addrs.delete(m[2])) return fail('RTNETLINK answers: Cannot assign requested address', 2);
+      return ok();
+    }
+    return fail(`ip ${a}: not modelled`);
+  }
+
+  // ---------------------------------------------------------------- iptables
+  private checkRule(fam: string, table: string, rule: string, chains: Map<string, string[]>): string | null {
+    const set = /--match-set (\S+)/.exec(rule);
+    if (set && !this.sets.has(set[1])) return `Set ${set[1]} doesn't exist.`;
+    const j = /-j (\S+)/.exec(rule);
+    if (j && !BUILTIN_TARGETS.has(j[1]) && !chains.has(j[1])) return `Couldn't load target \`${j[1]}'`;
+    void fam;
+    void table;
+    return null;
+  }
+
+  private iptablesRestore(fam: string, input: string): RunResult {
+    // atomic per call: work on a copy, commit only if every line is valid
+    const copy: Record<string, Map<string, string[]>> = {};
+    for (const [t, chains] of Object.entries(this.iptables[fam])) copy[t] = new Map([...chains].map(([c, r]) => [c, [...r]]));
+    let table = '';
+    let n = 0;
+    for (const line of input.split('\n')) {
+      n++;
+      if (!line.trim() || line.startsWith('#')) continue;
+      if (line.startsWith('*')) table = line.slice(1);
+      else if (line === 'COMMIT') table = '';
+      else if (line.startsWith(':')) copy[table].set(line.slice(1).split(' ')[0], []);
+      else if (line.startsWith('-A ')) {
+        const chain = line.split(' ')[1];
+        const rules = copy[table]?.get(chain);
+        if (!rules) return fail(`iptables-restore: line ${n} failed: chain ${chain} does not exist`);
+        const err = this.checkRule(fam, table, line, copy[table]);
+        if (err) return fail(`iptables-restore v1.8.9 (nf_tables): ${err}\nError occurred at line: ${n}`, 2);
+        rules.push(line);
+      } else if (line.startsWith('-I ') || line.startsWith('-D ')) {
+        const chain = line.split(' ')[1];
+        const rules = copy[table]?.get(chain);
+        const rule = '-A ' + line.slice(3);
+        if (!rules) return fail(`iptables-restore: line ${n} failed: chain ${chain} does not exist`);
+        if (line.startsWith('-I ')) {
+          const err = this.checkRule(fam, table, rule, copy[table]);
+          if (err) return fail(`iptables-restore v1.8.9 (nf_tables): ${err}\nError occurred at line: ${n}`, 2);
+          rules.unshift(rule);
+        } else {
+          const i = rules.indexOf(rule);
+          if (i < 0) return fail(`iptables-restore: line ${n} failed: Bad rule (does a matching rule exist in that chain?)`);
+          rules.splice(i, 1);
+        }
+      } else if (line.startsWith('-X ')) {
+        const chain = line.slice(3).trim();
+        if (!copy[table]?.has(chain)) return fail(`iptables-restore: line ${n} failed: No chain/target/match by that name.`);
+        for (const rs of copy[table].values()) if (rs.some((r) => r.endsWith(`-j ${chain}`))) return fail(`iptables-restore: line ${n} failed: Too many links.`);
+        copy[table].delete(chain);
+      } else return fail(`iptables-restore: line ${n}: unsupported`);
+    }
+    this.iptables[fam] = copy;
+    return ok();
+  }
+
+  private iptablesCmd(fam: string, args: string[]): RunResult {
+    const a = [...args];
+    if (a[0] === '-w') a.splice(0, 2);
+    const table = a[0] === '-t' ? a[1] : 'filter';
+    if (a[0] === '-t') a.splice(0, 2);
+    const [op, chain, ...spec] = a;
+    const chains = this.iptables[fam][table];
+    const rules = chains.get(chain);
+    const specText = spec.map((s) => (s.includes(' ') ? `"${s}"` : s)).join(' ');
+    const rule = `-A ${chain} ${specText}`;
+    if (op === '-F') {
+      if (!rules) return fail('iptables: No chain/target/match by that name.');
+      rules.length = 0;
+      return ok();
+    }
+    if (op === '-X') {
+      if (!rules) return fail('iptables: No chain/target/match by that name.');
+      for (const rs of chains.values()) if (rs.some((r) => r.endsWith(`-j ${chain}`))) return fail('iptables: Too many links.');
+      chains.delete(chain);
+      return ok();
+    }
+    if (!rules) return fail('iptables: No chain/target/match by that name.');
+    if (op === '-C') return rules.includes(rule) ? ok() : fail('iptables: Bad rule (does a matching rule exist in that chain?).');
+    if (op === '-I') {
+      const err = this.checkRule(fam, table, rule, chains);
+      if (err) return fail(err, 2);
+      rules.unshift(rule);
+      return ok();
+    }
+    if (op === '-D') {
+      const i = rules.indexOf(rule);
+      if (i < 0) return fail('iptables: Bad rule (does a matching rule exist in that chain?).');
+      rules.splice(i, 1);
+      return ok();
+    }
+    return fail('iptables: unsupported by fake');
+  }
+
+  private iptablesSave(fam: string): string {
+    const out: string[] = [];
+    for (const [t, chains] of Object.entries(this.iptables[fam])) {
+      out.push(`*${t}`);
+      for (const c of chains.keys()) out.push(`:${c} - [0:0]`);
+      for (const rules of chains.values()) out.push(...rules);
+      out.push('COMMIT');
+    }
+    return out.join('\n') + '\n';
+  }
+
+  /** chains of ours still present in a family (for residue checks) */
+  kubeChains(fam: '4' | '6'): string[] {
+    const out: string[] = [];
+    for (const [t, chains] of Object.entries(this.iptables[fam])) for (const c of chains.keys()) if (c.startsWith('KUBE-')) out.push(`${t}/${c}`);
+    return out;
+  }
+
+  jumpsInBuiltins(fam: '4' | '6'): string[] {
+    const out: string[] = [];
+    for (const [t, chains] of Object.entries(this.iptables[fam])) {
+      for (const b of BUILTIN_CHAINS[t]) for (const r of chains.get(b) ?? []) if (/-j KUBE-/.test(r)) out.push(`${t}/${r}`);
+    }
+    return out;
+  }
+
+  // ---------------------------------------------------------------- modules, sysctl
+  moduleFS(): ModuleFS {
+    return {
+      readFile: async (p) => (p === '/proc/modules' ? [...this.loadedModules].map((m) => `${m} 16384 0 - Live 0x0`).join('\n') + '\n' : p.endsWith('modules.builtin') ? 'kernel/net/netfilter/nf_conntrack_builtin_fake.ko\n' : null),
+      exists: async () => false,
+      release: () => '6.1.0-fake',
+    };
+  }
+
+  sysctl(): Sysctl {
+    return {
+      get: async (n) => this.sysctls.get(n) ?? null,
+      set: async (n, v) => {
+        this.sysctls.set(n, v);
+      },
+    };
+  }
+}
