@@ -1,0 +1,140 @@
+// iptables mode: KUBE-SERVICES → KUBE-SVC-* (statistic random) → KUBE-SEP-* (DNAT),
+// applied atomically with iptables-restore, partial syncs as upstream kube-proxy.
+import type { CommandRunner } from '../../exec/runner.ts';
+import { ExecError } from '../../exec/runner.ts';
+import { IptablesExecutor, binaries, splitRuleArgs, type Table } from '../../exec/iptables.ts';
+import type { Logger } from '../../log.ts';
+import type { ConformanceAdapter } from '../../conformance/case.ts';
+import { canonicalIP, ipFamily } from '../../core/ip.ts';
+import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../types.ts';
+import { iptablesConformance } from './conformance.ts';
+import { optionsFromConfig, type RuntimeFacts } from './options.ts';
+import { planIptables } from './plan.ts';
+import { IptablesProxier } from './proxier.ts';
+import { loadTracer } from './tracer-link.ts';
+
+/** Dry run: the restore payload of a full sync of this state. */
+export function render(input: PlanInput): string {
+  return planIptables({ state: input.state, opts: optionsFromConfig(input.config, input.node), full: true }).payload;
+}
+
+async function probeFacts(runner: CommandRunner, family: 4 | 6): Promise<RuntimeFacts> {
+  const bin = binaries(family);
+  let hasRandomFully = false;
+  try {
+    const v = await runner.run(bin.iptables, ['--version'], { timeoutMs: 10_000 });
+    const m = /v(\d+)\.(\d+)\.(\d+)/.exec(v.stdout + v.stderr);
+    // --random-fully arrived in iptables 1.6.2.
+    if (m) hasRandomFully = Number(m[1]) * 1e6 + Number(m[2]) * 1e3 + Number(m[3]) >= 1_006_002;
+  } catch {
+    /* probed again by the restore itself */
+  }
+  let conntrackTCPLiberal = false;
+  try {
+    const r = await runner.run('sysctl', ['-n', 'net.netfilter.nf_conntrack_tcp_be_liberal'], { timeoutMs: 10_000 });
+    conntrackTCPLiberal = r.code === 0 && r.stdout.trim() !== '' && r.stdout.trim() !== '0';
+  } catch {
+    /* no sysctl binary: assume the default (0) */
+  }
+  return { hasRandomFully, conntrackTCPLiberal, nfacctCounters: [] };
+}
+
+/** Fails with KPROXY_EXEC_MISSING when iptables-restore cannot be run. */
+async function requireRestore(runner: CommandRunner, family: 4 | 6): Promise<boolean> {
+  const bin = binaries(family).restore;
+  try {
+    const r = await runner.run(bin, ['--version'], { timeoutMs: 10_000 });
+    if (r.code === 127) throw new ExecError('KPROXY_EXEC_MISSING', `${bin} not found`);
+    return true;
+  } catch (e) {
+    if (family === 6) return false;
+    if (e instanceof ExecError && e.code === 'KPROXY_EXEC_MISSING') {
+      throw new ExecError('KPROXY_EXEC_MISSING', `${bin} not found; install the iptables package (or choose another --mode)`);
+    }
+    throw e;
+  }
+}
+
+async function createProxier(deps: ModeDeps): Promise<Proxier> {
+  await requireRestore(deps.runner, 4);
+  const facts: Partial<Record<4 | 6, RuntimeFacts>> = { 4: await probeFacts(deps.runner, 4) };
+  if (await requireRestore(deps.runner, 6)) facts[6] = await probeFacts(deps.runner, 6);
+  // nodePortAddresses CIDRs select among the host's own addresses (upstream's GetNodeIPs).
+  const npa = deps.config.nodePortAddresses;
+  if (npa.length && !npa.includes('primary')) {
+    const localIPs = await localAddresses(deps.runner);
+    for (const f of Object.values(facts)) f.localIPs = localIPs;
+  }
+  return new IptablesProxier({ runner: deps.runner, log: deps.log, config: deps.config, facts });
+}
+
+/**
+ * Removes every KUBE-* chain of nat, filter and mangle, both families, and every rule
+ * elsewhere that jumps into one. Idempotent; a missing binary or table is skipped.
+ */
+export async function cleanup(runner: CommandRunner, log: Logger): Promise<void> {
+  for (const family of [4, 6] as const) {
+    const exec = new IptablesExecutor(runner, family);
+    for (const table of ['nat', 'filter', 'mangle'] as Table[]) {
+      let text: string;
+      try {
+        text = await exec.save(table);
+      } catch (e) {
+        log.debug({ family, table, err: (e as Error).message }, 'iptables cleanup: table not readable, skipped');
+        continue;
+      }
+      const kubeChains: string[] = [];
+      for (const line of text.split('\n')) {
+        if (line.startsWith(':KUBE-')) kubeChains.push(line.slice(1).split(' ')[0]);
+        const m = /^-A (\S+) (.*)$/.exec(line);
+        if (m && !m[1].startsWith('KUBE-') && / -j KUBE-\S+/.test(` ${m[2]}`)) {
+          await exec.deleteRule(table, m[1], splitRuleArgs(m[2]));
+        }
+      }
+      if (!kubeChains.length) continue;
+      const payload = [`*${table}`, ...kubeChains.map((c) => `:${c} - [0:0]`), ...kubeChains.map((c) => `-X ${c}`), 'COMMIT', ''].join('\n');
+      try {
+        await exec.restore(payload);
+      } catch (e) {
+        log.warn({ family, table, err: (e as Error).message }, 'iptables cleanup: could not remove chains');
+      }
+    }
+  }
+}
+
+async function localAddresses(runner: CommandRunner): Promise<string[]> {
+  const out = ['127.0.0.1', '::1'];
+  try {
+    const r = await runner.run('ip', ['-o', 'addr', 'show'], { timeoutMs: 10_000 });
+    for (const m of r.stdout.matchAll(/\sinet6?\s+([0-9a-fA-F.:]+)\//g)) {
+      const ip = canonicalIP(m[1]);
+      if (ip && !out.includes(ip)) out.push(ip);
+    }
+  } catch {
+    /* only loopback then */
+  }
+  return out;
+}
+
+async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promise<TraceResult> {
+  const traceIptables = await loadTracer();
+  let text: string;
+  let localIPs: string[];
+  if (req.live) {
+    const family = ipFamily(req.to) === 6 ? 6 : 4;
+    const bin = binaries(family).save;
+    const r = await deps.runner.run(bin, [], { timeoutMs: 60_000 });
+    if (r.code !== 0) throw new ExecError('KPROXY_IPTABLES_SAVE_FAILED', `${bin} exited ${r.code}: ${r.stderr.trim()} (are you root?)`, r);
+    text = r.stdout;
+    localIPs = await localAddresses(deps.runner);
+  } else {
+    if (!req.input) throw new Error('KPROXY_TRACE_NO_INPUT: give --manifests (or --live) to trace');
+    text = render(req.input);
+    localIPs = ['127.0.0.1', '::1', ...req.input.node.nodeIPs];
+  }
+  const r = traceIptables(text, { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port }, { localIPs });
+  return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
+}
+
+export const mode: ModeModule = { name: 'iptables', render, createProxier, cleanup, trace };
+export const conformance: ConformanceAdapter | undefined = iptablesConformance;

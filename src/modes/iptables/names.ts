@@ -1,0 +1,105 @@
+// Chain names exactly as upstream's (pkg/proxy/iptables/proxier.go): SHA-256 of
+// servicePortName + protocol [+ endpoint], base32 (std alphabet), first 16 characters.
+// Names are cached because a large sync asks for the same ones again and again. Pure.
+import { createHash } from 'node:crypto';
+import type { ServicePort } from '../../core/model.ts';
+
+export const KUBE_SERVICES = 'KUBE-SERVICES';
+export const KUBE_EXTERNAL_SERVICES = 'KUBE-EXTERNAL-SERVICES';
+export const KUBE_NODEPORTS = 'KUBE-NODEPORTS';
+export const KUBE_POSTROUTING = 'KUBE-POSTROUTING';
+export const KUBE_MARK_MASQ = 'KUBE-MARK-MASQ';
+export const KUBE_FORWARD = 'KUBE-FORWARD';
+export const KUBE_PROXY_FIREWALL = 'KUBE-PROXY-FIREWALL';
+export const KUBE_PROXY_CANARY = 'KUBE-PROXY-CANARY';
+export const KUBE_FIREWALL = 'KUBE-FIREWALL';
+
+const PREFIX_SVC = 'KUBE-SVC-';
+const PREFIX_SVL = 'KUBE-SVL-';
+const PREFIX_FW = 'KUBE-FW-';
+const PREFIX_EXT = 'KUBE-EXT-';
+const PREFIX_SEP = 'KUBE-SEP-';
+const SERVICE_CHAIN_PREFIXES = [PREFIX_SVC, PREFIX_SVL, PREFIX_SEP, PREFIX_FW, PREFIX_EXT];
+
+const B32 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
+
+/** First 16 characters of the RFC 4648 base32 encoding (10 bytes give exactly 16 chars). */
+function base32First16(buf: Buffer): string {
+  let out = '';
+  let bits = 0;
+  let value = 0;
+  for (let i = 0; i < 10; i++) {
+    value = (value << 8) | buf[i];
+    bits += 8;
+    while (bits >= 5) {
+      out += B32[(value >>> (bits - 5)) & 31];
+      bits -= 5;
+    }
+    value &= (1 << bits) - 1;
+  }
+  return out;
+}
+
+export function hash16(text: string): string {
+  return base32First16(createHash('sha256').update(text).digest());
+}
+
+/** upstream's ServicePortName.String(): "ns/name:port", or "ns/name" for an unnamed port. */
+export function servicePortNameString(sp: ServicePort): string {
+  const n = sp.portName;
+  return n.port === '' ? `${n.namespace}/${n.name}` : `${n.namespace}/${n.name}:${n.port}`;
+}
+
+export interface ServiceChains {
+  nameString: string;
+  protocol: string;
+  svc: string;
+  svl: string;
+  fw: string;
+  ext: string;
+}
+
+// Caches are bounded by clearing: churn over a long run must not grow them forever.
+const MAX_CACHE = 500_000;
+const serviceCache = new Map<string, ServiceChains>();
+const endpointCache = new Map<string, string>();
+
+export function serviceChains(sp: ServicePort): ServiceChains {
+  const nameString = servicePortNameString(sp);
+  const protocol = sp.protocol.toLowerCase();
+  const key = nameString + '\0' + protocol;
+  let c = serviceCache.get(key);
+  if (!c) {
+    const h = hash16(nameString + protocol);
+    c = { nameString, protocol, svc: PREFIX_SVC + h, svl: PREFIX_SVL + h, fw: PREFIX_FW + h, ext: PREFIX_EXT + h };
+    if (serviceCache.size >= MAX_CACHE) serviceCache.clear();
+    serviceCache.set(key, c);
+  }
+  return c;
+}
+
+/** KUBE-SEP-… for one endpoint ("ip:port" / "[ip]:port") of a service port. */
+export function endpointChainName(nameString: string, protocol: string, endpoint: string): string {
+  const key = nameString + '\0' + protocol + '\0' + endpoint;
+  let c = endpointCache.get(key);
+  if (!c) {
+    c = PREFIX_SEP + hash16(nameString + protocol + endpoint);
+    if (endpointCache.size >= MAX_CACHE) endpointCache.clear();
+    endpointCache.set(key, c);
+  }
+  return c;
+}
+
+/** Per-service chains kproxy owns (the ones stale-chain cleanup may delete). */
+export function isServiceChainName(chain: string): boolean {
+  for (const p of SERVICE_CHAIN_PREFIXES) if (chain.startsWith(p)) return true;
+  return false;
+}
+
+const probabilities: string[] = ['<bad value>'];
+
+/** "%0.10f" of 1/n, as upstream prints the statistic match probability. */
+export function probability(n: number): string {
+  while (probabilities.length <= n) probabilities.push((1 / probabilities.length).toFixed(10));
+  return probabilities[n];
+}

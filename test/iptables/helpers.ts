@@ -1,0 +1,71 @@
+// Small builders of API objects and plan inputs for the iptables tests.
+import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import { ProxyStateTracker } from '../../src/core/tracker.ts';
+import { resolveConfig, type ProxyConfig } from '../../src/config/config.ts';
+import type { PlanInput } from '../../src/modes/types.ts';
+
+export interface SvcOpts {
+  clusterIP: string;
+  port?: number;
+  portName?: string;
+  protocol?: string;
+  type?: string;
+  nodePort?: number;
+  externalIPs?: string[];
+  lbIPs?: string[];
+  sourceRanges?: string[];
+  etp?: 'Local' | 'Cluster';
+  affinitySeconds?: number;
+  extraPorts?: Array<{ name: string; port: number; protocol?: string; nodePort?: number }>;
+}
+
+export function svc(ns: string, name: string, o: SvcOpts): K8sService {
+  return {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { namespace: ns, name },
+    spec: {
+      type: o.type ?? 'ClusterIP',
+      clusterIP: o.clusterIP,
+      ports: [
+        { name: o.portName ?? 'p80', port: o.port ?? 80, protocol: o.protocol ?? 'TCP', nodePort: o.nodePort },
+        ...(o.extraPorts ?? []),
+      ],
+      externalIPs: o.externalIPs,
+      loadBalancerSourceRanges: o.sourceRanges,
+      externalTrafficPolicy: o.etp,
+      sessionAffinity: o.affinitySeconds ? 'ClientIP' : undefined,
+      sessionAffinityConfig: o.affinitySeconds ? { clientIP: { timeoutSeconds: o.affinitySeconds } } : undefined,
+    },
+    status: o.lbIPs ? { loadBalancer: { ingress: o.lbIPs.map((ip) => ({ ip })) } } : undefined,
+  };
+}
+
+export interface EpOpts {
+  ip: string;
+  nodeName?: string;
+  ready?: boolean;
+}
+
+export function slice(ns: string, svcName: string, sliceName: string, eps: EpOpts[], ports: Array<{ name?: string; port: number; protocol?: string }>, family: 4 | 6 = 4): K8sEndpointSlice {
+  return {
+    apiVersion: 'discovery.k8s.io/v1',
+    kind: 'EndpointSlice',
+    metadata: { namespace: ns, name: sliceName, labels: { 'kubernetes.io/service-name': svcName } },
+    addressType: family === 6 ? 'IPv6' : 'IPv4',
+    endpoints: eps.map((e) => ({ addresses: [e.ip], nodeName: e.nodeName, conditions: e.ready === false ? { ready: false } : undefined })),
+    ports: ports.map((p) => ({ name: p.name ?? 'p80', port: p.port, protocol: p.protocol ?? 'TCP' })),
+  };
+}
+
+export function tracker(family: 4 | 6 = 4, nodeName = 'test-node'): ProxyStateTracker {
+  return new ProxyStateTracker(family, nodeName);
+}
+
+export function testConfig(over: Partial<ProxyConfig> = {}): ProxyConfig {
+  return { ...resolveConfig({ mode: 'iptables', clusterCIDR: '10.0.0.0/8' }), ...over };
+}
+
+export function planInput(t: ProxyStateTracker, config: ProxyConfig = testConfig(), family: 4 | 6 = 4, nodeIPs = ['192.168.0.2']): PlanInput {
+  return { state: t.state, config, node: { nodeName: 'test-node', nodeIPs, nodeLabels: {}, family } };
+}
