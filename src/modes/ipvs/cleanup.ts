@@ -2,7 +2,6 @@
 // kube-ipvs0 or in its ipsets, NodePorts on local addresses), its iptables jumps and chains,
 // kube-ipvs0, then its ipsets (only once no rule references them). Absence of any piece,
 // or of ipvsadm/ipset/iptables themselves, is fine.
-import { existsSync } from 'node:fs';
 import type { Logger } from '../../log.ts';
 import { ExecError, type CommandRunner } from '../../exec/runner.ts';
 import { Ipvsadm, IptablesFamily } from '../../exec/ipvs.ts';
@@ -17,6 +16,11 @@ import type { IPSetTable } from './ipsets.ts';
 
 function missingTool(e: unknown): boolean {
   return e instanceof ExecError && e.code === 'KPROXY_EXEC_MISSING';
+}
+
+/** A kernel without IPVS has no virtual server to remove: ipvsadm says it cannot initialise. */
+function ipvsAbsent(e: unknown): boolean {
+  return /Can't initialize ipvs|Protocol not available/.test((e as Error).message ?? '');
 }
 
 async function localAddresses(runner: CommandRunner): Promise<string[]> {
@@ -47,9 +51,6 @@ export async function cleanupIpvs(runner: CommandRunner, log: Logger): Promise<v
   }
 
   try {
-    // Without the ip_vs module there is no virtual server to remove, and asking ipvsadm
-    // would only make it try (and fail) to load the module.
-    if (!existsSync('/proc/net/ip_vs')) throw new ExecError('KPROXY_EXEC_MISSING', 'ip_vs not loaded');
     const ipvsadm = new Ipvsadm(runner);
     const live = await ipvsadm.list();
     const dummy = await links.addresses(DUMMY_DEVICE);
@@ -69,7 +70,7 @@ export async function cleanupIpvs(runner: CommandRunner, log: Logger): Promise<v
     await ipvsadm.restore(lines);
     if (lines.length) log.info({ virtualServers: lines.length }, 'removed ipvs virtual servers');
   } catch (e) {
-    if (!missingTool(e)) problems.push((e as Error).message);
+    if (!missingTool(e) && !ipvsAbsent(e)) problems.push((e as Error).message);
   }
 
   for (const family of [4, 6] as const) {
