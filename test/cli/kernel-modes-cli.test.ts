@@ -14,6 +14,8 @@ import type { ChildProcess } from 'node:child_process';
 import { Netns, uniqueName, vethPair, waitFor, repoRoot } from '../support/netns.ts';
 
 const CLUSTER_IP = '172.30.0.10';
+const EXTERNAL_IP = '198.51.100.10';
+const LB_IP = '1.2.3.4';
 
 function manifests(endpoints: string[]): string {
   return `apiVersion: v1
@@ -21,10 +23,14 @@ kind: Service
 metadata: {name: web, namespace: t}
 spec:
   clusterIP: ${CLUSTER_IP}
-  type: NodePort
+  type: LoadBalancer
+  externalIPs: [${EXTERNAL_IP}]
   ports:
   - {name: http, port: 80, protocol: TCP, nodePort: 30080}
   - {name: dns, port: 53, protocol: UDP, nodePort: 30053}
+status:
+  loadBalancer:
+    ingress: [{ip: ${LB_IP}}]
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -96,6 +102,10 @@ function assertReachesBoth(mode: string): void {
   assert.deepEqual(fromNode.errors, {}, `${mode}: from the node itself: ${JSON.stringify(fromNode)}`);
   const nodePort = send(client, 'tcp', '203.0.113.1', 30080, 10);
   assert.deepEqual(nodePort.errors, {}, `${mode}: NodePort: ${JSON.stringify(nodePort)}`);
+  const external = send(client, 'tcp', EXTERNAL_IP, 80, 10);
+  assert.deepEqual(external.errors, {}, `${mode}: external IP: ${JSON.stringify(external)}`);
+  const lb = send(client, 'tcp', LB_IP, 80, 10);
+  assert.deepEqual(lb.errors, {}, `${mode}: load balancer IP: ${JSON.stringify(lb)}`);
 }
 
 const residue = {
@@ -159,3 +169,26 @@ test('mode switching iptables → nftables → userspace leaves no residue; clea
   assert.equal(residue.nftables(), false);
   assert.equal(residue.userspace(), false);
 });
+
+for (const mode of ['iptables', 'nftables']) {
+  test(`${mode}: kproxy restarted during traffic fails no connection`, async () => {
+    writeFileSync(join(dir, 'web.yaml'), manifests(['10.180.0.1', '10.180.0.2']));
+    let k = await startKproxy(mode);
+    // A bounded connection loop in the background (3000 connections, 8 ms apart: 25-40 s), while kproxy restarts.
+    let out = '';
+    const loop = client.spawn(process.execPath, ['--import', 'tsx', join(repoRoot, 'test/support/client-main.ts'), 'tcp', CLUSTER_IP, '80', '3000', '2000', '', '8'],
+      { onOutput: (d) => (out += d) });
+    const finished = new Promise<void>((r) => loop.once('exit', () => r()));
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.equal(loop.exitCode, null, 'the loop is running when kproxy stops');
+    await node.kill(k.proc);
+    k = await startKproxy(mode);
+    assert.equal(loop.exitCode, null, 'the loop is still running when the new kproxy is up');
+    await finished;
+    await node.kill(k.proc);
+    const res = JSON.parse(out.trim().split('\n').at(-1)!);
+    const total = Object.values(res.replies as Record<string, number>).reduce((a, b) => a + b, 0);
+    assert.equal(total, 3000, `every connection answered: ${out}`);
+    assert.deepEqual(res.errors, {});
+  });
+}

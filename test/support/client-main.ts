@@ -1,10 +1,11 @@
 // A client for kernel tests, run inside a namespace. Sends N bounded requests and prints one
 // JSON line: {"replies": {"<id>": count}, "errors": {"<code>": count}}.
-// Usage: client-main.ts tcp|udp IP PORT N [timeoutMs] [bindIP]
+// Usage: client-main.ts tcp|udp IP PORT N [timeoutMs] [bindIP] [pauseMs]
 import { connect } from 'node:net';
 import { createSocket } from 'node:dgram';
 
-const [proto, ip, portText, nText, timeoutText, bindIP] = process.argv.slice(2);
+const [proto, ip, portText, nText, timeoutText, bindIP, pauseText] = process.argv.slice(2);
+const pauseMs = Math.min(Number(pauseText ?? 0) || 0, 1000);
 const port = Number(portText);
 const n = Math.min(Number(nText), 10_000);
 const timeoutMs = Number(timeoutText ?? 2000);
@@ -59,5 +60,6 @@ for (let i = 0; i < n; i++) {
     const code = (e as NodeJS.ErrnoException).code ?? (e as Error).message;
     errors[code] = (errors[code] ?? 0) + 1;
   }
+  if (pauseMs) await new Promise((r) => setTimeout(r, pauseMs));
 }
 process.stdout.write(JSON.stringify({ replies, errors }) + '\n');
