@@ -23,7 +23,7 @@ import type { Logger } from '../log.ts';
 export interface BackoffOptions {
   /** first retry delay (default 200 ms) */
   initialMs?: number;
-  /** cap (default 5000 ms) */
+  /** cap (default 2500 ms: with minSyncPeriod, convergence within 5 s after an outage) */
   maxMs?: number;
   /** growth factor (default 2) */
   factor?: number;
@@ -32,7 +32,7 @@ export interface BackoffOptions {
 }
 
 export function resolveBackoff(b: BackoffOptions = {}): Required<BackoffOptions> {
-  return { initialMs: b.initialMs ?? 200, maxMs: b.maxMs ?? 5000, factor: b.factor ?? 2, jitter: b.jitter ?? 0.1 };
+  return { initialMs: b.initialMs ?? 200, maxMs: b.maxMs ?? 2500, factor: b.factor ?? 2, jitter: b.jitter ?? 0.1 };
 }
 
 /** Delay before retry number `attempt` (0-based): capped exponential, jitter only shortens. */
@@ -66,6 +66,8 @@ export interface ResilientInformerOptions<T extends KubernetesObject> {
   onChange(oldObj: T | null, newObj: T | null): void;
   /** after every complete list (first list and relists) has been delivered */
   onListed(): void;
+  /** the API server answered again after a failure */
+  onReconnect?(): void;
 }
 
 class ApiError extends Error {
@@ -273,7 +275,19 @@ export class ResilientInformer<T extends KubernetesObject> {
     this.status.connected = true;
     this.status.lastContactMs = Date.now();
     this.status.problem = undefined;
-    if (wasDown) this.o.log.info({ resource: this.o.what }, 'API server reachable again');
+    if (wasDown) {
+      this.o.log.info({ resource: this.o.what }, 'API server reachable again');
+      this.o.onReconnect?.();
+    }
+  }
+
+  /** The API server is back (another informer got through): skip the rest of the back-off. */
+  retryNow(): void {
+    if (this.stopped || !this.retryTimer) return;
+    clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
+    this.attempt = 0;
+    this.run();
   }
 
   track(ctl: AbortController): void {

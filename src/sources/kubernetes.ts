@@ -110,7 +110,12 @@ class KubeSource implements KubernetesSource {
   constructor(kc: KubeConfig, opts: KubernetesSourceOptions) {
     this.server = kc.getCurrentCluster()?.server ?? '';
     const log = opts.log.child({ component: 'source-kubernetes' });
-    const common = { kc, log, backoff: resolveBackoff(opts.backoff), watchTimeoutSeconds: opts.watchTimeoutSeconds };
+    // When one informer gets through after an outage, the others retry at once instead of
+    // sleeping out their back-off: convergence follows the first to reconnect.
+    const onReconnect = () => {
+      for (const i of [this.services, this.slices, this.node]) i?.retryNow();
+    };
+    const common = { kc, log, backoff: resolveBackoff(opts.backoff), watchTimeoutSeconds: opts.watchTimeoutSeconds, onReconnect };
     const onListed = () => this.maybeSynced();
     this.services = new ResilientInformer({
       ...common,

@@ -314,7 +314,7 @@ describe('kubernetes source: resilience', () => {
     );
     assert.equal(backoffDelay(b, 10, () => 1), 4000);
     for (let i = 0; i < 100; i++) assert.ok(backoffDelay(b, i % 12) <= 5000);
-    assert.deepEqual(resolveBackoff(), { initialMs: 200, maxMs: 5000, factor: 2, jitter: 0.1 });
+    assert.deepEqual(resolveBackoff(), { initialMs: 200, maxMs: 2500, factor: 2, jitter: 0.1 });
   });
 });
 

@@ -89,6 +89,8 @@ export interface RequestRecord {
   query: Record<string, string>;
   watch: boolean;
   status?: number;
+  /** arrival time (Date.now()) */
+  at: number;
 }
 
 class HttpStatusError extends Error {
@@ -427,7 +429,7 @@ export class TestApiServer {
     const url = new URL(req.url ?? '/', 'http://x');
     const query = Object.fromEntries(url.searchParams.entries());
     const isWatch = query.watch === 'true' || query.watch === '1';
-    const rec: RequestRecord = { method: req.method ?? 'GET', path: url.pathname, query, watch: isWatch };
+    const rec: RequestRecord = { method: req.method ?? 'GET', path: url.pathname, query, watch: isWatch, at: Date.now() };
     this.requests.push(rec);
     try {
       if (this.opts.token !== undefined) {
