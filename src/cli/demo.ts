@@ -3,6 +3,8 @@
 import { createServer as createHttp, type Server } from 'node:http';
 import { createSocket, type Socket } from 'node:dgram';
 import { request } from 'node:http';
+import { existsSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 import { createLogger } from '../log.ts';
 import { hostRunner } from '../exec/runner.ts';
 import { modes } from '../modes/registry.ts';
@@ -50,7 +52,17 @@ function get(url: string): Promise<string> {
   });
 }
 
-export async function demoCommand(o: { manifests: string; requests?: string }): Promise<void> {
+/** examples/manifests of this checkout, from the sources (src/cli/) or the bundle (dist/). */
+function defaultManifests(): string {
+  for (const rel of ['../../examples/manifests', '../examples/manifests']) {
+    const p = fileURLToPath(new URL(rel, import.meta.url));
+    if (existsSync(p)) return p;
+  }
+  throw new Error('KPROXY_DEMO_MANIFESTS: examples/manifests not found; give --manifests DIR');
+}
+
+export async function demoCommand(opts: { manifests?: string; requests?: string }): Promise<void> {
+  const o = { ...opts, manifests: opts.manifests ?? defaultManifests() };
   const log = createLogger({ level: process.env.KPROXY_LOG_LEVEL ?? 'warn' });
   const cfg = resolveConfig({ mode: 'userspace' }, { healthzBindAddress: '127.0.0.1:10256', metricsBindAddress: '127.0.0.1:10249' });
   const backends = await startBackends();

@@ -106,7 +106,7 @@ export async function main(argv: string[]): Promise<void> {
     .action(async (dirs: string[]) => conformanceCommand(dirs).catch(fail));
 
   program.command('demo').description('standalone demo: userspace mode on examples/manifests with backends on loopback')
-    .option('--manifests <dir>', 'manifests directory', new URL('../../examples/manifests', import.meta.url).pathname)
+    .option('--manifests <dir>', 'manifests directory (default: the examples/manifests of this checkout)')
     .option('--requests <n>', 'send N requests through the service, print where they went, and exit')
     .action(async (o) => demoCommand(o).catch(fail));
 

@@ -5,7 +5,6 @@ import { hostRunner } from '../exec/runner.ts';
 import { modes } from '../modes/registry.ts';
 import { ProxyController } from '../sync/controller.ts';
 import { ManifestsSource } from '../sources/manifests.ts';
-import { createKubernetesSource } from '../sources/kubernetes.ts';
 import { startServers } from '../server/servers.ts';
 import { cleanupAll } from './cleanup.ts';
 import type { Source } from '../sources/types.ts';
@@ -15,6 +14,9 @@ import type { ProxyConfig } from '../config/config.ts';
 export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {
   if (o.manifests) return new ManifestsSource({ dir: o.manifests, nodeName, log: log.child({ source: 'manifests' }) });
   if (cfg.kubeconfig || process.env.KUBERNETES_SERVICE_HOST) {
+    // Loaded only when needed: @kubernetes/client-node is ~1000 modules, seconds of start-up
+    // on a small node (minutes in the software-emulated IPVS test VM) that --manifests never uses.
+    const { createKubernetesSource } = await import('../sources/kubernetes.ts');
     return createKubernetesSource({ kubeconfig: cfg.kubeconfig || undefined, nodeName, log: log.child({ source: 'kubernetes' }) });
   }
   throw new Error('KPROXY_NO_SOURCE: nothing to watch; give --manifests DIR (no cluster) or --kubeconfig FILE, or run in a cluster');
