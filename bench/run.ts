@@ -20,7 +20,7 @@ import { dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { hostRunner } from '../src/exec/runner.ts';
-import { getMode } from '../src/modes/registry.ts';
+import { getMode } from '../src/proxy/registry.ts';
 import { measure, modeOf, VARIANTS, type Sample, type Variant } from './measure.ts';
 import { Namespaces, TimedRunner } from './netns.ts';
 import { benchConfig, Workload } from './workload.ts';

@@ -1,6 +1,6 @@
 import { createLogger, type Logger } from '../log.ts';
 import { hostRunner, type CommandRunner } from '../exec/runner.ts';
-import { modes } from '../modes/registry.ts';
+import { modes } from '../proxy/registry.ts';
 
 /** Removes every mode's kernel state; a mode whose tools are missing has nothing to remove. */
 export async function cleanupAll(runner: CommandRunner, log: Logger): Promise<void> {

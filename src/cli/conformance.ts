@@ -1,5 +1,5 @@
 import { runConformance } from '../conformance/runner.ts';
-import { conformanceAdapters } from '../modes/registry.ts';
+import { conformanceAdapters } from '../proxy/registry.ts';
 
 export async function conformanceCommand(dirs: string[]): Promise<void> {
   const res = await runConformance(dirs, conformanceAdapters, (l) => process.stdout.write(l + '\n'));

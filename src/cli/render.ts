@@ -1,6 +1,6 @@
 import type { CommonOptions } from './main.ts';
 import { effectiveConfig, resolveNodeName } from './main.ts';
-import { modes } from '../modes/registry.ts';
+import { modes } from '../proxy/registry.ts';
 import { planFromManifests } from './state.ts';
 
 export async function renderCommand(o: CommonOptions): Promise<void> {

@@ -2,7 +2,7 @@ import type { CommonOptions } from './main.ts';
 import { effectiveConfig, resolveNodeName } from './main.ts';
 import { createLogger } from '../log.ts';
 import { hostRunner } from '../exec/runner.ts';
-import { modes } from '../modes/registry.ts';
+import { modes } from '../proxy/registry.ts';
 import { ProxyController } from '../sync/controller.ts';
 import { ManifestsSource } from '../sources/manifests.ts';
 import { startServers } from '../server/servers.ts';

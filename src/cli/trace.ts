@@ -1,6 +1,6 @@
 import type { CommonOptions } from './main.ts';
 import { effectiveConfig, resolveNodeName } from './main.ts';
-import { modes } from '../modes/registry.ts';
+import { modes } from '../proxy/registry.ts';
 import { planFromManifests } from './state.ts';
 import { hostRunner } from '../exec/runner.ts';
 import { canonicalIP, joinHostPort } from '../core/ip.ts';

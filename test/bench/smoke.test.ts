@@ -7,7 +7,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { hostRunner } from '../../src/exec/runner.ts';
-import { getMode } from '../../src/modes/registry.ts';
+import { getMode } from '../../src/proxy/registry.ts';
 import { changedServiceIndexes, oneServicePayload } from '../../bench/measure.ts';
 import { runBench } from '../../bench/run.ts';
 import { benchConfig, clusterIPOf, Workload } from '../../bench/workload.ts';

@@ -2,8 +2,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { IptablesExecutor, RestoreError, chainsFromSave, extractLines, splitRuleArgs } from '../../src/exec/iptables.ts';
-import { IptablesProxier, JUMP_RULES } from '../../src/modes/iptables/proxier.ts';
-import { cleanup, mode } from '../../src/modes/iptables/index.ts';
+import { IptablesProxier, JUMP_RULES } from '../../src/proxy/iptables/proxier.ts';
+import { cleanup, mode } from '../../src/proxy/iptables/index.ts';
 import { silentLogger } from '../../src/log.ts';
 import { FakeKernel } from './fake-kernel.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';

@@ -1,8 +1,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { silentLogger } from '../../src/log.ts';
-import { createIpvsProxier } from '../../src/modes/ipvs/proxier.ts';
-import { mode } from '../../src/modes/ipvs/index.ts';
+import { createIpvsProxier } from '../../src/proxy/ipvs/proxier.ts';
+import { mode } from '../../src/proxy/ipvs/index.ts';
 import { Ipvsadm } from '../../src/exec/ipvs.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ensureModules } from '../../src/exec/modules.ts';

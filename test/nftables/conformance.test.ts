@@ -5,7 +5,7 @@ import { readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { findCases, loadCase } from '../../src/conformance/case.ts';
-import { conformance } from '../../src/modes/nftables/index.ts';
+import { conformance } from '../../src/proxy/nftables/index.ts';
 import { sortNftTransaction } from '../../src/modes/nftables/conformance.ts';
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '../..');

@@ -16,8 +16,8 @@ import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
-import { mode } from '../../src/modes/nftables/index.ts';
-import { NftProxier } from '../../src/modes/nftables/proxier.ts';
+import { mode } from '../../src/proxy/nftables/index.ts';
+import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
 import { traceNft } from '../../src/modes/nftables/trace.ts';
 
 const P = `kpt-nft-${process.pid}`;

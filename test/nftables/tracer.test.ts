@@ -283,7 +283,7 @@ test('transactions: full flushes and replaces, partial writes only differences',
 });
 
 test('createProxier without nft fails with KPROXY_EXEC_MISSING', async () => {
-  const { mode } = await import('../../src/modes/nftables/index.ts');
+  const { mode } = await import('../../src/proxy/nftables/index.ts');
   const { hostRunner } = await import('../../src/exec/runner.ts');
   const { silentLogger } = await import('../../src/log.ts');
   const { resolveConfig } = await import('../../src/config/config.ts');

@@ -6,7 +6,7 @@ import { RoundRobinBalancer } from '../../src/dataplane/balancer.ts';
 import { removalPayload, removeRedirects } from '../../src/dataplane/redirect.ts';
 import { ExecError, type CommandRunner, type RunResult } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
-import { mode } from '../../src/modes/userspace/index.ts';
+import { mode } from '../../src/proxy/userspace/index.ts';
 import { planUserspace, restorePayload } from '../../src/modes/userspace/plan.ts';
 import { traceUserspace } from '../../src/modes/userspace/trace.ts';
 import { planInput, slice, svc, testConfig } from './helpers.ts';

@@ -6,12 +6,12 @@ import { IptablesExecutor, binaries, splitRuleArgs, type Table } from '../../exe
 import type { Logger } from '../../log.ts';
 import type { ConformanceAdapter } from '../../conformance/case.ts';
 import { canonicalIP, ipFamily } from '../../core/ip.ts';
-import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../types.ts';
-import { iptablesConformance } from './conformance.ts';
-import { optionsFromConfig, type RuntimeFacts } from './options.ts';
-import { planIptables } from './plan.ts';
+import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
+import { iptablesConformance } from '../../modes/iptables/conformance.ts';
+import { optionsFromConfig, type RuntimeFacts } from '../../modes/iptables/options.ts';
+import { planIptables } from '../../modes/iptables/plan.ts';
 import { IptablesProxier } from './proxier.ts';
-import { loadTracer } from './tracer-link.ts';
+import { loadTracer } from '../../modes/iptables/tracer-link.ts';
 
 /** Dry run: the restore payload of a full sync of this state. */
 export function render(input: PlanInput): string {

@@ -7,14 +7,14 @@ import type { CommandRunner } from '../../exec/runner.ts';
 import { IptablesExecutor, chainsFromSave, type Table } from '../../exec/iptables.ts';
 import type { Logger } from '../../log.ts';
 import type { ProxyConfig } from '../../config/config.ts';
-import type { PlanInput, Proxier, SyncStats } from '../types.ts';
+import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
 import {
   KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY,
   KUBE_PROXY_FIREWALL, KUBE_SERVICES,
-} from './names.ts';
-import { optionsFromConfig, type IptablesOptions, type RuntimeFacts, DEFAULT_FACTS } from './options.ts';
-import { planIptables } from './plan.ts';
-import { IptablesSyncState } from './sync-state.ts';
+} from '../../modes/iptables/names.ts';
+import { optionsFromConfig, type IptablesOptions, type RuntimeFacts, DEFAULT_FACTS } from '../../modes/iptables/options.ts';
+import { planIptables } from '../../modes/iptables/plan.ts';
+import { IptablesSyncState } from '../../modes/iptables/sync-state.ts';
 
 export interface JumpRule {
   table: Table;

@@ -8,11 +8,11 @@ import { Ipvsadm, IptablesFamily } from '../../exec/ipvs.ts';
 import { IPSetExec } from '../../exec/ipset.ts';
 import { Links } from '../../exec/links.ts';
 import { canonicalIP, ipFamily } from '../../core/ip.ts';
-import { allSetNames, DUMMY_DEVICE, FILTER_CHAINS, JUMPS, NAT_CHAINS } from './names.ts';
-import { ownershipPredicate } from './diff.ts';
-import { cleanupScript } from './iptables-rules.ts';
-import { vsDeleteLine } from './ipvs-model.ts';
-import type { IPSetTable } from './ipsets.ts';
+import { allSetNames, DUMMY_DEVICE, FILTER_CHAINS, JUMPS, NAT_CHAINS } from '../../modes/ipvs/names.ts';
+import { ownershipPredicate } from '../../modes/ipvs/diff.ts';
+import { cleanupScript } from '../../modes/ipvs/iptables-rules.ts';
+import { vsDeleteLine } from '../../modes/ipvs/ipvs-model.ts';
+import type { IPSetTable } from '../../modes/ipvs/ipsets.ts';
 
 function missingTool(e: unknown): boolean {
   return e instanceof ExecError && e.code === 'KPROXY_EXEC_MISSING';

@@ -6,18 +6,18 @@ import type { CommandRunner } from '../../exec/runner.ts';
 import { NftExecutor } from '../../exec/nft.ts';
 import { canonicalIP } from '../../core/ip.ts';
 import type { Logger } from '../../log.ts';
-import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../types.ts';
-import { nftablesConformance } from './conformance.ts';
-import { TABLE } from './names.ts';
-import { optionsFromInput, planRuleset } from './plan.ts';
+import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
+import { nftablesConformance } from '../../modes/nftables/conformance.ts';
+import { TABLE } from '../../modes/nftables/names.ts';
+import { optionsFromInput, planRuleset } from '../../modes/nftables/plan.ts';
 import { NftProxier } from './proxier.ts';
-import { dumpRuleset } from './ruleset.ts';
-import { traceNft, traceRuleset } from './trace.ts';
+import { dumpRuleset } from '../../modes/nftables/ruleset.ts';
+import { traceNft, traceRuleset } from '../../modes/nftables/trace.ts';
 
-export { planRuleset, optionsFromInput } from './plan.ts';
-export { traceNft, traceRuleset } from './trace.ts';
-export { dumpRuleset } from './ruleset.ts';
-export { sortNftTransaction } from './conformance.ts';
+export { planRuleset, optionsFromInput } from '../../modes/nftables/plan.ts';
+export { traceNft, traceRuleset } from '../../modes/nftables/trace.ts';
+export { dumpRuleset } from '../../modes/nftables/ruleset.ts';
+export { sortNftTransaction } from '../../modes/nftables/conformance.ts';
 
 /** The table as it would be applied for this state (knftables dump form; valid `nft -f` input). */
 function render(input: PlanInput): string {

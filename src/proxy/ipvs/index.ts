@@ -1,19 +1,19 @@
 // ipvs mode: virtual servers + real servers in the kernel's IPVS table, VIPs on the
 // kube-ipvs0 dummy device, ipsets and iptables rules for masquerade and filtering
 // (upstream kube-proxy's pkg/proxy/ipvs, re-planned as pure functions + a diffing proxier).
-import type { ModeModule, TraceRequest, TraceResult } from '../types.ts';
+import type { ModeModule, TraceRequest, TraceResult } from '../../modes/types.ts';
 import type { ConformanceAdapter } from '../../conformance/case.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { runChecked } from '../../exec/runner.ts';
 import { Ipvsadm } from '../../exec/ipvs.ts';
 import { IPSetExec } from '../../exec/ipset.ts';
 import { ipFamily } from '../../core/ip.ts';
-import { plan } from './planner.ts';
-import { renderPlan } from './render.ts';
+import { plan } from '../../modes/ipvs/planner.ts';
+import { renderPlan } from '../../modes/ipvs/render.ts';
 import { createIpvsProxier } from './proxier.ts';
 import { cleanupIpvs } from './cleanup.ts';
-import { masqConfigFromIptables, traceIpvs } from './trace.ts';
-import { DUMMY_DEVICE } from './names.ts';
+import { masqConfigFromIptables, traceIpvs } from '../../modes/ipvs/trace.ts';
+import { DUMMY_DEVICE } from '../../modes/ipvs/names.ts';
 import { Links } from '../../exec/links.ts';
 
 async function traceLive(req: TraceRequest, runner: CommandRunner): Promise<TraceResult> {

@@ -6,19 +6,19 @@
 // the host, and only through the executors in src/exec.
 import { release } from 'node:os';
 import type { Logger } from '../../log.ts';
-import type { ModeDeps, PlanInput, Proxier, SyncStats } from '../types.ts';
+import type { ModeDeps, PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
 import { Ipvsadm, IptablesFamily } from '../../exec/ipvs.ts';
 import { IPSetExec } from '../../exec/ipset.ts';
 import { Links } from '../../exec/links.ts';
 import { ensureSysctl, procSysctl, type Sysctl } from '../../exec/sysctl.ts';
 import { ensureModules, type ModuleFS } from '../../exec/modules.ts';
-import { BASE_MODULES, DUMMY_DEVICE, schedulerModule } from './names.ts';
-import { withMissingJumps } from './iptables-rules.ts';
-import { plan, type IpvsPlan } from './planner.ts';
-import { diffIPSets } from './ipsets.ts';
-import { diffIpvs, drainLines, ownershipPredicate } from './diff.ts';
-import { plannedSysctls, sysctlApplies } from './sysctls.ts';
-import { renderPlan } from './render.ts';
+import { BASE_MODULES, DUMMY_DEVICE, schedulerModule } from '../../modes/ipvs/names.ts';
+import { withMissingJumps } from '../../modes/ipvs/iptables-rules.ts';
+import { plan, type IpvsPlan } from '../../modes/ipvs/planner.ts';
+import { diffIPSets } from '../../modes/ipvs/ipsets.ts';
+import { diffIpvs, drainLines, ownershipPredicate } from '../../modes/ipvs/diff.ts';
+import { plannedSysctls, sysctlApplies } from '../../modes/ipvs/sysctls.ts';
+import { renderPlan } from '../../modes/ipvs/render.ts';
 import { ipFamily } from '../../core/ip.ts';
 
 export interface IpvsProxierOptions extends ModeDeps {

@@ -4,12 +4,12 @@
 import type { CommandRunner } from '../../exec/runner.ts';
 import { NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
-import type { PlanInput, Proxier, SyncStats } from '../types.ts';
-import { parseNftText } from './parse.ts';
-import { optionsFromInput, planRuleset } from './plan.ts';
-import { countObjects, dumpRuleset, type NftFamily, type Ruleset } from './ruleset.ts';
-import { deleteChainsTransaction, fullTransaction, partialTransaction, type LiveNames, type Transaction } from './transaction.ts';
-import { TABLE } from './names.ts';
+import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
+import { parseNftText } from '../../modes/nftables/parse.ts';
+import { optionsFromInput, planRuleset } from '../../modes/nftables/plan.ts';
+import { countObjects, dumpRuleset, type NftFamily, type Ruleset } from '../../modes/nftables/ruleset.ts';
+import { deleteChainsTransaction, fullTransaction, partialTransaction, type LiveNames, type Transaction } from '../../modes/nftables/transaction.ts';
+import { TABLE } from '../../modes/nftables/names.ts';
 
 export interface NftProxierOptions {
   runner: CommandRunner;

@@ -5,9 +5,9 @@
 import type { ConformanceAdapter } from '../../conformance/case.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import type { Logger } from '../../log.ts';
-import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../types.ts';
-import { planUserspace, renderPlan } from './plan.ts';
-import { traceUserspace } from './trace.ts';
+import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
+import { planUserspace, renderPlan } from '../../modes/userspace/plan.ts';
+import { traceUserspace } from '../../modes/userspace/trace.ts';
 
 /** Set to "0" to never program iptables (listen on local VIPs only), even as root. */
 export const REDIRECT_ENV = 'KPROXY_USERSPACE_REDIRECT';
