@@ -9,6 +9,25 @@ export type Table = 'filter' | 'nat' | 'mangle';
 
 const WAIT = ['-w', '5'];
 const TIMEOUT_MS = 60_000;
+const RESTORE_MS_PER_1000_LINES = 3_000;
+const RESTORE_MAX_TIMEOUT_MS = 600_000;
+
+/**
+ * The time limit of one iptables-restore: 60 s + 3 s per 1000 payload lines, at most 10
+ * minutes. The nf_tables backend's --noflush restore grows faster than linearly: a
+ * 5000-service full sync (~135k lines) took 276 s on the shared bench machine, which a
+ * fixed 60 s (or 1 s per 1000 lines) killed; a 10k-service one (~270k lines) hits the cap.
+ */
+export function restoreTimeoutMs(lines: number): number {
+  return Math.min(RESTORE_MAX_TIMEOUT_MS, TIMEOUT_MS + Math.ceil(lines / 1000) * RESTORE_MS_PER_1000_LINES);
+}
+
+/** Lines of a payload (a trailing newline does not start one more). */
+function countLines(payload: string): number {
+  let n = 0;
+  for (let i = payload.indexOf('\n'); i >= 0; i = payload.indexOf('\n', i + 1)) n++;
+  return payload.length && !payload.endsWith('\n') ? n + 1 : n;
+}
 
 export function binaries(family: Family): { iptables: string; save: string; restore: string } {
   return family === 6
@@ -37,8 +56,9 @@ export class RestoreError extends ExecError {
     readonly line: number | null,
     message: string,
     result?: RunResult,
+    code = 'KPROXY_IPTABLES_RESTORE_FAILED',
   ) {
-    super('KPROXY_IPTABLES_RESTORE_FAILED', message, result);
+    super(code, message, result);
   }
 }
 
@@ -75,8 +95,22 @@ export class IptablesExecutor {
 
   /** Applies a full multi-table payload atomically; throws RestoreError with context on failure. */
   async restore(payload: string): Promise<void> {
-    const r = await this.runner.run(this.bin.restore, [...WAIT, '--noflush', '--counters'], { input: payload, timeoutMs: TIMEOUT_MS });
+    const lines = countLines(payload);
+    const timeoutMs = restoreTimeoutMs(lines);
+    const started = Date.now();
+    const r = await this.runner.run(this.bin.restore, [...WAIT, '--noflush', '--counters'], { input: payload, timeoutMs });
     if (r.code === 0) return;
+    // The runner kills at the limit (SIGKILL → code 128) and says nothing else: say it here.
+    if (r.code === 128 && Date.now() - started >= timeoutMs - 50) {
+      throw new RestoreError(
+        null,
+        `${this.bin.restore} did not finish within ${Math.round(timeoutMs / 1000)}s (payload of ${lines} lines); the previous rules stay in place; ` +
+          'the next sync retries with a full sync. A restore this slow usually means a very large ruleset on the nf_tables backend: ' +
+          'consider the legacy backend (update-alternatives) or the nftables mode.',
+        r,
+        'KPROXY_IPTABLES_RESTORE_TIMEOUT',
+      );
+    }
     const line = failedLine(r.stderr);
     const where = line ? `; around line ${line}:\n${extractLines(payload, line)}` : '';
     throw new RestoreError(line, `${this.bin.restore} failed (exit ${r.code}): ${r.stderr.trim()}${where}`, r);
@@ -85,6 +119,13 @@ export class IptablesExecutor {
   async save(table: Table): Promise<string> {
     const r = await this.runner.run(this.bin.save, ['-t', table], { timeoutMs: TIMEOUT_MS });
     if (r.code !== 0) throw new ExecError('KPROXY_IPTABLES_SAVE_FAILED', `${this.bin.save} -t ${table} exited ${r.code}: ${r.stderr.trim()}`, r);
+    return r.stdout;
+  }
+
+  /** iptables-save of every table the kernel has (one command). */
+  async saveAll(): Promise<string> {
+    const r = await this.runner.run(this.bin.save, [], { timeoutMs: TIMEOUT_MS });
+    if (r.code !== 0) throw new ExecError('KPROXY_IPTABLES_SAVE_FAILED', `${this.bin.save} exited ${r.code}: ${r.stderr.trim()}`, r);
     return r.stdout;
   }
 

@@ -111,6 +111,15 @@ export class FakeKernel implements CommandRunner {
         const target = /(?:^| )-j (\S+)/.exec(rest.join(' '))?.[1];
         if (target && !TARGETS.has(target) && !table.has(target)) return err(n, `Chain '${target}' does not exist`);
         rules.push(rest.join(' '));
+      } else if (line.startsWith('-I ')) {
+        // `-I chain [n] rule`: inserted at position n (1 when absent), as iptables -I.
+        const [, chain, ...rest] = line.split(' ');
+        const rules = table.get(chain);
+        if (!rules) return err(n, `Chain '${chain}' does not exist`);
+        const pos = /^\d+$/.test(rest[0] ?? '') ? Number(rest.shift()) : 1;
+        const target = /(?:^| )-j (\S+)/.exec(rest.join(' '))?.[1];
+        if (target && !TARGETS.has(target) && !table.has(target)) return err(n, `Chain '${target}' does not exist`);
+        rules.splice(pos - 1, 0, rest.join(' '));
       } else if (line.startsWith('-X ')) {
         const chain = line.split(' ')[1];
         if (!table.has(chain)) return err(n, `Chain '${chain}' does not exist`);

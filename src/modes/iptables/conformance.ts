@@ -20,7 +20,9 @@ function runGolden(c: ConformanceCase): CaseOutcome {
 function runSteps(c: ConformanceCase): CaseOutcome {
   const opts = caseOptions(c.config);
   const tracker = trackerFor(c.config);
-  const sync = new IptablesSyncState();
+  // Upstream's payloads: every partial sync rewrites KUBE-SERVICES, KUBE-NODEPORTS and the
+  // static chains (the production proxier leaves unchanged chains out; see plan.ts).
+  const sync = new IptablesSyncState({ skipUnchangedChains: false });
   // The fake kernel starts with only built-in chains.
   sync.installedNatChains = new Set();
   const problems: string[] = [];

@@ -2,6 +2,14 @@
 // upstream's layout and rule text (pkg/proxy/iptables/proxier.go syncProxyRules). Partial
 // syncs write only the changed services' chains; the rules of unchanged ones are counted
 // but not built. Pure: no I/O. Output is built as arrays of lines joined once.
+//
+// Unlike upstream, a partial sync can also leave out every chain whose content is exactly
+// what kproxy last wrote for it (`lastChainDigests`, given by the production proxier only):
+// upstream rewrites KUBE-SERVICES, KUBE-NODEPORTS and the static chains on every partial
+// sync (2N + 26 nat rules for a one-endpoint change); leaving them out makes that write a
+// small constant. With --noflush an omitted chain keeps its kernel content, which is the
+// content it would have been rewritten with, so the resulting tables are the same.
+import { hash } from 'node:crypto';
 import { categorizeEndpoints } from '../../core/categorize.ts';
 import { cidrContains } from '../../core/ip.ts';
 import { externallyAccessible, usesClusterEndpoints, usesLocalEndpoints, type Endpoint, type ProxyState, type ServicePort } from '../../core/model.ts';
@@ -11,16 +19,6 @@ import {
 } from './names.ts';
 import { NFACCT_CT_STATE_INVALID_DROPPED, NFACCT_LOCALHOST_NODEPORTS_ACCEPTED, type IptablesOptions } from './options.ts';
 
-/** Lines of one section of the payload. */
-class Lines {
-  readonly lines: string[] = [];
-  get count(): number {
-    return this.lines.length;
-  }
-  write(line: string): void {
-    this.lines.push(line);
-  }
-}
 
 const chainLine = (c: string) => `:${c} - [0:0]`;
 
@@ -35,6 +33,13 @@ export interface PlanRequest {
   installedNatChains?: Set<string>;
   /** false skips stale-chain deletion (upstream: large clusters, within syncPeriod) */
   deleteStale?: boolean;
+  /**
+   * Digests ("table/chain" → digest) of the chain contents last applied. On a partial sync a
+   * chain whose content digest is equal is left out of the payload (kproxy, not upstream).
+   */
+  lastChainDigests?: ReadonlyMap<string, string>;
+  /** compute `Plan.chainDigests` for the chains written */
+  recordDigests?: boolean;
 }
 
 export interface Plan {
@@ -48,6 +53,38 @@ export interface Plan {
   /** service ports whose chains were written */
   writtenServices: number;
   largeClusterMode: boolean;
+  /** with recordDigests: "table/chain" → digest of every chain this payload writes */
+  chainDigests: Map<string, string>;
+  /** chains left out because their content was unchanged (lastChainDigests) */
+  skippedChains: number;
+}
+
+/** One chain of the payload: its declaration (flush) and rules; the digest is memoised. */
+interface ChainUnit {
+  name: string;
+  /** written with a `:name` declaration (false: rules appended to a chain declared elsewhere) */
+  declare: boolean;
+  rules: string[];
+  digest?: string;
+}
+
+function unitDigest(u: ChainUnit): string {
+  // One-shot hash: a Hash object per chain costs more than the hashing at 70k chains.
+  if (u.digest === undefined) u.digest = hash('sha1', `${u.name}\n${u.rules.join('\n')}`, 'base64');
+  return u.digest;
+}
+
+/** Groups `-A chain ...` lines into units, declared chains first in `declared` order. */
+function groupByChain(declared: string[], rules: string[]): ChainUnit[] {
+  const units = new Map<string, ChainUnit>();
+  for (const name of declared) units.set(name, { name, declare: true, rules: [] });
+  for (const r of rules) {
+    const name = r.slice(3, r.indexOf(' ', 3));
+    let u = units.get(name);
+    if (!u) units.set(name, (u = { name, declare: false, rules: [] }));
+    u.rules.push(r);
+  }
+  return [...units.values()];
 }
 
 function sortedServices(state: ProxyState): ServicePort[] {
@@ -67,9 +104,9 @@ function sepName(svcName: string, protocol: string, ep: Endpoint): string {
 
 /** Everything one service port contributes to a sync. */
 interface ServiceBlock {
-  /** filter table rules (always written) */
+  /** filter table rules (always rendered; written unless unchanged, see lastChainDigests) */
   filter: string[];
-  /** nat KUBE-SERVICES / KUBE-NODEPORTS rules (always written) */
+  /** nat KUBE-SERVICES / KUBE-NODEPORTS rules (always rendered; written unless unchanged) */
   natTop: string[];
   /** declarations of the service's own nat chains (written when the service changed) */
   chains: string[];
@@ -77,6 +114,8 @@ interface ServiceBlock {
   rules: string[];
   /** the service's own nat chains */
   active: string[];
+  /** `chains` + `rules` grouped per chain (built once, with the block) */
+  units: ChainUnit[];
 }
 
 interface RenderContext {
@@ -105,7 +144,7 @@ function serviceBlock(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): Ser
 function renderService(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): ServiceBlock {
   const { opts, largeClusterMode, ifLocal, ifNotLocal } = ctx;
   const isIPv6 = opts.family === 6;
-  const b: ServiceBlock = { filter: [], natTop: [], chains: [], rules: [], active: [] };
+  const b: ServiceBlock = { filter: [], natTop: [], chains: [], rules: [], active: [], units: [] };
   const names = serviceChains(sp);
   const { nameString: svcName, protocol } = names;
   const cat = categorizeEndpoints(eps, sp, opts.nodeName, opts.nodeLabels);
@@ -243,6 +282,7 @@ function renderService(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): Se
     const affinity = sp.stickyMaxAgeSeconds > 0 ? ` -m recent --name ${sep} --set` : '';
     b.rules.push(`-A ${sep}${c}${affinity} ${proto} -j DNAT --to-destination ${ep.key}`);
   }
+  b.units = groupByChain(b.active, b.rules);
   return b;
 }
 
@@ -250,24 +290,23 @@ function renderService(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): Se
 export function planIptables(req: PlanRequest): Plan {
   const { state, opts } = req;
   const isIPv6 = opts.family === 6;
-  const filterChains = new Lines();
-  const filterRules = new Lines();
-  const natChainsKept = new Lines();
-  const natRulesKept = new Lines();
+  const filterRules: string[] = [];
+  const natStatic: string[] = [];
+  const natServiceUnits: ChainUnit[] = [];
   const mark = opts.masqueradeMark;
 
-  for (const c of [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL]) filterChains.write(chainLine(c));
-  for (const c of [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ]) natChainsKept.write(chainLine(c));
+  const filterDeclared = [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL];
+  const natDeclared = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ];
 
-  natRulesKept.write(`-A ${KUBE_POSTROUTING} -m mark ! --mark ${mark}/${mark} -j RETURN`);
-  natRulesKept.write(`-A ${KUBE_POSTROUTING} -j MARK --xor-mark ${mark}`);
-  natRulesKept.write(`-A ${KUBE_POSTROUTING} -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE${opts.hasRandomFully ? ' --random-fully' : ''}`);
-  natRulesKept.write(`-A ${KUBE_MARK_MASQ} -j MARK --or-mark ${mark}`);
+  natStatic.push(`-A ${KUBE_POSTROUTING} -m mark ! --mark ${mark}/${mark} -j RETURN`);
+  natStatic.push(`-A ${KUBE_POSTROUTING} -j MARK --xor-mark ${mark}`);
+  natStatic.push(`-A ${KUBE_POSTROUTING} -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE${opts.hasRandomFully ? ' --random-fully' : ''}`);
+  natStatic.push(`-A ${KUBE_MARK_MASQ} -j MARK --or-mark ${mark}`);
 
   if (!isIPv6 && opts.localhostNodePorts) {
     // CVE-2020-8558: route_localnet makes 127/8 reachable from outside; drop such packets.
-    filterChains.write(chainLine(KUBE_FIREWALL));
-    filterRules.write(`-A ${KUBE_FIREWALL} -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`);
+    filterDeclared.push(KUBE_FIREWALL);
+    filterRules.push(`-A ${KUBE_FIREWALL} -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`);
   }
 
   const active = new Set<string>();
@@ -288,26 +327,15 @@ export function planIptables(req: PlanRequest): Plan {
 
   for (const sp of services) {
     const b = serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx);
-    for (const l of b.filter) filterRules.write(l);
-    for (const l of b.natTop) natRulesKept.write(l);
+    for (const l of b.filter) filterRules.push(l);
+    for (const l of b.natTop) natStatic.push(l);
     for (const c of b.active) active.add(c);
     // Unchanged services' chains are already installed: count their rules, don't write them.
     if (req.full || !req.changed || req.changed.has(sp.serviceKey)) {
       writtenServices++;
-      for (const l of b.chains) natChainsKept.write(l);
-      for (const l of b.rules) natRulesKept.write(l);
+      for (const u of b.units) natServiceUnits.push(u);
     } else {
       skippedRules += b.rules.length;
-    }
-  }
-
-  const deletedChains: string[] = [];
-  if (req.installedNatChains && req.deleteStale !== false) {
-    for (const chain of req.installedNatChains) {
-      if (active.has(chain) || !isServiceChainName(chain)) continue;
-      natChainsKept.write(chainLine(chain));
-      natRulesKept.write(`-X ${chain}`);
-      deletedChains.push(chain);
     }
   }
 
@@ -315,34 +343,86 @@ export function planIptables(req: PlanRequest): Plan {
   const last = `-A ${KUBE_SERVICES} -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain"`;
   if (opts.nodePorts.matchAll) {
     const dst = isIPv6 ? ' ! -d ::1/128' : opts.localhostNodePorts ? '' : ' ! -d 127.0.0.0/8';
-    natRulesKept.write(`${last} -m addrtype --dst-type LOCAL${dst} -j ${KUBE_NODEPORTS}`);
+    natStatic.push(`${last} -m addrtype --dst-type LOCAL${dst} -j ${KUBE_NODEPORTS}`);
   } else {
     for (const ip of opts.nodePorts.ips) {
       if (isLoopbackIP(ip) && (isIPv6 || !opts.localhostNodePorts)) continue;
-      natRulesKept.write(`${last} -d ${ip} -j ${KUBE_NODEPORTS}`);
+      natStatic.push(`${last} -d ${ip} -j ${KUBE_NODEPORTS}`);
     }
   }
 
   if (!opts.conntrackTCPLiberal) {
     // INVALID packets would otherwise reset connections (kubernetes#74839).
     const acct = opts.nfacctCTStateInvalidDropped ? ` -m nfacct --nfacct-name ${NFACCT_CT_STATE_INVALID_DROPPED}` : '';
-    filterRules.write(`-A ${KUBE_FORWARD} -m conntrack --ctstate INVALID${acct} -j DROP`);
+    filterRules.push(`-A ${KUBE_FORWARD} -m conntrack --ctstate INVALID${acct} -j DROP`);
   }
-  filterRules.write(`-A ${KUBE_FORWARD} -m comment --comment "kubernetes forwarding rules" -m mark --mark ${mark}/${mark} -j ACCEPT`);
-  filterRules.write(`-A ${KUBE_FORWARD} -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`);
+  filterRules.push(`-A ${KUBE_FORWARD} -m comment --comment "kubernetes forwarding rules" -m mark --mark ${mark}/${mark} -j ACCEPT`);
+  filterRules.push(`-A ${KUBE_FORWARD} -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`);
 
-  const payload =
-    '*filter\n' + filterChains.lines.join('\n') + '\n' + (filterRules.lines.length ? filterRules.lines.join('\n') + '\n' : '') + 'COMMIT\n' +
-    '*nat\n' + natChainsKept.lines.join('\n') + '\n' + natRulesKept.lines.join('\n') + '\nCOMMIT\n';
+  const deletedChains: string[] = [];
+  if (req.installedNatChains && req.deleteStale !== false) {
+    for (const chain of req.installedNatChains) {
+      if (active.has(chain) || !isServiceChainName(chain)) continue;
+      deletedChains.push(chain);
+    }
+  }
+
+  // Choose the chains to write: all of them, or (lastChainDigests, partial sync) the ones
+  // whose content differs from what was last applied.
+  const skipping = !req.full && req.lastChainDigests !== undefined;
+  const record = req.recordDigests === true;
+  const chainDigests = new Map<string, string>();
+  let skippedChains = 0;
+  const choose = (table: string, units: ChainUnit[]): ChainUnit[] => {
+    if (!skipping && !record) return units;
+    const out: ChainUnit[] = [];
+    for (const u of units) {
+      const key = `${table}/${u.name}`;
+      const d = unitDigest(u);
+      // A chain whose rules are split over units (not declared here) is always written.
+      if (skipping && u.declare && req.lastChainDigests!.get(key) === d) {
+        skippedChains++;
+        continue;
+      }
+      if (record && u.declare) chainDigests.set(key, d);
+      out.push(u);
+    }
+    return out;
+  };
+  const filterUnits = choose('filter', groupByChain(filterDeclared, filterRules));
+  const natAll = [...groupByChain(natDeclared, natStatic), ...natServiceUnits];
+  const natUnits = choose('nat', natAll);
+
+  let natRulesTotal = skippedRules;
+  for (const u of natAll) natRulesTotal += u.rules.length;
+  let natRulesWritten = 0;
+  for (const u of natUnits) natRulesWritten += u.rules.length;
+  let filterCount = 0;
+  for (const u of filterUnits) filterCount += u.rules.length;
+
+  // Stale chains are flushed (declared) before they are deleted, after every rule written.
+  const section = (table: string, units: ChainUnit[], deleted: string[]): string => {
+    if (!units.length && !deleted.length && skipping) return '';
+    const out: string[] = [`*${table}`];
+    for (const u of units) if (u.declare) out.push(chainLine(u.name));
+    for (const c of deleted) out.push(chainLine(c));
+    for (const u of units) for (const r of u.rules) out.push(r);
+    for (const c of deleted) out.push(`-X ${c}`);
+    out.push('COMMIT');
+    return out.join('\n') + '\n';
+  };
+  const payload = section('filter', filterUnits, []) + section('nat', natUnits, deletedChains);
   return {
     payload,
-    natRulesWritten: natRulesKept.count - deletedChains.length,
-    natRulesTotal: natRulesKept.count + skippedRules - deletedChains.length,
-    filterRules: filterRules.count,
+    natRulesWritten,
+    natRulesTotal,
+    filterRules: filterCount,
     activeNatChains: active,
     deletedChains,
     writtenServices,
     largeClusterMode,
+    chainDigests,
+    skippedChains,
   };
 }
 

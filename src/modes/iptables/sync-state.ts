@@ -1,6 +1,10 @@
 // What a proxier remembers between syncs, for partial syncs: which nat chains it believes
 // are installed (refreshed from iptables-save at every full sync), whether the next sync
 // must be full, and when stale chains were last cleaned. Pure: the caller does the I/O.
+// With skipUnchangedChains (the production proxier; not the conformance adapter, whose
+// goldens are upstream's payloads) it also keeps a digest of every chain's last applied
+// content, rebuilt from what a full sync wrote and updated by each partial sync, so partial
+// syncs leave out chains whose content did not change (see plan.ts).
 import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
 import { planIptables, type Plan } from './plan.ts';
@@ -10,6 +14,13 @@ export class IptablesSyncState {
   installedNatChains: Set<string> | null = null;
   needFullSync = true;
   private lastCleanupMs = -Infinity;
+  /** "table/chain" → digest of the content last applied; null until a full sync */
+  chainDigests: Map<string, string> | null = null;
+  readonly skipUnchangedChains: boolean;
+
+  constructor(o: { skipUnchangedChains?: boolean } = {}) {
+    this.skipUnchangedChains = o.skipUnchangedChains ?? false;
+  }
 
   /**
    * Plans one sync. `full` forces a full sync; one happens anyway after a failure or at
@@ -19,10 +30,14 @@ export class IptablesSyncState {
   plan(state: ProxyState, opts: IptablesOptions, changed: Set<string>, full: boolean, nowMs = Date.now(), syncPeriodMs = 0): Plan & { full: boolean } {
     const doFull = full || this.needFullSync;
     const skipCleanup = nowMs - this.lastCleanupMs <= syncPeriodMs;
-    let plan = planIptables({ state, opts, full: doFull, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale: true });
+    const digests = {
+      recordDigests: this.skipUnchangedChains,
+      lastChainDigests: this.skipUnchangedChains && !doFull ? (this.chainDigests ?? undefined) : undefined,
+    };
+    let plan = planIptables({ state, opts, full: doFull, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale: true, ...digests });
     if (plan.largeClusterMode && skipCleanup) {
       if (plan.deletedChains.length) {
-        plan = planIptables({ state, opts, full: doFull, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale: false });
+        plan = planIptables({ state, opts, full: doFull, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale: false, ...digests });
       }
     } else if (this.installedNatChains) {
       this.pendingCleanupMs = nowMs;
@@ -32,8 +47,15 @@ export class IptablesSyncState {
 
   private pendingCleanupMs: number | null = null;
 
-  /** Records that `plan` was applied. */
-  commit(plan: Plan): void {
+  /** Records that `plan` was applied (a full plan: `full` true). */
+  commit(plan: Plan & { full?: boolean }): void {
+    if (this.skipUnchangedChains) {
+      // A full sync wrote every chain: its digests replace the old ones wholesale.
+      const d = plan.full || !this.chainDigests ? new Map<string, string>() : this.chainDigests;
+      for (const c of plan.deletedChains) d.delete(`nat/${c}`);
+      for (const [k, v] of plan.chainDigests) d.set(k, v);
+      this.chainDigests = d;
+    }
     const installed = new Set(this.installedNatChains ?? []);
     for (const c of plan.deletedChains) installed.delete(c);
     for (const c of plan.activeNatChains) installed.add(c);
@@ -47,5 +69,6 @@ export class IptablesSyncState {
   fail(): void {
     this.needFullSync = true;
     this.pendingCleanupMs = null;
+    this.chainDigests = null;
   }
 }

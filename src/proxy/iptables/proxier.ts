@@ -3,8 +3,11 @@
 // because someone flushed iptables) ensure the jump rules from the built-in chains and
 // re-read the installed nat chains from iptables-save; partial syncs write only changed
 // services' chains and delete the chains that became stale. One state per IP family.
+// Partial syncs also leave out every chain whose content is what kproxy last wrote for it
+// (skipUnchangedChains; upstream rewrites KUBE-SERVICES and KUBE-NODEPORTS every time), so
+// a one-endpoint change writes a few rules whatever the number of services.
 import type { CommandRunner } from '../../exec/runner.ts';
-import { IptablesExecutor, chainsFromSave, type Table } from '../../exec/iptables.ts';
+import { IptablesExecutor, chainsFromSave, splitRuleArgs, type Table } from '../../exec/iptables.ts';
 import type { Logger } from '../../log.ts';
 import type { ProxyConfig } from '../../config/config.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
@@ -48,6 +51,59 @@ export const KUBELET_JUMP_RULES: JumpRule[] = [
   { table: 'filter', dst: KUBE_FIREWALL, src: 'OUTPUT', comment: '', extra: [] },
 ];
 
+/** Quotes one argument for an iptables-restore line. */
+function quoteArg(a: string): string {
+  return /[\s"'\\]/.test(a) || a === '' ? `"${a.replace(/(["\\])/g, '\\$1')}"` : a;
+}
+
+/** Per table of an iptables-save text: chain → its rules as argument arrays. */
+function parseSave(text: string): Map<string, Map<string, string[][]>> {
+  const tables = new Map<string, Map<string, string[][]>>();
+  let chains: Map<string, string[][]> | null = null;
+  for (const line of text.split('\n')) {
+    if (line.startsWith('*')) tables.set(line.slice(1).trim(), (chains = new Map()));
+    else if (!chains) continue;
+    else if (line.startsWith(':')) chains.set(line.slice(1).split(' ')[0], []);
+    else if (line.startsWith('-A ')) {
+      const args = splitRuleArgs(line.slice(3));
+      chains.get(args[0])?.push(args.slice(1));
+    }
+  }
+  return tables;
+}
+
+const sameArgs = (a: string[], b: string[]) => a.length === b.length && a.every((x, i) => x === b[i]);
+
+/** The restore payload that adds the missing canaries, chains and jumps ('' when none). */
+export function jumpsPayload(saved: string): string {
+  const tables = parseSave(saved);
+  const out = new Map<Table, { chains: string[]; rules: string[] }>();
+  const section = (t: Table) => {
+    let s = out.get(t);
+    if (!s) out.set(t, (s = { chains: [], rules: [] }));
+    return s;
+  };
+  const ensureChain = (t: Table, chain: string) => {
+    let chains = tables.get(t);
+    if (!chains) tables.set(t, (chains = new Map()));
+    if (chains.has(chain)) return;
+    chains.set(chain, []);
+    section(t).chains.push(`:${chain} - [0:0]`);
+  };
+  for (const t of ['mangle', 'nat', 'filter'] as const) ensureChain(t, KUBE_PROXY_CANARY);
+  for (const j of [...JUMP_RULES, ...KUBELET_JUMP_RULES]) {
+    ensureChain(j.table, j.dst);
+    const args = jumpArgs(j);
+    const src = tables.get(j.table)!.get(j.src);
+    if (src?.some((r) => sameArgs(r, args))) continue;
+    src?.unshift(args);
+    section(j.table).rules.push(`-I ${j.src} ${args.map(quoteArg).join(' ')}`);
+  }
+  let payload = '';
+  for (const [t, s] of out) payload += [`*${t}`, ...s.chains, ...s.rules, 'COMMIT', ''].join('\n');
+  return payload;
+}
+
 export function jumpArgs(j: JumpRule): string[] {
   return [...j.extra, ...(j.comment ? ['-m', 'comment', '--comment', j.comment] : []), '-j', j.dst];
 }
@@ -78,7 +134,7 @@ export class IptablesProxier implements Proxier {
   private familyState(family: 4 | 6): FamilyState {
     let fs = this.families.get(family);
     if (!fs) {
-      fs = { exec: new IptablesExecutor(this.deps.runner, family), sync: new IptablesSyncState(), lastCanaryCheckMs: this.now() };
+      fs = { exec: new IptablesExecutor(this.deps.runner, family), sync: new IptablesSyncState({ skipUnchangedChains: true }), lastCanaryCheckMs: this.now() };
       this.families.set(family, fs);
     }
     return fs;
@@ -103,11 +159,13 @@ export class IptablesProxier implements Proxier {
         fs.sync.installedNatChains = chainsFromSave(await fs.exec.save('nat'), 'nat');
       }
       const plan = fs.sync.plan(input.state, opts, changed, doFull, this.now(), syncPeriodMs);
-      await fs.exec.restore(plan.payload);
+      // Nothing differs from what is installed: no restore at all.
+      if (plan.payload) await fs.exec.restore(plan.payload);
       fs.sync.commit(plan);
       fs.last = { input, opts };
       const kind = plan.full ? 'full' : 'partial';
       const diff = `${kind} sync (IPv${family}): ${plan.writtenServices} service ports written, ${plan.natRulesWritten} of ${plan.natRulesTotal} nat rules, ${plan.filterRules} filter rules` +
+        (plan.skippedChains ? `, ${plan.skippedChains} unchanged chains left out` : '') +
         (plan.deletedChains.length ? `, deleted ${plan.deletedChains.join(' ')}` : '');
       this.deps.log.debug({ family, full: plan.full, natRulesWritten: plan.natRulesWritten, natRulesTotal: plan.natRulesTotal }, diff);
       return { rulesWritten: plan.natRulesWritten, rulesTotal: plan.natRulesTotal, diff };
@@ -118,12 +176,15 @@ export class IptablesProxier implements Proxier {
     }
   }
 
+  /**
+   * Makes the canary chains, kproxy's top-level chains and the jump rules into them exist:
+   * one iptables-save, then one iptables-restore --noflush declaring only the missing chains
+   * (declaring an existing one would flush it) and inserting only the missing jumps with
+   * `-I`, in the order upstream's one-by-one `iptables -C || -I` gives (each at the top).
+   */
   private async ensureJumps(exec: IptablesExecutor): Promise<void> {
-    for (const t of ['mangle', 'nat', 'filter'] as const) await exec.ensureChain(t, KUBE_PROXY_CANARY);
-    for (const j of [...JUMP_RULES, ...KUBELET_JUMP_RULES]) {
-      await exec.ensureChain(j.table, j.dst);
-      await exec.ensureRulePrepended(j.table, j.src, jumpArgs(j));
-    }
+    const payload = jumpsPayload(await exec.saveAll());
+    if (payload) await exec.restore(payload);
   }
 
   dump(): string {

@@ -1,0 +1,228 @@
+// Partial syncs that leave out unchanged chains (skipUnchangedChains) must leave the kernel
+// exactly as a full sync of the same state would; an endpoint-only change must write a
+// constant number of rules whatever the number of services. Also the executor's time limit
+// and the batched jump rules.
+import { test, mock } from 'node:test';
+import assert from 'node:assert/strict';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import { IptablesExecutor, RestoreError, restoreTimeoutMs } from '../../src/exec/iptables.ts';
+import type { CommandRunner, RunOptions } from '../../src/exec/runner.ts';
+import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/proxy/iptables/proxier.ts';
+import { silentLogger } from '../../src/log.ts';
+import { FakeKernel } from './fake-kernel.ts';
+import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
+
+/** mulberry32: a small seeded PRNG, so a failure replays. */
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** nat and filter of a fake kernel, order-free across chains, rule order kept within. */
+function kernelState(k: FakeKernel): string {
+  const out: string[] = [];
+  for (const table of ['filter', 'nat']) {
+    for (const c of k.chains(table).sort()) out.push(`${table} :${c}`, ...k.rules(table, c).map((r) => `${table} -A ${c} ${r}`));
+  }
+  return out.join('\n');
+}
+
+interface Model {
+  exists: boolean;
+  port: number;
+  type: 'ClusterIP' | 'NodePort' | 'LoadBalancer';
+  etp: 'Local' | 'Cluster';
+  eps: string[];
+  svcObj: K8sService | null;
+  sliceObj: K8sEndpointSlice | null;
+}
+
+function svcOf(i: number, m: Model): K8sService {
+  return svc(`ns${i}`, `svc${i}`, {
+    clusterIP: `172.30.1.${i + 1}`,
+    port: m.port,
+    type: m.type,
+    nodePort: m.type === 'ClusterIP' ? undefined : 30000 + i,
+    etp: m.type === 'ClusterIP' ? undefined : m.etp,
+    lbIPs: m.type === 'LoadBalancer' ? [`1.2.3.${i + 1}`] : undefined,
+    sourceRanges: m.type === 'LoadBalancer' && i % 2 ? ['203.0.113.0/25'] : undefined,
+  });
+}
+
+function sliceOf(i: number, m: Model): K8sEndpointSlice {
+  // Every third endpoint is on this node, so Local policies have local endpoints sometimes.
+  const eps = m.eps.map((ip) => ({ ip, nodeName: Number(ip.split('.')[3]) % 3 === 0 ? 'test-node' : 'other' }));
+  return slice(`ns${i}`, `svc${i}`, `svc${i}-1`, eps, [{ port: 8080 }]);
+}
+
+test('60 seeded random changes with partial syncs leave the kernel as a fresh full sync would', async () => {
+  const random = rng(20261202);
+  const pick = <T>(xs: T[]): T => xs[Math.floor(random() * xs.length)];
+  const config = testConfig();
+  const k = new FakeKernel();
+  const p = new IptablesProxier({ runner: k, log: silentLogger(), config });
+  const t = tracker();
+  const N = 12;
+  const models: Model[] = [];
+  let nextEp = 1;
+  const newEp = () => `10.180.${nextEp >> 8}.${nextEp++ & 255}`;
+  const put = (i: number) => {
+    const m = models[i];
+    const s = m.exists ? svcOf(i, m) : null;
+    const e = m.exists && m.eps.length ? sliceOf(i, m) : null;
+    if (m.svcObj || s) t.services.update(m.svcObj, s);
+    if (m.sliceObj || e) t.endpoints.update(m.sliceObj, e);
+    m.svcObj = s;
+    m.sliceObj = e;
+  };
+  for (let i = 0; i < N; i++) {
+    models.push({ exists: i < 8, port: 80, type: pick(['ClusterIP', 'NodePort', 'LoadBalancer']), etp: 'Cluster', eps: [newEp(), newEp()], svcObj: null, sliceObj: null });
+    put(i);
+  }
+  await p.sync(planInput(t, config), t.apply(), true);
+
+  const kinds = ['endpoint-add', 'endpoint-remove', 'service-add', 'service-remove', 'port', 'policy', 'type'] as const;
+  const seen = new Map<string, number>();
+  let partialWithoutTopChains = 0;
+  for (let step = 0; step < 60; step++) {
+    const kind = pick([...kinds]);
+    const i = Math.floor(random() * N);
+    const m = models[i];
+    if (kind === 'endpoint-add') m.eps.push(newEp());
+    else if (kind === 'endpoint-remove') m.eps.splice(Math.floor(random() * m.eps.length), 1);
+    else if (kind === 'service-add') m.exists = true;
+    else if (kind === 'service-remove') m.exists = false;
+    else if (kind === 'port') m.port = m.port === 80 ? 81 : 80;
+    else if (kind === 'policy') m.etp = m.etp === 'Local' ? 'Cluster' : 'Local';
+    else m.type = pick(['ClusterIP', 'NodePort', 'LoadBalancer']);
+    seen.set(kind, (seen.get(kind) ?? 0) + 1);
+    put(i);
+    // One injected failure (on a change that surely writes): the next sync must be full and
+    // rebuild the digests.
+    if (step === 30) {
+      const j = models.findIndex((x) => x.exists);
+      models[j].eps.push(newEp());
+      put(j);
+      k.failNextRestoreAtLine = 2;
+      await assert.rejects(p.sync(planInput(t, config), t.apply(), false), /KPROXY_IPTABLES_RESTORE_FAILED/);
+      continue;
+    }
+    const before = k.calls.length;
+    const stats = await p.sync(planInput(t, config), t.apply(), false);
+    const restores = k.calls.slice(before).filter((c) => c.cmd === 'iptables-restore');
+    if (/^partial/.test(stats.diff ?? '') && !restores.some((c) => c.input?.includes(':KUBE-SERVICES '))) partialWithoutTopChains++;
+
+    const fresh = new FakeKernel();
+    await new IptablesProxier({ runner: fresh, log: silentLogger(), config }).sync(planInput(t, config), new Set(), true);
+    assert.equal(kernelState(k), kernelState(fresh), `step ${step} (${kind} on svc${i})`);
+  }
+  for (const kind of kinds) assert.ok((seen.get(kind) ?? 0) > 0, `the sequence has ${kind} changes`);
+  assert.ok(partialWithoutTopChains >= 10, `partial syncs left KUBE-SERVICES out ${partialWithoutTopChains} times`);
+});
+
+async function endpointChange(n: number) {
+  const config = testConfig();
+  const k = new FakeKernel();
+  const p = new IptablesProxier({ runner: k, log: silentLogger(), config });
+  const t = tracker();
+  const slices: K8sEndpointSlice[] = [];
+  for (let i = 0; i < n; i++) {
+    t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.${i >> 8}.${i & 255}`, type: 'NodePort', nodePort: 30000 + i }));
+    slices.push(slice(`ns${i}`, `svc${i}`, 's', [{ ip: `10.180.${i >> 8}.${i & 255}` }, { ip: `10.181.${i >> 8}.${i & 255}` }], [{ port: 8080 }]));
+    t.endpoints.update(null, slices[i]);
+  }
+  await p.sync(planInput(t, config), t.apply(), true);
+  const i = Math.floor(n / 2);
+  t.endpoints.update(slices[i], slice(`ns${i}`, `svc${i}`, 's', [{ ip: `10.180.${i >> 8}.${i & 255}` }, { ip: `10.182.${i >> 8}.${i & 255}` }], [{ port: 8080 }]));
+  const before = k.calls.length;
+  const stats = await p.sync(planInput(t, config), t.apply(), false);
+  const payloads = k.calls.slice(before).filter((c) => c.cmd === 'iptables-restore').map((c) => c.input ?? '');
+  assert.equal(payloads.length, 1);
+  return { stats, payload: payloads[0] };
+}
+
+test('an endpoint-only change writes only that service\'s chains: constant in N, no KUBE-SERVICES', async () => {
+  const small = await endpointChange(100);
+  const big = await endpointChange(2000);
+  for (const { payload } of [small, big]) {
+    assert.doesNotMatch(payload, /^:KUBE-(SERVICES|NODEPORTS|POSTROUTING|MARK-MASQ|FORWARD) /m, payload);
+    assert.doesNotMatch(payload, /^\*filter/m, 'the filter table did not change');
+    assert.match(payload, /^:KUBE-SVC-/m);
+  }
+  // (At 2000 services, 4000 endpoints, large-cluster mode defers stale-chain deletion.)
+  assert.match(small.payload, /^-X KUBE-SEP-/m, 'the removed endpoint chain goes');
+  // KUBE-SVC (1 masq + 2 endpoints) and the new KUBE-SEP (2); KUBE-EXT is unchanged.
+  assert.equal(small.stats.rulesWritten, 5);
+  assert.equal(big.stats.rulesWritten, small.stats.rulesWritten);
+  assert.equal(big.stats.rulesTotal, 2000 * 11 + 5);
+});
+
+test('a restore killed at its time limit says so; the limit grows with the payload', async () => {
+  assert.equal(restoreTimeoutMs(10), 63_000);
+  assert.equal(restoreTimeoutMs(135_000), 465_000);
+  assert.equal(restoreTimeoutMs(5_000_000), 600_000);
+  let limit = 0;
+  const killed: CommandRunner = {
+    async run(_cmd: string, _args: string[], opts: RunOptions = {}) {
+      limit = opts.timeoutMs ?? 0;
+      // As if the limit passed: the runner's SIGKILL gives code 128 and no output.
+      const now = Date.now();
+      mock.method(Date, 'now', () => now + limit);
+      return { code: 128, stdout: '', stderr: '' };
+    },
+  };
+  const payload = '*nat\n' + ':KUBE-X - [0:0]\n'.repeat(3000) + 'COMMIT\n';
+  try {
+    await assert.rejects(new IptablesExecutor(killed, 4).restore(payload), (e: unknown) => {
+      assert.ok(e instanceof RestoreError);
+      assert.match(e.message, /^KPROXY_IPTABLES_RESTORE_TIMEOUT: iptables-restore did not finish within 72s \(payload of 3002 lines\); the previous rules stay in place; /);
+      return true;
+    });
+  } finally {
+    mock.restoreAll();
+  }
+  assert.equal(limit, 72_000);
+  // An ordinary failure keeps its own message.
+  const failing: CommandRunner = { run: async () => ({ code: 2, stdout: '', stderr: 'iptables-restore: line 2 failed' }) };
+  await assert.rejects(new IptablesExecutor(failing, 4).restore(payload), /KPROXY_IPTABLES_RESTORE_FAILED: .*exit 2/);
+});
+
+test('jump rules: one iptables-save and at most one restore per full sync, same rules as one by one', async () => {
+  const config = testConfig();
+  const k = new FakeKernel();
+  // Someone else's rule at the top of INPUT stays below ours, as with iptables -I.
+  await k.run('iptables', ['-t', 'filter', '-I', 'INPUT', '-j', 'ACCEPT']);
+  // One of our jumps already there (from a previous kproxy): not duplicated.
+  const nat = JUMP_RULES.find((j) => j.table === 'nat' && j.src === 'PREROUTING')!;
+  await k.run('iptables', ['-t', 'nat', '-N', nat.dst]);
+  await k.run('iptables', ['-t', 'nat', '-I', 'PREROUTING', '-m', 'comment', '--comment', nat.comment, '-j', nat.dst]);
+  const p = new IptablesProxier({ runner: k, log: silentLogger(), config });
+  const t = tracker();
+  t.services.update(null, svc('ns1', 'svc1', { clusterIP: '172.30.0.41' }));
+  t.endpoints.update(null, slice('ns1', 'svc1', 's1', [{ ip: '10.180.0.1' }], [{ port: 80 }]));
+  await p.sync(planInput(t, config), t.apply(), true);
+  const iptablesCalls = k.calls.filter((c) => c.cmd === 'iptables');
+  assert.equal(iptablesCalls.length, 3, 'only the three calls of this test itself: no iptables -N/-C/-I');
+  assert.deepEqual(k.rules('nat', 'PREROUTING'), [`-m comment --comment "${nat.comment}" -j ${nat.dst}`]);
+  // Upstream's order: each rule inserted at the top, in JUMP_RULES order, kubelet's last.
+  const input = k.rules('filter', 'INPUT');
+  assert.deepEqual(input.map((r) => /(?:^| )-j (\S+)/.exec(r)?.[1]), ['KUBE-FIREWALL', 'KUBE-PROXY-FIREWALL', 'KUBE-NODEPORTS', 'KUBE-EXTERNAL-SERVICES', 'ACCEPT']);
+  for (const j of [...JUMP_RULES, ...KUBELET_JUMP_RULES]) assert.equal(k.rules(j.table, j.src).filter((r) => r.endsWith(`-j ${j.dst}`)).length, 1, `${j.src} -> ${j.dst}`);
+  for (const table of ['mangle', 'nat', 'filter']) assert.ok(k.chains(table).includes('KUBE-PROXY-CANARY'), table);
+
+  // A second full sync finds everything: one save, no jump restore.
+  const before = k.calls.length;
+  await p.sync(planInput(t, config), new Set(), true);
+  const calls = k.calls.slice(before);
+  assert.deepEqual(calls.map((c) => `${c.cmd} ${c.args.filter((a) => a !== '-w' && a !== '5').join(' ')}`.trim()), [
+    'iptables-save',
+    'iptables-save -t nat',
+    'iptables-restore --noflush --counters',
+  ]);
+});
