@@ -6,7 +6,35 @@ import { ExecError, type CommandRunner } from './runner.ts';
 export type NftFamilyName = 'ip' | 'ip6';
 
 export interface NftExecOptions {
+  /** limit of the quick commands (list, delete, version); transactions scale it (applyTimeoutMs) */
   timeoutMs?: number;
+}
+
+// A full transaction at 5,000+ services takes tens of seconds in the kernel (docs/
+// benchmarks.md), so a fixed limit kills exactly the syncs that are merely large.
+const APPLY_BASE_MS = 30_000;
+const APPLY_PER_1000_LINES_MS = 1_000;
+const APPLY_MAX_MS = 600_000;
+
+/** Time limit of an `nft -f` of `lines` lines: 30 s + 1 s per 1000 lines, at most 10 minutes. */
+export function applyTimeoutMs(lines: number, baseMs = APPLY_BASE_MS): number {
+  return Math.min(APPLY_MAX_MS, baseMs + Math.ceil(lines / 1000) * APPLY_PER_1000_LINES_MS);
+}
+
+/** Thrown when nft was killed at its time limit; nothing of the transaction was applied. */
+export class NftTimeoutError extends ExecError {
+  constructor(
+    readonly limitMs: number,
+    readonly lines: number,
+    stderr: string,
+  ) {
+    super(
+      'KPROXY_NFT_TIMEOUT',
+      `nft did not finish within ${Math.round(limitMs / 1000)}s (transaction of ${lines} lines); the previous ruleset is unchanged; ` +
+        'the kernel is slow to load a table this large: reduce the number of services or use a faster node, the next sync retries',
+      { code: 128, stdout: '', stderr },
+    );
+  }
 }
 
 /** Thrown when nft rejects a transaction; nothing of it was applied. */
@@ -29,6 +57,12 @@ export function failingLine(stderr: string): number | null {
   return m ? parseInt(m[1], 10) : null;
 }
 
+function countLines(text: string): number {
+  let n = 0;
+  for (let i = text.indexOf('\n'); i !== -1; i = text.indexOf('\n', i + 1)) n++;
+  return text.endsWith('\n') || text === '' ? n : n + 1;
+}
+
 export class NftExecutor {
   private readonly timeoutMs: number;
 
@@ -48,8 +82,15 @@ export class NftExecutor {
 
   /** Runs the transaction atomically. On failure nothing changed and the error names the line. */
   async apply(transaction: string): Promise<void> {
-    const r = await this.runner.run('nft', ['-f', '-'], { input: transaction, timeoutMs: this.timeoutMs });
+    const lines = countLines(transaction);
+    const limitMs = applyTimeoutMs(lines, this.timeoutMs);
+    const started = Date.now();
+    const r = await this.runner.run('nft', ['-f', '-'], { input: transaction, timeoutMs: limitMs });
     if (r.code === 0) return;
+    // The runner kills at the limit (SIGKILL, reported as 128) and nft then prints nothing.
+    if (!r.stderr.includes('Error') && (r.code === 128 || Date.now() - started >= limitMs)) {
+      throw new NftTimeoutError(limitMs, lines, r.stderr);
+    }
     const lineNo = failingLine(r.stderr);
     const line = lineNo !== null ? (transaction.split('\n')[lineNo - 1] ?? null) : null;
     const first = r.stderr.split('\n').find((l) => l.includes('Error')) ?? r.stderr.trim();

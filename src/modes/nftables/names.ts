@@ -66,22 +66,62 @@ export interface ServiceChainNames {
   firewall: string;
 }
 
+// Hashing (sha256 per name) dominated planning at scale, so names are cached per ServicePort
+// object. The trackers replace a ServicePort whenever the Service changes, so an entry is
+// never stale, and a WeakMap drops it with the object.
+interface NameCacheEntry {
+  names: ServiceChainNames;
+  /** endpoint key → endpoint-... chain name */
+  endpoints: Map<string, string>;
+  /** endpoint key → affinity-... set name */
+  affinity: Map<string, string>;
+}
+// Endpoint churn under a long-lived ServicePort must not grow its entry without bound.
+const ENDPOINT_NAMES_MAX = 4096;
+const nameCache = new WeakMap<ServicePort, NameCacheEntry>();
+
+function cacheEntry(sp: ServicePort): NameCacheEntry {
+  let e = nameCache.get(sp);
+  if (!e) {
+    const base = servicePortChainNameBase(sp.portName, sp.protocol.toLowerCase());
+    e = {
+      names: { cluster: `service-${base}`, local: `local-${base}`, external: `external-${base}`, firewall: `firewall-${base}` },
+      endpoints: new Map(),
+      affinity: new Map(),
+    };
+    nameCache.set(sp, e);
+  }
+  return e;
+}
+
 export function serviceChainNames(sp: ServicePort): ServiceChainNames {
-  const base = servicePortChainNameBase(sp.portName, sp.protocol.toLowerCase());
-  return {
-    cluster: `service-${base}`,
-    local: `local-${base}`,
-    external: `external-${base}`,
-    firewall: `firewall-${base}`,
-  };
+  return cacheEntry(sp).names;
+}
+
+function endpointBase(sp: ServicePort, endpointKey: string): string {
+  return servicePortEndpointChainNameBase(sp.portName, sp.protocol.toLowerCase(), endpointKey);
 }
 
 export function endpointChainName(sp: ServicePort, endpointKey: string): string {
-  return `endpoint-${servicePortEndpointChainNameBase(sp.portName, sp.protocol.toLowerCase(), endpointKey)}`;
+  const e = cacheEntry(sp);
+  let n = e.endpoints.get(endpointKey);
+  if (n === undefined) {
+    if (e.endpoints.size >= ENDPOINT_NAMES_MAX) e.endpoints.clear();
+    n = `endpoint-${endpointBase(sp, endpointKey)}`;
+    e.endpoints.set(endpointKey, n);
+  }
+  return n;
 }
 
 export function affinitySetName(sp: ServicePort, endpointKey: string): string {
-  return `affinity-${servicePortEndpointChainNameBase(sp.portName, sp.protocol.toLowerCase(), endpointKey)}`;
+  const e = cacheEntry(sp);
+  let n = e.affinity.get(endpointKey);
+  if (n === undefined) {
+    if (e.affinity.size >= ENDPOINT_NAMES_MAX) e.affinity.clear();
+    n = `affinity-${endpointBase(sp, endpointKey)}`;
+    e.affinity.set(endpointKey, n);
+  }
+  return n;
 }
 
 /** Service and endpoint chain names always contain "/", none of the fixed chains do. */

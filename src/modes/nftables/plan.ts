@@ -9,7 +9,7 @@ import { externallyAccessible, type Endpoint, type ProxyState, type ServicePort 
 import { masqueradeMark as formatMark } from '../../config/config.ts';
 import type { PlanInput } from '../types.ts';
 import { affinitySetName, endpointChainName, serviceChainNames, TABLE } from './names.ts';
-import { addElement, addRule, addSet, ensureChain, newRuleset, type Ruleset } from './ruleset.ts';
+import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
 
 /** How "traffic from this cluster's pods" is recognised (upstream's LocalTrafficDetector). */
 export type LocalDetector =
@@ -337,17 +337,74 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, endpoi
   }
 }
 
-/** The desired table for a state: upstream's full sync. */
-export function planRuleset(state: ProxyState, o: NftPlanOptions): Ruleset {
+/**
+ * What one service port contributes to the table: its own chains and (affinity) sets, and
+ * its elements of the shared sets and maps (cluster-ips, service-ips, ...). A fragment
+ * depends only on the ServicePort, its endpoints and the options, so a proxier can keep it
+ * until one of those changes. Fragments are shared between rulesets: never mutate one.
+ */
+export interface PortFragment {
+  chains: Map<string, NftChain>;
+  /** the port's own sets (affinity), in declaration order */
+  sets: Map<string, NftSet>;
+  /** shared set/map name → elements by elementKey, in insertion order */
+  elements: Map<string, Map<string, NftElement>>;
+}
+
+/** The shared sets and maps service ports add elements to (all declared by setupTable). */
+const SHARED_SETS: readonly string[] = [C.clusterIPs, C.serviceIPs, C.noEndpointServices, C.firewallIPs, C.serviceNodePorts, C.noEndpointNodePorts];
+
+export function isSharedSetName(name: string): boolean {
+  return SHARED_SETS.includes(name);
+}
+
+const EMPTY_FRAGMENT: PortFragment = { chains: new Map(), sets: new Map(), elements: new Map() };
+
+/** Plans one service port on its own (the same objects planRuleset would add for it). */
+export function planPortFragment(o: NftPlanOptions, sp: ServicePort, endpoints: Endpoint[]): PortFragment {
+  if (sp.family !== o.family || !sp.clusterIP) return EMPTY_FRAGMENT;
+  const scratch = newRuleset(o.family === 6 ? 'ip6' : 'ip', TABLE);
+  for (const name of SHARED_SETS) scratch.sets.set(name, { kind: 'set', name, type: '', elements: new Map() });
+  planServicePort(scratch, o, sp, endpoints);
+  const frag: PortFragment = { chains: scratch.chains, sets: new Map(), elements: new Map() };
+  for (const [name, set] of scratch.sets) {
+    if (!isSharedSetName(name)) frag.sets.set(name, set);
+    else if (set.elements.size > 0) frag.elements.set(name, set.elements);
+  }
+  return frag;
+}
+
+/** Adds a fragment to a ruleset exactly as planning the port into it would have. */
+function mergeFragment(rs: Ruleset, f: PortFragment): void {
+  for (const [setName, els] of f.elements) {
+    const set = rs.sets.get(setName)!;
+    for (const [k, el] of els) set.elements.set(k, el);
+  }
+  for (const ch of f.chains.values()) {
+    const have = rs.chains.get(ch.name);
+    // Names are unique per port; a clash (truncated names) appends, as addRule would.
+    rs.chains.set(ch.name, have ? { ...have, rules: [...have.rules, ...ch.rules] } : ch);
+  }
+  for (const s of f.sets.values()) if (!rs.sets.has(s.name)) rs.sets.set(s.name, s);
+}
+
+/** The table from the fixed part and the ports' fragments, in port key order. */
+export function assembleRuleset(o: NftPlanOptions, fragments: Iterable<PortFragment>): Ruleset {
   const rs = newRuleset(o.family === 6 ? 'ip6' : 'ip', TABLE, 'rules for kube-proxy');
   setupTable(rs, o);
-  const keys = [...state.services.keys()].sort();
-  for (const key of keys) {
-    const sp = state.services.get(key)!;
-    if (sp.family !== o.family) continue;
-    planServicePort(rs, o, sp, state.endpoints.get(key) ?? []);
-  }
+  for (const f of fragments) mergeFragment(rs, f);
   return rs;
+}
+
+/** Service port keys of the planned family, in the order planRuleset adds them. */
+export function plannedPortKeys(state: ProxyState, o: NftPlanOptions): string[] {
+  return [...state.services.keys()].filter((k) => state.services.get(k)!.family === o.family).sort();
+}
+
+/** The desired table for a state: upstream's full sync. */
+export function planRuleset(state: ProxyState, o: NftPlanOptions): Ruleset {
+  const frags = plannedPortKeys(state, o).map((key) => planPortFragment(o, state.services.get(key)!, state.endpoints.get(key) ?? []));
+  return assembleRuleset(o, frags);
 }
 
 // ---- options from the running configuration ----

@@ -19,6 +19,7 @@ import {
   type Ruleset,
 } from './ruleset.ts';
 import { isAffinitySetName } from './names.ts';
+import type { PreviousValues } from './incremental.ts';
 
 export interface LiveNames {
   chains: Set<string>;
@@ -139,4 +140,60 @@ export function partialTransaction(desired: Ruleset, applied: Ruleset): Transact
 /** Deletes chains retired by earlier syncs. */
 export function deleteChainsTransaction(rs: { family: Ruleset['family']; table: string }, chains: string[]): string {
   return chains.map((c) => `delete chain ${rs.family} ${rs.table} ${c}`).join('\n') + '\n';
+}
+
+/**
+ * Partial sync when only some ports were replanned (IncrementalPlanner): the same commands
+ * partialTransaction would write, found by comparing only the objects the replanned ports
+ * name with their previous values, so its cost follows the change, not the table.
+ */
+export function partialTransactionFor(desired: Ruleset, previous: PreviousValues): Transaction {
+  const t = tableRef(desired);
+  const setLines: string[] = [];
+  const chainLines: string[] = [];
+  const ruleLines: string[] = [];
+  const delLines: string[] = [];
+  const addLines: string[] = [];
+  const changedChains: string[] = [];
+
+  for (const [name, old] of previous.sets) {
+    const s = desired.sets.get(name);
+    if (s && !old) setLines.push(addSetLine(desired, s));
+  }
+  for (const [setName, els] of previous.elements) {
+    const want = desired.sets.get(setName)?.elements;
+    for (const [k, prev] of els) {
+      const el = want?.get(k);
+      if (el && prev && (el === prev || sameElement(prev, el))) continue;
+      if (prev) delLines.push(deleteElementLine(desired, setName, prev));
+      if (el) addLines.push(addElementLine(desired, setName, el));
+    }
+  }
+  const staleChains: string[] = [];
+  for (const [name, old] of previous.chains) {
+    const ch = desired.chains.get(name);
+    if (!ch) {
+      if (old) staleChains.push(name);
+      continue;
+    }
+    if (old && (old === ch || sameChain(old, ch))) continue;
+    changedChains.push(name);
+    chainLines.push(addChainLine(desired, ch));
+    if (old) chainLines.push(`flush chain ${t} ${name}`);
+    for (const r of ch.rules) ruleLines.push(addRuleLine(desired, name, r));
+  }
+  staleChains.sort();
+  const staleSets = [...previous.sets].filter(([s, old]) => old && !desired.sets.has(s)).map(([s, old]) => [s, old!.kind] as const).sort();
+  const tail = [...staleChains.map((c) => `flush chain ${t} ${c}`), ...staleSets.map(([s, kind]) => `delete ${kind} ${t} ${s}`)];
+  const body = [...setLines, ...chainLines, ...ruleLines, ...delLines, ...addLines, ...tail];
+  if (body.length === 0) return { text: '', ops: 0, staleChains: [], summary: 'no changes' };
+  const lines = [addTableLine(desired), ...body];
+  return {
+    text: lines.join('\n') + '\n',
+    ops: body.length,
+    staleChains,
+    summary:
+      `partial sync: ${changedChains.length} chains rewritten, ${addLines.length} elements added, ` +
+      `${delLines.length} elements deleted, ${staleChains.length} chains retired`,
+  };
 }

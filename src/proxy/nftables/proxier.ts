@@ -6,9 +6,10 @@ import { NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
 import { parseNftText } from '../../modes/nftables/parse.ts';
-import { optionsFromInput, planRuleset } from '../../modes/nftables/plan.ts';
+import { assembleRuleset, optionsFromInput, type NftPlanOptions, type PortFragment } from '../../modes/nftables/plan.ts';
+import { IncrementalPlanner } from '../../modes/nftables/incremental.ts';
 import { countObjects, dumpRuleset, type NftFamily, type Ruleset } from '../../modes/nftables/ruleset.ts';
-import { deleteChainsTransaction, fullTransaction, partialTransaction, type LiveNames, type Transaction } from '../../modes/nftables/transaction.ts';
+import { deleteChainsTransaction, fullTransaction, partialTransaction, partialTransactionFor, type LiveNames, type Transaction } from '../../modes/nftables/transaction.ts';
 import { TABLE } from '../../modes/nftables/names.ts';
 
 export interface NftProxierOptions {
@@ -31,6 +32,10 @@ export class NftProxier implements Proxier {
   /** retired chain → when it was flushed */
   private readonly staleChains = new Map<string, number>();
   private lastTransaction = '';
+  /** per-port fragments kept between syncs, so a partial sync replans only what changed */
+  readonly planner = new IncrementalPlanner();
+  /** what `applied` was assembled from, for dump() in planRuleset's order */
+  private appliedParts: { options: NftPlanOptions; fragments: PortFragment[] } | null = null;
 
   constructor(opts: NftProxierOptions) {
     this.exec = new NftExecutor(opts.runner);
@@ -70,16 +75,25 @@ export class NftProxier implements Proxier {
     }
   }
 
-  async sync(input: PlanInput, _changed: Set<string>, full: boolean): Promise<SyncStats> {
-    const desired = planRuleset(input.state, optionsFromInput(input));
+  async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
+    const fullSync = full || this.needFull || !this.applied;
+    // A full sync plans every port afresh (and so also resets the fragment cache).
+    const options = optionsFromInput(input);
+    let plan = this.planner.plan(input.state, options, fullSync ? null : changed);
+    await this.deleteStaleChains(plan.desired.family, plan.desired);
+    // A failed deletion asks for a full sync: plan it afresh, as every full sync is.
+    if (!fullSync && this.needFull) plan = this.planner.plan(input.state, options, null);
+    const desired = plan.desired;
     const family = desired.family;
-    await this.deleteStaleChains(family, desired);
 
     let tx: Transaction;
-    if (full || this.needFull || !this.applied) {
+    if (fullSync || this.needFull || !this.applied) {
       const live = await this.liveNames(family);
       tx = fullTransaction(desired, live, { recreateBaseChains: !this.baseChainsRecreated });
+    } else if (plan.previous) {
+      tx = partialTransactionFor(desired, plan.previous);
     } else {
+      // The options changed (e.g. node addresses): every port was replanned, diff it all.
       tx = partialTransaction(desired, this.applied);
     }
     if (tx.ops > 0) {
@@ -98,12 +112,14 @@ export class NftProxier implements Proxier {
     }
     // Retired chains are tracked in staleChains, not here, so partial syncs diff only live content.
     this.applied = desired;
+    this.appliedParts = { options, fragments: this.planner.fragments() };
     this.log.debug({ ops: tx.ops }, tx.summary);
     return { rulesWritten: tx.ops, rulesTotal: countObjects(desired), diff: tx.summary };
   }
 
   dump(): string {
-    return this.applied ? dumpRuleset(this.applied) : '';
+    // A partial sync patches the table (new objects last); dump it in the planner's order.
+    return this.appliedParts ? dumpRuleset(assembleRuleset(this.appliedParts.options, this.appliedParts.fragments)) : '';
   }
 
   async stop(): Promise<void> {}

@@ -1,0 +1,176 @@
+// Partial syncs replan only the changed services (cached per-port fragments) and write the
+// same table a full render of the same state gives; the nft executor reports a killed
+// `nft -f` as a timeout. Unit tests: the "kernel" is a fake runner that keeps every
+// transaction, replayed through the nft text parser; the timeout test kills a real process.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { resolveConfig } from '../../src/config/config.ts';
+import { ProxyStateTracker } from '../../src/core/tracker.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import { hostRunner, type CommandRunner, type RunOptions } from '../../src/exec/runner.ts';
+import { applyTimeoutMs, NftExecutor } from '../../src/exec/nft.ts';
+import { silentLogger } from '../../src/log.ts';
+import type { PlanInput } from '../../src/modes/types.ts';
+import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
+import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
+import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
+import { partialTransaction } from '../../src/modes/nftables/transaction.ts';
+import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+
+const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: { 'kubernetes.io/hostname': 'node-a' }, family: 4 as const };
+
+function service(i: number, extra: Partial<NonNullable<K8sService['spec']>> = {}): K8sService {
+  return {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { namespace: 'ns', name: `svc${i}` },
+    spec: {
+      type: 'NodePort',
+      clusterIP: `172.30.0.${i + 1}`,
+      ports: [
+        { name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i },
+        { name: 'dns', protocol: 'UDP', port: 53, nodePort: 31000 + i },
+      ],
+      ...extra,
+    },
+  };
+}
+
+function endpoints(i: number, ips: string[], local: string[] = []): K8sEndpointSlice {
+  return {
+    apiVersion: 'discovery.k8s.io/v1',
+    kind: 'EndpointSlice',
+    metadata: { namespace: 'ns', name: `svc${i}-x`, labels: { 'kubernetes.io/service-name': `svc${i}` } },
+    addressType: 'IPv4',
+    endpoints: ips.map((ip) => ({ addresses: [ip], conditions: { ready: true }, nodeName: local.includes(ip) ? 'node-a' : 'node-b' })),
+    ports: [
+      { name: 'http', port: 8080, protocol: 'TCP' },
+      { name: 'dns', port: 5353, protocol: 'UDP' },
+    ],
+  };
+}
+
+/** `nft` as a kernel: every applied transaction is kept; `list table` answers from the replay. */
+class FakeNft implements CommandRunner {
+  texts: string[] = [];
+  async run(cmd: string, args: string[], opts: RunOptions = {}) {
+    assert.equal(cmd, 'nft');
+    if (args[0] === '--version') return { code: 0, stdout: 'nftables v1.0.6', stderr: '' };
+    if (args[0] === '-f') {
+      this.texts.push(opts.input ?? '');
+      return { code: 0, stdout: '', stderr: '' };
+    }
+    if (args[0] === 'list') {
+      if (this.texts.length === 0) return { code: 1, stdout: '', stderr: 'Error: No such file or directory' };
+      return { code: 0, stdout: dumpRuleset(this.table()), stderr: '' };
+    }
+    throw new Error(`unexpected nft ${args.join(' ')}`);
+  }
+  /** the table after every transaction, without chains that are flushed and no longer used */
+  table() {
+    const rs = parseKubeProxyTable(this.texts.join(''), 'ip');
+    for (const [name, ch] of rs.chains) if (name.includes('/') && ch.rules.length === 0) rs.chains.delete(name);
+    return rs;
+  }
+}
+
+const sorted = (text: string) => text.split('\n').filter(Boolean).sort();
+
+test('a partial sync replans only the changed service and yields the full render of the state', async () => {
+  const config = resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' });
+  const tracker = new ProxyStateTracker(4, NODE.nodeName);
+  const N = 30;
+  for (let i = 0; i < N; i++) {
+    let extra: Partial<NonNullable<K8sService['spec']>> = {};
+    if (i % 5 === 1) extra = { sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 60 } } };
+    if (i % 5 === 2) extra = { type: 'LoadBalancer', externalTrafficPolicy: 'Local', loadBalancerSourceRanges: ['203.0.113.0/24'] };
+    // Two services claim the same external IP and port: their map element is shared.
+    if (i === 3 || i === 4) extra = { externalIPs: ['1.2.3.9'] };
+    tracker.services.update(null, service(i, extra));
+    if (i !== 7) tracker.endpoints.update(null, endpoints(i, [`10.180.${i}.1`, `10.180.${i}.2`], [`10.180.${i}.2`]));
+  }
+  const lbStatus = (i: number): K8sService => ({ ...service(i, { type: 'LoadBalancer', externalTrafficPolicy: 'Local', loadBalancerSourceRanges: ['203.0.113.0/24'] }), status: { loadBalancer: { ingress: [{ ip: `1.2.3.${i}` }] } } });
+  tracker.services.update(service(2), lbStatus(2));
+  const all = tracker.apply();
+  const input: PlanInput = { state: tracker.state, config, node: NODE };
+  const o = optionsFromInput(input);
+  const nft = new FakeNft();
+  const proxier = new NftProxier({ runner: nft, log: silentLogger(), staleChainDelayMs: 0 });
+
+  await proxier.sync(input, all, true);
+  assert.equal(proxier.planner.plannedTotal, 2 * N, 'the full sync plans every port');
+  assert.equal(proxier.dump(), dumpRuleset(planRuleset(tracker.state, o)));
+
+  const steps: Array<{ name: string; change: () => void; planned: number }> = [
+    { name: 'one endpoint added', change: () => tracker.endpoints.update(endpoints(5, ['10.180.5.1', '10.180.5.2']), endpoints(5, ['10.180.5.1', '10.180.5.2', '10.180.5.3'])), planned: 2 },
+    { name: 'sticky service loses an endpoint', change: () => tracker.endpoints.update(endpoints(6, ['10.180.6.1', '10.180.6.2']), endpoints(6, ['10.180.6.2'])), planned: 2 },
+    { name: 'service without endpoints gets one', change: () => tracker.endpoints.update(null, endpoints(7, ['10.180.7.1'])), planned: 2 },
+    { name: 'local-policy LB loses its local endpoint', change: () => tracker.endpoints.update(endpoints(2, ['10.180.2.1', '10.180.2.2'], ['10.180.2.2']), endpoints(2, ['10.180.2.1'])), planned: 2 },
+    { name: 'one of two services sharing an external IP is deleted', change: () => tracker.services.update(service(4, { externalIPs: ['1.2.3.9'] }), null), planned: 0 },
+    { name: 'a service is added', change: () => tracker.services.update(null, service(40)), planned: 2 },
+    { name: 'a service port changes', change: () => tracker.services.update(service(8), service(8, { ports: [{ name: 'http', protocol: 'TCP', port: 8080, nodePort: 30008 }] })), planned: 1 },
+  ];
+  for (const step of steps) {
+    const prevFull = planRuleset(tracker.state, o);
+    step.change();
+    const changed = tracker.apply();
+    assert.equal(changed.size, 1, step.name);
+    const before = proxier.planner.plannedTotal;
+    const prevTx = proxier.lastTransactionText();
+    await proxier.sync(input, changed, false);
+    assert.equal(proxier.planner.plannedTotal - before, step.planned, `${step.name}: ports replanned`);
+
+    const fullRender = dumpRuleset(planRuleset(tracker.state, o));
+    assert.equal(proxier.dump(), fullRender, `${step.name}: the proxier's table is the full render`);
+    // The kernel, after the partial transaction, holds exactly the full render.
+    assert.deepEqual(sorted(dumpRuleset(nft.table())), sorted(fullRender), `${step.name}: replayed table`);
+    // Same commands as the whole-table diff would write.
+    const expected = partialTransaction(planRuleset(tracker.state, o), prevFull);
+    assert.ok(expected.ops > 0, step.name);
+    assert.notEqual(proxier.lastTransactionText(), prevTx, step.name);
+    assert.deepEqual(sorted(proxier.lastTransactionText()), sorted(expected.text), `${step.name}: transaction`);
+  }
+  // The shared external IP element now leads to the service that still claims it.
+  assert.match(proxier.dump(), /service-ips \{ 1\.2\.3\.9 \. tcp \. 80 : goto external-[A-Z0-9]+-ns\/svc3\/tcp\/http \}/);
+
+  // Nothing changed: nothing replanned, nothing written.
+  const before = proxier.planner.plannedTotal;
+  const stats = await proxier.sync(input, new Set(), false);
+  assert.equal(stats.rulesWritten, 0);
+  assert.equal(proxier.planner.plannedTotal, before);
+
+  // A full sync replans everything again and writes the same table.
+  await proxier.sync(input, new Set(), true);
+  assert.equal(proxier.dump(), dumpRuleset(planRuleset(tracker.state, o)));
+  assert.deepEqual(sorted(dumpRuleset(nft.table())), sorted(proxier.dump()));
+});
+
+test('nft -f limit scales with the transaction; a killed nft reports KPROXY_NFT_TIMEOUT', async () => {
+  assert.equal(applyTimeoutMs(3), 31_000);
+  assert.equal(applyTimeoutMs(240_000), 270_000);
+  assert.equal(applyTimeoutMs(5_000_000), 600_000);
+
+  const seen: number[] = [];
+  // `nft` here is a real process that outlives the limit and is killed by the runner.
+  const slow: CommandRunner = {
+    run: (_cmd, _args, opts) => {
+      seen.push(opts?.timeoutMs ?? 0);
+      return hostRunner.run('sleep', ['10'], opts);
+    },
+  };
+  const exec = new NftExecutor(slow, { timeoutMs: 100 });
+  const t0 = Date.now();
+  await assert.rejects(
+    exec.apply('add table ip kube-proxy\nadd chain ip kube-proxy x\n'),
+    (e: Error) => {
+      assert.match(e.message, /^KPROXY_NFT_TIMEOUT: nft did not finish within 1s \(transaction of 2 lines\); the previous ruleset is unchanged; /);
+      return true;
+    },
+  );
+  assert.deepEqual(seen, [1100]);
+  assert.ok(Date.now() - t0 < 5000);
+
+  // A rejected transaction still names its line, not a timeout.
+  const rejecting: CommandRunner = { run: async () => ({ code: 1, stdout: '', stderr: '/dev/stdin:2:1-3: Error: syntax error' }) };
+  await assert.rejects(new NftExecutor(rejecting).apply('add table ip kube-proxy\nbad\n'), /KPROXY_NFT_APPLY: nft rejected the transaction at line 2: bad/);
+});
