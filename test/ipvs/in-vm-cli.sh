@@ -26,9 +26,7 @@ check() {
 }
 
 [ -n "${NODE:-}" ] && [ -x "$NODE" ] || { echo "FAIL setup: NODE not set or not executable"; exit 1; }
-KP_REAL=/project/bin/kproxy.js
-KP_FAST=$KP_REAL
-KP_IPVS_RR=$KP_REAL; IPVS_RR_DEADLINE=90
+KP=/project/bin/kproxy.js
 
 CLUSTER_IP=172.30.0.10
 NODE_IP=192.168.0.2
@@ -257,43 +255,43 @@ run_mode() {
 check setup setup || true
 if [ "$FAILED" != 0 ]; then echo "in-vm-cli: setup failed"; exit 1; fi
 write_manifests
-echo "in-vm-cli: pods ready at uptime $(up)s; kproxy entry for most starts: $KP_FAST"
+echo "in-vm-cli: pods ready at uptime $(up)s; kproxy entry: $KP"
 
 # 1. iptables
 write_config iptables rr
-run_mode iptables "$KP_FAST" 90 all
+run_mode iptables "$KP" 90 all
 check iptables-rules-in-place iptables_rules_present
 stop_kproxy
 
 # 2. ipvs, scheduler rr
 write_config ipvs rr
-run_mode ipvs-rr "$KP_IPVS_RR" "$IPVS_RR_DEADLINE" all
+run_mode ipvs-rr "$KP" 90 all
 check iptables-to-ipvs-no-svc-sep-chains no_iptables_chains_after_ipvs_start
 check ipvs-rr-ipvsadm ipvs_shows rr
 stop_kproxy
 
 # 3. the config edited to scheduler sh, restart
 sed -i 's/^  scheduler: rr$/  scheduler: sh/' "$CFG"
-run_mode ipvs-sh "$KP_FAST" 90 one
+run_mode ipvs-sh "$KP" 90 one
 check ipvs-sh-ipvsadm ipvs_shows sh
 check ipvs-sh-one-client-one-backend sh_one_backend
 stop_kproxy
 
 # 4. nftables
 sed -i 's/^mode: ipvs$/mode: nftables/' "$CFG"
-run_mode nftables "$KP_FAST" 90 all
+run_mode nftables "$KP" 90 all
 check ipvs-to-nftables-no-ipvs-residue no_ipvs_residue
 check nftables-table-in-place nft_table_present
 stop_kproxy
 
 # 5. userspace
 sed -i 's/^mode: nftables$/mode: userspace/' "$CFG"
-run_mode userspace "$KP_FAST" 90 all
+run_mode userspace "$KP" 90 all
 check nftables-to-userspace-no-nft-table no_nft_table
 stop_kproxy
 
 # 6. cleanup
-check cleanup-exits-0 run_cleanup "$KP_FAST"
+check cleanup-exits-0 run_cleanup "$KP"
 check cleanup-leaves-nothing nothing_left
 check cleanup-traffic-stops traffic_stops
 

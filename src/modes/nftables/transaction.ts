@@ -124,17 +124,7 @@ export function partialTransaction(desired: Ruleset, applied: Ruleset): Transact
   const staleChains = [...applied.chains.keys()].filter((c) => !desired.chains.has(c)).sort();
   const staleSets = [...applied.sets.keys()].filter((s) => !desired.sets.has(s)).sort();
   const tail = [...staleChains.map((c) => `flush chain ${t} ${c}`), ...staleSets.map((s) => `delete ${applied.sets.get(s)!.kind} ${t} ${s}`)];
-  const body = [...setLines, ...chainLines, ...ruleLines, ...delLines, ...addLines, ...tail];
-  if (body.length === 0) return { text: '', ops: 0, staleChains: [], summary: 'no changes' };
-  const lines = [addTableLine(desired), ...body];
-  return {
-    text: lines.join('\n') + '\n',
-    ops: body.length,
-    staleChains,
-    summary:
-      `partial sync: ${changedChains.length} chains rewritten, ${addLines.length} elements added, ` +
-      `${delLines.length} elements deleted, ${staleChains.length} chains retired`,
-  };
+  return assemblePartial(desired, { setLines, chainLines, ruleLines, delLines, addLines, tail }, changedChains.length, staleChains);
 }
 
 /** Deletes chains retired by earlier syncs. */
@@ -185,15 +175,24 @@ export function partialTransactionFor(desired: Ruleset, previous: PreviousValues
   staleChains.sort();
   const staleSets = [...previous.sets].filter(([s, old]) => old && !desired.sets.has(s)).map(([s, old]) => [s, old!.kind] as const).sort();
   const tail = [...staleChains.map((c) => `flush chain ${t} ${c}`), ...staleSets.map(([s, kind]) => `delete ${kind} ${t} ${s}`)];
-  const body = [...setLines, ...chainLines, ...ruleLines, ...delLines, ...addLines, ...tail];
+  return assemblePartial(desired, { setLines, chainLines, ruleLines, delLines, addLines, tail }, changedChains.length, staleChains);
+}
+
+/** The partial transaction's text, in the order nft needs: sets, chains, rules, elements, retirements. */
+function assemblePartial(
+  desired: Ruleset,
+  p: { setLines: string[]; chainLines: string[]; ruleLines: string[]; delLines: string[]; addLines: string[]; tail: string[] },
+  changedChains: number,
+  staleChains: string[],
+): Transaction {
+  const body = [...p.setLines, ...p.chainLines, ...p.ruleLines, ...p.delLines, ...p.addLines, ...p.tail];
   if (body.length === 0) return { text: '', ops: 0, staleChains: [], summary: 'no changes' };
-  const lines = [addTableLine(desired), ...body];
   return {
-    text: lines.join('\n') + '\n',
+    text: [addTableLine(desired), ...body].join('\n') + '\n',
     ops: body.length,
     staleChains,
     summary:
-      `partial sync: ${changedChains.length} chains rewritten, ${addLines.length} elements added, ` +
-      `${delLines.length} elements deleted, ${staleChains.length} chains retired`,
+      `partial sync: ${changedChains} chains rewritten, ${p.addLines.length} elements added, ` +
+      `${p.delLines.length} elements deleted, ${staleChains.length} chains retired`,
   };
 }
