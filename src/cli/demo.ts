@@ -70,7 +70,7 @@ export async function demoCommand(opts: { manifests?: string; requests?: string 
   const ctrl = new ProxyController({ config: cfg, nodeName: 'demo-node', mode: modes.userspace, allModes: modes, source, runner: hostRunner, log, skipCleanup: true });
   await ctrl.start();
   await ctrl.loop.idle();
-  const servers = await startServers({ ctrl, source, mode: 'userspace', healthTimeoutMs: 60_000, log }, cfg.healthzBindAddress, cfg.metricsBindAddress);
+  const servers = await startServers({ ctrl, source, mode: 'userspace', log }, cfg.healthzBindAddress, cfg.metricsBindAddress);
   const stop = async () => {
     await ctrl.stop();
     await servers.close();

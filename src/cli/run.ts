@@ -36,7 +36,7 @@ export async function runCommand(o: CommonOptions): Promise<void> {
   const ctrl = new ProxyController({ config: cfg, nodeName, mode, allModes: modes, source, runner: hostRunner, log });
   // Health first: while the source waits for its first list, /healthz must answer (503).
   const servers = await startServers(
-    { ctrl, source, mode: cfg.mode, healthTimeoutMs: 2 * cfg.syncPeriodMs, log },
+    { ctrl, source, mode: cfg.mode, log },
     cfg.healthzBindAddress,
     cfg.metricsBindAddress,
   );

@@ -1,36 +1,75 @@
-// Asks a running kproxy for its health and last syncs.
+// Asks a running kproxy for its health and last syncs. The details come from the local
+// metrics/debug server (/debug/health, /debug/diff); the public /healthz says only
+// healthy or not, and is asked only when the debug server does not answer.
+import { sanitizeDetail } from '../server/servers.ts';
+
 async function getJSON(url: string): Promise<{ code: number; body: unknown }> {
   const res = await fetch(url, { signal: AbortSignal.timeout(3000) });
   return { code: res.status, body: await res.json().catch(() => null) };
 }
 
+interface Report {
+  healthy?: boolean;
+  live?: boolean;
+  nodeEligible?: boolean;
+  mode?: string;
+  synced?: boolean;
+  lastUpdated?: string | null;
+  syncFailures?: number;
+  lastError?: string;
+  source?: { connected?: boolean; lastContact?: string | null; problem?: string };
+  reasons?: unknown[];
+}
+
+/** Text from another process goes to the terminal only sanitized and bounded. */
+const show = (v: unknown) => sanitizeDetail(v);
+
 export async function statusCommand(o: { healthzAddress: string; metricsAddress: string }): Promise<void> {
-  let health: { code: number; body: unknown };
+  let rep: Report | null = null;
+  let healthy: boolean;
+  const lines: string[] = [];
   try {
-    health = await getJSON(`http://${o.healthzAddress}/healthz`);
+    const r = await getJSON(`http://${o.metricsAddress}/debug/health`);
+    if (r.code !== 200 || !r.body || typeof r.body !== 'object') throw new Error(`HTTP ${r.code}`);
+    rep = r.body as Report;
+    healthy = rep.healthy === true;
   } catch (e) {
-    throw new Error(`KPROXY_STATUS_UNREACHABLE: no kproxy answers on ${o.healthzAddress} (${(e as Error).message}); is it running?`);
-  }
-  const h = health.body as Record<string, unknown> & { source?: Record<string, unknown>; reasons?: string[] };
-  const lines = [
-    `health:       ${health.code === 200 ? 'healthy' : 'UNHEALTHY'} (${health.code})`,
-    `mode:         ${h.mode}`,
-    `synced:       ${h.synced}`,
-    `last sync:    ${h.lastUpdated ?? 'never'}`,
-    `sync errors:  ${h.syncFailures}${h.lastError ? ` (last: ${h.lastError})` : ''}`,
-    `source:       ${h.source?.connected ? 'connected' : 'DISCONNECTED'}, last contact ${h.source?.lastContact ?? 'never'}${h.source?.problem ? `, ${h.source.problem}` : ''}`,
-    ...(h.reasons ?? []).map((r) => `problem:      ${r}`),
-  ];
-  try {
-    const d = await getJSON(`http://${o.metricsAddress}/debug/diff`);
-    const recs = (d.body as Array<{ at: number; full: boolean; durationMs: number; ok: boolean; stats?: { rulesWritten: number; rulesTotal: number }; changed: string[]; error?: string }>) ?? [];
-    lines.push('recent syncs:');
-    for (const r of recs.slice(-5)) {
-      lines.push(`  ${new Date(r.at).toISOString()} ${r.full ? 'full   ' : 'partial'} ${String(r.durationMs).padStart(5)}ms ${r.ok ? `wrote ${r.stats?.rulesWritten} of ${r.stats?.rulesTotal}` : `FAILED ${r.error}`} changed=${r.changed.length}`);
+    // No details: fall back to the public verdict.
+    let code: number;
+    try {
+      code = (await getJSON(`http://${o.healthzAddress}/healthz`)).code;
+    } catch (e2) {
+      throw new Error(
+        `KPROXY_STATUS_UNREACHABLE: no kproxy answers on ${o.metricsAddress} (${(e as Error).message}) or ${o.healthzAddress} (${(e2 as Error).message}); is it running? Give --metrics-address and --healthz-address if it listens elsewhere`,
+      );
     }
-  } catch {
-    lines.push(`recent syncs: metrics server ${o.metricsAddress} not reachable`);
+    healthy = code === 200;
+    lines.push(`health:       ${healthy ? 'healthy' : 'UNHEALTHY'} (/healthz ${code})`);
+    lines.push(`details:      metrics server ${o.metricsAddress} not reachable (${show((e as Error).message)}); give --metrics-address`);
+  }
+  if (rep) {
+    const h = rep;
+    lines.push(
+      `health:       ${healthy ? 'healthy' : 'UNHEALTHY'} (/healthz ${healthy ? 200 : 503}, /livez ${h.live === false ? 503 : 200})`,
+      `mode:         ${show(h.mode)}`,
+      `synced:       ${h.synced}`,
+      `last sync:    ${show(h.lastUpdated ?? 'never')}`,
+      `node:         ${h.nodeEligible === false ? 'NOT ELIGIBLE (being deleted)' : 'eligible'}`,
+      `sync errors:  ${h.syncFailures}${h.lastError ? ` (last: ${show(h.lastError)})` : ''}`,
+      `source:       ${h.source?.connected ? 'connected' : 'DISCONNECTED'}, last contact ${show(h.source?.lastContact ?? 'never')}${h.source?.problem ? `, ${show(h.source.problem)}` : ''}`,
+      ...(Array.isArray(h.reasons) ? h.reasons.slice(0, 10) : []).map((r) => `problem:      ${show(r)}`),
+    );
+    try {
+      const d = await getJSON(`http://${o.metricsAddress}/debug/diff`);
+      const recs = Array.isArray(d.body) ? (d.body as Array<{ at: number; full: boolean; durationMs: number; ok: boolean; stats?: { rulesWritten: number; rulesTotal: number }; changed: string[]; error?: string }>) : [];
+      lines.push('recent syncs:');
+      for (const r of recs.slice(-5)) {
+        lines.push(`  ${new Date(r.at).toISOString()} ${r.full ? 'full   ' : 'partial'} ${String(r.durationMs).padStart(5)}ms ${r.ok ? `wrote ${r.stats?.rulesWritten} of ${r.stats?.rulesTotal}` : `FAILED ${show(r.error)}`} changed=${r.changed?.length ?? 0}`);
+      }
+    } catch {
+      lines.push(`recent syncs: metrics server ${o.metricsAddress} not reachable`);
+    }
   }
   process.stdout.write(lines.join('\n') + '\n');
-  if (health.code !== 200) process.exitCode = 1;
+  if (!healthy) process.exitCode = 1;
 }

@@ -6,47 +6,96 @@ import type { ProxyController, SyncRecord } from '../sync/controller.ts';
 import type { Source } from '../sources/types.ts';
 import type { Logger } from '../log.ts';
 import type { UserspaceProxier } from '../dataplane/proxier.ts';
+import { TO_BE_DELETED_TAINT, type HealthVerdict } from '../sync/health.ts';
+
+/** The zero time upstream writes as lastUpdated when no sync ever succeeded (Go's time.Time{}). */
+const ZERO_TIME = '0001-01-01T00:00:00Z';
+/** No string in the debug report is longer than this (error texts can carry whole payloads). */
+export const MAX_DETAIL_CHARS = 512;
+
+/**
+ * Makes a string from an error or a source fit for a report: no control characters (a log
+ * or terminal reading it must not be steered), no internal file signatures
+ * (`mtime:size:inode|`), at most `max` characters.
+ */
+export function sanitizeDetail(s: unknown, max = MAX_DETAIL_CHARS): string {
+  let t = String(s ?? '')
+    .replace(/\b\d+(?:\.\d+)?:\d+:\d+\|/g, '')
+    .replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]+/g, ' ')
+    .replace(/ {2,}/g, ' ')
+    .trim();
+  if (t.length > max) t = t.slice(0, max - 1) + '…';
+  return t;
+}
+
+/**
+ * The public /healthz and /livez bodies: upstream's fields and nothing else (they listen on
+ * 0.0.0.0 by default, so no paths, errors or rule text). As upstream, lastUpdated is the
+ * current time while healthy (older releases reported the last sync loop run).
+ */
+export function publicHealthBody(v: HealthVerdict, kind: 'healthz' | 'livez'): { code: number; body: string } {
+  const ok = kind === 'healthz' ? v.healthy : v.live;
+  const currentTime = new Date(v.currentTime).toISOString();
+  const lastUpdated = ok ? currentTime : v.lastUpdated ? new Date(v.lastUpdated).toISOString() : ZERO_TIME;
+  const body = kind === 'healthz' ? { lastUpdated, currentTime, nodeEligible: v.nodeEligible } : { lastUpdated, currentTime };
+  return { code: ok ? 200 : 503, body: JSON.stringify(body) };
+}
 
 export interface HealthReport {
+  /** what /healthz answers */
   healthy: boolean;
+  /** what /livez answers */
+  live: boolean;
+  nodeEligible: boolean;
   lastUpdated: string | null;
   currentTime: string;
+  healthTimeoutSeconds: number;
+  /** the oldest update still waiting for a successful sync */
+  oldestPendingQueued: string | null;
   synced: boolean;
   mode: string;
   syncFailures: number;
+  consecutiveFailures: number;
   lastError?: string;
   source: { connected: boolean; lastContact: string | null; staleSeconds: number | null; problem?: string };
   reasons: string[];
 }
 
 /**
- * Healthy means the data plane reflects what kproxy knows: it has synced, and no change or
- * retry has been waiting longer than healthTimeout (2 × syncPeriod, as upstream). A source
- * that cannot reach its origin does not make the data plane unhealthy (rules stay in place),
- * but the report says how stale the view is.
+ * The detailed report for the local debug server (/debug/health) and `kproxy status`: the
+ * verdicts of /healthz and /livez, why, how stale the source's view is, the last error. A
+ * source that cannot reach its origin does not make the data plane unhealthy (rules stay
+ * in place), but the report says how stale the view is.
  */
-export function healthReport(ctrl: ProxyController, source: Source, mode: string, healthTimeoutMs: number, now = Date.now()): HealthReport {
+export function healthReport(ctrl: ProxyController, source: Source, mode: string): HealthReport {
+  const v = ctrl.health.verdict();
+  const now = v.currentTime;
   const st = ctrl.loop.status;
   const src = source.health();
   const reasons: string[] = [];
   if (!ctrl.isSynced) reasons.push('sources not synced yet');
-  else if (!st.lastSuccessAt) reasons.push('no successful sync yet');
-  if (st.pendingSince && now - st.pendingSince > healthTimeoutMs) reasons.push(`changes pending for ${Math.round((now - st.pendingSince) / 1000)}s`);
-  if (st.consecutiveFailures > 0 && st.lastSuccessAt && now - st.lastSuccessAt > healthTimeoutMs) reasons.push(`sync failing: ${st.lastError}`);
-  const healthy = reasons.length === 0;
+  else if (!v.lastUpdated) reasons.push('no successful sync yet');
+  if (!v.live) reasons.push(`an update has waited ${Math.round((now - v.oldestPendingQueued) / 1000)}s for a successful sync (health timeout ${Math.round(ctrl.health.healthTimeoutMs / 1000)}s)`);
+  if (!v.nodeEligible) reasons.push(`node not eligible: being deleted or tainted ${TO_BE_DELETED_TAINT}`);
+  if (st.consecutiveFailures > 0) reasons.push(`last ${st.consecutiveFailures} sync(s) failed`);
   return {
-    healthy,
-    lastUpdated: st.lastSuccessAt ? new Date(st.lastSuccessAt).toISOString() : null,
+    healthy: v.healthy,
+    live: v.live,
+    nodeEligible: v.nodeEligible,
+    lastUpdated: v.lastUpdated ? new Date(v.lastUpdated).toISOString() : null,
     currentTime: new Date(now).toISOString(),
+    healthTimeoutSeconds: ctrl.health.healthTimeoutMs / 1000,
+    oldestPendingQueued: v.oldestPendingQueued ? new Date(v.oldestPendingQueued).toISOString() : null,
     synced: ctrl.isSynced,
     mode,
     syncFailures: st.failures,
-    lastError: st.lastError,
+    consecutiveFailures: st.consecutiveFailures,
+    lastError: st.lastError === undefined ? undefined : sanitizeDetail(st.lastError),
     source: {
       connected: src.connected,
       lastContact: src.lastContactMs ? new Date(src.lastContactMs).toISOString() : null,
       staleSeconds: src.lastContactMs ? Math.round((now - src.lastContactMs) / 1000) : null,
-      problem: src.problem,
+      problem: src.problem === undefined ? undefined : sanitizeDetail(src.problem),
     },
     reasons,
   };
@@ -73,7 +122,6 @@ export interface ServerDeps {
   ctrl: ProxyController;
   source: Source;
   mode: string;
-  healthTimeoutMs: number;
   log: Logger;
 }
 
@@ -125,7 +173,14 @@ export class Metrics {
   }
 }
 
-export async function startServers(deps: ServerDeps, healthzAddr: string, metricsAddr: string): Promise<{ close(): Promise<void>; metrics: Metrics }> {
+export interface RunningServers {
+  close(): Promise<void>;
+  metrics: Metrics;
+  /** the ports actually bound (an address with port 0 gets one from the kernel) */
+  ports: { healthz?: number; metrics?: number };
+}
+
+export async function startServers(deps: ServerDeps, healthzAddr: string, metricsAddr: string): Promise<RunningServers> {
   const metrics = new Metrics();
   deps.ctrl.onSync((r) => metrics.record(r, deps.ctrl.tracker.state.services.size));
   const servers: Server[] = [];
@@ -135,16 +190,22 @@ export async function startServers(deps: ServerDeps, healthzAddr: string, metric
     res.end(JSON.stringify(body, null, 2) + '\n');
   };
 
+  // The public health server: upstream's /healthz (readiness: synced, nothing late, node
+  // eligible) and /livez (liveness: nothing late), small fixed bodies, counted as upstream.
+  const healthzTotal = new client.Counter({ name: 'kubeproxy_proxy_healthz_total', help: 'Cumulative proxy healthz HTTP status', labelNames: ['code'], registers: [metrics.registry] });
+  const livezTotal = new client.Counter({ name: 'kubeproxy_proxy_livez_total', help: 'Cumulative proxy livez HTTP status', labelNames: ['code'], registers: [metrics.registry] });
+  const healthPath = (req: IncomingMessage) => (req.url ?? '/').split('?')[0];
+  const answerHealth = (res: ServerResponse, kind: 'healthz' | 'livez', count: boolean) => {
+    const { code, body } = publicHealthBody(deps.ctrl.health.verdict(), kind);
+    if (count) (kind === 'healthz' ? healthzTotal : livezTotal).inc({ code: String(code) });
+    res.writeHead(code, { 'content-type': 'application/json', 'x-content-type-options': 'nosniff' });
+    res.end(body);
+  };
   const health = createServer((req: IncomingMessage, res: ServerResponse) => {
-    const rep = healthReport(deps.ctrl, deps.source, deps.mode, deps.healthTimeoutMs);
-    if (req.url?.startsWith('/healthz')) return json(res, rep.healthy ? 200 : 503, rep);
-    if (req.url?.startsWith('/livez')) {
-      // Liveness ignores the source: a cluster outage must not make the kubelet restart us.
-      const starting = Date.now() - deps.ctrl.startedAt < deps.healthTimeoutMs;
-      const live = rep.reasons.every((r) => !r.startsWith('sync failing') && !(starting && r.startsWith('no successful')));
-      return json(res, live ? 200 : 503, rep);
-    }
-    json(res, 404, { error: 'not found' });
+    const path = healthPath(req);
+    if (path === '/healthz' || path === '/livez') return answerHealth(res, path === '/healthz' ? 'healthz' : 'livez', true);
+    res.writeHead(404, { 'content-type': 'text/plain', 'x-content-type-options': 'nosniff' });
+    res.end('404 page not found\n');
   });
 
   const metricsServer = createServer(async (req, res) => {
@@ -158,15 +219,14 @@ export async function startServers(deps: ServerDeps, healthzAddr: string, metric
       res.writeHead(200, { 'content-type': 'text/plain' });
       return res.end(deps.ctrl.proxier?.dump() ?? '');
     }
-    if (url.startsWith('/debug/diff')) return json(res, 200, deps.ctrl.history.slice(-20));
+    if (url.startsWith('/debug/diff')) return json(res, 200, deps.ctrl.history.slice(-20).map((r) => (r.error === undefined ? r : { ...r, error: sanitizeDetail(r.error) })));
     if (url.startsWith('/debug/state')) {
       const s = deps.ctrl.tracker.state;
       return json(res, 200, { services: Object.fromEntries(s.services), endpoints: Object.fromEntries(s.endpoints) });
     }
-    if (url.startsWith('/healthz')) {
-      const rep = healthReport(deps.ctrl, deps.source, deps.mode, deps.healthTimeoutMs);
-      return json(res, rep.healthy ? 200 : 503, rep);
-    }
+    // The detailed health report stays on this local server: paths, errors, staleness.
+    if (url.startsWith('/debug/health')) return json(res, 200, healthReport(deps.ctrl, deps.source, deps.mode));
+    if (healthPath(req) === '/healthz' || healthPath(req) === '/livez') return answerHealth(res, healthPath(req) === '/healthz' ? 'healthz' : 'livez', false);
     json(res, 404, { error: 'not found' });
   });
 
@@ -179,8 +239,13 @@ export async function startServers(deps: ServerDeps, healthzAddr: string, metric
     servers.push(metricsServer);
   }
   deps.log.info({ healthz: healthzAddr, metrics: metricsAddr }, 'serving health and metrics');
+  const portOf = (s: Server) => {
+    const a = s.address();
+    return a && typeof a === 'object' ? a.port : undefined;
+  };
   return {
     metrics,
+    ports: { healthz: healthzAddr ? portOf(health) : undefined, metrics: metricsAddr ? portOf(metricsServer) : undefined },
     close: async () => {
       await Promise.all(servers.map((s) => new Promise<void>((r) => { s.closeAllConnections?.(); s.close(() => r()); })));
     },

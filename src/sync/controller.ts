@@ -9,6 +9,7 @@ import type { CommandRunner } from '../exec/runner.ts';
 import type { ModeModule, NodeContext, PlanInput, Proxier, SyncStats } from '../modes/types.ts';
 import type { K8sNode, Source } from '../sources/types.ts';
 import { SyncLoop } from './loop.ts';
+import { ProxyHealth } from './health.ts';
 
 export interface ControllerOptions {
   config: ProxyConfig;
@@ -25,6 +26,10 @@ export interface ControllerOptions {
   skipCleanup?: boolean;
   backoffInitialMs?: number;
   backoffMaxMs?: number;
+  /** how long a queued update may wait for a sync before /livez fails (default 2 × syncPeriod, as upstream) */
+  healthTimeoutMs?: number;
+  /** the health clock (tests) */
+  now?: () => number;
 }
 
 export interface SyncRecord {
@@ -60,10 +65,13 @@ export class ProxyController {
   private synced = false;
   readonly history: SyncRecord[] = [];
   readonly startedAt = Date.now();
+  /** what /healthz and /livez answer from (upstream's ProxyHealthServer) */
+  readonly health: ProxyHealth;
   private readonly listeners: Array<(r: SyncRecord) => void> = [];
 
   constructor(private readonly opts: ControllerOptions) {
     const log = opts.log;
+    this.health = new ProxyHealth({ healthTimeoutMs: opts.healthTimeoutMs ?? 2 * opts.config.syncPeriodMs, now: opts.now });
     this.tracker = new ProxyStateTracker(4, opts.nodeName, (msg, obj) => log.warn({ object: obj }, `invalid API object: ${msg}; skipped`));
     this.loop = new SyncLoop({
       minSyncPeriodMs: opts.config.minSyncPeriodMs,
@@ -103,25 +111,38 @@ export class ProxyController {
     this.proxier = await mode.createProxier({ config: this.opts.config, log: log.child({ mode: mode.name }), runner: this.opts.runner });
     await this.opts.source.start({
       onService: (o, n) => {
-        if (this.tracker.services.update(o, n)) this.loop.request();
+        if (this.tracker.services.update(o, n)) this.queueSync();
       },
       onEndpointSlice: (o, n) => {
-        if (this.tracker.endpoints.update(o, n)) this.loop.request();
+        if (this.tracker.endpoints.update(o, n)) this.queueSync();
       },
       onNode: (node: K8sNode | null) => {
+        this.health.syncNode(node);
         const labels = node?.metadata?.labels ?? {};
         if (JSON.stringify(labels) !== JSON.stringify(this.nodeLabels)) {
           this.nodeLabels = { ...labels };
-          this.loop.requestFull();
+          this.queueSync(true);
         }
       },
       onSynced: () => {
         if (this.synced) return;
         this.synced = true;
         log.info('sources synced; starting the sync loop');
+        this.health.queuedUpdate(); // the first sync is pending from now: /livez measures it from here
         this.loop.start();
       },
     });
+  }
+
+  /**
+   * A change needs a sync. Before the sources synced no sync can run, so nothing counts as
+   * queued for health (upstream's proxiers ignore events until initialized): a slow or
+   * unreachable API server at start-up must not make the kubelet restart kproxy.
+   */
+  private queueSync(full = false): void {
+    if (this.synced) this.health.queuedUpdate();
+    if (full) this.loop.requestFull();
+    else this.loop.request();
   }
 
   async stop(): Promise<void> {
@@ -168,6 +189,7 @@ export class ProxyController {
 
   private async syncOnce(full: boolean): Promise<void> {
     const started = Date.now();
+    this.health.syncStarted();
     for (const k of this.tracker.apply()) this.changedSinceSuccess.add(k);
     const changed = new Set(this.changedSinceSuccess);
     const rec: SyncRecord = { at: started, full, durationMs: 0, ok: false, changed: [...changed].sort() };
@@ -176,7 +198,9 @@ export class ProxyController {
       rec.stats = await this.proxier.sync(this.planInput(), changed, full);
       rec.ok = true;
       this.changedSinceSuccess.clear();
+      this.health.updated();
     } catch (e) {
+      this.health.syncFailed();
       rec.error = (e as Error).message;
       throw e;
     } finally {

@@ -87,7 +87,7 @@ async function startKproxy(mode: string): Promise<{ proc: ChildProcess; log: () 
       '--healthz-bind-address', '127.0.0.1:10256', '--metrics-bind-address', '127.0.0.1:10249'],
     (s) => (log += s),
   );
-  await waitFor(`kproxy ${mode} healthy`, () => node.exec('curl', ['-sf', '127.0.0.1:10256/healthz'], { allowFail: true }).includes('"healthy": true'), 30_000, 200)
+  await waitFor(`kproxy ${mode} healthy`, () => node.exec('curl', ['-sf', '127.0.0.1:10256/healthz'], { allowFail: true }).includes('"nodeEligible":true'), 30_000, 200)
     .catch((e) => assert.fail(`${e.message}\n${log}`));
   return { proc, log: () => log };
 }

@@ -287,11 +287,11 @@ interface Health {
   };
 }
 
+/** The code of the public /healthz and the detailed report of the local /debug/health. */
 async function healthz(): Promise<Health> {
-  const r = await run('ip', ['netns', 'exec', node.name, 'curl', '-s', '-m', '3', '-w', '\n%{http_code}', 'http://127.0.0.1:10256/healthz'], 5_000);
-  const lines = r.stdout.trimEnd().split('\n');
-  const code = Number(lines.pop());
-  return { code, body: JSON.parse(lines.join('\n')) };
+  const r = await run('ip', ['netns', 'exec', node.name, 'curl', '-s', '-m', '3', '-o', '/dev/null', '-w', '%{http_code}', 'http://127.0.0.1:10256/healthz'], 5_000);
+  const d = await run('ip', ['netns', 'exec', node.name, 'curl', '-s', '-m', '3', 'http://127.0.0.1:10249/debug/health'], 5_000);
+  return { code: Number(r.stdout.trim()), body: JSON.parse(d.stdout) };
 }
 
 /** The KUBE-SVC lines of the nat table (chains and rules), in order. */

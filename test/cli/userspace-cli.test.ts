@@ -57,7 +57,7 @@ test('userspace mode through the CLI: every ready endpoint gets traffic, an adde
   }
   ns.kproxy(['run', '--mode', 'userspace', '--manifests', dir, '--hostname-override', 'node-a',
     '--healthz-bind-address', '127.0.0.1:10256', '--metrics-bind-address', '127.0.0.1:10249'], (s) => (log += s));
-  await waitFor('kproxy healthy', () => ns.exec('curl', ['-sf', '127.0.0.1:10256/healthz'], { allowFail: true }).includes('"healthy": true'), 20_000, 200)
+  await waitFor('kproxy healthy', () => ns.exec('curl', ['-sf', '127.0.0.1:10256/healthz'], { allowFail: true }).includes('"nodeEligible":true'), 20_000, 200)
     .catch((e) => assert.fail(`${e.message}\n${log}`));
 
   const tcp = client('tcp', 80, 20);
@@ -76,7 +76,7 @@ test('userspace mode through the CLI: every ready endpoint gets traffic, an adde
   assert.match(rules, /127\.0\.100\.1/);
 
   const status = ns.exec(process.execPath, ['bin/kproxy.js', 'status']);
-  assert.match(status, /health: +healthy \(200\)/);
+  assert.match(status, /health: +healthy \(\/healthz 200, \/livez 200\)/);
   assert.match(status, /mode: +userspace/);
   assert.match(status, /recent syncs:\n +\S+ (full|partial)/);
   const metrics = ns.exec('curl', ['-sf', '127.0.0.1:10249/metrics']);
