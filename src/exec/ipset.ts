@@ -20,10 +20,9 @@ export class IPSetExec {
   }
 
   /**
-   * Applies a restore script line by line as far as the kernel lets it. `ipset restore`
-   * applies the lines before a refused one, stops there and names it ("Error in line N");
-   * the refused line is set aside and the rest is restored again, so one bad entry never
-   * keeps the other entries out. A refused `create` takes its set's later lines with it.
+   * Applies a restore script as far as the kernel lets it. `ipset restore` stops at the
+   * first refused line and names it ("Error in line N"); that line is set aside and the
+   * script restored again without it, so one bad entry never keeps the others out. A refused `create` takes its set's later lines with it.
    * Throws (KPROXY_IPVS_IPSET_FAILED) only when the failing line cannot be identified or
    * more than `maxRefused` lines are refused.
    */
@@ -42,8 +41,12 @@ export class IPSetExec {
       const error = m![2].trim();
       refused.push({ line: bad, error });
       const set = bad.trim().split(/\s+/);
-      lines = lines.slice(at + 1).filter((l) => {
-        const dependent = set[0] === 'create' && l.trim().split(/\s+/)[1] === set[1];
+      // From the start again, not from the next line: ipset batches the lines of one set,
+      // and a line it cannot parse makes it drop the batch before it unsent. Every line is
+      // idempotent (-exist), so sending the applied ones again is harmless.
+      lines = lines.filter((l, i) => {
+        if (i === at) return false;
+        const dependent = i > at && set[0] === 'create' && l.trim().split(/\s+/)[1] === set[1];
         if (dependent) refused.push({ line: l, error: `set ${set[1]} could not be created: ${error}` });
         return !dependent;
       });
