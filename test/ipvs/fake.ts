@@ -62,7 +62,7 @@ export class FakeHost implements CommandRunner {
   calls: string[] = [];
   /** test hooks: entries ("SET entry") and ipvsadm lines the "kernel" refuses besides its rules */
   refuseSetEntries = new Map<string, string>();
-  refuseIpvsLines: Array<{ match: RegExp; error: string }> = [];
+  refuseIpvsLines: Array<{ match: RegExp; error: string; /** like ipvsadm's fail(): the batch ends there */ abort?: boolean }> = [];
 
   private emptyTables(): Record<string, Map<string, string[]>> {
     const t: Record<string, Map<string, string[]>> = {};
@@ -117,6 +117,8 @@ export class FakeHost implements CommandRunner {
       const errors: string[] = [];
       for (const line of input.split('\n')) {
         if (!line.trim()) continue;
+        const fatal = this.refuseIpvsLines.find((r) => r.abort && r.match.test(line));
+        if (fatal) return { code: 2, stdout: '', stderr: errors.map((e) => e + '\n').join('') + fatal.error + '\n' };
         const e = this.ipvsLine(line);
         if (e) errors.push(e);
       }
@@ -131,7 +133,7 @@ export class FakeHost implements CommandRunner {
   }
 
   private ipvsLine(line: string): string | null {
-    const hooked = this.refuseIpvsLines.find((r) => r.match.test(line));
+    const hooked = this.refuseIpvsLines.find((r) => !r.abort && r.match.test(line));
     if (hooked) return hooked.error;
     const op = line.trim().split(/\s+/)[0];
     const asAdd = line.replace(/^\s*-[AEDaed]/, op === op.toUpperCase() ? '-A' : '-a');

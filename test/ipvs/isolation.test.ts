@@ -132,6 +132,23 @@ test('one ipvsadm line refused: the other virtual servers get in, the refusal na
   await px.stop();
 });
 
+test('a line that ends the ipvsadm batch (a usage error) early in a big sync: every other service still gets in, with a bounded number of retries', async () => {
+  const host = new FakeHost();
+  host.refuseIpvsLines.push({ match: /^-A -t 172\.30\.1\.3:80 /, error: 'Zero port specified for non-persistent service', abort: true });
+  const { log, refusals } = capturingLogger();
+  const px = await proxierOn(host, log);
+  const many = Array.from({ length: 60 }, (_, i) => [svc(`s${String(i).padStart(2, '0')}`, `172.30.1.${i + 1}`, 80), eps] as [ReturnType<typeof svc>, typeof eps]);
+  host.calls.length = 0;
+  await px.sync(input(many), new Set(), true);
+  assert.equal(host.ipvs.size, 59);
+  assert.ok(!host.ipvs.has('172.30.1.3:80/TCP'));
+  for (let i = 0; i < 60; i++) if (i !== 2) assert.equal(host.ipvs.get(`172.30.1.${i + 1}:80/TCP`)?.reals.size, 1, `service ${i}`);
+  assert.ok(refusals().every((l) => l.service === 'ns/s02:'), JSON.stringify(refusals()));
+  const restores = host.calls.filter((c) => c === 'ipvsadm -R').length;
+  assert.ok(restores <= 30, `${restores} ipvsadm -R runs`);
+  await px.stop();
+});
+
 test('a failed iptables-restore does not stop IPVS and addresses; the sync still reports the failure', async () => {
   const host = new FakeHost();
   const { log } = capturingLogger();

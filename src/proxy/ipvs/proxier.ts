@@ -23,8 +23,11 @@ import { plannedSysctls, sysctlApplies } from '../../modes/ipvs/sysctls.ts';
 import { renderPlan } from '../../modes/ipvs/render.ts';
 import { ipFamily } from '../../core/ip.ts';
 
-/** beyond this many unapplied lines after a failed batch, no line-by-line retry (a broken host) */
-const MAX_SINGLE_LINES = 256;
+/**
+ * Re-reads of the IPVS table allowed per sync while isolating refused ipvsadm lines (about
+ * log2(lines) per refused line); past it the host is broken rather than one Service.
+ */
+const MAX_REREADS = 64;
 
 /** the service port owning the virtual server an ipvsadm line names ('' when none: a stale one) */
 function ipvsLineOwner(p: IpvsPlan, line: string): string {
@@ -220,10 +223,11 @@ export class IpvsProxier implements Proxier {
   }
 
   /**
-   * `ipvsadm -R` goes on past a refused line but does not say which line it was (and a
-   * usage error ends the batch). So after a failed batch the live table is read again and
-   * what is still missing is applied one line at a time: a line refused on its own is set
-   * aside and reported with its service, every other line gets in.
+   * `ipvsadm -R` goes on past a refused line but does not say which line it was, and a
+   * usage error ends the batch. So after a failed batch the live table is read again and
+   * what is still missing is applied in halves, down to single lines: a line refused on its
+   * own is set aside and reported with its service, every other line gets in. Lines are not
+   * idempotent (-A twice fails), hence the re-read before every retry, never a blind one.
    */
   private async restoreIpvsIsolating(
     p: IpvsPlan,
@@ -232,27 +236,42 @@ export class IpvsProxier implements Proxier {
     full: boolean,
     seen: Set<string>,
   ): Promise<void> {
-    const batch = this.withoutRefused('ipvsadm', lines, full, seen);
+    const budget = { rereads: MAX_REREADS };
+    await this.applyIpvsLines(p, this.withoutRefused('ipvsadm', lines, full, seen), owned, seen, budget);
+  }
+
+  private async applyIpvsLines(
+    p: IpvsPlan,
+    lines: string[],
+    owned: (vsKey: string, vs: VirtualServer) => boolean,
+    seen: Set<string>,
+    budget: { rereads: number },
+  ): Promise<void> {
+    let failure: ExecError;
     try {
-      await this.ipvsadm.restore(batch);
+      await this.ipvsadm.restore(lines);
       return;
     } catch (e) {
       if (!(e instanceof ExecError) || e.code !== 'KPROXY_IPVS_APPLY_FAILED') throw e;
+      failure = e;
     }
-    const again = diffIpvs(p.table, await this.ipvsadm.list(), owned);
-    const residue = this.withoutRefused('ipvsadm', again.lines, false, seen);
-    if (residue.length > MAX_SINGLE_LINES) {
-      throw new ExecError('KPROXY_IPVS_APPLY_FAILED', `ipvsadm -R left ${residue.length} changes unapplied; see the previous errors`);
+    if (budget.rereads-- <= 0) {
+      throw new ExecError('KPROXY_IPVS_APPLY_FAILED', `ipvsadm -R keeps refusing lines; gave up isolating them: ${failure.message}`);
     }
-    for (const line of residue) {
-      try {
-        await this.ipvsadm.restore([line]);
-      } catch (e) {
-        if (!(e instanceof ExecError) || e.code !== 'KPROXY_IPVS_APPLY_FAILED') throw e;
-        const reason = (e.result?.stderr ?? e.message).trim();
-        this.noteRefusal(`ipvsadm ${line}`, { owner: ipvsLineOwner(p, line), what: `ipvsadm ${line}`, reason }, seen);
-      }
+    const still = new Set(diffIpvs(p.table, await this.ipvsadm.list(), owned).lines);
+    const residue = lines.filter((l) => still.has(l));
+    if (residue.length === 1 && lines.length === 1) {
+      const reason = (failure.result?.stderr ?? failure.message).trim();
+      this.noteRefusal(`ipvsadm ${residue[0]}`, { owner: ipvsLineOwner(p, residue[0]), what: `ipvsadm ${residue[0]}`, reason }, seen);
+      return;
     }
+    if (residue.length <= 1) {
+      for (const l of residue) await this.applyIpvsLines(p, [l], owned, seen, budget);
+      return;
+    }
+    const mid = Math.ceil(residue.length / 2);
+    await this.applyIpvsLines(p, residue.slice(0, mid), owned, seen, budget);
+    await this.applyIpvsLines(p, residue.slice(mid), owned, seen, budget);
   }
 
   /** lines minus those refused before (partial syncs only: full syncs try them again) */
