@@ -36,6 +36,14 @@ export function formatTrace(r: TraceResult, pkt: string): string {
   return lines.join('\n') + '\n';
 }
 
+/**
+ * The `--json` answer: {"output", "masq", "rules"} plus "notes", so that what the tracer
+ * assumed or could not parse reaches scripts too (never a silent "no match").
+ */
+export function traceJson(r: TraceResult): string {
+  return JSON.stringify({ output: r.output, masq: r.masq, rules: r.rules, notes: r.notes ?? [] });
+}
+
 export async function traceCommand(o: TraceOptions): Promise<void> {
   const cfg = effectiveConfig(o);
   const mode = modes[cfg.mode];
@@ -48,6 +56,6 @@ export async function traceCommand(o: TraceOptions): Promise<void> {
   if (!o.live && !o.manifests) throw new Error('KPROXY_TRACE_INPUT: give --manifests DIR (planned rules) or --live (kernel state)');
   const input = o.live ? undefined : planFromManifests(o.manifests!, cfg, resolveNodeName(cfg), o.nodeIp);
   const r = await mode.trace({ from, to: ip, port, protocol, input, live: !!o.live }, { runner: hostRunner });
-  if (o.json) process.stdout.write(JSON.stringify({ output: r.output, masq: r.masq, rules: r.rules }) + '\n');
+  if (o.json) process.stdout.write(traceJson(r) + '\n');
   else process.stdout.write(formatTrace(r, `${protocol.toLowerCase()} ${from} -> ${joinHostPort(ip, port)} (mode ${cfg.mode}${o.live ? ', live' : ''})`));
 }

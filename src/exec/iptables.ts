@@ -3,6 +3,7 @@
 // --counters: counters are kept; -w: wait for the xtables lock). A restore is atomic: when
 // it fails nothing changed, and the error names the failing line with context around it.
 import { ExecError, type CommandRunner, type RunResult } from './runner.ts';
+import { tokenize } from '../modes/iptables/parse.ts';
 
 export type Family = 4 | 6;
 export type Table = 'filter' | 'nat' | 'mangle';
@@ -74,13 +75,13 @@ export function chainsFromSave(text: string, table: Table = 'nat'): Set<string> 
   return chains;
 }
 
-/** Splits an iptables-save rule line into arguments (double quotes group, as the shell would). */
+/**
+ * Splits an iptables-save rule line into arguments with the project's one iptables
+ * tokenizer (src/modes/iptables/parse.ts: double quotes group, backslash escapes, as
+ * iptables-restore reads them); a line with an unterminated quote splits on whitespace.
+ */
 export function splitRuleArgs(line: string): string[] {
-  const out: string[] = [];
-  const re = /"((?:[^"\\]|\\.)*)"|(\S+)/g;
-  let m: RegExpExecArray | null;
-  while ((m = re.exec(line))) out.push(m[1] !== undefined ? m[1].replace(/\\(.)/g, '$1') : m[2]);
-  return out;
+  return tokenize(line)?.words ?? line.split(/\s+/).filter((w) => w !== '');
 }
 
 export class IptablesExecutor {

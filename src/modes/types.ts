@@ -28,6 +28,8 @@ export interface SyncStats {
   rulesTotal: number;
   /** human-readable summary of what changed, for the per-sync diff log and /debug/diff */
   diff?: string;
+  /** objects (set entries, virtual servers) left out because the kernel refuses them */
+  rejected?: number;
 }
 
 export interface Proxier {

@@ -33,6 +33,20 @@ const BUILTIN_CHAINS: Record<string, string[]> = {
   filter: ['INPUT', 'FORWARD', 'OUTPUT'],
 };
 
+/**
+ * What the kernel refuses in an ipset entry, with the real ipset 7.17 messages (checked with
+ * the real binary in test/ipvs/ipset-kernel.test.ts): written out here rather than borrowed
+ * from the planner, so that the fake can catch the planner getting it wrong.
+ */
+function kernelRefusal(type: string, entry: string): string | null {
+  const parts = entry.split(',');
+  const unspecified = parts[0] === '0.0.0.0' || parts[0] === '::';
+  if (type === 'hash:ip' && unspecified) return 'Null-valued element, cannot be stored in a hash type of set';
+  if (type === 'hash:ip,port' && unspecified) return 'Kernel error received: Invalid argument';
+  if (type === 'hash:ip,port,net' && /\/0$/.test(parts[2] ?? '')) return 'The value of the CIDR parameter of the IP address is invalid';
+  return null;
+}
+
 export class FakeHost implements CommandRunner {
   ipvs: IpvsTable = new Map();
   sets = new Map<string, FakeSet>();
@@ -46,6 +60,9 @@ export class FakeHost implements CommandRunner {
   /** binaries that are "not installed" */
   missing = new Set<string>();
   calls: string[] = [];
+  /** test hooks: entries ("SET entry") and ipvsadm lines the "kernel" refuses besides its rules */
+  refuseSetEntries = new Map<string, string>();
+  refuseIpvsLines: Array<{ match: RegExp; error: string; /** like ipvsadm's fail(): the batch ends there */ abort?: boolean }> = [];
 
   private emptyTables(): Record<string, Map<string, string[]>> {
     const t: Record<string, Map<string, string[]>> = {};
@@ -100,6 +117,8 @@ export class FakeHost implements CommandRunner {
       const errors: string[] = [];
       for (const line of input.split('\n')) {
         if (!line.trim()) continue;
+        const fatal = this.refuseIpvsLines.find((r) => r.abort && r.match.test(line));
+        if (fatal) return { code: 2, stdout: '', stderr: errors.map((e) => e + '\n').join('') + fatal.error + '\n' };
         const e = this.ipvsLine(line);
         if (e) errors.push(e);
       }
@@ -114,6 +133,8 @@ export class FakeHost implements CommandRunner {
   }
 
   private ipvsLine(line: string): string | null {
+    const hooked = this.refuseIpvsLines.find((r) => !r.abort && r.match.test(line));
+    if (hooked) return hooked.error;
     const op = line.trim().split(/\s+/)[0];
     const asAdd = line.replace(/^\s*-[AEDaed]/, op === op.toUpperCase() ? '-A' : '-a');
     const w = line.trim().split(/\s+/);
@@ -226,6 +247,8 @@ export class FakeHost implements CommandRunner {
         } else if (w[0] === 'add' || w[0] === 'del') {
           if (!s) return fail(`ipset v7.17: Error in line ${n}: The set with the given name does not exist`);
           const e = normalizeEntry(w[2]);
+          const refused = w[0] === 'add' ? (kernelRefusal(s.type, e) ?? this.refuseSetEntries.get(`${w[1]} ${e}`) ?? null) : null;
+          if (refused) return fail(`ipset v7.17: Error in line ${n}: ${refused}`);
           if (w[0] === 'add') {
             if (s.entries.has(e) && !exist) return fail(`ipset v7.17: Error in line ${n}: Element cannot be added to the set: it's already added`);
             s.entries.add(e);

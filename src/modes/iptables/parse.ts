@@ -8,8 +8,9 @@
 //
 // Restore semantics that matter for partial payloads are honoured: `:CHAIN` (re)declares
 // and flushes a user chain, `-X` deletes, `-F` flushes, `-N` creates, `-I`/`-D`/`-R`/`-P`/`-E`
-// are applied. Anything not understood is kept in `warnings`, never thrown, except text
-// that cannot be a ruleset at all (a rule outside a table, an unterminated quote).
+// are applied. Anything not understood is kept in `warnings` (a line that cannot be read,
+// such as one with an unterminated quote, is left out with a warning naming it), never
+// thrown, except text that cannot be a ruleset at all (a rule outside a table).
 
 export class IptablesParseError extends Error {
   readonly code = 'KPROXY_IPTABLES_PARSE';
@@ -146,12 +147,14 @@ export interface Tokens {
 }
 
 /**
- * Splits a line like iptables-restore does: whitespace separates words, double or single
- * quotes group, a backslash takes the next character literally (also inside double quotes,
- * which is how iptables-save escapes `"` in comments). Null on an unterminated quote.
+ * Splits a line like iptables-restore does: whitespace separates words, double quotes
+ * group, a backslash takes the next character literally (also inside double quotes, which
+ * is how iptables-save escapes `"` and `'` in comments). A single quote is an ordinary
+ * character, as for iptables-restore (`--comment it's` is one word). Null on an
+ * unterminated double quote.
  */
 export function tokenize(line: string): Tokens | null {
-  if (!/["'\\]/.test(line)) {
+  if (!/["\\]/.test(line)) {
     const words = line.split(/\s+/).filter((w) => w !== '');
     return { words, quoted: new Array(words.length).fill(false) };
   }
@@ -182,14 +185,6 @@ export function tokenize(line: string): Tokens | null {
       i += 2;
       continue;
     }
-    if (c === 39 /* ' */) {
-      const close = line.indexOf("'", i + 1);
-      if (close < 0) return null;
-      cur += line.slice(i + 1, close);
-      wasQuoted = true;
-      i = close + 1;
-      continue;
-    }
     if (c === 34 /* " */) {
       const end = readDoubleQuoted(line, i + 1);
       if (!end) return null;
@@ -202,7 +197,7 @@ export function tokenize(line: string): Tokens | null {
     let j = i + 1;
     while (j < n) {
       const d = line.charCodeAt(j);
-      if (d === 32 || d === 9 || d === 92 || d === 39 || d === 34) break;
+      if (d === 32 || d === 9 || d === 92 || d === 34) break;
       j++;
     }
     cur += line.slice(i, j);
@@ -278,7 +273,7 @@ function parseLine(ctx: ParseCtx, rawLine: string): void {
   const line = rawLine[0] === '[' ? rawLine.replace(/^\[\d+:\d+\]\s*/, '') : rawLine;
   if (appendFast(ctx, table, line)) return;
   const toks = tokenize(line);
-  if (!toks) throw new IptablesParseError(ctx.lineNo, `unterminated quote in "${clip(line)}"`);
+  if (!toks) return unparsed(ctx, line, 'unterminated quote');
   if (toks.words.length === 0) return;
   applyCommand(ctx, table, line, toks);
 }
@@ -289,31 +284,38 @@ function appendFast(ctx: ParseCtx, table: Table, line: string): boolean {
   let end = 3;
   while (end < line.length && line[end] !== ' ' && line[end] !== '\t') end++;
   const name = line.slice(3, end);
-  if (name === '' || /["'\\]/.test(name)) return false;
-  if (!quotesClosed(line)) throw new IptablesParseError(ctx.lineNo, `unterminated quote in "${clip(line)}"`);
+  if (name === '' || /["\\]/.test(name)) return false;
+  if (!quotesClosed(line)) {
+    unparsed(ctx, line, 'unterminated quote');
+    return true;
+  }
   chainFor(ctx, table, name).rules.push(new LazyRule(line, ctx.lineNo, table.name, name, 2));
   return true;
 }
 
 /** The quote check of tokenize, without building words. */
 function quotesClosed(line: string): boolean {
-  if (line.indexOf('\\') < 0 && line.indexOf("'") < 0) {
-    // The common case (iptables-save comments): only double quotes, so count them.
+  if (line.indexOf('\\') < 0) {
+    // The common case (iptables-save comments): no escapes, so count the quotes.
     let n = 0;
     for (let i = line.indexOf('"'); i >= 0; i = line.indexOf('"', i + 1)) n++;
     return n % 2 === 0;
   }
-  let quote = '';
+  let open = false;
   for (let i = 0; i < line.length; i++) {
     const c = line[i];
-    if (quote === "'") {
-      if (c === "'") quote = '';
-    } else if (c === '\\') i++;
-    else if (quote === '"') {
-      if (c === '"') quote = '';
-    } else if (c === '"' || c === "'") quote = c;
+    if (c === '\\') i++;
+    else if (c === '"') open = !open;
   }
-  return quote === '';
+  return !open;
+}
+
+/**
+ * A line the parser cannot read is left out, but never silently: the warning names the
+ * line and its text, and the tracer passes it on in its notes.
+ */
+function unparsed(ctx: ParseCtx, line: string, why: string): void {
+  ctx.rs.warnings.push(`line ${ctx.lineNo}: not parsed (${why}), left out: ${clip(line)}`);
 }
 
 function tableFor(rs: Ruleset, name: string): Table {
@@ -559,8 +561,30 @@ export function parseRuleBody(toks: Tokens, startAt: number): RuleBody {
   return rule;
 }
 
+/** Options whose free text another tool may have written unquoted over several words. */
+const FREE_TEXT_OPTIONS = new Set(['--comment', '--log-prefix', '--nflog-prefix']);
+const OPTION_LIKE = /^--?[A-Za-z]/;
+
+/**
+ * Words of a free-text value: one when quoted (iptables-save always quotes text with
+ * spaces); unquoted, every word up to the next option or "!" (as a dump written by another
+ * tool may hold `--comment two words`, which upstream's parser reads too).
+ */
+function freeTextArity(words: string[], quoted: boolean[], i: number): number {
+  if (i + 1 >= words.length) return 0;
+  if (quoted[i + 1]) return 1;
+  let n = 1;
+  while (i + 1 + n < words.length) {
+    const next = words[i + 1 + n];
+    if (quoted[i + 1 + n] || next === '!' || OPTION_LIKE.test(next)) break;
+    n++;
+  }
+  return n;
+}
+
 /** How many words after option `opt` are its arguments. */
 function argCount(b: RuleBuilder, opt: string, words: string[], quoted: boolean[], i: number): number {
+  if (FREE_TEXT_OPTIONS.has(opt)) return freeTextArity(words, quoted, i);
   const core = CORE_OPTIONS[opt];
   if (core) return core === 'frag' || core === 'family' ? 0 : core === 'counters' ? countersArity(words, i) : 1;
   if (b.inTarget && opt in TARGET_ARITY) return TARGET_ARITY[opt];
@@ -623,7 +647,7 @@ function applyOption(b: RuleBuilder, opt: string, neg: boolean, args: string[]):
       rule.conds.push({ kind: 'tcpflags', neg, mask: flagList(args[0]), comp: flagList(args[1]) });
       return;
     case '--comment':
-      if (rule.comment === null) rule.comment = args[0] ?? '';
+      if (rule.comment === null) rule.comment = args.join(' ');
       break;
     case '--probability':
     case '--every':

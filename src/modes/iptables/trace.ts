@@ -124,10 +124,23 @@ export function traceIptables(text: string | Ruleset, pkt: TracePacket, opts: Tr
     output: [...endpoints, ...w.verdicts].join(', '),
     masq: w.masq,
     rules: w.matched,
-    notes: [...w.notes],
+    notes: [...parseNotes(rs), ...w.notes],
   };
   if (w.verdicts.length) result.verdict = w.verdicts[0];
   return result;
+}
+
+/** at most this many parse warnings become notes (a hostile dump may hold thousands) */
+const MAX_PARSE_NOTES = 20;
+
+/**
+ * What the parser could not read, first in the notes: a trace over a dump with unreadable
+ * lines says so, and which, instead of a silent "no match".
+ */
+function parseNotes(rs: Ruleset): string[] {
+  const out = rs.warnings.slice(0, MAX_PARSE_NOTES).map((w) => `parse: ${w}`);
+  if (rs.warnings.length > MAX_PARSE_NOTES) out.push(`parse: ${rs.warnings.length - MAX_PARSE_NOTES} more warnings not shown`);
+  return out;
 }
 
 function compareText(a: string, b: string): number {
@@ -309,13 +322,15 @@ function dnatAddress(s: string): string | null {
 // Matching
 
 function ruleMatches(w: Walk, rule: Rule, p: Pkt): boolean {
+  // words the parser ignored are reported whether or not the rule matches: they might be
+  // what would have decided it
+  if (rule.stray.length) w.notes.add(`line ${rule.line}: words ${JSON.stringify(rule.stray.join(' '))} not understood, ignored`);
   let assumed: string | null = null;
   for (const c of rule.conds) {
     const m = condMatches(w, c, p);
     if (m === false) return false;
     if (m === null) assumed ??= describeAssumption(c);
   }
-  if (rule.stray.length) assumed ??= `words ${JSON.stringify(rule.stray.join(' '))} not understood`;
   if (assumed) w.notes.add(`line ${rule.line}: assumed to match (${assumed})`);
   return true;
 }

@@ -1,7 +1,7 @@
 // ipset objects of the ipvs mode in `ipset save`/`ipset restore` text, and the difference
 // between two states as a restore script (create -exist, add/del only what differs, never a
 // flush). Pure: no I/O.
-import { canonicalIP, parseCIDR } from '../../core/ip.ts';
+import { canonicalIP, ipFamily, parseCIDR } from '../../core/ip.ts';
 import type { IPSetType } from './names.ts';
 
 export interface IPSetState {
@@ -35,6 +35,64 @@ export function normalizeEntry(text: string): string {
       return canonicalIP(part) ?? part;
     })
     .join(',');
+}
+
+const UNSPECIFIED = new Set(['0.0.0.0', '::']);
+const PORT_PART = /^(tcp|udp|sctp):(\d+)$/;
+
+function portOK(text: string): boolean {
+  const n = Number(text);
+  return /^\d+$/.test(text) && n >= 0 && n <= 65535;
+}
+
+/**
+ * Why the kernel would refuse `entry` in a set of `type` and `family`, or null when it takes
+ * it. Each reason was checked against the real `ipset` (v7.17, kernel 6.x): hash:ip and
+ * hash:ip,port refuse the unspecified address (0.0.0.0 / ::) as their first part,
+ * hash:ip,port,net refuses a /0 net ("The value of the CIDR parameter of the IP address is
+ * invalid"), every IP must be of the set's family, ports must be 0-65535. `ipset restore`
+ * stops at the first refused line, so a planner leaves such entries out and reports them.
+ */
+export function entryRefusal(type: IPSetType, family: 4 | 6, entry: string): string | null {
+  const parts = entry.split(',');
+  const ipOK = (text: string | undefined): string | null => {
+    const ip = text === undefined ? null : canonicalIP(text);
+    if (!ip) return `${JSON.stringify(text ?? '')} is not an IP address`;
+    if (ipFamily(ip) !== family) return `${ip} is not an IPv${family} address (set family inet${family === 6 ? '6' : ''})`;
+    return null;
+  };
+  const firstIP = (): string | null => {
+    const bad = ipOK(parts[0]);
+    if (bad) return bad;
+    return UNSPECIFIED.has(canonicalIP(parts[0])!) ? `the unspecified address ${parts[0]} cannot be stored in ${type}` : null;
+  };
+  const proto = (text: string | undefined): string | null => {
+    const m = PORT_PART.exec(text ?? '');
+    return m && portOK(m[2]) ? null : `${JSON.stringify(text ?? '')} is not proto:port with a port 0-65535`;
+  };
+  switch (type) {
+    case 'bitmap:port':
+      return parts.length === 1 && portOK(parts[0]) ? null : `${JSON.stringify(entry)} is not a port 0-65535`;
+    case 'hash:ip':
+      return parts.length === 1 ? firstIP() : `${JSON.stringify(entry)} is not one IP`;
+    case 'hash:ip,port':
+      if (parts.length !== 2) return `${JSON.stringify(entry)} is not ip,proto:port`;
+      return firstIP() ?? proto(parts[1]);
+    case 'hash:ip,port,ip':
+      if (parts.length !== 3) return `${JSON.stringify(entry)} is not ip,proto:port,ip`;
+      return ipOK(parts[0]) ?? proto(parts[1]) ?? ipOK(parts[2]);
+    case 'hash:ip,port,net': {
+      if (parts.length !== 3) return `${JSON.stringify(entry)} is not ip,proto:port,net`;
+      const head = ipOK(parts[0]) ?? proto(parts[1]);
+      if (head) return head;
+      if (!parts[2].includes('/')) return ipOK(parts[2]);
+      const c = parseCIDR(parts[2]);
+      if (!c) return `${JSON.stringify(parts[2])} is not a CIDR`;
+      if (c.family !== family) return `${c.text} is not an IPv${family} network`;
+      return c.prefix === 0 ? `a /0 net (${c.text}) cannot be stored in ${type}` : null;
+    }
+  }
+  return null;
 }
 
 /** `create` line as upstream's CreateSet, idempotent with -exist */

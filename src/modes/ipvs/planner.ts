@@ -9,7 +9,7 @@ import type { PlanInput } from '../types.ts';
 import { masqueradeMark } from '../../config/config.ts';
 import { IPVSSysctl, plannedSysctls } from './sysctls.ts';
 import { SET_INFO, setName, type SetKey } from './names.ts';
-import { normalizeEntry, type IPSetTable } from './ipsets.ts';
+import { entryRefusal, normalizeEntry, type IPSetTable } from './ipsets.ts';
 import { renderIptables } from './iptables-rules.ts';
 import { realServerKey, virtualServerKey, type IpvsTable, type RealServer, type VirtualServer } from './ipvs-model.ts';
 
@@ -17,6 +17,15 @@ export interface LBNoNodeAccess {
   ip: string;
   port: number;
   protocol: string;
+}
+
+/** something the kernel would refuse, left out of the plan and reported (never applied) */
+export interface Rejected {
+  /** the service port key ("ns/name:port") */
+  owner: string;
+  /** what was left out: "ipset KUBE-CLUSTER-IP 0.0.0.0,tcp:80" or "virtual server ..." */
+  what: string;
+  reason: string;
 }
 
 export interface IpvsPlan {
@@ -37,6 +46,10 @@ export interface IpvsPlan {
   lbNoNodeAccess: LBNoNodeAccess[];
   /** masquerade decisions the iptables text encodes, for the tracer */
   masq: { all: boolean; clusterCIDR: string | null; mark: string };
+  /** entries and addresses left out because the kernel would refuse them */
+  rejected: Rejected[];
+  /** "SET entry" → the service port that wants it (to name the owner of a refused line) */
+  entryOwners: Map<string, string>;
 }
 
 /** node IPs NodePorts listen on: this family, not loopback, inside nodePortAddresses if set */
@@ -69,13 +82,35 @@ class PlanBuilder {
   readonly bound = new Set<string>();
   readonly sets: IPSetTable;
   readonly lbNoNodeAccess: LBNoNodeAccess[] = [];
+  readonly rejected: Rejected[] = [];
+  readonly entryOwners = new Map<string, string>();
 
   constructor(readonly family: 4 | 6) {
     this.sets = emptySets(family);
   }
 
-  add(key: SetKey, entry: string): void {
-    this.sets.get(setName(key, this.family))!.entries.add(normalizeEntry(entry));
+  /** adds a set entry, or leaves it out and reports it when the kernel would refuse it */
+  add(key: SetKey, entry: string, owner: string): void {
+    const set = this.sets.get(setName(key, this.family))!;
+    const e = normalizeEntry(entry);
+    const why = entryRefusal(set.type, this.family, e);
+    if (why) this.rejected.push({ owner, what: `ipset ${set.name} ${e}`, reason: why });
+    else {
+      set.entries.add(e);
+      if (owner && !this.entryOwners.has(`${set.name} ${e}`)) this.entryOwners.set(`${set.name} ${e}`, owner);
+    }
+  }
+
+  /**
+   * Whether a service address can be a virtual server at all: the unspecified address
+   * (0.0.0.0, ::) cannot go into kproxy's hash:ip,port sets and must never be bound to
+   * kube-ipvs0, so its virtual server is left out and reported.
+   */
+  usableVIP(ip: string, owner: string, field: string): boolean {
+    const c = canonicalIP(ip);
+    if (c && c !== '0.0.0.0' && c !== '::') return true;
+    this.rejected.push({ owner, what: `${field} ${ip}`, reason: 'the unspecified address cannot be a service address' });
+    return false;
   }
 
   virtualServer(vs: VirtualServer, endpoints: Endpoint[], owner: string, bind: boolean): void {
@@ -116,30 +151,36 @@ function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, npIP
 
   // hairpin: a local endpoint reaching itself through the service is masqueraded
   for (const ep of endpoints) {
-    if (ep.isLocal) b.add('loopBack', `${ep.ip},${proto}:${ep.port},${ep.ip}`);
+    if (ep.isLocal) b.add('loopBack', `${ep.ip},${proto}:${ep.port},${ep.ip}`, sp.key);
   }
 
-  b.add('clusterIP', `${sp.clusterIP},${proto}:${sp.port}`);
-  b.virtualServer(vsFor(sp.clusterIP, sp.port), pickEndpoints(cat, sp.internalPolicyLocal), sp.key, true);
+  if (b.usableVIP(sp.clusterIP, sp.key, 'clusterIP')) {
+    b.add('clusterIP', `${sp.clusterIP},${proto}:${sp.port}`, sp.key);
+    b.virtualServer(vsFor(sp.clusterIP, sp.port), pickEndpoints(cat, sp.internalPolicyLocal), sp.key, true);
+  }
 
   for (const ip of sp.externalIPs) {
-    if (ipFamily(ip) !== b.family) continue;
-    b.add(sp.externalPolicyLocal ? 'externalIPLocal' : 'externalIP', `${ip},${proto}:${sp.port}`);
+    if (ipFamily(ip) !== b.family || !b.usableVIP(ip, sp.key, 'externalIP')) continue;
+    b.add(sp.externalPolicyLocal ? 'externalIPLocal' : 'externalIP', `${ip},${proto}:${sp.port}`, sp.key);
     // an address that already lives on another interface must not be bound to kube-ipvs0
     b.virtualServer(vsFor(ip, sp.port), pickEndpoints(cat, sp.externalPolicyLocal), sp.key, !nodeIPSet.has(ip));
   }
 
+  // A /0 source range (0.0.0.0/0, ::/0: valid and common) allows every source, exactly as no
+  // source range does; hash:ip,port,net cannot store a /0 anyway. So such a service gets no
+  // firewall at all, as upstream since kubernetes#132722.
+  const ranges = sp.loadBalancerSourceRanges.filter((c) => parseCIDR(c)?.family === b.family);
+  const firewalled = ranges.length > 0 && !ranges.some((c) => parseCIDR(c)?.prefix === 0);
   for (const ip of sp.loadBalancerVIPs) {
-    if (ipFamily(ip) !== b.family) continue;
+    if (ipFamily(ip) !== b.family || !b.usableVIP(ip, sp.key, 'loadBalancer ingress IP')) continue;
     const entry = `${ip},${proto}:${sp.port}`;
-    b.add('loadBalancer', entry);
-    if (sp.externalPolicyLocal) b.add('loadBalancerLocal', entry);
-    const ranges = sp.loadBalancerSourceRanges.filter((c) => parseCIDR(c)?.family === b.family);
-    if (ranges.length) {
-      b.add('loadBalancerFW', entry);
-      for (const cidr of ranges) b.add('loadBalancerSourceCIDR', `${entry},${cidr}`);
+    b.add('loadBalancer', entry, sp.key);
+    if (sp.externalPolicyLocal) b.add('loadBalancerLocal', entry, sp.key);
+    if (firewalled) {
+      b.add('loadBalancerFW', entry, sp.key);
+      for (const cidr of ranges) b.add('loadBalancerSourceCIDR', `${entry},${cidr}`, sp.key);
       const allowFromNode = ranges.some((c) => node.nodeIPs.some((n) => cidrContains(c, n)));
-      if (allowFromNode) b.add('loadBalancerSourceIP', `${entry},${ip}`);
+      if (allowFromNode) b.add('loadBalancerSourceIP', `${entry},${ip}`, sp.key);
       else b.lbNoNodeAccess.push({ ip, port: sp.port, protocol: proto });
     }
     b.virtualServer(vsFor(ip, sp.port), pickEndpoints(cat, sp.externalPolicyLocal), sp.key, !nodeIPSet.has(ip));
@@ -154,15 +195,15 @@ function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, npIP
     };
     const [all, local] = keys[sp.protocol];
     for (const e of entries) {
-      b.add(all, e);
-      if (sp.externalPolicyLocal) b.add(local, e);
+      b.add(all, e, sp.key);
+      if (sp.externalPolicyLocal) b.add(local, e, sp.key);
     }
     for (const ip of npIPs) {
       b.virtualServer(vsFor(ip, sp.nodePort), pickEndpoints(cat, sp.externalPolicyLocal), sp.key, false);
     }
   }
 
-  if (sp.healthCheckNodePort) b.add('healthCheckNodePort', `${sp.healthCheckNodePort}`);
+  if (sp.healthCheckNodePort) b.add('healthCheckNodePort', `${sp.healthCheckNodePort}`, sp.key);
 }
 
 export function plan(input: PlanInput): IpvsPlan {
@@ -176,7 +217,8 @@ export function plan(input: PlanInput): IpvsPlan {
   for (const sp of ports) planServicePort(b, sp, input, npIPs, nodeIPSet);
 
   const boundAddresses = [...b.bound].sort();
-  for (const ip of boundAddresses) b.add('ipvsIPs', ip);
+  // bound addresses passed usableVIP, so no service needs naming here
+  for (const ip of boundAddresses) b.add('ipvsIPs', ip, '');
 
   const cfg = input.config;
   const clusterCIDR = cfg.clusterCIDRs.find((c) => parseCIDR(c)?.family === family) ?? null;
@@ -199,5 +241,7 @@ export function plan(input: PlanInput): IpvsPlan {
     timeouts,
     lbNoNodeAccess: b.lbNoNodeAccess,
     masq,
+    rejected: b.rejected,
+    entryOwners: b.entryOwners,
   };
 }

@@ -20,5 +20,7 @@ export function renderPlan(p: IpvsPlan): string {
   out.push(formatTable(p.table).trimEnd());
   out.push(`# ${p.family === 6 ? 'ip6tables' : 'iptables'}-restore --noflush`);
   out.push(p.iptables.trimEnd());
+  if (p.rejected.length) out.push('# left out: the kernel would refuse these');
+  for (const r of p.rejected) out.push(`#   ${r.owner || '-'}: ${r.what}: ${r.reason}`);
   return out.filter((l) => l !== '').join('\n') + '\n';
 }

@@ -14,12 +14,28 @@ import { ensureSysctl, procSysctl, type Sysctl } from '../../exec/sysctl.ts';
 import { ensureModules, type ModuleFS } from '../../exec/modules.ts';
 import { BASE_MODULES, DUMMY_DEVICE, schedulerModule } from '../../modes/ipvs/names.ts';
 import { withMissingJumps } from '../../modes/ipvs/iptables-rules.ts';
-import { plan, type IpvsPlan } from '../../modes/ipvs/planner.ts';
-import { diffIPSets } from '../../modes/ipvs/ipsets.ts';
-import { diffIpvs, drainLines, ownershipPredicate } from '../../modes/ipvs/diff.ts';
+import { plan, type IpvsPlan, type Rejected } from '../../modes/ipvs/planner.ts';
+import { diffIPSets, type IPSetDiff, type IPSetTable } from '../../modes/ipvs/ipsets.ts';
+import { diffIpvs, drainLines, ownershipPredicate, type IpvsDiff } from '../../modes/ipvs/diff.ts';
+import { splitHostPort, virtualServerKey, type VirtualServer } from '../../modes/ipvs/ipvs-model.ts';
+import { ExecError } from '../../exec/runner.ts';
 import { plannedSysctls, sysctlApplies } from '../../modes/ipvs/sysctls.ts';
 import { renderPlan } from '../../modes/ipvs/render.ts';
 import { ipFamily } from '../../core/ip.ts';
+
+/**
+ * Re-reads of the IPVS table allowed per sync while isolating refused ipvsadm lines (about
+ * log2(lines) per refused line); past it the host is broken rather than one Service.
+ */
+const MAX_REREADS = 64;
+
+/** the service port owning the virtual server an ipvsadm line names ('' when none: a stale one) */
+function ipvsLineOwner(p: IpvsPlan, line: string): string {
+  const w = line.trim().split(/\s+/);
+  const protocol = w[1] === '-u' ? 'UDP' : w[1] === '--sctp-service' ? 'SCTP' : 'TCP';
+  const hp = splitHostPort(w[2] ?? '');
+  return hp ? (p.owners.get(virtualServerKey({ ...hp, protocol })) ?? '') : '';
+}
 
 export interface IpvsProxierOptions extends ModeDeps {
   sysctl?: Sysctl;
@@ -68,6 +84,10 @@ export class IpvsProxier implements Proxier {
   /** "vsKey/rsKey" of real servers at weight 0 waiting for their connections to end */
   readonly terminating = new Set<string>();
   private chain: Promise<unknown> = Promise.resolve();
+  /** what the kernel (or the planner, for it) refuses, by line: left out and reported once */
+  private readonly refusals = new Map<string, Rejected>();
+  /** refusals reported since start (a counter for metrics) */
+  refusedTotal = 0;
   private timer: NodeJS.Timeout | undefined;
 
   constructor(private readonly opts: IpvsProxierOptions) {
@@ -98,58 +118,183 @@ export class IpvsProxier implements Proxier {
   private async syncNow(input: PlanInput, full: boolean): Promise<SyncStats> {
     const p = plan(input);
     const family = p.family;
-    await this.links.ensureDummy(DUMMY_DEVICE);
+    // Failure isolation: each part (device, ipsets, iptables, IPVS, addresses) is tried even
+    // when an earlier one failed, since the kernel does not tie them together; the first
+    // failure is thrown at the end so that the loop retries with a full sync.
+    const errors: Error[] = [];
+    const step = async (what: string, fn: () => Promise<void>): Promise<boolean> => {
+      try {
+        await fn();
+        return true;
+      } catch (e) {
+        errors.push(e as Error);
+        this.log.error({ err: e, step: what }, `ipvs sync: ${what} failed; the other parts are still applied`);
+        return false;
+      }
+    };
+    const seen = new Set<string>();
+    for (const r of p.rejected) this.noteRefusal(`plan ${r.owner} ${r.what}`, r, seen);
+
+    const dummyOK = await step('dummy device', async () => {
+      await this.links.ensureDummy(DUMMY_DEVICE);
+    });
 
     // ipsets first: the iptables rules reference them by name
-    const liveSets = await this.ipset.save();
-    const setDiff = diffIPSets(p.sets, liveSets);
-    await this.ipset.restore(setDiff.script);
+    let liveSets: IPSetTable = new Map();
+    let setDiff: IPSetDiff = { script: '', added: 0, deleted: 0, created: 0 };
+    await step('ipset restore', async () => {
+      liveSets = await this.ipset.save();
+      setDiff = diffIPSets(p.sets, liveSets);
+      const lines = this.withoutRefused('ipset', setDiff.script.split('\n').filter(Boolean), full, seen);
+      const { refused } = await this.ipset.restoreIsolating(lines.join('\n'));
+      for (const f of refused) {
+        const w = f.line.trim().split(/\s+/);
+        const owner = p.entryOwners.get(`${w[1]} ${w[2]}`) ?? '';
+        this.noteRefusal(`ipset ${f.line}`, { owner, what: `ipset ${f.line.replace(/\s+-exist$/, '')}`, reason: f.error }, seen);
+      }
+    });
 
     const ipt = new IptablesFamily(this.opts.runner, family);
     if (full || !this.jumpsEnsured || p.iptables !== this.lastIptables) {
-      // on full syncs the jumps from built-in chains are checked too, in the same restore
-      const text = full || !this.jumpsEnsured ? withMissingJumps(p.iptables, await ipt.save()) : p.iptables;
-      await ipt.restore(text);
-      this.lastIptables = p.iptables;
-      this.jumpsEnsured = true;
+      await step(`${family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
+        // on full syncs the jumps from built-in chains are checked too, in the same restore
+        const text = full || !this.jumpsEnsured ? withMissingJumps(p.iptables, await ipt.save()) : p.iptables;
+        await ipt.restore(text);
+        this.lastIptables = p.iptables;
+        this.jumpsEnsured = true;
+      });
     }
 
-    const live = await this.ipvsadm.list();
-    const dummyAddrs = (await this.links.addresses(DUMMY_DEVICE)).filter((a) => ipFamily(a) === family);
-    const owned = ownershipPredicate({
-      dummyAddresses: dummyAddrs,
-      liveSets,
-      nodeIPs: p.nodePortIPs,
-      created: this.created,
-      excludeCIDRs: input.config.ipvs.excludeCIDRs,
-      family,
+    let dummyAddrs: string[] = [];
+    if (dummyOK) await step('kube-ipvs0 addresses', async () => {
+      dummyAddrs = (await this.links.addresses(DUMMY_DEVICE)).filter((a) => ipFamily(a) === family);
     });
-    const d = diffIpvs(p.table, live, owned);
-    try {
-      await this.ipvsadm.restore(d.lines);
-    } finally {
-      for (const k of p.table.keys()) this.created.add(k);
+    let d: IpvsDiff = { lines: [], terminating: new Set(), counts: { vsAdded: 0, vsEdited: 0, vsDeleted: 0, rsAdded: 0, rsEdited: 0, rsDeleted: 0 } };
+    const ipvsOK = await step('ipvsadm -R', async () => {
+      const live = await this.ipvsadm.list();
+      const owned = ownershipPredicate({
+        dummyAddresses: dummyAddrs,
+        liveSets,
+        nodeIPs: p.nodePortIPs,
+        created: this.created,
+        excludeCIDRs: input.config.ipvs.excludeCIDRs,
+        family,
+      });
+      d = diffIpvs(p.table, live, owned);
+      try {
+        await this.restoreIpvsIsolating(p, d.lines, owned, full, seen);
+      } finally {
+        for (const k of p.table.keys()) this.created.add(k);
+      }
+    });
+    if (ipvsOK) {
+      for (const k of [...this.created]) if (!p.table.has(k)) this.created.delete(k);
+      this.terminating.clear();
+      for (const k of d.terminating) this.terminating.add(k);
     }
-    for (const k of [...this.created]) if (!p.table.has(k)) this.created.delete(k);
-    this.terminating.clear();
-    for (const k of d.terminating) this.terminating.add(k);
 
     const want = new Set(p.boundAddresses);
     const have = new Set(dummyAddrs);
     const toAdd = p.boundAddresses.filter((a) => !have.has(a));
     const toDel = dummyAddrs.filter((a) => !want.has(a));
-    await this.links.changeAddresses(DUMMY_DEVICE, toAdd, toDel);
+    if (dummyOK) await step('kube-ipvs0 addresses', () => this.links.changeAddresses(DUMMY_DEVICE, toAdd, toDel));
     const addrChanges = toAdd.length + toDel.length;
 
+    // forget refusals that did not recur: plan refusals every sync (the plan is complete),
+    // kernel refusals on full syncs (partial syncs skip them, so they cannot recur there)
+    for (const k of [...this.refusals.keys()]) if (!seen.has(k) && (full || k.startsWith('plan '))) this.refusals.delete(k);
+
     this.last = p;
+    if (errors.length) throw errors[0];
     let rs = 0;
     for (const v of p.table.values()) rs += v.reals.size;
     const c = d.counts;
+    const refusedNote = this.refusals.size ? `; ${this.refusals.size} left out (refused)` : '';
     const diff =
       `ipvs: +${c.vsAdded} ~${c.vsEdited} -${c.vsDeleted} virtual servers, +${c.rsAdded} ~${c.rsEdited} -${c.rsDeleted} real servers` +
-      `${this.terminating.size ? ` (${this.terminating.size} draining)` : ''}; ipset: +${setDiff.added} -${setDiff.deleted}; addresses: ${addrChanges} changed`;
+      `${this.terminating.size ? ` (${this.terminating.size} draining)` : ''}; ipset: +${setDiff.added} -${setDiff.deleted}; addresses: ${addrChanges} changed${refusedNote}`;
     if (d.lines.length || setDiff.script || addrChanges) this.log.info({ diff }, 'ipvs sync applied changes');
-    return { rulesWritten: d.lines.length + setDiff.added + setDiff.deleted + addrChanges, rulesTotal: p.table.size + rs, diff };
+    return {
+      rulesWritten: d.lines.length + setDiff.added + setDiff.deleted + addrChanges,
+      rulesTotal: p.table.size + rs,
+      diff,
+      rejected: this.refusals.size,
+    };
+  }
+
+  /**
+   * `ipvsadm -R` goes on past a refused line but does not say which line it was, and a
+   * usage error ends the batch. So after a failed batch the live table is read again and
+   * what is still missing is applied in halves, down to single lines: a line refused on its
+   * own is set aside and reported with its service, every other line gets in. Lines are not
+   * idempotent (-A twice fails), hence the re-read before every retry, never a blind one.
+   */
+  private async restoreIpvsIsolating(
+    p: IpvsPlan,
+    lines: string[],
+    owned: (vsKey: string, vs: VirtualServer) => boolean,
+    full: boolean,
+    seen: Set<string>,
+  ): Promise<void> {
+    const budget = { rereads: MAX_REREADS };
+    await this.applyIpvsLines(p, this.withoutRefused('ipvsadm', lines, full, seen), owned, seen, budget);
+  }
+
+  private async applyIpvsLines(
+    p: IpvsPlan,
+    lines: string[],
+    owned: (vsKey: string, vs: VirtualServer) => boolean,
+    seen: Set<string>,
+    budget: { rereads: number },
+  ): Promise<void> {
+    let failure: ExecError;
+    try {
+      await this.ipvsadm.restore(lines);
+      return;
+    } catch (e) {
+      if (!(e instanceof ExecError) || e.code !== 'KPROXY_IPVS_APPLY_FAILED') throw e;
+      failure = e;
+    }
+    if (budget.rereads-- <= 0) {
+      throw new ExecError('KPROXY_IPVS_APPLY_FAILED', `ipvsadm -R keeps refusing lines; gave up isolating them: ${failure.message}`);
+    }
+    const still = new Set(diffIpvs(p.table, await this.ipvsadm.list(), owned).lines);
+    const residue = lines.filter((l) => still.has(l));
+    if (residue.length === 1 && lines.length === 1) {
+      const reason = (failure.result?.stderr ?? failure.message).trim();
+      this.noteRefusal(`ipvsadm ${residue[0]}`, { owner: ipvsLineOwner(p, residue[0]), what: `ipvsadm ${residue[0]}`, reason }, seen);
+      return;
+    }
+    if (residue.length <= 1) {
+      for (const l of residue) await this.applyIpvsLines(p, [l], owned, seen, budget);
+      return;
+    }
+    const mid = Math.ceil(residue.length / 2);
+    await this.applyIpvsLines(p, residue.slice(0, mid), owned, seen, budget);
+    await this.applyIpvsLines(p, residue.slice(mid), owned, seen, budget);
+  }
+
+  /** lines minus those refused before (partial syncs only: full syncs try them again) */
+  private withoutRefused(kind: 'ipset' | 'ipvsadm', lines: string[], full: boolean, seen: Set<string>): string[] {
+    if (full || this.refusals.size === 0) return lines;
+    return lines.filter((l) => {
+      const k = `${kind} ${l}`;
+      if (!this.refusals.has(k)) return true;
+      seen.add(k);
+      return false;
+    });
+  }
+
+  /** records a refusal; logs and counts it only when it is new (no log flood per sync) */
+  private noteRefusal(key: string, r: Rejected, seen: Set<string>): void {
+    seen.add(key);
+    if (this.refusals.has(key)) return;
+    this.refusals.set(key, r);
+    this.refusedTotal++;
+    this.log.warn(
+      { code: 'KPROXY_IPVS_REFUSED', service: r.owner || undefined, entry: r.what, reason: r.reason },
+      `KPROXY_IPVS_REFUSED: ${r.what} left out${r.owner ? ` (service port ${r.owner})` : ''}: ${r.reason}; fix the Service (every other service is applied)`,
+    );
   }
 
   /** deletes terminating real servers whose connections have ended */
