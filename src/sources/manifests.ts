@@ -29,9 +29,10 @@ export class ManifestError extends Error {
     readonly file: string,
     /** 1-based; 0 when the problem is the file as a whole (unreadable, too big) */
     readonly line: number,
-    message: string,
+    /** what is wrong, without the file */
+    readonly reason: string,
   ) {
-    super(`KPROXY_MANIFEST_INVALID: ${file}${line > 0 ? `:${line}` : ''}: ${message}`);
+    super(`KPROXY_MANIFEST_INVALID: ${file}${line > 0 ? `:${line}` : ''}: ${reason}`);
   }
 }
 
@@ -326,7 +327,7 @@ export class ManifestsSource implements Source {
   /** the last good content of each file */
   private readonly files = new Map<string, { sig: string; objects: ManifestObjects }>();
   /** files whose current content is broken: why, and the signature it was refused at */
-  private readonly broken = new Map<string, { sig: string; message: string }>();
+  private readonly broken = new Map<string, { sig: string; summary: string }>();
   /** what the handler has been told, by "Kind/ns/name" */
   private current: ManifestObjects = new Map();
   private handler: SourceHandler | null = null;
@@ -368,8 +369,18 @@ export class ManifestsSource implements Source {
     await this.scanning;
   }
 
+  /**
+   * The problems, short: file names relative to the directory (health is served on every
+   * address, and need not tell the paths), a bounded list of bounded reasons.
+   */
   health(): SourceHealth {
-    const problems = [...(this.dirProblem ? [this.dirProblem] : []), ...[...this.broken.values()].map((b) => b.message)];
+    const clip = (s: string) => (s.length > 160 ? `${s.slice(0, 157)}...` : s);
+    const broken = [...this.broken.values()].map((b) => clip(b.summary));
+    const problems = [
+      ...(this.dirProblem ? ['cannot read the manifests directory'] : []),
+      ...broken.slice(0, 10),
+      ...(broken.length > 10 ? [`and ${broken.length - 10} more broken files`] : []),
+    ];
     return {
       synced: true,
       connected: this.dirOk,
@@ -398,9 +409,11 @@ export class ManifestsSource implements Source {
         do {
           this.rescan = false;
           await this.scanOnce();
+          this.once.forget('scan');
         } while (this.rescan && !this.stopped);
       } catch (e) {
-        this.opts.log.error({ dir: this.opts.dir, err: (e as Error).message }, 'manifests scan failed; retrying on the next poll');
+        const msg = (e as Error).message;
+        this.once.report('scan', msg, () => this.opts.log.error({ dir: this.opts.dir, err: msg }, 'manifests scan failed; retrying on the next poll'));
       } finally {
         this.scanning = null;
       }
@@ -439,9 +452,9 @@ export class ManifestsSource implements Source {
         if (this.broken.delete(f.name)) this.opts.log.info({ file: f.path }, 'manifest file is valid again');
       } else {
         // logged once per content: an unchanged broken file is not read again
-        const msg = f.error?.message ?? 'unknown error';
-        this.broken.set(f.name, { sig: f.sig, message: msg });
-        this.opts.log.error({ file: f.path, err: msg }, 'broken manifest file; its last good content stays in force');
+        const e = f.error ?? new ManifestError(f.path, 0, 'unknown error');
+        this.broken.set(f.name, { sig: f.sig, summary: `${f.name}${e.line > 0 ? `:${e.line}` : ''}: ${e.reason}` });
+        this.opts.log.error({ file: f.path, err: e.message }, 'broken manifest file; its last good content stays in force');
       }
     }
     this.publish();

@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
 import pino from 'pino';
+import fc from 'fast-check';
 import { ManifestsSource, ManifestError, parseManifestFile, parseManifestFileExact, readManifestDir } from '../../src/sources/manifests.ts';
 import { bigManifest } from '../support/big-manifest.ts';
 import type { SourceHandler, K8sNode } from '../../src/sources/types.ts';
@@ -452,13 +453,18 @@ test('readManifestDir: good files keep their objects, broken ones carry file:lin
   await assert.rejects(readManifestDir(join(dir, 'nope')), /^Error: KPROXY_MANIFEST_DIR: cannot read manifests directory .*nope/);
 });
 
-test('health() names the broken file and line without internal signatures', async () => {
+test('health() names broken files and lines, relative to the directory, without internal signatures, bounded', async () => {
   const dir = tempDir();
   writeFileSync(join(dir, 'a.yaml'), 'kind: ConfigMap\nmetadata: {name: x}\n');
   const { src } = await startSource(dir);
   const problem = src.health().problem ?? '';
-  assert.match(problem, /a\.yaml:1: unsupported kind/);
-  assert.doesNotMatch(problem, /\d+:\d+:\d+\|/, 'no mtime:size:inode prefix');
+  assert.equal(problem, 'a.yaml:1: unsupported kind "ConfigMap" (want Service, EndpointSlice or Node)');
+  for (let i = 0; i < 12; i++) writeFileSync(join(dir, `b${String(i).padStart(2, '0')}.yaml`), `kind: Secret\nmetadata: {name: "${'x'.repeat(500)}"}\n`);
+  await waitFor(() => /more broken files/.test(src.health().problem ?? ''), 'the new broken files');
+  const many = src.health().problem ?? '';
+  assert.match(many, /; and 3 more broken files$/);
+  assert.ok(many.length < 2000, `bounded: ${many.length} characters`);
+  assert.ok(!many.includes(dir), 'no absolute paths');
 });
 
 // Good files are read by js-yaml (fast), anything else by the yaml package (exact, with lines):
@@ -515,4 +521,38 @@ test('anchors and aliases are read by the exact parser, which refuses an alias b
   const bomb = `apiVersion: v1\nkind: Service\nmetadata:\n  name: bomb\n  annotations:\n${levels.map((l) => `    ${l}`).join('\n')}\n`;
   const e = manifestError(() => parseManifestFile('bomb.yaml', bomb));
   assert.match(e.message, /alias/i);
+});
+
+// Whatever a file holds, parsing ends in objects or in a ManifestError naming file:line: never
+// another exception (a TypeError from a wrong type, a ReferenceError from the alias limit), and
+// every object it returns has a string kind, name and namespace.
+test('fuzz: any text parses to objects or a ManifestError', { timeout: 120_000 }, () => {
+  const fragments = [
+    'apiVersion: v1\n', 'kind: Service\n', 'kind: List\n', 'kind: EndpointSlice\n', 'kind: Node\n', 'kind: 5\n', 'kind: [a]\n',
+    'metadata: {name: a}\n', 'metadata: "s"\n', 'metadata: {name: 5, namespace: [x]}\n', 'metadata:\n  name: b\n', 'items: 5\n',
+    'items:\n- kind: Service\n  metadata: {name: c}\n', 'items: [null, 1, "x"]\n', '---\n', '...\n', '- a\n', '  x: [1, 2}\n',
+    'a: &x [1]\nb: *x\n', '*y\n', '%YAML 1.2\n', '!!binary aGk=\n', '"\n', '{\n', '\t\n', '\u0000', '\uFEFF', 'spec: {ports: 5}\n',
+  ];
+  const text = fc.oneof(
+    fc.array(fc.constantFrom(...fragments), { maxLength: 12 }).map((a) => a.join('')),
+    fc.string({ maxLength: 200 }),
+    fc.uint8Array({ maxLength: 200 }).map((b) => Buffer.from(b).toString('utf8')),
+  );
+  fc.assert(
+    fc.property(text, (t) => {
+      let objs;
+      try {
+        objs = parseManifestFile('/f/x.yaml', t);
+      } catch (e) {
+        assert.ok(e instanceof ManifestError, `not a ManifestError for ${JSON.stringify(t)}: ${String(e)}`);
+        assert.match(e.message, /^KPROXY_MANIFEST_INVALID: \/f\/x\.yaml(:\d+)?: ./);
+        return;
+      }
+      for (const [key, { kind, obj }] of objs) {
+        assert.equal(typeof obj.metadata?.name, 'string');
+        assert.equal(key, `${kind}/${(obj.metadata as { namespace?: string }).namespace ?? ''}/${obj.metadata!.name}`);
+      }
+    }),
+    { numRuns: 2000, seed: 12 },
+  );
 });
