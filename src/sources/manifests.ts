@@ -97,8 +97,17 @@ function* exactSteps(file: string, text: string, out: ManifestObjects): Generato
   const lineOf = (offset: number) => Math.max(1, lines.linePos(Math.max(0, offset)).line);
   const composer = new Composer();
   const parser = new Parser(lines.addNewLine);
-  for (const doc of composer.compose(parser.parse(text))) {
-    addDocument(file, doc, lineOf, out);
+  const docs = composer.compose(parser.parse(text));
+  for (;;) {
+    let next: IteratorResult<Document.Parsed>;
+    try {
+      next = docs.next();
+    } catch (e) {
+      // the parser itself gave up (e.g. "Maximum call stack size exceeded"): name the last line it reached
+      throw new ManifestError(file, Math.max(1, lines.lineStarts.length), (e as Error).message);
+    }
+    if (next.done) return;
+    addDocument(file, next.value, lineOf, out);
     yield;
   }
 }

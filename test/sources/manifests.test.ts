@@ -312,6 +312,11 @@ test('wrong types in the envelope (kind, items, metadata) are ManifestErrors wit
   assert.match(meta.message, /metadata\.name/);
   const ns = manifestError(() => parseManifestFile('n.yaml', 'apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: [x]}\n'));
   assert.match(ns.message, /namespace must be a string/);
+  // nesting deep enough to overflow the stack of either parser
+  for (const deep of ['['.repeat(100_000), '{a: '.repeat(50_000), 'a:\n' + Array.from({ length: 5000 }, (_, i) => ' '.repeat(i + 1) + 'a:').join('\n')]) {
+    const e = manifestError(() => parseManifestFile('deep.yaml', deep));
+    assert.ok(e.line >= 1);
+  }
 });
 
 // Item 6 of issue 12: finding each object's line by re-splitting the text from the start made
