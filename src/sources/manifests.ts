@@ -358,6 +358,7 @@ export class ManifestsSource implements Source {
     this.handler = handler;
     this.stopped = false;
     await this.scan();
+    if (this.stopped) return; // stopped while the first scan ran
     handler.onSynced();
     try {
       this.watcher = watch(this.opts.dir, () => this.scheduleScan());
