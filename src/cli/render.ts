@@ -6,6 +6,6 @@ import { planFromManifests } from './state.ts';
 export async function renderCommand(o: CommonOptions): Promise<void> {
   const cfg = effectiveConfig(o);
   if (!o.manifests) throw new Error('KPROXY_RENDER_INPUT: render needs --manifests DIR');
-  const input = planFromManifests(o.manifests, cfg, resolveNodeName(cfg), o.nodeIp);
+  const input = await planFromManifests(o.manifests, cfg, resolveNodeName(cfg), o.nodeIp);
   process.stdout.write(modes[cfg.mode].render(input));
 }

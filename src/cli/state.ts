@@ -1,8 +1,9 @@
-// Builds a planned state once from a manifests directory (render, trace).
-import { readdirSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
+// Builds a planned state once from a manifests directory (render, trace). It reads the
+// directory exactly as `run` does (readManifestDir): a broken file is skipped with a warning
+// naming file:line, the good files' objects are kept, and one summary line lists what was
+// skipped. Warnings go to stderr so stdout stays the pure payload.
 import { ProxyStateTracker } from '../core/tracker.ts';
-import { parseManifestFile } from '../sources/manifests.ts';
+import { mergeManifestObjects, readManifestDir, type ManifestObjects } from '../sources/manifests.ts';
 import type { ProxyConfig } from '../config/config.ts';
 import type { PlanInput } from '../modes/types.ts';
 import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
@@ -10,19 +11,48 @@ import type { K8sNode } from '../sources/types.ts';
 import { discoverNodeIPs } from '../sync/controller.ts';
 import { canonicalIP } from '../core/ip.ts';
 
-export function planFromManifests(dir: string, cfg: ProxyConfig, nodeName: string, nodeIPsFlag?: string): PlanInput {
-  const warn = (msg: string, obj: string) => process.stderr.write(`kproxy: warning: ${obj}: ${msg}; skipped\n`);
+export async function planFromManifests(
+  dir: string,
+  cfg: ProxyConfig,
+  nodeName: string,
+  nodeIPsFlag?: string,
+  stderr: (s: string) => void = (s) => process.stderr.write(s),
+): Promise<PlanInput> {
+  const skippedFiles: string[] = [];
+  const skippedObjects = new Set<string>();
+  const warn = (msg: string, obj: string) => {
+    skippedObjects.add(obj);
+    stderr(`kproxy: warning: ${obj}: ${msg}; skipped\n`);
+  };
   const t = new ProxyStateTracker(4, nodeName, warn);
   let labels: Record<string, string> = {};
-  for (const f of readdirSync(dir).filter((n) => /\.(ya?ml|json)$/.test(n)).sort()) {
-    const path = join(dir, f);
-    for (const { kind, obj } of parseManifestFile(path, readFileSync(path, 'utf8')).values()) {
-      if (kind === 'Service') t.services.update(null, obj as K8sService);
-      else if (kind === 'EndpointSlice') t.endpoints.update(null, obj as K8sEndpointSlice);
-      else if (obj.metadata?.name === nodeName) labels = (obj as K8sNode).metadata?.labels ?? {};
+  const { read } = await readManifestDir(dir);
+  const good: Array<[string, ManifestObjects]> = [];
+  for (const f of read) {
+    if (f.objects) {
+      good.push([f.name, f.objects]);
+      continue;
     }
+    skippedFiles.push(f.error && f.error.line > 0 ? `${f.name}:${f.error.line}` : f.name);
+    stderr(`kproxy: warning: ${f.error?.message ?? `${f.path}: unreadable`}; file skipped\n`);
+  }
+  const { objects, duplicates } = mergeManifestObjects(good);
+  for (const d of duplicates) {
+    const more = d.keys.length > 3 ? ` and ${d.keys.length - 3} more` : '';
+    stderr(`kproxy: warning: ${d.keys.slice(0, 3).join(', ')}${more} defined in both ${d.loser} and ${d.winner}; ${d.winner} wins\n`);
+  }
+  for (const { kind, obj } of objects.values()) {
+    if (kind === 'Service') t.services.update(null, obj as K8sService);
+    else if (kind === 'EndpointSlice') t.endpoints.update(null, obj as K8sEndpointSlice);
+    else if (obj.metadata?.name === nodeName) labels = (obj as K8sNode).metadata?.labels ?? {};
   }
   t.apply();
+  if (skippedFiles.length || skippedObjects.size) {
+    const plural = (n: number, w: string) => `${n} ${w}${n === 1 ? '' : 's'}`;
+    const list = [...skippedFiles, ...skippedObjects];
+    const shown = list.slice(0, 20).join(', ') + (list.length > 20 ? `, ... (${list.length - 20} more)` : '');
+    stderr(`kproxy: skipped ${plural(skippedFiles.length, 'file')}, ${plural(skippedObjects.size, 'object')}: ${shown}\n`);
+  }
   const nodeIPs = nodeIPsFlag
     ? nodeIPsFlag.split(',').map((s) => canonicalIP(s.trim())).filter((s): s is string => !!s)
     : discoverNodeIPs(4);

@@ -54,7 +54,7 @@ export async function traceCommand(o: TraceOptions): Promise<void> {
   const protocol = o.proto.toUpperCase();
   if (protocol !== 'TCP' && protocol !== 'UDP' && protocol !== 'SCTP') throw new Error(`KPROXY_TRACE_INPUT: --proto wants tcp, udp or sctp, got ${o.proto}`);
   if (!o.live && !o.manifests) throw new Error('KPROXY_TRACE_INPUT: give --manifests DIR (planned rules) or --live (kernel state)');
-  const input = o.live ? undefined : planFromManifests(o.manifests!, cfg, resolveNodeName(cfg), o.nodeIp);
+  const input = o.live ? undefined : await planFromManifests(o.manifests!, cfg, resolveNodeName(cfg), o.nodeIp);
   const r = await mode.trace({ from, to: ip, port, protocol, input, live: !!o.live }, { runner: hostRunner });
   if (o.json) process.stdout.write(traceJson(r) + '\n');
   else process.stdout.write(formatTrace(r, `${protocol.toLowerCase()} ${from} -> ${joinHostPort(ip, port)} (mode ${cfg.mode}${o.live ? ', live' : ''})`));
