@@ -145,10 +145,17 @@ const int = (min: number, max: number) =>
  */
 const boundedArray = <T extends z.ZodTypeAny>(item: T, max: number, min = 0) =>
   z
-    .array(z.unknown())
-    .min(min, min === 1 ? 'must not be empty' : `must have at least ${min} items`)
-    .max(max, `must have at most ${max} items`)
+    .any()
+    .superRefine((v: unknown, ctx) => {
+      if (!Array.isArray(v)) ctx.addIssue({ code: z.ZodIssueCode.custom, message: `must be an array, not ${kindOf(v)}` });
+      else if (v.length > max) ctx.addIssue({ code: z.ZodIssueCode.custom, message: `must have at most ${max} items` });
+      else if (v.length < min) ctx.addIssue({ code: z.ZodIssueCode.custom, message: min === 1 ? 'must not be empty' : `must have at least ${min} items` });
+    })
     .pipe(z.array(item));
+
+function kindOf(v: unknown): string {
+  return v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v;
+}
 
 const labels = z.record(str(labelKey), str(labelValue));
 
@@ -164,7 +171,12 @@ const servicePort = z.object({
   appProtocol: opt(z.string()),
 });
 
+// apiVersion and kind are kept when present (list items from the API server lack them); any
+// other field kproxy does not read is dropped, so trackers hold no more than they need.
+const typeMeta = { apiVersion: opt(z.string()), kind: opt(z.string()) };
+
 const serviceSchema = z.object({
+  ...typeMeta,
   metadata: z.object({
     name: str(dns1035Label),
     namespace: str(dns1123Label),
@@ -219,6 +231,7 @@ const endpointSchema = z.object({
 });
 
 const sliceSchema = z.object({
+  ...typeMeta,
   metadata: z.object({
     name: str(dns1123Subdomain),
     namespace: str(dns1123Label),
@@ -242,6 +255,7 @@ const sliceSchema = z.object({
 });
 
 const nodeSchema = z.object({
+  ...typeMeta,
   metadata: z.object({ name: str(dns1123Subdomain), labels: opt(labels) }),
 });
 
