@@ -20,8 +20,10 @@
 // IPv4 addresses with leading zeros ("010.001.002.003") are accepted as upstream accepts them in
 // existing objects (ParseIPSloppy, decimal) and canonicalised before anything renders them.
 import { z } from 'zod';
-import { canonicalIP, cidrContains, ipFamily, parseCIDR } from './ip.ts';
+import { canonicalIP, ipFamily, parseCIDR } from './ip.ts';
 import type { K8sEndpointSlice, K8sService, Report } from './convert.ts';
+
+const LABEL_SERVICE_NAME = 'kubernetes.io/service-name';
 
 export type ObjectKind = 'Service' | 'EndpointSlice' | 'Node';
 
@@ -113,13 +115,27 @@ export const labelKey: Check = (s) => {
 
 // ---- special addresses ------------------------------------------------------------------------
 
-/** Why an address cannot be a Service IP or endpoint address, or null. `ip` is canonical. */
+/**
+ * Why an address cannot be a Service IP or endpoint address, or null. `ip` must be canonical
+ * (canonicalIP: IPv4-mapped IPv6 is already plain IPv4). Plain arithmetic on the text: this runs
+ * for every endpoint of every slice.
+ */
 export function specialIPReason(ip: string, allowLoopback = false): string | null {
-  if (ip === '0.0.0.0' || ip === '::') return 'must not be the unspecified address';
-  if (!allowLoopback && (cidrContains('127.0.0.0/8', ip) || ip === '::1')) return 'must not be in the loopback range (127.0.0.0/8, ::1/128)';
-  if (cidrContains('169.254.0.0/16', ip) || cidrContains('fe80::/10', ip)) return 'must not be in the link-local range (169.254.0.0/16, fe80::/10)';
-  if (cidrContains('224.0.0.0/4', ip) || cidrContains('ff00::/8', ip)) return 'must not be a multicast address (224.0.0.0/4, ff00::/8)';
-  if (ip === '255.255.255.255') return 'must not be the broadcast address';
+  if (!ip.includes(':')) {
+    const o = ip.split('.').map(Number);
+    if (o.length !== 4 || o.some((n) => !Number.isInteger(n) || n < 0 || n > 255)) return 'must be a valid IP address';
+    if (o[0] === 0 && o[1] === 0 && o[2] === 0 && o[3] === 0) return 'must not be the unspecified address';
+    if (o[0] === 127 && !allowLoopback) return 'must not be in the loopback range (127.0.0.0/8, ::1/128)';
+    if (o[0] === 169 && o[1] === 254) return 'must not be in the link-local range (169.254.0.0/16, fe80::/10)';
+    if (o[0] >= 224 && o[0] <= 239) return 'must not be a multicast address (224.0.0.0/4, ff00::/8)';
+    if (o[0] === 255 && o[1] === 255 && o[2] === 255 && o[3] === 255) return 'must not be the broadcast address';
+    return null;
+  }
+  if (ip === '::') return 'must not be the unspecified address';
+  if (ip === '::1') return allowLoopback ? null : 'must not be in the loopback range (127.0.0.0/8, ::1/128)';
+  const first = ip.startsWith('::') ? 0 : parseInt(ip.slice(0, ip.indexOf(':')), 16);
+  if (first >= 0xfe80 && first <= 0xfebf) return 'must not be in the link-local range (169.254.0.0/16, fe80::/10)';
+  if (first >= 0xff00) return 'must not be a multicast address (224.0.0.0/4, ff00::/8)';
   return null;
 }
 
@@ -162,10 +178,19 @@ const labels = z.record(str(labelKey), str(labelValue));
 const protocol = z.enum(['TCP', 'UDP', 'SCTP']);
 
 const servicePort = z.object({
-  name: opt(z.union([z.literal(''), str(ianaSvcName)])),
+  name: opt(str((s) => (s === '' ? null : ianaSvcName(s)))),
   protocol: opt(protocol),
   port: int(1, 65535),
-  targetPort: opt(z.union([int(0, 65535), str(ianaSvcName)])),
+  // a number (0: not set) or the name of a container port
+  targetPort: opt(
+    z.any().superRefine((v: unknown, ctx) => {
+      const bad =
+        typeof v === 'number' ? (Number.isInteger(v) && v >= 0 && v <= 65535 ? null : 'must be between 1 and 65535')
+        : typeof v === 'string' ? ianaSvcName(v)
+        : `must be a number or a port name, not ${kindOf(v)}`;
+      if (bad) ctx.addIssue({ code: z.ZodIssueCode.custom, message: bad });
+    }),
+  ),
   // 0 means "not set", as in the API
   nodePort: opt(int(0, 65535)),
   appProtocol: opt(z.string()),
@@ -237,14 +262,18 @@ const sliceSchema = z.object({
     namespace: str(dns1123Label),
     // The service-name label says which Service the slice belongs to: without one naming a
     // possible Service, the slice cannot mean anything to a proxy.
-    labels: labels.and(z.object({ 'kubernetes.io/service-name': str(dns1035Label) })),
+    labels: labels.superRefine((l, ctx) => {
+      const v = l[LABEL_SERVICE_NAME];
+      const bad = v === undefined ? 'required' : dns1035Label(v);
+      if (bad) ctx.addIssue({ code: z.ZodIssueCode.custom, path: [LABEL_SERVICE_NAME], message: bad });
+    }),
   }),
   addressType: z.enum(['IPv4', 'IPv6', 'FQDN']),
   endpoints: opt(boundedArray(endpointSchema, 1000)),
   ports: opt(
     boundedArray(
       z.object({
-        name: opt(z.union([z.literal(''), str(dns1123Label)])),
+        name: opt(str((s) => (s === '' ? null : dns1123Label(s)))),
         port: opt(int(1, 65535)),
         protocol: opt(protocol),
         appProtocol: opt(z.string()),
