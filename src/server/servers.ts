@@ -91,7 +91,7 @@ export class Metrics {
   private readonly written = new client.Gauge({ name: 'kproxy_sync_rules_written', help: 'Rules or objects written by the last sync', registers: [this.registry] });
   private readonly total = new client.Gauge({ name: 'kproxy_rules_total', help: 'Rules or objects kproxy believes are installed', registers: [this.registry] });
   private readonly services = new client.Gauge({ name: 'kproxy_service_ports', help: 'Service ports known to kproxy', registers: [this.registry] });
-  private readonly invalid = new client.Counter({ name: 'kproxy_invalid_objects_total', help: 'API objects skipped because they failed validation (each skipped version counts once)', labelNames: ['kind', 'source'], registers: [this.registry] });
+  private readonly invalid = new client.Counter({ name: 'kproxy_invalid_objects_total', help: 'API objects refused at validation and skipped (every refused add or update counts)', labelNames: ['kind', 'source'], registers: [this.registry] });
 
   countInvalid(kind: string, source: string): void {
     this.invalid.inc({ kind, source });

@@ -68,3 +68,21 @@ test('render skips hostile objects; no loopback or unspecified ClusterIP reaches
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('the examples stay valid: examples/cluster in every kernel mode, the loopback demo in userspace', () => {
+  const root = join(import.meta.dirname, '../..');
+  const captured: string[] = [];
+  const write = process.stderr.write.bind(process.stderr);
+  process.stderr.write = ((s: string | Uint8Array) => (captured.push(String(s)), true)) as typeof process.stderr.write;
+  try {
+    for (const m of ['iptables', 'nftables', 'ipvs'] as const) {
+      const input = planFromManifests(join(root, 'examples/cluster'), resolveConfig({ mode: m }), 'node-a', '192.168.0.2');
+      assert.deepEqual([...input.state.services.keys()].sort(), ['demo/dns:dns', 'demo/web:http'], m);
+    }
+    const demo = planFromManifests(join(root, 'examples/manifests'), resolveConfig({ mode: 'userspace' }), 'node-a', '192.168.0.2');
+    assert.deepEqual([...demo.state.services.keys()].sort(), ['demo/echo:dns', 'demo/web:http']);
+  } finally {
+    process.stderr.write = write;
+  }
+  assert.deepEqual(captured, [], 'no warnings');
+});
