@@ -175,7 +175,8 @@ function kindOf(v: unknown): string {
 
 const labels = z.record(str(labelKey), str(labelValue));
 
-const protocol = z.enum(['TCP', 'UDP', 'SCTP']);
+// '' is read as TCP, as convert.ts does (the API server defaults it)
+const protocol = z.enum(['TCP', 'UDP', 'SCTP', '']);
 
 const servicePort = z.object({
   name: opt(str((s) => (s === '' ? null : ianaSvcName(s)))),
@@ -419,7 +420,7 @@ function serviceRules(svc: ServiceOut, opts: ValidateOptions): Issue[] {
     if (name === '' && ports.length > 1) out.push(issue(['spec', 'ports', i, 'name'], 'required when a Service has more than one port', name));
     else if (names.has(name)) out.push(issue(['spec', 'ports', i, 'name'], 'duplicate port name', name));
     names.add(name);
-    const pp = `${p.port}/${p.protocol ?? 'TCP'}`;
+    const pp = `${p.port}/${p.protocol || 'TCP'}`;
     if (portProtos.has(pp)) out.push(issue(['spec', 'ports', i], 'duplicate port and protocol', pp));
     portProtos.add(pp);
   }
