@@ -67,7 +67,7 @@ export async function demoCommand(opts: { manifests?: string; requests?: string 
   const cfg = resolveConfig({ mode: 'userspace' }, { healthzBindAddress: '127.0.0.1:10256', metricsBindAddress: '127.0.0.1:10249' });
   const backends = await startBackends();
   const source = new ManifestsSource({ dir: o.manifests, nodeName: 'demo-node', log });
-  const ctrl = new ProxyController({ config: cfg, nodeName: 'demo-node', mode: modes.userspace, allModes: modes, source, runner: hostRunner, log, skipCleanup: true });
+  const ctrl = new ProxyController({ config: cfg, nodeName: 'demo-node', mode: modes.userspace, allModes: modes, source, sourceName: 'manifests', runner: hostRunner, log, skipCleanup: true });
   await ctrl.start();
   await ctrl.loop.idle();
   const servers = await startServers({ ctrl, source, mode: 'userspace', log }, cfg.healthzBindAddress, cfg.metricsBindAddress);

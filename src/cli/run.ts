@@ -33,7 +33,7 @@ export async function runCommand(o: CommonOptions): Promise<void> {
   const source = await createSource(o, cfg, nodeName, log);
   const mode = modes[cfg.mode];
   log.info({ mode: cfg.mode, nodeName, source: o.manifests ? `manifests:${o.manifests}` : 'kubernetes' }, 'starting kproxy');
-  const ctrl = new ProxyController({ config: cfg, nodeName, mode, allModes: modes, source, runner: hostRunner, log });
+  const ctrl = new ProxyController({ config: cfg, nodeName, mode, allModes: modes, source, sourceName: o.manifests ? 'manifests' : 'kubernetes', runner: hostRunner, log });
   // Health first: while the source waits for its first list, /healthz must answer (503).
   const servers = await startServers(
     { ctrl, source, mode: cfg.mode, log },

@@ -6,8 +6,7 @@ import { ProxyStateTracker } from '../core/tracker.ts';
 import { mergeManifestObjects, readManifestDir, type ManifestObjects } from '../sources/manifests.ts';
 import type { ProxyConfig } from '../config/config.ts';
 import type { PlanInput } from '../modes/types.ts';
-import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
-import type { K8sNode } from '../sources/types.ts';
+import { validateOptionsForMode } from '../core/validate.ts';
 import { discoverNodeIPs } from '../sync/controller.ts';
 import { canonicalIP } from '../core/ip.ts';
 
@@ -20,11 +19,13 @@ export async function planFromManifests(
 ): Promise<PlanInput> {
   const skippedFiles: string[] = [];
   const skippedObjects = new Set<string>();
-  const warn = (msg: string, obj: string) => {
+  // Objects are validated by the tracker exactly as in `run`, so render and trace show what
+  // run would apply; boundary warnings already say the object is skipped.
+  const warn = (msg: string, obj: string, detail?: unknown) => {
     skippedObjects.add(obj);
-    stderr(`kproxy: warning: ${obj}: ${msg}; skipped\n`);
+    stderr(detail ? `kproxy: warning: ${obj}: ${msg}\n` : `kproxy: warning: ${obj}: ${msg}; skipped\n`);
   };
-  const t = new ProxyStateTracker(4, nodeName, warn);
+  const t = new ProxyStateTracker(4, nodeName, warn, validateOptionsForMode(cfg.mode));
   let labels: Record<string, string> = {};
   const { read } = await readManifestDir(dir);
   const good: Array<[string, ManifestObjects]> = [];
@@ -42,9 +43,9 @@ export async function planFromManifests(
     stderr(`kproxy: warning: ${d.keys.slice(0, 3).join(', ')}${more} defined in both ${d.loser} and ${d.winner}; ${d.winner} wins\n`);
   }
   for (const { kind, obj } of objects.values()) {
-    if (kind === 'Service') t.services.update(null, obj as K8sService);
-    else if (kind === 'EndpointSlice') t.endpoints.update(null, obj as K8sEndpointSlice);
-    else if (obj.metadata?.name === nodeName) labels = (obj as K8sNode).metadata?.labels ?? {};
+    if (kind === 'Service') t.services.update(null, obj);
+    else if (kind === 'EndpointSlice') t.endpoints.update(null, obj);
+    else if (obj.metadata?.name === nodeName) labels = t.boundary.node(obj)?.metadata?.labels ?? {};
   }
   t.apply();
   if (skippedFiles.length || skippedObjects.size) {

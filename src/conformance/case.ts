@@ -4,6 +4,7 @@ import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseAllDocuments } from 'yaml';
 import { ProxyStateTracker } from '../core/tracker.ts';
+import { validateOptionsForMode } from '../core/validate.ts';
 import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
 import type { ProxyState } from '../core/model.ts';
 
@@ -130,7 +131,7 @@ export function caseFamily(config: CaseConfig): 4 | 6 {
 
 /** A tracker fed with objects as upstream's tests do: OnServiceAdd / OnEndpointSliceAdd, no defaulting. */
 export function trackerFor(config: CaseConfig): ProxyStateTracker {
-  return new ProxyStateTracker(caseFamily(config), config.nodeName ?? 'test-node');
+  return new ProxyStateTracker(caseFamily(config), config.nodeName ?? 'test-node', () => {}, validateOptionsForMode(config.mode));
 }
 
 export function applyObject(t: ProxyStateTracker, op: 'add' | 'update' | 'delete', obj: K8sService | K8sEndpointSlice, old?: K8sService | K8sEndpointSlice | null): void {

@@ -12,6 +12,7 @@ import {
   type Protocol,
   type ServicePort,
 } from './model.ts';
+import type { InvalidDetail } from './validate.ts';
 
 // Minimal shapes of the API objects we read. Objects from YAML and from client-node both fit.
 export interface K8sMeta {
@@ -66,7 +67,11 @@ export interface K8sEndpointSlice {
   ports?: Array<{ name?: string; port?: number; protocol?: string }> | null;
 }
 
-export type Report = (msg: string, obj: string) => void;
+/**
+ * Where problems go. `detail` is set for objects refused at the boundary (src/core/validate.ts):
+ * which kind, which field, which value.
+ */
+export type Report = (msg: string, obj: string, detail?: InvalidDetail) => void;
 
 export const LABEL_SERVICE_PROXY_NAME = 'service.kubernetes.io/service-proxy-name';
 export const LABEL_SERVICE_NAME = 'kubernetes.io/service-name';

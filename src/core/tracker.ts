@@ -2,18 +2,24 @@
 // {previous, current} per Service since the last sync, drop no-op changes (an update that
 // ends where it started), and report exactly which services changed, which is what makes
 // partial syncs possible. Pure: no I/O.
+//
+// Every object is validated here (src/core/validate.ts) before anything reads it: this is the
+// one place every source passes through. An invalid new version of an object counts as a
+// delete of the old one, not as "keep the last good version": the state then holds exactly
+// the valid objects the source currently has, which is what a restart, `render` and `trace`
+// (that only ever see the current objects) compute too. Rules that depend on history would
+// differ between a long-running kproxy and a fresh one, and the warning says what to fix.
 import { isDeepStrictEqual } from 'node:util';
 import type { IPFamily } from './ip.ts';
 import type { Endpoint, ProxyState, ServicePort } from './model.ts';
 import {
   endpointsOfSlices,
-  objectName,
   servicePortsOf,
   sliceServiceKey,
   type K8sEndpointSlice,
-  type K8sService,
   type Report,
 } from './convert.ts';
+import { Boundary, objectIdentity, type BoundaryOptions } from './validate.ts';
 
 interface Change<T> {
   previous: Map<string, T>;
@@ -32,19 +38,23 @@ export class ServiceChangeTracker {
   constructor(
     private readonly family: IPFamily,
     private readonly report: Report = () => {},
+    private readonly boundary: Boundary = new Boundary(report),
   ) {}
 
-  /** Records an add (old null), update, or delete (new null). Returns whether a change is pending for it. */
-  update(oldSvc: K8sService | null, newSvc: K8sService | null): boolean {
-    const obj = newSvc ?? oldSvc;
-    if (!obj?.metadata?.name || !obj.metadata.namespace) return false;
-    const key = `${obj.metadata.namespace}/${obj.metadata.name}`;
+  /**
+   * Records an add (old null), update, or delete (new null). Returns whether a change is
+   * pending for it. Takes any value: an invalid new version is reported and acts as a delete.
+   */
+  update(oldSvc: unknown, newSvc: unknown): boolean {
+    const valid = newSvc ? this.boundary.service(newSvc) : null;
+    const key = objectIdentity(newSvc) ?? objectIdentity(oldSvc);
+    if (!key) return false;
     let change = this.pending.get(key);
     if (!change) {
       change = { previous: this.applied.get(key) ?? new Map(), current: new Map() };
       this.pending.set(key, change);
     }
-    change.current = newSvc ? portMap(servicePortsOf(newSvc, this.family, this.report)) : new Map();
+    change.current = valid ? portMap(servicePortsOf(valid, this.family, this.report)) : new Map();
     if (isDeepStrictEqual(change.previous, change.current)) {
       this.pending.delete(key);
       return false;
@@ -72,8 +82,10 @@ export class ServiceChangeTracker {
 }
 
 export class EndpointsChangeTracker {
-  /** EndpointSlices by service key then slice name: upstream's EndpointSliceCache */
+  /** valid EndpointSlices by service key then slice "ns/name": upstream's EndpointSliceCache */
   private readonly slices = new Map<string, Map<string, K8sEndpointSlice>>();
+  /** slice "ns/name" → the service key it is filed under, so a relabelled slice leaves its old service */
+  private readonly sliceService = new Map<string, string>();
   private readonly applied = new Map<string, Map<string, Endpoint[]>>();
   private readonly pending = new Map<string, Change<Endpoint[]>>();
 
@@ -81,30 +93,36 @@ export class EndpointsChangeTracker {
     private readonly family: IPFamily,
     private nodeName: string,
     private readonly report: Report = () => {},
+    private readonly boundary: Boundary = new Boundary(report),
   ) {}
 
-  update(oldSlice: K8sEndpointSlice | null, newSlice: K8sEndpointSlice | null): boolean {
-    const obj = newSlice ?? oldSlice;
-    if (!obj) return false;
-    const svcKey = sliceServiceKey(obj);
-    if (!svcKey) {
-      this.report('EndpointSlice without a valid kubernetes.io/service-name label ignored', objectName(obj));
-      // Relabelled from a valid service to an invalid one: it must still leave the old service.
-      if (oldSlice && newSlice && sliceServiceKey(oldSlice)) return this.update(oldSlice, null);
-      return false;
+  /**
+   * Records an add, update or delete of a slice. Takes any value: an invalid new version is
+   * reported and acts as a delete. The old object is used only for its identity: what the
+   * slice contributed is what this tracker filed, whatever the source says it was.
+   */
+  update(oldSlice: unknown, newSlice: unknown): boolean {
+    const valid = newSlice ? this.boundary.endpointSlice(newSlice) : null;
+    const id = objectIdentity(newSlice) ?? objectIdentity(oldSlice);
+    if (!id) return false;
+    const svcKey = valid ? sliceServiceKey(valid) : null;
+    const before = this.sliceService.get(id);
+    if (before !== undefined) {
+      const bySlice = this.slices.get(before);
+      bySlice?.delete(id);
+      if (bySlice && !bySlice.size) this.slices.delete(before);
+      this.sliceService.delete(id);
     }
-    // A slice whose service label changed moves between services: remove it from the old one.
-    if (oldSlice && newSlice) {
-      const oldKey = sliceServiceKey(oldSlice);
-      if (oldKey && oldKey !== svcKey) this.update(oldSlice, null);
+    if (valid && svcKey) {
+      let bySlice = this.slices.get(svcKey);
+      if (!bySlice) this.slices.set(svcKey, (bySlice = new Map()));
+      bySlice.set(id, valid);
+      this.sliceService.set(id, svcKey);
     }
-    const name = obj.metadata?.name ?? '';
-    let bySlice = this.slices.get(svcKey);
-    if (!bySlice) this.slices.set(svcKey, (bySlice = new Map()));
-    if (newSlice) bySlice.set(name, newSlice);
-    else bySlice.delete(name);
-    if (!bySlice.size) this.slices.delete(svcKey);
-    return this.recompute(svcKey);
+    let pending = false;
+    if (before !== undefined && before !== svcKey) pending = this.recompute(before);
+    if (svcKey) pending = this.recompute(svcKey) || pending;
+    return pending;
   }
 
   private recompute(svcKey: string): boolean {
@@ -153,9 +171,13 @@ export class ProxyStateTracker {
   readonly services: ServiceChangeTracker;
   readonly endpoints: EndpointsChangeTracker;
 
-  constructor(family: IPFamily, nodeName: string, report: Report = () => {}) {
-    this.services = new ServiceChangeTracker(family, report);
-    this.endpoints = new EndpointsChangeTracker(family, nodeName, report);
+  /** validates every object the trackers see; also for the Node (controller, render, trace) */
+  readonly boundary: Boundary;
+
+  constructor(family: IPFamily, nodeName: string, report: Report = () => {}, options: BoundaryOptions = {}) {
+    this.boundary = new Boundary(report, options);
+    this.services = new ServiceChangeTracker(family, report, this.boundary);
+    this.endpoints = new EndpointsChangeTracker(family, nodeName, report, this.boundary);
   }
 
   hasPending(): boolean {

@@ -139,6 +139,11 @@ export class Metrics {
   private readonly written = new client.Gauge({ name: 'kproxy_sync_rules_written', help: 'Rules or objects written by the last sync', registers: [this.registry] });
   private readonly total = new client.Gauge({ name: 'kproxy_rules_total', help: 'Rules or objects kproxy believes are installed', registers: [this.registry] });
   private readonly services = new client.Gauge({ name: 'kproxy_service_ports', help: 'Service ports known to kproxy', registers: [this.registry] });
+  private readonly invalid = new client.Counter({ name: 'kproxy_invalid_objects_total', help: 'API objects refused at validation and skipped (every refused add or update counts)', labelNames: ['kind', 'source'], registers: [this.registry] });
+
+  countInvalid(kind: string, source: string): void {
+    this.invalid.inc({ kind, source });
+  }
 
   private readonly usSeen = new Map<string, { accepted: number; failed: number }>();
   private readonly usAccepted = new client.Counter({ name: 'kproxy_userspace_connections_accepted_total', help: 'Connections (TCP) or sessions (UDP) accepted by the userspace proxy', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
@@ -183,6 +188,7 @@ export interface RunningServers {
 export async function startServers(deps: ServerDeps, healthzAddr: string, metricsAddr: string): Promise<RunningServers> {
   const metrics = new Metrics();
   deps.ctrl.onSync((r) => metrics.record(r, deps.ctrl.tracker.state.services.size));
+  deps.ctrl.onInvalid((kind, source) => metrics.countInvalid(kind, source));
   const servers: Server[] = [];
 
   const json = (res: ServerResponse, code: number, body: unknown) => {

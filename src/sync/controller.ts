@@ -4,6 +4,7 @@ import { networkInterfaces } from 'node:os';
 import type { ProxyConfig, ModeName } from '../config/config.ts';
 import { ProxyStateTracker } from '../core/tracker.ts';
 import { canonicalIP, ipFamily } from '../core/ip.ts';
+import { validateOptionsForMode, type ObjectKind } from '../core/validate.ts';
 import type { Logger } from '../log.ts';
 import type { CommandRunner } from '../exec/runner.ts';
 import type { ModeModule, NodeContext, PlanInput, Proxier, SyncStats } from '../modes/types.ts';
@@ -18,6 +19,8 @@ export interface ControllerOptions {
   /** every mode, for cleaning up what the others left */
   allModes: Record<ModeName, ModeModule>;
   source: Source;
+  /** the source's name for metrics ("manifests", "kubernetes"); default "unknown" */
+  sourceName?: string;
   runner: CommandRunner;
   log: Logger;
   /** overrides interface discovery (tests) */
@@ -68,11 +71,31 @@ export class ProxyController {
   /** what /healthz and /livez answer from (upstream's ProxyHealthServer) */
   readonly health: ProxyHealth;
   private readonly listeners: Array<(r: SyncRecord) => void> = [];
+  private readonly invalidListeners: Array<(kind: ObjectKind, source: string) => void> = [];
+  /** objects skipped as invalid since start, by kind */
+  readonly invalidCounts: Record<ObjectKind, number> = { Service: 0, EndpointSlice: 0, Node: 0 };
 
   constructor(private readonly opts: ControllerOptions) {
     const log = opts.log;
     this.health = new ProxyHealth({ healthTimeoutMs: opts.healthTimeoutMs ?? 2 * opts.config.syncPeriodMs, now: opts.now });
-    this.tracker = new ProxyStateTracker(4, opts.nodeName, (msg, obj) => log.warn({ object: obj }, `invalid API object: ${msg}; skipped`));
+    // Invalid objects: the tracker's boundary validates, rate-limits the warnings (one per
+    // object and field per 5 minutes) and calls onInvalid for every skip, which feeds
+    // kproxy_invalid_objects_total.
+    this.tracker = new ProxyStateTracker(
+      4,
+      opts.nodeName,
+      (msg, obj, detail) =>
+        detail
+          ? log.warn({ object: obj, kind: detail.kind, field: detail.field, value: detail.value }, msg)
+          : log.warn({ object: obj }, `invalid API object: ${msg}; skipped`),
+      {
+        ...validateOptionsForMode(opts.mode.name),
+        onInvalid: (kind) => {
+          this.invalidCounts[kind]++;
+          for (const l of this.invalidListeners) l(kind, opts.sourceName ?? 'unknown');
+        },
+      },
+    );
     this.loop = new SyncLoop({
       minSyncPeriodMs: opts.config.minSyncPeriodMs,
       syncPeriodMs: opts.config.syncPeriodMs,
@@ -86,6 +109,11 @@ export class ProxyController {
 
   onSync(fn: (r: SyncRecord) => void): void {
     this.listeners.push(fn);
+  }
+
+  /** Called for every object skipped as invalid, with its kind and the source's name. */
+  onInvalid(fn: (kind: ObjectKind, source: string) => void): void {
+    this.invalidListeners.push(fn);
   }
 
   get isSynced(): boolean {
@@ -117,8 +145,10 @@ export class ProxyController {
         if (this.tracker.endpoints.update(o, n)) this.queueSync();
       },
       onNode: (node: K8sNode | null) => {
-        this.health.syncNode(node);
-        const labels = node?.metadata?.labels ?? {};
+        // An invalid Node is reported and counts as no Node: no topology labels.
+        const valid = node ? this.tracker.boundary.node(node) : null;
+        this.health.syncNode(valid);
+        const labels = valid?.metadata?.labels ?? {};
         if (JSON.stringify(labels) !== JSON.stringify(this.nodeLabels)) {
           this.nodeLabels = { ...labels };
           this.queueSync(true);

@@ -135,7 +135,9 @@ test('large-cluster mode drops per-endpoint comments past 1000 endpoints', () =>
   const t = tracker();
   t.services.update(null, svc('ns1', 'big', { clusterIP: '172.30.0.41' }));
   const eps = Array.from({ length: 1001 }, (_, i) => ({ ip: `10.${1 + (i >> 8)}.${i & 255}.1` }));
-  t.endpoints.update(null, slice('ns1', 'big', 's', eps, [{ port: 80 }]));
+  // two slices: an EndpointSlice holds at most 1000 endpoints (upstream's validation)
+  t.endpoints.update(null, slice('ns1', 'big', 's', eps.slice(0, 1000), [{ port: 80 }]));
+  t.endpoints.update(null, slice('ns1', 'big', 's2', eps.slice(1000), [{ port: 80 }]));
   t.apply();
   const plan = planIptables({ state: t.state, opts: optsFor(t), full: true });
   assert.equal(plan.largeClusterMode, true);
@@ -219,7 +221,9 @@ test('large-cluster mode defers stale-chain deletion to once per syncPeriod, as 
   const t = tracker();
   const eps = Array.from({ length: 1001 }, (_, i) => ({ ip: `10.${1 + (i >> 8)}.${i & 255}.1` }));
   t.services.update(null, svc('ns1', 'big', { clusterIP: '172.30.0.41' }));
-  t.endpoints.update(null, slice('ns1', 'big', 's', eps, [{ port: 80 }]));
+  // two slices: an EndpointSlice holds at most 1000 endpoints (upstream's validation)
+  t.endpoints.update(null, slice('ns1', 'big', 's', eps.slice(0, 1000), [{ port: 80 }]));
+  t.endpoints.update(null, slice('ns1', 'big', 's2', eps.slice(1000), [{ port: 80 }]));
   t.services.update(null, svc('ns2', 'small', { clusterIP: '172.30.0.42' }));
   t.endpoints.update(null, slice('ns2', 'small', 's', [{ ip: '10.0.2.1' }], [{ port: 80 }]));
   const opts = optsFor(t);

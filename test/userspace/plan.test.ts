@@ -107,7 +107,8 @@ describe('userspace planner', () => {
     const plan = planUserspace(
       planInput([
         svc('a', { clusterIP: '127.0.10.1', ports: [{ port: 80 }] }),
-        svc('b', { clusterIP: '127.0.10.1', ports: [{ port: 80 }, { name: 's', port: 90, protocol: 'SCTP' }] }),
+        // a Service with several ports names each (upstream's validation)
+        svc('b', { clusterIP: '127.0.10.1', ports: [{ name: 'http', port: 80 }, { name: 's', port: 90, protocol: 'SCTP' }] }),
       ]),
       { redirect: false },
     );

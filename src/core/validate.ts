@@ -1,0 +1,580 @@
+// Validation at the boundary: every Service, EndpointSlice and Node from every source (the
+// manifests directory, the Kubernetes API, `render`/`trace`) is checked here before it reaches
+// the change trackers. Shape and types with zod; values with upstream's rules
+// (pkg/apis/core/validation ValidateService, ValidateNonSpecialIP; pkg/apis/discovery/validation
+// validateEndpointSlice; apimachinery's name and label rules). Pure: no I/O.
+//
+// Policy, one rule for all: an object with ANY invalid field is skipped as a whole, as the API
+// server would have refused the whole object. A partly applied object is worse than none: a
+// Service without the port whose name was bad, or a slice missing the endpoint whose address
+// was bad, silently forwards somewhere the user did not ask for. (convert.ts still drops bad
+// parts on its own, as a second line of defence for callers that bypass the trackers.)
+//
+// Where upstream's API server accepts a value that no kernel mode can use safely, kproxy is
+// stricter and says so: Service IPs may not be unspecified, loopback, multicast, link-local or
+// the IPv4 broadcast address (a loopback ClusterIP in nftables mode rejects localhost traffic on
+// every port), and endpoint addresses may not be unspecified, loopback, link-local, multicast or
+// broadcast. The one exception is `allowLoopback`, for the userspace mode: there kproxy itself
+// listens on the Service IP, and the standalone demo runs entirely on 127.0.0.0/8.
+//
+// IPv4 addresses with leading zeros ("010.001.002.003") are accepted as upstream accepts them in
+// existing objects (ParseIPSloppy, decimal) and canonicalised before anything renders them.
+import { z } from 'zod';
+import { canonicalIP, ipFamily, parseCIDR } from './ip.ts';
+import type { K8sEndpointSlice, K8sService, Report } from './convert.ts';
+
+const LABEL_SERVICE_NAME = 'kubernetes.io/service-name';
+
+export type ObjectKind = 'Service' | 'EndpointSlice' | 'Node';
+
+export interface Issue {
+  /** field path, e.g. `spec.ports[0].port` */
+  path: string;
+  message: string;
+  /** the offending value as JSON, truncated to about 100 characters */
+  value: string;
+}
+
+export type Validated<T> = { ok: true; value: T } | { ok: false; issues: Issue[] };
+
+export interface ValidateOptions {
+  /** accept loopback Service IPs and endpoint addresses (userspace mode only; see above) */
+  allowLoopback?: boolean;
+}
+
+/**
+ * What a proxy mode may accept: loopback Service IPs and endpoints only in the userspace mode,
+ * where kproxy itself listens on them (the kernel modes would capture localhost traffic).
+ */
+export function validateOptionsForMode(mode: string): ValidateOptions {
+  return { allowLoopback: mode === 'userspace' };
+}
+
+/** The parts of a Node kproxy reads (structurally the sources' K8sNode). */
+export interface NodeObject {
+  metadata?: { name?: string; labels?: Record<string, string> };
+}
+
+// ---- name and label rules (apimachinery pkg/util/validation) --------------------------------
+// Length is checked before any pattern, so no pattern ever runs on a long string.
+
+const DNS1123_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+const DNS1035_LABEL = /^[a-z]([-a-z0-9]*[a-z0-9])?$/;
+const DNS1123_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+const LABEL_VALUE = /^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$/;
+const QUALIFIED_NAME_PART = /^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$/;
+
+type Check = (s: string) => string | null;
+
+export const dns1123Label: Check = (s) =>
+  s.length === 0 ? 'must not be empty'
+  : s.length > 63 ? 'must be no more than 63 characters'
+  : DNS1123_LABEL.test(s) ? null
+  : "must be a DNS-1123 label: lower case alphanumerics or '-', starting and ending with an alphanumeric";
+
+export const dns1035Label: Check = (s) =>
+  s.length === 0 ? 'must not be empty'
+  : s.length > 63 ? 'must be no more than 63 characters'
+  : DNS1035_LABEL.test(s) ? null
+  : "must be a DNS-1035 label: lower case alphanumerics or '-', starting with a letter and ending with an alphanumeric";
+
+export const dns1123Subdomain: Check = (s) =>
+  s.length === 0 ? 'must not be empty'
+  : s.length > 253 ? 'must be no more than 253 characters'
+  : DNS1123_SUBDOMAIN.test(s) ? null
+  : "must be a DNS-1123 subdomain: lower case alphanumerics, '-' or '.', starting and ending with an alphanumeric";
+
+/** IANA_SVC_NAME, as upstream's IsValidPortName: what a Service port name must be. */
+export const ianaSvcName: Check = (s) => {
+  if (s.length === 0) return 'must not be empty';
+  if (s.length > 15) return 'must be no more than 15 characters';
+  if (!/^[-a-z0-9]+$/.test(s)) return "must contain only lower case alphanumerics or '-'";
+  if (!/[a-z]/.test(s)) return 'must contain at least one letter';
+  if (s.includes('--')) return "must not contain consecutive '-'";
+  if (s.startsWith('-') || s.endsWith('-')) return "must not begin or end with '-'";
+  return null;
+};
+
+export const labelValue: Check = (s) =>
+  s.length > 63 ? 'must be no more than 63 characters'
+  : LABEL_VALUE.test(s) ? null
+  : "must be a label value: empty, or alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric";
+
+export const labelKey: Check = (s) => {
+  const slash = s.indexOf('/');
+  const name = slash < 0 ? s : s.slice(slash + 1);
+  if (slash >= 0) {
+    const prefix = s.slice(0, slash);
+    const bad = dns1123Subdomain(prefix);
+    if (bad) return `prefix ${bad}`;
+  }
+  if (name.length === 0) return 'name part must not be empty';
+  if (name.length > 63) return 'name part must be no more than 63 characters';
+  return QUALIFIED_NAME_PART.test(name) ? null : "name part must be alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric";
+};
+
+// ---- special addresses ------------------------------------------------------------------------
+
+/**
+ * Why an address cannot be a Service IP or endpoint address, or null. `ip` must be canonical
+ * (canonicalIP: IPv4-mapped IPv6 is already plain IPv4). Plain arithmetic on the text: this runs
+ * for every endpoint of every slice.
+ */
+export function specialIPReason(ip: string, allowLoopback = false): string | null {
+  if (!ip.includes(':')) {
+    const o = ip.split('.').map(Number);
+    if (o.length !== 4 || o.some((n) => !Number.isInteger(n) || n < 0 || n > 255)) return 'must be a valid IP address';
+    if (o[0] === 0 && o[1] === 0 && o[2] === 0 && o[3] === 0) return 'must not be the unspecified address';
+    if (o[0] === 127 && !allowLoopback) return 'must not be in the loopback range (127.0.0.0/8, ::1/128)';
+    if (o[0] === 169 && o[1] === 254) return 'must not be in the link-local range (169.254.0.0/16, fe80::/10)';
+    if (o[0] >= 224 && o[0] <= 239) return 'must not be a multicast address (224.0.0.0/4, ff00::/8)';
+    if (o[0] === 255 && o[1] === 255 && o[2] === 255 && o[3] === 255) return 'must not be the broadcast address';
+    return null;
+  }
+  if (ip === '::') return 'must not be the unspecified address';
+  if (ip === '::1') return allowLoopback ? null : 'must not be in the loopback range (127.0.0.0/8, ::1/128)';
+  const first = ip.startsWith('::') ? 0 : parseInt(ip.slice(0, ip.indexOf(':')), 16);
+  if (first >= 0xfe80 && first <= 0xfebf) return 'must not be in the link-local range (169.254.0.0/16, fe80::/10)';
+  if (first >= 0xff00) return 'must not be a multicast address (224.0.0.0/4, ff00::/8)';
+  return null;
+}
+
+// ---- zod building blocks ------------------------------------------------------------------------
+
+const str = (check: Check) =>
+  z.string().superRefine((s, ctx) => {
+    const bad = check(s);
+    if (bad) ctx.addIssue({ code: z.ZodIssueCode.custom, message: bad });
+  });
+
+/** Absent or null means "not set", as in the API's JSON. */
+const opt = <T extends z.ZodTypeAny>(t: T) => t.nullish();
+
+const int = (min: number, max: number) =>
+  z.number({ invalid_type_error: 'must be a number' }).int('must be an integer').min(min, `must be between ${min} and ${max}`).max(max, `must be between ${min} and ${max}`);
+
+/**
+ * An array of at most `max` items: the length is checked before any item, so a huge array
+ * costs one pass and one issue, not one issue per item. Limits are upstream's where it has one
+ * (EndpointSlice: 1000 endpoints, 100 ports, 100 addresses, 8 hints; clusterIPs and ipFamilies:
+ * 2) and otherwise far above any real object.
+ */
+const boundedArray = <T extends z.ZodTypeAny>(item: T, max: number, min = 0) =>
+  z
+    .any()
+    .superRefine((v: unknown, ctx) => {
+      if (!Array.isArray(v)) ctx.addIssue({ code: z.ZodIssueCode.custom, message: `must be an array, not ${kindOf(v)}` });
+      else if (v.length > max) ctx.addIssue({ code: z.ZodIssueCode.custom, message: `must have at most ${max} items` });
+      else if (v.length < min) ctx.addIssue({ code: z.ZodIssueCode.custom, message: min === 1 ? 'must not be empty' : `must have at least ${min} items` });
+    })
+    .pipe(z.array(item));
+
+function kindOf(v: unknown): string {
+  return v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v;
+}
+
+const labels = z.record(str(labelKey), str(labelValue));
+
+// '' is read as TCP, as convert.ts does (the API server defaults it)
+const protocol = z.enum(['TCP', 'UDP', 'SCTP', '']);
+
+const servicePort = z.object({
+  name: opt(str((s) => (s === '' ? null : ianaSvcName(s)))),
+  protocol: opt(protocol),
+  port: int(1, 65535),
+  // a number (0: not set) or the name of a container port
+  targetPort: opt(
+    z.any().superRefine((v: unknown, ctx) => {
+      const bad =
+        typeof v === 'number' ? (Number.isInteger(v) && v >= 0 && v <= 65535 ? null : 'must be between 1 and 65535')
+        : typeof v === 'string' ? ianaSvcName(v)
+        : `must be a number or a port name, not ${kindOf(v)}`;
+      if (bad) ctx.addIssue({ code: z.ZodIssueCode.custom, message: bad });
+    }),
+  ),
+  // 0 means "not set", as in the API
+  nodePort: opt(int(0, 65535)),
+  appProtocol: opt(z.string()),
+});
+
+// apiVersion and kind are kept when present (list items from the API server lack them); any
+// other field kproxy does not read is dropped, so trackers hold no more than they need.
+const typeMeta = { apiVersion: opt(z.string()), kind: opt(z.string()) };
+
+const serviceSchema = z.object({
+  ...typeMeta,
+  metadata: z.object({
+    name: str(dns1035Label),
+    namespace: str(dns1123Label),
+    labels: opt(labels),
+  }),
+  spec: opt(
+    z.object({
+      type: opt(z.enum(['ClusterIP', 'NodePort', 'LoadBalancer', 'ExternalName', ''])),
+      clusterIP: opt(z.string()),
+      clusterIPs: opt(boundedArray(z.string(), 2)),
+      ipFamilies: opt(boundedArray(z.enum(['IPv4', 'IPv6']), 2)),
+      ports: opt(boundedArray(servicePort, 1000)),
+      externalIPs: opt(boundedArray(z.string(), 1000)),
+      loadBalancerSourceRanges: opt(boundedArray(z.string(), 1000)),
+      sessionAffinity: opt(z.enum(['None', 'ClientIP', ''])),
+      sessionAffinityConfig: opt(z.object({ clientIP: opt(z.object({ timeoutSeconds: opt(int(1, 86400)) })) })),
+      externalTrafficPolicy: opt(z.enum(['Cluster', 'Local', ''])),
+      internalTrafficPolicy: opt(z.enum(['Cluster', 'Local', ''])),
+      healthCheckNodePort: opt(int(0, 65535)),
+      trafficDistribution: opt(z.string().max(253)),
+      externalName: opt(z.string()),
+    }),
+  ),
+  status: opt(
+    z.object({
+      loadBalancer: opt(
+        z.object({
+          ingress: opt(
+            boundedArray(
+              z.object({ ip: opt(z.string()), hostname: opt(z.string()), ipMode: opt(z.enum(['VIP', 'Proxy'])) }),
+              100,
+            ),
+          ),
+        }),
+      ),
+    }),
+  ),
+});
+
+const endpointSchema = z.object({
+  addresses: boundedArray(z.string(), 100, 1),
+  conditions: opt(z.object({ ready: opt(z.boolean()), serving: opt(z.boolean()), terminating: opt(z.boolean()) })),
+  nodeName: opt(str(dns1123Subdomain)),
+  zone: opt(str(labelValue)),
+  hostname: opt(str(dns1123Label)),
+  hints: opt(
+    z.object({
+      forZones: opt(boundedArray(z.object({ name: str(labelValue) }), 8)),
+      forNodes: opt(boundedArray(z.object({ name: str(dns1123Subdomain) }), 8)),
+    }),
+  ),
+});
+
+const sliceSchema = z.object({
+  ...typeMeta,
+  metadata: z.object({
+    name: str(dns1123Subdomain),
+    namespace: str(dns1123Label),
+    // The service-name label says which Service the slice belongs to: without one naming a
+    // possible Service, the slice cannot mean anything to a proxy.
+    labels: labels.superRefine((l, ctx) => {
+      const v = l[LABEL_SERVICE_NAME];
+      const bad = v === undefined ? 'required' : dns1035Label(v);
+      if (bad) ctx.addIssue({ code: z.ZodIssueCode.custom, path: [LABEL_SERVICE_NAME], message: bad });
+    }),
+  }),
+  addressType: z.enum(['IPv4', 'IPv6', 'FQDN']),
+  endpoints: opt(boundedArray(endpointSchema, 1000)),
+  ports: opt(
+    boundedArray(
+      z.object({
+        name: opt(str((s) => (s === '' ? null : dns1123Label(s)))),
+        port: opt(int(1, 65535)),
+        protocol: opt(protocol),
+        appProtocol: opt(z.string()),
+      }),
+      100,
+    ),
+  ),
+});
+
+const nodeSchema = z.object({
+  ...typeMeta,
+  metadata: z.object({ name: str(dns1123Subdomain), labels: opt(labels) }),
+});
+
+// ---- issue formatting ---------------------------------------------------------------------------
+
+export function formatPath(path: ReadonlyArray<string | number>): string {
+  let out = '';
+  for (const p of path) {
+    if (typeof p === 'number') out += `[${p}]`;
+    else if (/^[A-Za-z_][A-Za-z0-9_]*$/.test(p)) out += out ? `.${p}` : p;
+    else out += `[${JSON.stringify(p.length > 80 ? `${p.slice(0, 80)}…` : p)}]`;
+  }
+  return out || '(object)';
+}
+
+const VALUE_MAX = 100;
+
+/** A short JSON rendering of any value; never throws, never walks more than a little of it. */
+export function shortValue(v: unknown): string {
+  const seen = new Set<unknown>();
+  let budget = VALUE_MAX + 20;
+  const walk = (x: unknown, depth: number): string => {
+    if (budget <= 0) return '…';
+    let s: string;
+    if (x === undefined) s = 'undefined';
+    else if (x === null || typeof x === 'boolean' || typeof x === 'number') s = String(x);
+    else if (typeof x === 'string') s = JSON.stringify(x.length > VALUE_MAX ? `${x.slice(0, VALUE_MAX)}…` : x);
+    else if (typeof x === 'bigint') s = `${x}n`;
+    else if (typeof x !== 'object' || seen.has(x) || depth > 4) s = typeof x === 'object' ? '{…}' : typeof x;
+    else {
+      seen.add(x);
+      const parts: string[] = [];
+      const entries = Array.isArray(x) ? x.slice(0, 10).map((e) => ['', e] as const) : Object.entries(x as object).slice(0, 10);
+      for (const [k, e] of entries) {
+        if (budget <= 0) { parts.push('…'); break; }
+        parts.push(Array.isArray(x) ? walk(e, depth + 1) : `${JSON.stringify(k)}:${walk(e, depth + 1)}`);
+      }
+      const total = Array.isArray(x) ? x.length : Object.keys(x as object).length;
+      if (total > entries.length && parts[parts.length - 1] !== '…') parts.push(`…(${total} items)`);
+      s = Array.isArray(x) ? `[${parts.join(',')}]` : `{${parts.join(',')}}`;
+    }
+    budget -= s.length;
+    return s;
+  };
+  try {
+    const s = walk(v, 0);
+    return s.length > VALUE_MAX ? `${s.slice(0, VALUE_MAX)}…` : s;
+  } catch {
+    return '?';
+  }
+}
+
+function valueAt(root: unknown, path: ReadonlyArray<string | number>): unknown {
+  let cur = root;
+  for (const p of path) {
+    if (cur === null || typeof cur !== 'object') return undefined;
+    try {
+      cur = (cur as Record<string | number, unknown>)[p];
+    } catch {
+      return undefined;
+    }
+  }
+  return cur;
+}
+
+function zodIssues(raw: unknown, err: z.ZodError): Issue[] {
+  return err.issues.slice(0, 20).map((i) => {
+    const value = valueAt(raw, i.path);
+    let message = i.message;
+    if (i.code === z.ZodIssueCode.invalid_type) message = i.received === 'undefined' ? 'required' : `must be ${i.expected === 'object' ? 'an object' : i.expected === 'array' ? 'an array' : `a ${i.expected}`}, not ${i.received}`;
+    if (i.code === z.ZodIssueCode.invalid_union) message = 'has the wrong type or format';
+    if (i.code === z.ZodIssueCode.invalid_enum_value) message = `must be one of ${i.options.map((o) => JSON.stringify(o)).join(', ')}`;
+    return { path: formatPath(i.path), message, value: shortValue(value) };
+  });
+}
+
+const issue = (path: ReadonlyArray<string | number>, message: string, value: unknown): Issue => ({ path: formatPath(path), message, value: shortValue(value) });
+
+// ---- value rules that need more than one field ----------------------------------------------
+
+type ServiceOut = z.infer<typeof serviceSchema>;
+type SliceOut = z.infer<typeof sliceSchema>;
+
+function checkServiceIP(out: Issue[], path: ReadonlyArray<string | number>, raw: string, opts: ValidateOptions): string | null {
+  const ip = canonicalIP(raw);
+  if (!ip) {
+    out.push(issue(path, 'must be a valid IP address', raw));
+    return null;
+  }
+  const special = specialIPReason(ip, opts.allowLoopback);
+  if (special) {
+    out.push(issue(path, special, raw));
+    return null;
+  }
+  return ip;
+}
+
+function serviceRules(svc: ServiceOut, opts: ValidateOptions): Issue[] {
+  const out: Issue[] = [];
+  const spec = svc.spec;
+  if (!spec) return out;
+  const cip = spec.clusterIP ?? '';
+  let cipCanon: string | null = null;
+  if (cip !== '' && cip !== 'None') cipCanon = checkServiceIP(out, ['spec', 'clusterIP'], cip, opts);
+  const cips = spec.clusterIPs ?? [];
+  const families: number[] = [];
+  for (const [i, c] of cips.entries()) {
+    if (i === 0 && c === 'None') {
+      if (cip !== '' && cip !== 'None') out.push(issue(['spec', 'clusterIPs', 0], 'must match spec.clusterIP', c));
+      continue;
+    }
+    const ip = checkServiceIP(out, ['spec', 'clusterIPs', i], c, opts);
+    if (!ip) continue;
+    if (i === 0 && cip !== '' && cipCanon && ip !== cipCanon) out.push(issue(['spec', 'clusterIPs', 0], 'must match spec.clusterIP', c));
+    if (i === 0 && cip === 'None') out.push(issue(['spec', 'clusterIPs', 0], 'must match spec.clusterIP', c));
+    const fam = ipFamily(ip)!;
+    if (families.includes(fam)) out.push(issue(['spec', 'clusterIPs', i], 'a dual-stack Service needs one IP of each family', c));
+    families.push(fam);
+  }
+  for (const [i, e] of (spec.externalIPs ?? []).entries()) checkServiceIP(out, ['spec', 'externalIPs', i], e, opts);
+  for (const [i, ing] of (svc.status?.loadBalancer?.ingress ?? []).entries()) {
+    if (ing.ip) checkServiceIP(out, ['status', 'loadBalancer', 'ingress', i, 'ip'], ing.ip, opts);
+  }
+  for (const [i, r] of (spec.loadBalancerSourceRanges ?? []).entries()) {
+    if (!parseCIDR(r)) out.push(issue(['spec', 'loadBalancerSourceRanges', i], 'must be a CIDR such as 203.0.113.0/24', r));
+  }
+  const names = new Set<string>();
+  const portProtos = new Set<string>();
+  const ports = spec.ports ?? [];
+  for (const [i, p] of ports.entries()) {
+    const name = p.name ?? '';
+    if (name === '' && ports.length > 1) out.push(issue(['spec', 'ports', i, 'name'], 'required when a Service has more than one port', name));
+    else if (names.has(name)) out.push(issue(['spec', 'ports', i, 'name'], 'duplicate port name', name));
+    names.add(name);
+    const pp = `${p.port}/${p.protocol || 'TCP'}`;
+    if (portProtos.has(pp)) out.push(issue(['spec', 'ports', i], 'duplicate port and protocol', pp));
+    portProtos.add(pp);
+  }
+  return out;
+}
+
+function sliceRules(slice: SliceOut, opts: ValidateOptions): Issue[] {
+  const out: Issue[] = [];
+  if (slice.addressType === 'FQDN') {
+    for (const [i, ep] of (slice.endpoints ?? []).entries()) {
+      for (const [j, a] of ep.addresses.entries()) {
+        const bad = dns1123Subdomain(a);
+        if (bad) out.push(issue(['endpoints', i, 'addresses', j], bad, a));
+      }
+    }
+    return out;
+  }
+  const want = slice.addressType === 'IPv4' ? 4 : 6;
+  for (const [i, ep] of (slice.endpoints ?? []).entries()) {
+    for (const [j, a] of ep.addresses.entries()) {
+      const path = ['endpoints', i, 'addresses', j];
+      const ip = canonicalIP(a);
+      if (!ip || ipFamily(ip) !== want) {
+        out.push(issue(path, `must be a valid ${slice.addressType} address`, a));
+        continue;
+      }
+      const special = specialIPReason(ip, opts.allowLoopback);
+      if (special) out.push(issue(path, special, a));
+    }
+  }
+  return out;
+}
+
+// ---- entry points ------------------------------------------------------------------------------
+
+function run<S extends z.ZodTypeAny, T>(schema: S, raw: unknown, rules: (v: z.infer<S>) => Issue[]): Validated<T> {
+  let r: z.SafeParseReturnType<unknown, z.infer<S>>;
+  try {
+    r = schema.safeParse(raw);
+  } catch (e) {
+    // zod does not throw on data, but a hostile getter or a proxy could: still an invalid object
+    return { ok: false, issues: [{ path: '(object)', message: `cannot be read: ${(e as Error)?.message ?? e}`, value: '?' }] };
+  }
+  if (!r.success) return { ok: false, issues: zodIssues(raw, r.error) };
+  const issues = rules(r.data);
+  return issues.length ? { ok: false, issues } : { ok: true, value: r.data as T };
+}
+
+/** A Service checked for shape, types and values; the value returned holds only known fields. */
+export function validateService(raw: unknown, opts: ValidateOptions = {}): Validated<K8sService> {
+  return run<typeof serviceSchema, K8sService>(serviceSchema, raw, (v) => serviceRules(v, opts));
+}
+
+export function validateEndpointSlice(raw: unknown, opts: ValidateOptions = {}): Validated<K8sEndpointSlice> {
+  return run<typeof sliceSchema, K8sEndpointSlice>(sliceSchema, raw, (v) => sliceRules(v, opts));
+}
+
+export function validateNode(raw: unknown): Validated<NodeObject> {
+  return run<typeof nodeSchema, NodeObject>(nodeSchema, raw, () => []);
+}
+
+const SAFE_NAME = /^[A-Za-z0-9._-]{1,253}$/;
+
+/** "ns/name" of any object, printable whatever it holds (names are quoted when odd). */
+export function describeObject(raw: unknown, namespaced = true): string {
+  const meta = raw !== null && typeof raw === 'object' ? valueAt(raw, ['metadata']) : undefined;
+  const part = (v: unknown): string => (typeof v === 'string' && SAFE_NAME.test(v) ? v : v === undefined ? '?' : shortValue(v));
+  const name = part(valueAt(meta, ['name']));
+  return namespaced ? `${part(valueAt(meta, ['namespace']))}/${name}` : name;
+}
+
+/** Identity ("ns/name") of an object when its metadata holds plain strings, else null. */
+export function objectIdentity(raw: unknown, namespaced = true): string | null {
+  const meta = raw !== null && typeof raw === 'object' ? valueAt(raw, ['metadata']) : undefined;
+  const ns = valueAt(meta, ['namespace']);
+  const name = valueAt(meta, ['name']);
+  if (typeof name !== 'string' || name === '') return null;
+  if (!namespaced) return name;
+  if (typeof ns !== 'string' || ns === '') return null;
+  return `${ns}/${name}`;
+}
+
+// ---- reporting: one warning per object and field, rate-limited --------------------------------
+
+export interface InvalidDetail {
+  kind: ObjectKind;
+  /** field path */
+  field: string;
+  value: string;
+}
+
+export interface BoundaryOptions extends ValidateOptions {
+  /** called once per skipped object version (for the kproxy_invalid_objects_total counter) */
+  onInvalid?: (kind: ObjectKind, object: string) => void;
+  /** a warning for the same object and field is repeated at most this often (default 5 min) */
+  warnIntervalMs?: number;
+  /** how many (object, field) pairs are remembered for rate limiting (default 10,000) */
+  maxRemembered?: number;
+  now?: () => number;
+}
+
+/** At most this many issues of one object are warned about; the rest add nothing a user needs. */
+const ISSUES_PER_OBJECT = 5;
+
+/**
+ * The boundary every object crosses: validates, and for an invalid one warns (rate-limited per
+ * object and field, memory bounded by evicting the oldest entries) and counts.
+ */
+export class Boundary {
+  private readonly lastWarned = new Map<string, number>();
+  private readonly intervalMs: number;
+  private readonly maxRemembered: number;
+  private readonly now: () => number;
+
+  constructor(
+    private readonly report: Report = () => {},
+    readonly opts: BoundaryOptions = {},
+  ) {
+    this.intervalMs = opts.warnIntervalMs ?? 5 * 60_000;
+    this.maxRemembered = Math.max(1, opts.maxRemembered ?? 10_000);
+    this.now = opts.now ?? Date.now;
+  }
+
+  service(raw: unknown): K8sService | null {
+    return this.accept('Service', raw, validateService(raw, this.opts));
+  }
+
+  endpointSlice(raw: unknown): K8sEndpointSlice | null {
+    return this.accept('EndpointSlice', raw, validateEndpointSlice(raw, this.opts));
+  }
+
+  node(raw: unknown): NodeObject | null {
+    return this.accept('Node', raw, validateNode(raw));
+  }
+
+  /** number of (object, field) pairs remembered for rate limiting (tests) */
+  rememberedCount(): number {
+    return this.lastWarned.size;
+  }
+
+  private accept<T>(kind: ObjectKind, raw: unknown, r: Validated<T>): T | null {
+    if (r.ok) return r.value;
+    const who = describeObject(raw, kind !== 'Node');
+    this.opts.onInvalid?.(kind, who);
+    const t = this.now();
+    for (const i of r.issues.slice(0, ISSUES_PER_OBJECT)) {
+      const key = `${kind}\u0000${who}\u0000${i.path}`;
+      const last = this.lastWarned.get(key);
+      if (last !== undefined && t - last < this.intervalMs) continue;
+      this.lastWarned.delete(key); // re-insert: the Map's order is the eviction order
+      this.lastWarned.set(key, t);
+      while (this.lastWarned.size > this.maxRemembered) this.lastWarned.delete(this.lastWarned.keys().next().value as string);
+      this.report(`invalid ${kind}: ${i.path} ${i.message} (value ${i.value}); the object is skipped`, `${kind} ${who}`, { kind, field: i.path, value: i.value });
+    }
+    return null;
+  }
+}
