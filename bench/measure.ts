@@ -4,6 +4,7 @@
 // payload the mode renders.
 import type { ModeName } from '../src/config/config.ts';
 import { silentLogger } from '../src/log.ts';
+import { ExecError, type RunResult } from '../src/exec/runner.ts';
 import type { ModeModule, Proxier, SyncStats } from '../src/modes/types.ts';
 import { execMs, isWrite, LEGACY_IPTABLES, type ExecRecord, type Namespaces, TimedRunner } from './netns.ts';
 import { benchConfig, clusterIPOf, Workload } from './workload.ts';
@@ -145,7 +146,14 @@ export function oneServicePayload(full: string, clusterIP: string): { payload: s
 async function timedApply(runner: TimedRunner, mode: ModeName, payload: string, timeoutMs: number): Promise<number> {
   const [cmd, args] = mode === 'nftables' ? ['nft', ['-f', '-']] : ['iptables-restore', ['-w', '5', '--noflush', '--counters']];
   const t0 = performance.now();
-  const r = await runner.run(cmd, args as string[], { input: payload, timeoutMs });
+  let r: RunResult;
+  try {
+    r = await runner.run(cmd, args as string[], { input: payload, timeoutMs });
+  } catch (e) {
+    // the runner rejects a run it killed at the limit
+    if (e instanceof ExecError && e.code === 'KPROXY_EXEC_TIMEOUT') return Number.POSITIVE_INFINITY;
+    throw e;
+  }
   const ms = performance.now() - t0;
   if (r.code !== 0 && ms >= timeoutMs) return Number.POSITIVE_INFINITY;
   if (r.code !== 0) throw new Error(`KPROXY_BENCH_RAW_APPLY: ${cmd} exited ${r.code}: ${r.stderr.trim().slice(0, 400)}`);

@@ -7,6 +7,7 @@ import { ProxyController } from '../sync/controller.ts';
 import { ManifestsSource } from '../sources/manifests.ts';
 import { startServers } from '../server/servers.ts';
 import { cleanupAll } from './cleanup.ts';
+import { installProcessGuards } from './guards.ts';
 import type { Source } from '../sources/types.ts';
 import type { Logger } from '../log.ts';
 import type { ProxyConfig } from '../config/config.ts';
@@ -29,6 +30,9 @@ export async function runCommand(o: CommonOptions): Promise<void> {
     await cleanupAll(hostRunner, log);
     return;
   }
+  // A long-running kproxy logs an error that escapes every handler and keeps going (node's
+  // default would exit 1 and leave the node unserviced until a restart).
+  installProcessGuards(log);
   const nodeName = resolveNodeName(cfg);
   const source = await createSource(o, cfg, nodeName, log);
   const mode = modes[cfg.mode];

@@ -84,6 +84,12 @@ export function splitRuleArgs(line: string): string[] {
   return tokenize(line)?.words ?? line.split(/\s+/).filter((w) => w !== '');
 }
 
+/** A run the runner killed at its time limit, as the result the restore paths interpret. */
+function killedAtLimit(e: unknown): RunResult {
+  if (e instanceof ExecError && e.code === 'KPROXY_EXEC_TIMEOUT') return e.result ?? { code: 128, stdout: '', stderr: '' };
+  throw e;
+}
+
 export class IptablesExecutor {
   readonly bin: ReturnType<typeof binaries>;
 
@@ -99,9 +105,10 @@ export class IptablesExecutor {
     const lines = countLines(payload);
     const timeoutMs = restoreTimeoutMs(lines);
     const started = Date.now();
-    const r = await this.runner.run(this.bin.restore, [...WAIT, '--noflush', '--counters'], { input: payload, timeoutMs });
+    const r = await this.runner.run(this.bin.restore, [...WAIT, '--noflush', '--counters'], { input: payload, timeoutMs }).catch(killedAtLimit);
     if (r.code === 0) return;
-    // The runner kills at the limit (SIGKILL → code 128) and says nothing else: say it here.
+    // The runner kills at the limit (KPROXY_EXEC_TIMEOUT, or code 128 from a runner that only
+    // kills) and says nothing about the payload: say it here.
     if (r.code === 128 && Date.now() - started >= timeoutMs - 50) {
       throw new RestoreError(
         null,

@@ -85,7 +85,10 @@ export class NftExecutor {
     const lines = countLines(transaction);
     const limitMs = applyTimeoutMs(lines, this.timeoutMs);
     const started = Date.now();
-    const r = await this.runner.run('nft', ['-f', '-'], { input: transaction, timeoutMs: limitMs });
+    const r = await this.runner.run('nft', ['-f', '-'], { input: transaction, timeoutMs: limitMs }).catch((e: unknown) => {
+      if (e instanceof ExecError && e.code === 'KPROXY_EXEC_TIMEOUT') throw new NftTimeoutError(limitMs, lines, e.result?.stderr ?? '');
+      throw e;
+    });
     if (r.code === 0) return;
     // The runner kills at the limit (SIGKILL, reported as 128) and nft then prints nothing.
     if (!r.stderr.includes('Error') && (r.code === 128 || Date.now() - started >= limitMs)) {

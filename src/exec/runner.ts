@@ -1,7 +1,7 @@
 // The only way kproxy starts a process: an argument array (never a shell string), the
 // payload on stdin, a time limit. Executors take a CommandRunner so tests can substitute a
 // stateful fake that models the kernel.
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 
 export interface RunResult {
   code: number;
@@ -11,6 +11,11 @@ export interface RunResult {
 
 export interface RunOptions {
   input?: string;
+  /**
+   * Time limit in ms. Absent, zero, negative or not finite means DEFAULT_TIMEOUT_MS: no
+   * command runs unbounded (a hung iptables lock or a stuck modprobe would otherwise hang
+   * start-up or the sync loop forever).
+   */
   timeoutMs?: number;
 }
 
@@ -28,32 +33,109 @@ export class ExecError extends Error {
   }
 }
 
+/** The limit of a command whose caller gives none. */
+export const DEFAULT_TIMEOUT_MS = 60_000;
+
+/** The limit a run will actually get: callers cannot ask for "unlimited". */
+export function effectiveTimeoutMs(timeoutMs: number | undefined): number {
+  return typeof timeoutMs === 'number' && Number.isFinite(timeoutMs) && timeoutMs > 0 ? timeoutMs : DEFAULT_TIMEOUT_MS;
+}
+
+function errnoOf(e: unknown): string {
+  const code = (e as NodeJS.ErrnoException | undefined)?.code;
+  return typeof code === 'string' ? code : 'unknown error';
+}
+
+/** A process that could not be started: ENOENT keeps its own code, everything else names the errno. */
+export function spawnError(cmd: string, e: unknown): ExecError {
+  const errno = errnoOf(e);
+  if (errno === 'ENOENT') return new ExecError('KPROXY_EXEC_MISSING', `${cmd} not found; install the package that provides it`);
+  const hint =
+    errno === 'EMFILE' || errno === 'ENFILE'
+      ? 'too many open files: raise the file descriptor limit (ulimit -n / LimitNOFILE) or find what leaks descriptors'
+      : errno === 'EAGAIN' || errno === 'ENOMEM'
+        ? 'the host is out of processes or memory; the next sync retries'
+        : errno === 'EACCES' || errno === 'EPERM'
+          ? `${cmd} is not executable by this user; check its permissions`
+          : 'the next sync retries';
+  return new ExecError('KPROXY_EXEC_SPAWN_FAILED', `could not start ${cmd} (${errno}: ${(e as Error | undefined)?.message ?? String(e)}); ${hint}`);
+}
+
+/**
+ * SIGKILL to the child's whole process group (it was spawned detached, so it leads its own
+ * group): grandchildren that still hold the pipes die with it. Never our own group.
+ */
+function killGroup(child: ChildProcess): void {
+  const pid = child.pid;
+  if (typeof pid !== 'number' || pid <= 1 || pid === process.pid) return;
+  try {
+    process.kill(-pid, 'SIGKILL');
+  } catch {
+    // the group is already gone; the direct child may still need its own kill
+    try {
+      child.kill('SIGKILL');
+    } catch {
+      // gone too
+    }
+  }
+}
+
 export const hostRunner: CommandRunner = {
   run(cmd, args, opts = {}) {
+    const limitMs = effectiveTimeoutMs(opts.timeoutMs);
     return new Promise((resolve, reject) => {
-      const child = spawn(cmd, args, { stdio: ['pipe', 'pipe', 'pipe'] });
       const out: Buffer[] = [];
       const err: Buffer[] = [];
       let timer: NodeJS.Timeout | undefined;
-      if (opts.timeoutMs) timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs);
-      child.stdout.on('data', (d: Buffer) => out.push(d));
-      child.stderr.on('data', (d: Buffer) => err.push(d));
+      let settled = false;
+      const finish = (f: () => void) => {
+        if (settled) return;
+        settled = true;
+        if (timer) clearTimeout(timer);
+        f();
+      };
+      let child: ChildProcess;
+      try {
+        // detached: the child leads a new process group, so a time limit can kill what it forked
+        child = spawn(cmd, args, { stdio: ['pipe', 'pipe', 'pipe'], detached: true });
+      } catch (e) {
+        // spawn throws synchronously for some errno values (and for bad arguments)
+        reject(spawnError(cmd, e));
+        return;
+      }
+      // On EMFILE/ENFILE node emits 'error' on the next tick and leaves the pipes null: the
+      // listener below is attached in time, and nothing here may touch a null pipe.
       child.on('error', (e: NodeJS.ErrnoException) => {
-        if (timer) clearTimeout(timer);
-        if (e.code === 'ENOENT') {
-          reject(new ExecError('KPROXY_EXEC_MISSING', `${cmd} not found; install the package that provides it`));
-        } else reject(e);
+        finish(() => reject(spawnError(cmd, e)));
+        killGroup(child);
       });
+      timer = setTimeout(() => {
+        killGroup(child);
+        // Resolve now: a grandchild that escaped the group could keep the pipes open forever.
+        child.stdout?.destroy();
+        child.stderr?.destroy();
+        child.stdin?.destroy();
+        const partial: RunResult = { code: 128, stdout: Buffer.concat(out).toString('utf8'), stderr: Buffer.concat(err).toString('utf8') };
+        finish(() =>
+          reject(new ExecError('KPROXY_EXEC_TIMEOUT', `${[cmd, ...args].join(' ')} did not finish within ${limitMs} ms; its process group was killed`, partial)),
+        );
+      }, limitMs);
+      child.stdout?.on('data', (d: Buffer) => out.push(d));
+      child.stderr?.on('data', (d: Buffer) => err.push(d));
+      child.stdout?.on('error', () => {});
+      child.stderr?.on('error', () => {});
       child.on('close', (code, signal) => {
-        if (timer) clearTimeout(timer);
-        resolve({
-          code: code ?? (signal ? 128 : 1),
-          stdout: Buffer.concat(out).toString('utf8'),
-          stderr: Buffer.concat(err).toString('utf8'),
-        });
+        finish(() =>
+          resolve({
+            code: code ?? (signal ? 128 : 1),
+            stdout: Buffer.concat(out).toString('utf8'),
+            stderr: Buffer.concat(err).toString('utf8'),
+          }),
+        );
       });
-      child.stdin.on('error', () => {});
-      child.stdin.end(opts.input ?? '');
+      // EPIPE when the child exits without reading its input: its exit code tells the story
+      child.stdin?.on('error', () => {});
+      child.stdin?.end(opts.input ?? '');
     });
   },
 };

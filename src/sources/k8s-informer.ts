@@ -83,6 +83,27 @@ function keyOf(o: KubernetesObject): string {
   return `${o.metadata?.namespace ?? ''}/${o.metadata?.name ?? ''}`;
 }
 
+/**
+ * Transport-level failures: the API server cannot be reached or the connection to it broke.
+ * Which one a client sees first depends on timing alone (a server that goes away cuts the open
+ * watch streams, "Premature close", and refuses the next connect, ECONNREFUSED), so they
+ * share one problem code.
+ */
+const TRANSPORT_CODES = new Set([
+  'ECONNREFUSED', 'ECONNRESET', 'ECONNABORTED', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'EHOSTDOWN',
+  'ENETDOWN', 'ENOTFOUND', 'EAI_AGAIN', 'ERR_STREAM_PREMATURE_CLOSE', 'UND_ERR_SOCKET', 'UND_ERR_CONNECT_TIMEOUT',
+]);
+const TRANSPORT_MESSAGE = /Premature close|socket hang up|\b(ECONNREFUSED|ECONNRESET|ETIMEDOUT|EHOSTUNREACH|ENETUNREACH|ENOTFOUND|EAI_AGAIN)\b/;
+
+export function isUnreachable(err: unknown): boolean {
+  if (typeof (err as { statusCode?: unknown } | undefined)?.statusCode === 'number') return false;
+  const code = (err as { code?: unknown } | undefined)?.code;
+  if (typeof code === 'string' && TRANSPORT_CODES.has(code)) return true;
+  const errno = (err as { errno?: unknown } | undefined)?.errno;
+  if (typeof errno === 'string' && TRANSPORT_CODES.has(errno)) return true;
+  return err instanceof Error && TRANSPORT_MESSAGE.test(err.message);
+}
+
 /** One line for logs and health: the error without the (long) query strings of URLs. */
 function errText(err: unknown): string {
   return rawErrText(err).replace(/(https?:\/\/[^\s?]+)\?\S*/g, '$1');
@@ -306,7 +327,10 @@ export class ResilientInformer<T extends KubernetesObject> {
       sc === 401 || sc === 403
         ? 'check the credentials and RBAC (kproxy needs list and watch on services, endpointslices.discovery.k8s.io and nodes)'
         : 'check that the API server is reachable; retrying';
-    this.status.problem = `KPROXY_SOURCE_API_ERROR: ${this.o.what}: ${errText(err)}; ${hint}`;
+    this.status.problem = isUnreachable(err)
+      ? `KPROXY_SOURCE_UNREACHABLE: ${this.o.what}: cannot reach the API server (${errText(err)}); the last state stays in force; ` +
+        'check that the API server is reachable from this node; retrying'
+      : `KPROXY_SOURCE_API_ERROR: ${this.o.what}: ${errText(err)}; ${hint}`;
     // 504 on a watch is kube-apiserver's "Too large resource version" (the server's store
     // is behind our version, e.g. restored from a backup): resuming can never work, so
     // relist, as client-go's reflector does.
@@ -353,7 +377,8 @@ class InstrumentedWatch<T extends KubernetesObject> extends Watch {
       // The server ends the stream after timeoutSeconds; silence well past that means the
       // connection is dead without a FIN (node crash, network partition).
       silence = setTimeout(() => {
-        finishOnce(new Error(`watch ${path}: no data for ${timeoutSeconds + 30}s`));
+        // a dead connection: reported as the transport failure it is
+        finishOnce(Object.assign(new Error(`watch ${path}: no data for ${timeoutSeconds + 30}s`), { code: 'ETIMEDOUT' }));
         abort();
       }, (timeoutSeconds + 30) * 1000);
       silence.unref?.();

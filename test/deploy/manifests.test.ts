@@ -241,7 +241,7 @@ describe('deploy/kproxy.yaml', () => {
       const env = (container.env as Obj[]).find((e) => e.name === 'NODE_NAME');
       assert.deepEqual(env?.valueFrom, { fieldRef: { apiVersion: 'v1', fieldPath: 'spec.nodeName' } });
       assert.ok(container.args.includes('--hostname-override=$(NODE_NAME)'), `args: ${container.args}`);
-      // `command` would replace the image's ENTRYPOINT (node /app/bin/kproxy.js).
+      // `command` would replace the image's ENTRYPOINT (tini -- node /app/bin/kproxy.js).
       assert.equal(container.command, undefined);
       assert.equal(container.args[0], 'run');
     });
@@ -389,7 +389,9 @@ describe('deploy/Dockerfile', () => {
   });
 
   test('ENTRYPOINT runs bin/kproxy.js from where it was copied, CMD runs with the config file', () => {
-    assert.deepEqual(execForm(ins.find((i) => i.op === 'ENTRYPOINT')), ['node', '/app/bin/kproxy.js']);
+    // tini first: PID 1 must reap the orphans of a process group killed at its time limit
+    assert.deepEqual(execForm(ins.find((i) => i.op === 'ENTRYPOINT')), ['/usr/bin/tini', '--', 'node', '/app/bin/kproxy.js']);
+    assert.match(ins.find((i) => i.op === 'RUN' && /apt-get install/.test(i.args))!.args, /\btini\b/);
     assert.deepEqual(execForm(ins.find((i) => i.op === 'CMD')), ['run', '--config', '/var/lib/kproxy/config.conf']);
     const workdir = ins.filter((i) => i.op === 'WORKDIR').at(-1)?.args;
     const copyBin = ins.find((i) => i.op === 'COPY' && /^bin\/? /.test(i.args))!;

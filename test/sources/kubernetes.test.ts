@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createKubernetesSource, loadKubeConfig, KubernetesSourceError, type KubernetesSource } from '../../src/sources/kubernetes.ts';
-import { backoffDelay, resolveBackoff } from '../../src/sources/k8s-informer.ts';
+import { backoffDelay, isUnreachable, resolveBackoff } from '../../src/sources/k8s-informer.ts';
 import { silentLogger } from '../../src/log.ts';
 import { TestApiServer, tempDir, type TestApiServerOptions } from '../support/apiserver.ts';
 import { Recorder, captureLogger, node, sleep, slice, svc, versions, waitFor } from './k8s-fixtures.ts';
@@ -235,6 +235,29 @@ describe('kubernetes source: resilience', () => {
     }
   });
 
+  test('API server gone: a cut stream and a refused connect are both KPROXY_SOURCE_UNREACHABLE (no race between them)', async () => {
+    // A long back-off freezes the first failure: the server's stop cuts the open watch streams
+    // ("Premature close"); only a retry would see ECONNREFUSED. Either way the server is down.
+    const r = await rig({ seed: seedBasic, backoff: { initialMs: 60_000, maxMs: 60_000, jitter: 0 } });
+    try {
+      await waitFor(() => r.rec.syncedCalls === 1, 'synced');
+      await waitFor(() => r.source.health().connected, 'connected');
+      await r.server.stop();
+      await waitFor(() => !r.source.health().connected && (r.source.health().problem ?? '').split('KPROXY_').length > 3, 'all three informers failed', 5000);
+      const problem = r.source.health().problem ?? '';
+      assert.doesNotMatch(problem, /KPROXY_SOURCE_API_ERROR/, problem);
+      for (const what of ['services', 'endpointslices', 'node node-a']) {
+        assert.match(problem, new RegExp(`KPROXY_SOURCE_UNREACHABLE: ${what}: cannot reach the API server \\(`), problem);
+      }
+    } finally {
+      await r.done();
+    }
+    // An HTTP answer is no transport failure: it keeps its own code.
+    assert.equal(isUnreachable(Object.assign(new Error('forbidden'), { statusCode: 403 })), false);
+    assert.equal(isUnreachable(Object.assign(new Error('Premature close'), { code: 'ERR_STREAM_PREMATURE_CLOSE' })), true);
+    assert.equal(isUnreachable(Object.assign(new Error('request failed, reason: connect ECONNREFUSED 127.0.0.1:1'), { code: 'ECONNREFUSED' })), true);
+  });
+
   test('API server down: connected=false with a problem; back up (state kept, reset, rewound) → converges within 5 s', async () => {
     const r = await rig({ seed: seedBasic, backoff: { initialMs: 100, maxMs: 1000, jitter: 0 } });
     try {
@@ -244,7 +267,8 @@ describe('kubernetes source: resilience', () => {
       await r.server.stop();
       await waitFor(() => !r.source.health().connected, 'disconnected', 3000);
       const h = r.source.health();
-      assert.match(h.problem ?? '', /KPROXY_SOURCE_API_ERROR: .*ECONNREFUSED|KPROXY_SOURCE_API_ERROR/);
+      assert.match(h.problem ?? '', /KPROXY_SOURCE_UNREACHABLE: (services|endpointslices|node node-a): cannot reach the API server/);
+      assert.doesNotMatch(h.problem ?? '', /KPROXY_SOURCE_API_ERROR/);
       assert.equal(h.synced, true, 'synced stays true: the last state is still served');
       // changes while the server is down (the store survives, as etcd would)
       r.server.create('services', svc('while-down', { ip: '172.30.0.40' }));
