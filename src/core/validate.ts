@@ -52,7 +52,9 @@ export function validateOptionsForMode(mode: string): ValidateOptions {
 
 /** The parts of a Node kproxy reads (structurally the sources' K8sNode). */
 export interface NodeObject {
-  metadata?: { name?: string; labels?: Record<string, string> };
+  metadata?: { name?: string; labels?: Record<string, string>; deletionTimestamp?: string | null };
+  spec?: { podCIDRs?: string[] | null; taints?: Array<{ key: string; value?: string | null; effect?: string | null }> | null } | null;
+  status?: { addresses?: Array<{ type: string; address: string }> | null } | null;
 }
 
 // ---- name and label rules (apimachinery pkg/util/validation) --------------------------------
@@ -284,9 +286,18 @@ const sliceSchema = z.object({
   ),
 });
 
+// The Node's parts kproxy reads: labels (topology), deletion and taints (healthz's
+// nodeEligible), podCIDRs (detectLocalMode NodeCIDR) and addresses (the primary node IP).
 const nodeSchema = z.object({
   ...typeMeta,
-  metadata: z.object({ name: str(dns1123Subdomain), labels: opt(labels) }),
+  metadata: z.object({ name: str(dns1123Subdomain), labels: opt(labels), deletionTimestamp: opt(z.string()) }),
+  spec: opt(
+    z.object({
+      podCIDRs: opt(boundedArray(z.string(), 2)),
+      taints: opt(boundedArray(z.object({ key: z.string(), value: opt(z.string()), effect: opt(z.string()) }), 100)),
+    }),
+  ),
+  status: opt(z.object({ addresses: opt(boundedArray(z.object({ type: z.string(), address: z.string() }), 100)) })),
 });
 
 // ---- issue formatting ---------------------------------------------------------------------------
