@@ -28,6 +28,12 @@ export interface SyncStats {
   rulesTotal: number;
   /** human-readable summary of what changed, for the per-sync diff log and /debug/diff */
   diff?: string;
+  /**
+   * Services ("ns/name") left out of this sync because the kernel refused their part of an
+   * atomic transaction; retried when they change and at the next full sync. For a metric
+   * (kproxy_sync_excluded_services) and /debug.
+   */
+  excludedServices?: string[];
 }
 
 export interface Proxier {
