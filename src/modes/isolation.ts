@@ -8,6 +8,16 @@ import type { ProxyState } from '../core/model.ts';
 /** Attempts per sync: the first one plus this many retries, each leaving out more Services. */
 export const MAX_ISOLATION_RETRIES = 4;
 
+// Errors that say nothing about the content (the kernel was short of memory or busy, the
+// lock was held): excluding the Service on the refused line would take a healthy Service
+// down until the next full sync, so these fail the sync and the loop retries with back-off.
+const TRANSIENT = /Resource temporarily unavailable|Cannot allocate memory|No buffer space|Device or resource busy|Interrupted system call|holding the xtables lock|Message too long/i;
+
+/** True when a refusal is about the moment, not about the line it names. */
+export function isTransientRefusal(stderr: string): boolean {
+  return TRANSIENT.test(stderr);
+}
+
 export class ServiceExclusions {
   /** "ns/name" → why the kernel refused it */
   private readonly excluded = new Map<string, string>();

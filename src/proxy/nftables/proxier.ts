@@ -11,7 +11,7 @@ import { IncrementalPlanner } from '../../modes/nftables/incremental.ts';
 import { countObjects, dumpRuleset, type NftFamily, type Ruleset } from '../../modes/nftables/ruleset.ts';
 import { deleteChainsTransaction, fullTransaction, partialTransaction, partialTransactionFor, type LiveNames, type Transaction } from '../../modes/nftables/transaction.ts';
 import { TABLE } from '../../modes/nftables/names.ts';
-import { exclusionMessage, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
+import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
 import { describeSkippedVIP, skippedVIPs } from '../../modes/vip.ts';
 
 export interface NftProxierOptions {
@@ -103,6 +103,7 @@ export class NftProxier implements Proxier {
   /** Excludes the Services whose lines nft refused; false when no refused line is a Service's. */
   private excludeRefused(e: NftApplyError): boolean {
     const lines = this.lastTransaction.split('\n');
+    if (isTransientRefusal(e.result?.stderr ?? '')) return false;
     const errors = (e.result?.stderr ?? '').split('\n').filter((l) => l.includes('Error'));
     let found = false;
     for (const n of e.lineNos) {
