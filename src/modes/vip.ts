@@ -42,17 +42,28 @@ export interface SafePort {
 
 // The trackers replace a ServicePort whenever its Service changes: one check per object.
 const cache = new WeakMap<ServicePort, SafePort>();
+const cacheLoopbackAllowed = new WeakMap<ServicePort, SafePort>();
+
+export interface SafeOptions {
+  /**
+   * Keep loopback VIPs: the userspace proxy serves them by binding the address itself (the
+   * standalone demo's ClusterIPs are 127.0.100.x), which takes nothing else from localhost.
+   */
+  allowLoopback?: boolean;
+}
 
 /**
  * The port without VIPs that must never match a rule. An unsafe ClusterIP becomes null
  * (the port is then planned as one without a ClusterIP); unsafe external and LB IPs are left out.
  */
-export function safeServicePort(sp: ServicePort): SafePort {
-  const hit = cache.get(sp);
+export function safeServicePort(sp: ServicePort, opts: SafeOptions = {}): SafePort {
+  const c = opts.allowLoopback ? cacheLoopbackAllowed : cache;
+  const hit = c.get(sp);
   if (hit) return hit;
   const skipped: SkippedVIP[] = [];
   const keep = (field: SkippedVIP['field'], ip: string): boolean => {
-    const reason = unsafeVIPReason(ip);
+    let reason = unsafeVIPReason(ip);
+    if (reason === 'loopback address' && opts.allowLoopback) reason = null;
     if (reason) skipped.push({ servicePort: sp.key, field, ip, reason });
     return reason === null;
   };
@@ -60,7 +71,7 @@ export function safeServicePort(sp: ServicePort): SafePort {
   const externalIPs = sp.externalIPs.filter((ip) => keep('externalIPs', ip));
   const loadBalancerVIPs = sp.loadBalancerVIPs.filter((ip) => keep('loadBalancerVIPs', ip));
   const out: SafePort = skipped.length === 0 ? { sp, skipped } : { sp: { ...sp, clusterIP, externalIPs, loadBalancerVIPs }, skipped };
-  cache.set(sp, out);
+  c.set(sp, out);
   return out;
 }
 

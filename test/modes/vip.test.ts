@@ -47,16 +47,16 @@ test('ipvs: no virtual server and no kube-ipvs0 address for a special VIP', () =
   for (const bad of ['127.0.0.1', '0.0.0.0', '224.0.0.1', '255.255.255.255']) assert.ok(!text.includes(`"${bad}`) && !text.includes(`${bad},`), bad);
 });
 
-test('userspace: no listener or redirect on a special VIP, and a note says why', () => {
+test('userspace: no listener or redirect on a special VIP, and a note says why (a loopback VIP is bound: the demo)', () => {
   const config = resolveConfig({}, { mode: 'userspace' });
   const input: PlanInput = { state: hostile(), config, node: NODE };
   const p = planUserspace(input, { redirect: true });
   // (a proxy listener binds 0.0.0.0 itself; what matters is what it serves and what is redirected)
-  const frontends = p.listeners.flatMap((l) => l.frontends.map((f) => f.ip));
-  const vipListeners = p.listeners.filter((l) => l.kind === 'vip').map((l) => l.host);
+  const frontends = p.listeners.flatMap((l) => l.frontends.map((f) => f.ip)).sort();
   const redirected = p.redirects.map((r) => r.dst);
-  assert.deepEqual(frontends, ['1.2.3.4']);
+  assert.deepEqual(frontends, ['1.2.3.4', '127.0.0.1']);
   assert.deepEqual(redirected, ['1.2.3.4/32']);
-  for (const h of vipListeners) assert.equal(unsafeVIPReason(h), null, h);
-  assert.ok(p.notes.some((n) => /ns\/lo:http clusterIP 127\.0\.0\.1: loopback address/.test(n)), p.notes.join('\n'));
+  assert.deepEqual(p.listeners.filter((l) => l.kind === 'vip').map((l) => l.host), ['127.0.0.1'], 'the loopback VIP is bound, not redirected');
+  assert.ok(p.notes.some((n) => /ns\/lo:http externalIPs 0\.0\.0\.0: unspecified/.test(n)), p.notes.join('\n'));
+  assert.ok(p.notes.some((n) => /loadBalancerVIPs 255\.255\.255\.255: broadcast/.test(n)), p.notes.join('\n'));
 });

@@ -262,8 +262,9 @@ export function planUserspace(input: PlanInput, opts: PlanOptions): UserspacePla
   const services = [...input.state.services.values()].sort((x, y) => compareKeys(x.key, y.key));
   for (const sp of services) {
     if (sp.family !== input.node.family) continue;
-    // Never listen on or redirect a loopback (or other special) address as a Service VIP.
-    const safe = safeServicePort(sp);
+    // Never listen on or redirect an unspecified, multicast or other special address as a
+    // Service VIP; a loopback one is bound, not redirected, and takes nothing from localhost.
+    const safe = safeServicePort(sp, { allowLoopback: true });
     for (const s of safe.skipped) b.plan.notes.push(describeSkippedVIP(s));
     planServicePort(b, safe.sp);
   }
