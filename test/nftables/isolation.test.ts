@@ -181,3 +181,18 @@ test('retries per sync are bounded', async () => {
   assert.equal(stats.excludedServices?.length, 10, 'nft reports every bad line at once: one retry suffices');
   assert.equal(nft2.calls, 2);
 });
+
+test('a line nft cannot even split (a name with a space, past validation) is still traced to its Service', async () => {
+  const weird = port('ns', 'weird', 'a b', { clusterIP: '172.30.0.9' });
+  weird.portName = { ...weird.portName, port: 'a b' };
+  const state = stateOf([
+    [port('ns', 'good1', 'http', { clusterIP: '172.30.0.1' }), [endpoint('10.180.0.1')]],
+    [weird, [endpoint('10.180.0.9')]],
+  ]);
+  // One error per call: the first refused line is a chain declaration nft cannot split.
+  const nft = new RefusingNft(['/a b'], 1);
+  const proxier = new NftProxier({ runner: nft, log: pino({ level: 'silent' }) });
+  const stats = await proxier.sync(input(state), new Set(), true);
+  assert.deepEqual(stats.excludedServices, ['ns/weird']);
+  assert.match(nft.applied[0], /172\.30\.0\.1 \. tcp \. 80 : goto service-/);
+});

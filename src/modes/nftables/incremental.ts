@@ -121,11 +121,18 @@ export class IncrementalPlanner {
    */
   ownerOfLine(line: string): ServicePort | null {
     const obj = objectOfLine(line);
-    if (!obj) return null;
+    if (obj) {
+      for (const c of this.cache.values()) {
+        const f = c.frag;
+        const owns = obj.kind === 'element' ? f.elements.get(obj.name)?.has(obj.key) : obj.kind === 'chain' ? f.chains.has(obj.name) : f.sets.has(obj.name);
+        if (owns) return c.sp;
+      }
+    }
+    // A line nft could not even split (a name validation should have refused, with a space
+    // in it): the port whose own chain or set it names.
     for (const c of this.cache.values()) {
-      const f = c.frag;
-      const owns = obj.kind === 'element' ? f.elements.get(obj.name)?.has(obj.key) : obj.kind === 'chain' ? f.chains.has(obj.name) : f.sets.has(obj.name);
-      if (owns) return c.sp;
+      for (const name of c.frag.chains.keys()) if (line.includes(` ${name}`)) return c.sp;
+      for (const name of c.frag.sets.keys()) if (line.includes(` ${name}`)) return c.sp;
     }
     return null;
   }
