@@ -86,3 +86,12 @@ export function skippedVIPs(services: Iterable<ServicePort>): SkippedVIP[] {
 export function describeSkippedVIP(s: SkippedVIP): string {
   return `${s.servicePort} ${s.field} ${s.ip}: ${s.reason}; never used as a Service VIP`;
 }
+
+/** For a planned trace: why the destination is not a VIP here, when the planner left it out. */
+export function skippedVIPNotes(req: { to: string; input?: { state: { services: Map<string, ServicePort> } } }): string[] {
+  if (!req.input) return [];
+  const to = canonicalIP(req.to);
+  return skippedVIPs(req.input.state.services.values())
+    .filter((s) => s.ip === to)
+    .map(describeSkippedVIP);
+}

@@ -60,3 +60,15 @@ test('userspace: no listener or redirect on a special VIP, and a note says why (
   assert.ok(p.notes.some((n) => /ns\/lo:http externalIPs 0\.0\.0\.0: unspecified/.test(n)), p.notes.join('\n'));
   assert.ok(p.notes.some((n) => /loadBalancerVIPs 255\.255\.255\.255: broadcast/.test(n)), p.notes.join('\n'));
 });
+
+test('a planned trace to a left-out VIP says why (iptables and nftables)', async () => {
+  const { mode: ipt } = await import('../../src/proxy/iptables/index.ts');
+  const { mode: nft } = await import('../../src/proxy/nftables/index.ts');
+  for (const m of [ipt, nft]) {
+    const config = resolveConfig({}, { mode: m.name });
+    const req = { from: '10.0.0.5', to: '127.0.0.1', port: 80, protocol: 'TCP' as const, live: false, input: { state: hostile(), config, node: NODE } };
+    const r = await m.trace!(req, { runner: { run: async () => ({ code: 1, stdout: '', stderr: 'no host access in this test' }) } });
+    assert.equal(r.output, '', m.name);
+    assert.ok(r.notes?.includes('ns/lo:http clusterIP 127.0.0.1: loopback address; never used as a Service VIP'), `${m.name}: ${r.notes}`);
+  }
+});
