@@ -44,6 +44,8 @@ export class NftApplyError extends ExecError {
     readonly lineNo: number | null,
     readonly line: string | null,
     stderr: string,
+    /** every line nft names in its errors (it reports all it finds while parsing) */
+    readonly lineNos: number[] = lineNo === null ? [] : [lineNo],
   ) {
     super('KPROXY_NFT_APPLY', message, { code: 1, stdout: '', stderr });
   }
@@ -55,6 +57,16 @@ const NOT_FOUND = /No such file or directory|does not exist/;
 export function failingLine(stderr: string): number | null {
   const m = /(?:\/dev\/stdin|-|<cmdline>):(\d+):\d+/.exec(stderr);
   return m ? parseInt(m[1], 10) : null;
+}
+
+/** Every distinct line number nft's errors name, in order. */
+export function failingLines(stderr: string): number[] {
+  const out: number[] = [];
+  for (const m of stderr.matchAll(/(?:\/dev\/stdin|-|<cmdline>):(\d+):\d+(?:-\d+)?: Error/g)) {
+    const n = parseInt(m[1], 10);
+    if (!out.includes(n)) out.push(n);
+  }
+  return out;
 }
 
 function countLines(text: string): number {
@@ -102,6 +114,7 @@ export class NftExecutor {
       lineNo,
       line,
       r.stderr,
+      failingLines(r.stderr),
     );
   }
 

@@ -30,6 +30,12 @@ export interface SyncStats {
   diff?: string;
   /** objects (set entries, virtual servers) left out because the kernel refuses them */
   rejected?: number;
+  /**
+   * Services ("ns/name") left out of this sync because the kernel refused their part of an
+   * atomic transaction; retried when they change and at the next full sync. For a metric
+   * (kproxy_sync_excluded_services) and /debug.
+   */
+  excludedServices?: string[];
 }
 
 export interface Proxier {

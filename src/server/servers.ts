@@ -141,6 +141,9 @@ export class Metrics {
   private readonly services = new client.Gauge({ name: 'kproxy_service_ports', help: 'Service ports known to kproxy', registers: [this.registry] });
   private readonly invalid = new client.Counter({ name: 'kproxy_invalid_objects_total', help: 'API objects refused at validation and skipped (every refused add or update counts)', labelNames: ['kind', 'source'], registers: [this.registry] });
 
+  private readonly excluded = new client.Gauge({ name: 'kproxy_sync_excluded_services', help: 'Services left out of the last sync because the kernel refused their part of an atomic transaction', registers: [this.registry] });
+  private readonly rejected = new client.Counter({ name: 'kproxy_sync_rejected_objects_total', help: 'Objects (set entries, virtual servers) the kernel refused and the sync left out', registers: [this.registry] });
+
   countInvalid(kind: string, source: string): void {
     this.invalid.inc({ kind, source });
   }
@@ -175,6 +178,8 @@ export class Metrics {
     this.written.set(r.stats?.rulesWritten ?? 0);
     this.total.set(r.stats?.rulesTotal ?? 0);
     this.services.set(servicePorts);
+    this.excluded.set(r.stats?.excludedServices?.length ?? 0);
+    if (r.stats?.rejected) this.rejected.inc(r.stats.rejected);
   }
 }
 

@@ -79,7 +79,8 @@ export class FakeKernel implements CommandRunner {
       const line = lines[i].trim();
       if (this.failNextRestoreAtLine === n) {
         this.failNextRestoreAtLine = null;
-        return err(n, 'injected failure');
+        // As the kernel refuses a batch it cannot take now (not a fault of the line's Service).
+        return err(n, 'injected failure: Resource temporarily unavailable');
       }
       if (!line || line.startsWith('#')) continue;
       if (line.startsWith('*')) {

@@ -18,6 +18,7 @@ import {
   KUBE_PROXY_FIREWALL, KUBE_SERVICES, endpointChainName, isServiceChainName, probability, serviceChains,
 } from './names.ts';
 import { NFACCT_CT_STATE_INVALID_DROPPED, NFACCT_LOCALHOST_NODEPORTS_ACCEPTED, type IptablesOptions } from './options.ts';
+import { safeServicePort } from '../vip.ts';
 
 
 const chainLine = (c: string) => `:${c} - [0:0]`;
@@ -136,7 +137,8 @@ const blockCache = new WeakMap<ServicePort, { eps: Endpoint[]; key: string; bloc
 function serviceBlock(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): ServiceBlock {
   const hit = blockCache.get(sp);
   if (hit && hit.eps === eps && hit.key === ctx.key) return hit.block;
-  const block = renderService(sp, eps, ctx);
+  // A loopback (or other special) VIP would make a reject or DNAT rule match all of it.
+  const block = renderService(safeServicePort(sp).sp, eps, ctx);
   blockCache.set(sp, { eps, key: ctx.key, block });
   return block;
 }
@@ -286,6 +288,33 @@ function renderService(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): Se
   return b;
 }
 
+function renderContext(state: ProxyState, opts: IptablesOptions): RenderContext {
+  let totalEndpoints = 0;
+  for (const sp of state.services.values()) totalEndpoints += state.endpoints.get(sp.key)?.length ?? 0;
+  const largeClusterMode = totalEndpoints > opts.largeClusterEndpointsThreshold;
+  return {
+    opts,
+    largeClusterMode,
+    ifLocal: opts.localDetector ? opts.localDetector.ifLocal.join(' ') : '',
+    ifNotLocal: opts.localDetector ? opts.localDetector.ifNotLocal.join(' ') : '',
+    key: JSON.stringify([opts, largeClusterMode]),
+  };
+}
+
+/**
+ * The service port whose rules or chain declarations include this payload line, or null
+ * (the fixed rules, stale chain deletions). Names the Service whose line iptables-restore
+ * refused; a linear scan over the (cached) blocks, only run after a failure.
+ */
+export function ownerOfPayloadLine(state: ProxyState, opts: IptablesOptions, line: string): ServicePort | null {
+  const ctx = renderContext(state, opts);
+  for (const sp of state.services.values()) {
+    const b = serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx);
+    if (b.rules.includes(line) || b.natTop.includes(line) || b.filter.includes(line) || b.chains.includes(line)) return sp;
+  }
+  return null;
+}
+
 /** Builds the restore payload for one sync. */
 export function planIptables(req: PlanRequest): Plan {
   const { state, opts } = req;
@@ -311,17 +340,8 @@ export function planIptables(req: PlanRequest): Plan {
 
   const active = new Set<string>();
   const services = sortedServices(state);
-  let totalEndpoints = 0;
-  for (const sp of services) totalEndpoints += state.endpoints.get(sp.key)?.length ?? 0;
-  const largeClusterMode = totalEndpoints > opts.largeClusterEndpointsThreshold;
-  const ctx: RenderContext = {
-    opts,
-    largeClusterMode,
-    ifLocal: opts.localDetector ? opts.localDetector.ifLocal.join(' ') : '',
-    ifNotLocal: opts.localDetector ? opts.localDetector.ifNotLocal.join(' ') : '',
-    key: '',
-  };
-  ctx.key = JSON.stringify([opts, largeClusterMode]);
+  const ctx = renderContext(state, opts);
+  const largeClusterMode = ctx.largeClusterMode;
   let writtenServices = 0;
   let skippedRules = 0;
 

@@ -6,6 +6,7 @@ import { categorizeEndpoints } from '../../core/categorize.ts';
 import { cidrContains, canonicalIP, ipFamily, isLoopback, parseCIDR } from '../../core/ip.ts';
 import type { Endpoint, ServicePort } from '../../core/model.ts';
 import type { PlanInput } from '../types.ts';
+import { safeServicePort } from '../vip.ts';
 import { masqueradeMark } from '../../config/config.ts';
 import { IPVSSysctl, plannedSysctls } from './sysctls.ts';
 import { SET_INFO, setName, type SetKey } from './names.ts';
@@ -214,7 +215,8 @@ export function plan(input: PlanInput): IpvsPlan {
   const ports = [...input.state.services.values()]
     .filter((sp) => sp.family === family)
     .sort((a, b2) => (a.key < b2.key ? -1 : a.key > b2.key ? 1 : 0));
-  for (const sp of ports) planServicePort(b, sp, input, npIPs, nodeIPSet);
+  // A loopback (or other special) VIP must never become a virtual server or be bound.
+  for (const sp of ports) planServicePort(b, safeServicePort(sp).sp, input, npIPs, nodeIPSet);
 
   const boundAddresses = [...b.bound].sort();
   // bound addresses passed usableVIP, so no service needs naming here

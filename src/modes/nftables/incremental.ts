@@ -114,6 +114,29 @@ export class IncrementalPlanner {
     this.countElementRefs();
   }
 
+  /**
+   * The service port whose fragment wrote this transaction line (a chain, rule, affinity set
+   * or element of its own), or null for the fixed part of the table. Used to name the
+   * Service whose line nft refused; a linear scan, only run after a failure.
+   */
+  ownerOfLine(line: string): ServicePort | null {
+    const obj = objectOfLine(line);
+    if (obj) {
+      for (const c of this.cache.values()) {
+        const f = c.frag;
+        const owns = obj.kind === 'element' ? f.elements.get(obj.name)?.has(obj.key) : obj.kind === 'chain' ? f.chains.has(obj.name) : f.sets.has(obj.name);
+        if (owns) return c.sp;
+      }
+    }
+    // A line nft could not even split (a name validation should have refused, with a space
+    // in it): the port whose own chain or set it names.
+    for (const c of this.cache.values()) {
+      for (const name of c.frag.chains.keys()) if (line.includes(` ${name}`)) return c.sp;
+      for (const name of c.frag.sets.keys()) if (line.includes(` ${name}`)) return c.sp;
+    }
+    return null;
+  }
+
   /** The fragments in port key order: assembled, they give the table in planRuleset's order. */
   fragments(): PortFragment[] {
     return this.keys.map((k) => this.cache.get(k)!.frag);
@@ -198,4 +221,18 @@ function previousValues(rs: Ruleset, touched: TouchedFragments): PreviousValues 
     }
   }
   return out;
+}
+
+type LineObject = { kind: 'chain' | 'set'; name: string } | { kind: 'element'; name: string; key: string };
+
+/** What one line of a transaction (transaction.ts, ruleset.ts) adds, flushes or deletes. */
+export function objectOfLine(line: string): LineObject | null {
+  let m = /^(?:add|flush|delete) chain \S+ \S+ (\S+)/.exec(line) ?? /^add rule \S+ \S+ (\S+) /.exec(line);
+  if (m) return { kind: 'chain', name: m[1] };
+  m = /^(?:add|flush|delete) (?:set|map) \S+ \S+ (\S+)/.exec(line);
+  if (m) return { kind: 'set', name: m[1] };
+  // "add element ip kube-proxy SET { KEY [comment "..."] [: VERDICT] }"
+  m = /^(?:add|delete) element \S+ \S+ (\S+) \{ (.*?)(?: comment "| : | \}$)/.exec(line);
+  if (m) return { kind: 'element', name: m[1], key: m[2] };
+  return null;
 }

@@ -13,6 +13,36 @@ export const CHAIN_NAME_BASE_LENGTH_MAX = NAME_LENGTH_MAX - CHAIN_NAME_PREFIX_LE
 
 export const TABLE = 'kube-proxy';
 
+/**
+ * nft's limit on comments (NFTNL_UDATA_COMMENT_MAXLEN, knftables.CommentLengthMax): a longer
+ * one makes nft refuse the whole transaction ("comment too long, 128 characters maximum
+ * allowed"). A Service with a 63-character namespace and name and a 15-character port name
+ * has a 143-character "ns/name:port" (kubernetes#139515).
+ */
+export const COMMENT_LENGTH_MAX = 128;
+
+/**
+ * A comment nft accepts: at most COMMENT_LENGTH_MAX bytes (cut deterministically, at a
+ * character boundary, ending in "..." so a reader sees it was cut), and without the
+ * characters that would end the quoted string or the line.
+ */
+export function nftComment(text: string): string {
+  // eslint-disable-next-line no-control-regex
+  let s = /["\\\x00-\x1f\x7f]/.test(text) ? text.replace(/["\\\x00-\x1f\x7f]/g, '_') : text;
+  if (s.length <= COMMENT_LENGTH_MAX / 4 || Buffer.byteLength(s, 'utf8') <= COMMENT_LENGTH_MAX) return s;
+  const room = COMMENT_LENGTH_MAX - 3;
+  let bytes = 0;
+  let cut = 0;
+  for (const ch of s) {
+    const n = Buffer.byteLength(ch, 'utf8');
+    if (bytes + n > room) break;
+    bytes += n;
+    cut += ch.length;
+  }
+  s = s.slice(0, cut) + '...';
+  return s;
+}
+
 const BASE32 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
 
 /** RFC 4648 base32 of the first 5 bytes: exactly the first 8 characters of the full encoding. */

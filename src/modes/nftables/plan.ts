@@ -8,7 +8,8 @@ import { categorizeEndpoints } from '../../core/categorize.ts';
 import { externallyAccessible, type Endpoint, type ProxyState, type ServicePort } from '../../core/model.ts';
 import { masqueradeMark as formatMark } from '../../config/config.ts';
 import type { PlanInput } from '../types.ts';
-import { affinitySetName, endpointChainName, serviceChainNames, TABLE } from './names.ts';
+import { affinitySetName, endpointChainName, nftComment, serviceChainNames, TABLE } from './names.ts';
+import { safeServicePort, type SkippedVIP } from '../vip.ts';
 import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
 
 /** How "traffic from this cluster's pods" is recognised (upstream's LocalTrafficDetector). */
@@ -243,7 +244,8 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, endpoi
     if (!hasInternal) internalVerdict = 'drop';
     if (!hasExternal) externalVerdict = 'drop';
   }
-  const comment = sp.key;
+  // Within nft's 128-byte limit: one long name must not fail the whole transaction.
+  const comment = nftComment(sp.key);
 
   addElement(rs, C.clusterIPs, { key: [sp.clusterIP] });
   if (hasInternal) {
@@ -349,6 +351,8 @@ export interface PortFragment {
   sets: Map<string, NftSet>;
   /** shared set/map name → elements by elementKey, in insertion order */
   elements: Map<string, Map<string, NftElement>>;
+  /** addresses of the port left out because they can never be a Service VIP (vip.ts) */
+  skipped?: SkippedVIP[];
 }
 
 /** The shared sets and maps service ports add elements to (all declared by setupTable). */
@@ -361,12 +365,16 @@ export function isSharedSetName(name: string): boolean {
 const EMPTY_FRAGMENT: PortFragment = { chains: new Map(), sets: new Map(), elements: new Map() };
 
 /** Plans one service port on its own (the same objects planRuleset would add for it). */
-export function planPortFragment(o: NftPlanOptions, sp: ServicePort, endpoints: Endpoint[]): PortFragment {
-  if (sp.family !== o.family || !sp.clusterIP) return EMPTY_FRAGMENT;
+export function planPortFragment(o: NftPlanOptions, original: ServicePort, endpoints: Endpoint[]): PortFragment {
+  if (original.family !== o.family || !original.clusterIP) return EMPTY_FRAGMENT;
+  // A loopback (or other special) VIP would make the no-endpoints reject match all of it.
+  const { sp, skipped } = safeServicePort(original);
+  if (!sp.clusterIP) return { ...EMPTY_FRAGMENT, skipped };
   const scratch = newRuleset(o.family === 6 ? 'ip6' : 'ip', TABLE);
   for (const name of SHARED_SETS) scratch.sets.set(name, { kind: 'set', name, type: '', elements: new Map() });
   planServicePort(scratch, o, sp, endpoints);
   const frag: PortFragment = { chains: scratch.chains, sets: new Map(), elements: new Map() };
+  if (skipped.length) frag.skipped = skipped;
   for (const [name, set] of scratch.sets) {
     if (!isSharedSetName(name)) frag.sets.set(name, set);
     else if (set.elements.size > 0) frag.elements.set(name, set.elements);

@@ -12,6 +12,7 @@ import { categorizeEndpoints } from '../../core/categorize.ts';
 import { canonicalIP, cidrContains, ipFamily, isLoopback, joinHostPort } from '../../core/ip.ts';
 import type { Endpoint, ServicePort } from '../../core/model.ts';
 import type { PlanInput } from '../types.ts';
+import { describeSkippedVIP, safeServicePort } from '../vip.ts';
 
 export const CHAIN_PORTALS = 'KPROXY-USERSPACE-PORTALS';
 export const CHAIN_NODEPORTS = 'KPROXY-USERSPACE-NODEPORTS';
@@ -261,7 +262,11 @@ export function planUserspace(input: PlanInput, opts: PlanOptions): UserspacePla
   const services = [...input.state.services.values()].sort((x, y) => compareKeys(x.key, y.key));
   for (const sp of services) {
     if (sp.family !== input.node.family) continue;
-    planServicePort(b, sp);
+    // Never listen on or redirect an unspecified, multicast or other special address as a
+    // Service VIP; a loopback one is bound, not redirected, and takes nothing from localhost.
+    const safe = safeServicePort(sp, { allowLoopback: true });
+    for (const s of safe.skipped) b.plan.notes.push(describeSkippedVIP(s));
+    planServicePort(b, safe.sp);
   }
   if (b.plan.redirects.length > 0) b.plan.nodePortJumps = planNodePortJumps(input);
   return b.plan;

@@ -12,6 +12,7 @@ import { optionsFromConfig, type RuntimeFacts } from '../../modes/iptables/optio
 import { planIptables } from '../../modes/iptables/plan.ts';
 import { IptablesProxier } from './proxier.ts';
 import { loadTracer } from '../../modes/iptables/tracer-link.ts';
+import { skippedVIPNotes } from '../../modes/vip.ts';
 
 /** Dry run: the restore payload of a full sync of this state. */
 export function render(input: PlanInput): string {
@@ -133,7 +134,7 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
     localIPs = ['127.0.0.1', '::1', ...req.input.node.nodeIPs];
   }
   const r = traceIptables(text, { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port }, { localIPs });
-  return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
+  return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)] };
 }
 
 export const mode: ModeModule = { name: 'iptables', render, createProxier, cleanup, trace };

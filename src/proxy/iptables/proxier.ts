@@ -7,7 +7,7 @@
 // (skipUnchangedChains; upstream rewrites KUBE-SERVICES and KUBE-NODEPORTS every time), so
 // a one-endpoint change writes a few rules whatever the number of services.
 import type { CommandRunner } from '../../exec/runner.ts';
-import { IptablesExecutor, chainsFromSave, splitRuleArgs, type Table } from '../../exec/iptables.ts';
+import { IptablesExecutor, RestoreError, chainsFromSave, splitRuleArgs, type Table } from '../../exec/iptables.ts';
 import type { Logger } from '../../log.ts';
 import type { ProxyConfig } from '../../config/config.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
@@ -16,8 +16,10 @@ import {
   KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 } from '../../modes/iptables/names.ts';
 import { optionsFromConfig, type IptablesOptions, type RuntimeFacts, DEFAULT_FACTS } from '../../modes/iptables/options.ts';
-import { planIptables } from '../../modes/iptables/plan.ts';
+import { ownerOfPayloadLine, planIptables } from '../../modes/iptables/plan.ts';
 import { IptablesSyncState } from '../../modes/iptables/sync-state.ts';
+import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
+import { describeSkippedVIP, skippedVIPs } from '../../modes/vip.ts';
 
 export interface JumpRule {
   table: Table;
@@ -113,6 +115,16 @@ interface FamilyState {
   sync: IptablesSyncState;
   lastCanaryCheckMs: number;
   last?: { input: PlanInput; opts: IptablesOptions };
+  /** Services iptables-restore refused, left out until they change (modes/isolation.ts) */
+  exclusions: ServiceExclusions;
+}
+
+/** The service restore payload a sync attempt was refused, with what it was planned from. */
+interface Refusal {
+  error: RestoreError;
+  payload: string;
+  state: PlanInput['state'];
+  opts: IptablesOptions;
 }
 
 export interface IptablesProxierDeps {
@@ -134,13 +146,68 @@ export class IptablesProxier implements Proxier {
   private familyState(family: 4 | 6): FamilyState {
     let fs = this.families.get(family);
     if (!fs) {
-      fs = { exec: new IptablesExecutor(this.deps.runner, family), sync: new IptablesSyncState({ skipUnchangedChains: true }), lastCanaryCheckMs: this.now() };
+      fs = {
+        exec: new IptablesExecutor(this.deps.runner, family),
+        sync: new IptablesSyncState({ skipUnchangedChains: true }),
+        lastCanaryCheckMs: this.now(),
+        exclusions: new ServiceExclusions(),
+      };
       this.families.set(family, fs);
     }
     return fs;
   }
 
+  /**
+   * One sync. When iptables-restore refuses a line written by a Service, that Service is left
+   * out and the sync retried at once (a bounded number of times), so the others converge
+   * now; a refused fixed rule fails the sync as before.
+   */
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
+    const fs = this.familyState(input.node.family);
+    fs.exclusions.startSync(changed, full);
+    this.reportSkippedVIPs(input);
+    for (let retry = 0; ; retry++) {
+      const refusal: { last?: Refusal } = {};
+      try {
+        const stats = await this.syncAttempt({ ...input, state: fs.exclusions.filter(input.state) }, changed, full || retry > 0, refusal);
+        return fs.exclusions.size ? { ...stats, excludedServices: fs.exclusions.keys() } : stats;
+      } catch (e) {
+        const r = refusal.last;
+        if (!r || e !== r.error || retry >= MAX_ISOLATION_RETRIES || !this.excludeRefused(fs, r)) throw e;
+      }
+    }
+  }
+
+  /** Excludes the Service that wrote the refused line; false when the line is not a Service's. */
+  private excludeRefused(fs: FamilyState, r: Refusal): boolean {
+    if (r.error.line === null || isTransientRefusal(r.error.result?.stderr ?? '')) return false;
+    const text = r.payload.split('\n')[r.error.line - 1] ?? '';
+    const sp = ownerOfPayloadLine(r.state, r.opts, text);
+    if (!sp || fs.exclusions.has(sp.serviceKey)) return false;
+    const stderr = (r.error.result?.stderr ?? '').split('\n').find((l) => l.trim() && !/^Error occurred at line|^Try `/.test(l)) ?? 'refused';
+    const why = stderr.replace(/^\S*restore v[\d.]+ \([^)]*\): /, '').trim();
+    if (fs.exclusions.exclude(sp.serviceKey, why)) {
+      this.deps.log.warn(
+        { service: sp.serviceKey, line: r.error.line, family: fs.exec.family },
+        exclusionMessage(sp.serviceKey, fs.exec.bin.restore, `line ${r.error.line}: ${why}: ${text}`.slice(0, 500)),
+      );
+    }
+    return true;
+  }
+
+  private readonly reportedVIPs = new Set<string>();
+
+  private reportSkippedVIPs(input: PlanInput): void {
+    for (const s of skippedVIPs(input.state.services.values())) {
+      const text = describeSkippedVIP(s);
+      if (this.reportedVIPs.has(text)) continue;
+      if (this.reportedVIPs.size >= 10_000) this.reportedVIPs.clear();
+      this.reportedVIPs.add(text);
+      this.deps.log.warn({ service: s.servicePort, field: s.field, ip: s.ip }, `KPROXY_SERVICE_IP_SKIPPED: ${text}`);
+    }
+  }
+
+  private async syncAttempt(input: PlanInput, changed: Set<string>, full: boolean, refusal: { last?: Refusal }): Promise<SyncStats> {
     const family = input.node.family;
     const fs = this.familyState(family);
     const opts = optionsFromConfig(input.config, input.node, this.deps.facts?.[family] ?? DEFAULT_FACTS);
@@ -160,7 +227,14 @@ export class IptablesProxier implements Proxier {
       }
       const plan = fs.sync.plan(input.state, opts, changed, doFull, this.now(), syncPeriodMs);
       // Nothing differs from what is installed: no restore at all.
-      if (plan.payload) await fs.exec.restore(plan.payload);
+      if (plan.payload) {
+        try {
+          await fs.exec.restore(plan.payload);
+        } catch (e) {
+          if (e instanceof RestoreError) refusal.last = { error: e, payload: plan.payload, state: input.state, opts };
+          throw e;
+        }
+      }
       fs.sync.commit(plan);
       fs.last = { input, opts };
       const kind = plan.full ? 'full' : 'partial';

@@ -13,6 +13,7 @@ import { optionsFromInput, planRuleset } from '../../modes/nftables/plan.ts';
 import { NftProxier } from './proxier.ts';
 import { dumpRuleset } from '../../modes/nftables/ruleset.ts';
 import { traceNft, traceRuleset } from '../../modes/nftables/trace.ts';
+import { skippedVIPNotes } from '../../modes/vip.ts';
 
 export { planRuleset, optionsFromInput } from '../../modes/nftables/plan.ts';
 export { traceNft, traceRuleset } from '../../modes/nftables/trace.ts';
@@ -69,7 +70,7 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
   if (!req.input) throw new Error('KPROXY_TRACE_NO_INPUT: a planned trace needs --manifests (or use --live)');
   const rs = planRuleset(req.input.state, optionsFromInput(req.input));
   const r = traceRuleset(rs, pkt, { localIPs: req.input.node.nodeIPs });
-  return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
+  return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)] };
 }
 
 export const mode: ModeModule = { name: 'nftables', render, createProxier, cleanup, trace };

@@ -2,7 +2,7 @@
 // sync (full on the first sync, after a failure and when asked; otherwise only the
 // difference from what it last applied), and retires unused chains a second later.
 import type { CommandRunner } from '../../exec/runner.ts';
-import { NftExecutor } from '../../exec/nft.ts';
+import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
 import { parseNftText } from '../../modes/nftables/parse.ts';
@@ -11,6 +11,8 @@ import { IncrementalPlanner } from '../../modes/nftables/incremental.ts';
 import { countObjects, dumpRuleset, type NftFamily, type Ruleset } from '../../modes/nftables/ruleset.ts';
 import { deleteChainsTransaction, fullTransaction, partialTransaction, partialTransactionFor, type LiveNames, type Transaction } from '../../modes/nftables/transaction.ts';
 import { TABLE } from '../../modes/nftables/names.ts';
+import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
+import { describeSkippedVIP, skippedVIPs } from '../../modes/vip.ts';
 
 export interface NftProxierOptions {
   runner: CommandRunner;
@@ -36,6 +38,11 @@ export class NftProxier implements Proxier {
   readonly planner = new IncrementalPlanner();
   /** what `applied` was assembled from, for dump() in planRuleset's order */
   private appliedParts: { options: NftPlanOptions; fragments: PortFragment[] } | null = null;
+
+  /** Services nft refused, left out of the table until they change (modes/isolation.ts) */
+  readonly exclusions = new ServiceExclusions();
+  /** unsafe VIPs already reported (vip.ts), so each is logged once */
+  private readonly reportedVIPs = new Set<string>();
 
   constructor(opts: NftProxierOptions) {
     this.exec = new NftExecutor(opts.runner);
@@ -75,7 +82,52 @@ export class NftProxier implements Proxier {
     }
   }
 
+  /**
+   * One sync. When nft refuses the transaction at lines written by Services, those Services
+   * are left out and the sync is retried at once (a bounded number of times), so the others
+   * converge now; an error in the fixed part of the table fails the sync as before.
+   */
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
+    this.exclusions.startSync(changed, full);
+    this.reportSkippedVIPs(input);
+    for (let retry = 0; ; retry++) {
+      try {
+        const stats = await this.syncAttempt({ ...input, state: this.exclusions.filter(input.state) }, changed, full);
+        return this.exclusions.size ? { ...stats, excludedServices: this.exclusions.keys() } : stats;
+      } catch (e) {
+        if (!(e instanceof NftApplyError) || retry >= MAX_ISOLATION_RETRIES || !this.excludeRefused(e)) throw e;
+      }
+    }
+  }
+
+  /** Excludes the Services whose lines nft refused; false when no refused line is a Service's. */
+  private excludeRefused(e: NftApplyError): boolean {
+    const lines = this.lastTransaction.split('\n');
+    if (isTransientRefusal(e.result?.stderr ?? '')) return false;
+    const errors = (e.result?.stderr ?? '').split('\n').filter((l) => l.includes('Error'));
+    let found = false;
+    for (const n of e.lineNos) {
+      const sp = this.planner.ownerOfLine(lines[n - 1] ?? '');
+      if (!sp || this.exclusions.has(sp.serviceKey)) continue;
+      found = true;
+      const why = errors.find((l) => new RegExp(`:${n}:\\d+`).test(l))?.replace(/^.*?Error: /, '') ?? 'refused';
+      const reason = `line ${n}: ${why.trim()}: ${lines[n - 1]}`.slice(0, 500);
+      if (this.exclusions.exclude(sp.serviceKey, why)) this.log.warn({ service: sp.serviceKey, line: n }, exclusionMessage(sp.serviceKey, 'nft', reason));
+    }
+    return found;
+  }
+
+  private reportSkippedVIPs(input: PlanInput): void {
+    for (const s of skippedVIPs(input.state.services.values())) {
+      const text = describeSkippedVIP(s);
+      if (this.reportedVIPs.has(text)) continue;
+      if (this.reportedVIPs.size >= 10_000) this.reportedVIPs.clear();
+      this.reportedVIPs.add(text);
+      this.log.warn({ service: s.servicePort, field: s.field, ip: s.ip }, `KPROXY_SERVICE_IP_SKIPPED: ${text}`);
+    }
+  }
+
+  private async syncAttempt(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     const fullSync = full || this.needFull || !this.applied;
     // A full sync plans every port afresh (and so also resets the fragment cache).
     const options = optionsFromInput(input);

@@ -1,0 +1,97 @@
+// Defence in depth for every planner: an address that can never be a Service VIP
+// (loopback, unspecified, link-local, multicast, broadcast) must not reach a rule, even if
+// validation at the boundary missed it. A ClusterIP of 127.0.0.1 would otherwise make the
+// no-endpoints reject rule (or a DNAT) match all of localhost. Upstream's API validation
+// refuses these (ValidateNonSpecialIP); the planners drop the address and say why. Pure.
+import { canonicalIP, cidrContains } from '../core/ip.ts';
+import type { ServicePort } from '../core/model.ts';
+
+const SPECIAL: Array<{ cidr: string; reason: string }> = [
+  { cidr: '0.0.0.0/8', reason: 'unspecified ("this network") address' },
+  { cidr: '127.0.0.0/8', reason: 'loopback address' },
+  { cidr: '169.254.0.0/16', reason: 'link-local address' },
+  { cidr: '224.0.0.0/4', reason: 'multicast address' },
+  { cidr: '255.255.255.255/32', reason: 'broadcast address' },
+  { cidr: '::/128', reason: 'unspecified address' },
+  { cidr: '::1/128', reason: 'loopback address' },
+  { cidr: 'fe80::/10', reason: 'link-local address' },
+  { cidr: 'ff00::/8', reason: 'multicast address' },
+];
+
+/** Why `ip` can never be a Service VIP, or null when it can. */
+export function unsafeVIPReason(ip: string): string | null {
+  const c = canonicalIP(ip);
+  if (!c) return 'not an IP address';
+  for (const s of SPECIAL) if (cidrContains(s.cidr, c)) return s.reason;
+  return null;
+}
+
+export interface SkippedVIP {
+  /** "ns/name:port" */
+  servicePort: string;
+  field: 'clusterIP' | 'externalIPs' | 'loadBalancerVIPs';
+  ip: string;
+  reason: string;
+}
+
+export interface SafePort {
+  /** the port itself when nothing was dropped, else a copy without the unsafe addresses */
+  sp: ServicePort;
+  skipped: SkippedVIP[];
+}
+
+// The trackers replace a ServicePort whenever its Service changes: one check per object.
+const cache = new WeakMap<ServicePort, SafePort>();
+const cacheLoopbackAllowed = new WeakMap<ServicePort, SafePort>();
+
+export interface SafeOptions {
+  /**
+   * Keep loopback VIPs: the userspace proxy serves them by binding the address itself (the
+   * standalone demo's ClusterIPs are 127.0.100.x), which takes nothing else from localhost.
+   */
+  allowLoopback?: boolean;
+}
+
+/**
+ * The port without VIPs that must never match a rule. An unsafe ClusterIP becomes null
+ * (the port is then planned as one without a ClusterIP); unsafe external and LB IPs are left out.
+ */
+export function safeServicePort(sp: ServicePort, opts: SafeOptions = {}): SafePort {
+  const c = opts.allowLoopback ? cacheLoopbackAllowed : cache;
+  const hit = c.get(sp);
+  if (hit) return hit;
+  const skipped: SkippedVIP[] = [];
+  const keep = (field: SkippedVIP['field'], ip: string): boolean => {
+    let reason = unsafeVIPReason(ip);
+    if (reason === 'loopback address' && opts.allowLoopback) reason = null;
+    if (reason) skipped.push({ servicePort: sp.key, field, ip, reason });
+    return reason === null;
+  };
+  const clusterIP = sp.clusterIP !== null && !keep('clusterIP', sp.clusterIP) ? null : sp.clusterIP;
+  const externalIPs = sp.externalIPs.filter((ip) => keep('externalIPs', ip));
+  const loadBalancerVIPs = sp.loadBalancerVIPs.filter((ip) => keep('loadBalancerVIPs', ip));
+  const out: SafePort = skipped.length === 0 ? { sp, skipped } : { sp: { ...sp, clusterIP, externalIPs, loadBalancerVIPs }, skipped };
+  c.set(sp, out);
+  return out;
+}
+
+/** Every unsafe VIP of a state's ports, for the proxiers to report. */
+export function skippedVIPs(services: Iterable<ServicePort>): SkippedVIP[] {
+  const out: SkippedVIP[] = [];
+  for (const sp of services) for (const s of safeServicePort(sp).skipped) out.push(s);
+  return out;
+}
+
+/** "ns/name:port clusterIP 127.0.0.1: loopback address; never used as a Service VIP" */
+export function describeSkippedVIP(s: SkippedVIP): string {
+  return `${s.servicePort} ${s.field} ${s.ip}: ${s.reason}; never used as a Service VIP`;
+}
+
+/** For a planned trace: why the destination is not a VIP here, when the planner left it out. */
+export function skippedVIPNotes(req: { to: string; input?: { state: { services: Map<string, ServicePort> } } }): string[] {
+  if (!req.input) return [];
+  const to = canonicalIP(req.to);
+  return skippedVIPs(req.input.state.services.values())
+    .filter((s) => s.ip === to)
+    .map(describeSkippedVIP);
+}
