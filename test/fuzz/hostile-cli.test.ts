@@ -108,7 +108,10 @@ for (const mode of ['iptables', 'nftables', 'ipvs', 'userspace']) {
     } else if (mode === 'ipvs') {
       const sets = inNode('ipset', ['restore'], section(r.stdout, 'ipset restore'));
       assert.equal(sets.code, 0, `ipset restore refused the payload: ${sets.stderr.slice(0, 2000)}`);
-      const a = inNode('iptables-restore', ['--noflush'], section(r.stdout, 'iptables-restore --noflush'));
+      // The host kernel has no IPVS, so it has no `-m ipvs` match either: those rules are
+      // checked in the IPVS VM tests; every other line goes through the real iptables-restore.
+      const ipt = section(r.stdout, 'iptables-restore --noflush').split('\n').filter((l) => !/ -m ipvs /.test(l)).join('\n');
+      const a = inNode('iptables-restore', ['--noflush'], ipt);
       assert.equal(a.code, 0, `iptables-restore refused the ipvs payload: ${a.stderr.slice(0, 2000)}`);
       const listed = node.exec('ipset', ['list', 'KUBE-CLUSTER-IP']);
       for (const g of GOOD) assert.ok(listed.includes(g.ip), `${g.ip} in KUBE-CLUSTER-IP`);
