@@ -6,6 +6,7 @@
 // Partial syncs also leave out every chain whose content is what kproxy last wrote for it
 // (skipUnchangedChains; upstream rewrites KUBE-SERVICES and KUBE-NODEPORTS every time), so
 // a one-endpoint change writes a few rules whatever the number of services.
+import { SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { IptablesExecutor, RestoreError, chainsFromSave, splitRuleArgs, type Table } from '../../exec/iptables.ts';
 import type { Logger } from '../../log.ts';
@@ -19,7 +20,6 @@ import { optionsFromConfig, type IptablesOptions, type RuntimeFacts, DEFAULT_FAC
 import { ownerOfPayloadLine, planIptables } from '../../modes/iptables/plan.ts';
 import { IptablesSyncState } from '../../modes/iptables/sync-state.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
-import { describeSkippedVIP, skippedVIPs } from '../../modes/vip.ts';
 
 export interface JumpRule {
   table: Table;
@@ -165,7 +165,7 @@ export class IptablesProxier implements Proxier {
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     const fs = this.familyState(input.node.family);
     fs.exclusions.startSync(changed, full);
-    this.reportSkippedVIPs(input);
+    (this.skippedVIPs ??= new SkippedVIPReporter(this.deps.log)).report(input);
     for (let retry = 0; ; retry++) {
       const refusal: { last?: Refusal } = {};
       try {
@@ -195,17 +195,8 @@ export class IptablesProxier implements Proxier {
     return true;
   }
 
-  private readonly reportedVIPs = new Set<string>();
+  private skippedVIPs?: SkippedVIPReporter;
 
-  private reportSkippedVIPs(input: PlanInput): void {
-    for (const s of skippedVIPs(input.state.services.values())) {
-      const text = describeSkippedVIP(s);
-      if (this.reportedVIPs.has(text)) continue;
-      if (this.reportedVIPs.size >= 10_000) this.reportedVIPs.clear();
-      this.reportedVIPs.add(text);
-      this.deps.log.warn({ service: s.servicePort, field: s.field, ip: s.ip }, `KPROXY_SERVICE_IP_SKIPPED: ${text}`);
-    }
-  }
 
   private async syncAttempt(input: PlanInput, changed: Set<string>, full: boolean, refusal: { last?: Refusal }): Promise<SyncStats> {
     const family = input.node.family;

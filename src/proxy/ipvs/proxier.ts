@@ -4,6 +4,7 @@
 // (weight 0 until their connections end), checked on every sync and on a short timer.
 // This file is the mode's composition root: the only one in src/modes/ipvs that touches
 // the host, and only through the executors in src/exec.
+import { SkippedVIPReporter } from '../skipped-vips.ts';
 import { release } from 'node:os';
 import type { Logger } from '../../log.ts';
 import type { ModeDeps, PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
@@ -76,6 +77,7 @@ export class IpvsProxier implements Proxier {
   private readonly ipset: IPSetExec;
   private readonly links: Links;
   private readonly log: Logger;
+  private skippedVIPs?: SkippedVIPReporter;
   private last: IpvsPlan | null = null;
   private lastIptables = '';
   private jumpsEnsured = false;
@@ -116,6 +118,7 @@ export class IpvsProxier implements Proxier {
   }
 
   private async syncNow(input: PlanInput, full: boolean): Promise<SyncStats> {
+    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(input);
     const p = plan(input);
     const family = p.family;
     // Failure isolation: each part (device, ipsets, iptables, IPVS, addresses) is tried even

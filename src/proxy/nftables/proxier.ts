@@ -1,6 +1,7 @@
 // The nftables Proxier: plans the table, writes it in one atomic `nft -f` transaction per
 // sync (full on the first sync, after a failure and when asked; otherwise only the
 // difference from what it last applied), and retires unused chains a second later.
+import { SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
@@ -12,7 +13,6 @@ import { countObjects, dumpRuleset, type NftFamily, type Ruleset } from '../../m
 import { deleteChainsTransaction, fullTransaction, partialTransaction, partialTransactionFor, type LiveNames, type Transaction } from '../../modes/nftables/transaction.ts';
 import { TABLE } from '../../modes/nftables/names.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
-import { describeSkippedVIP, skippedVIPs } from '../../modes/vip.ts';
 
 export interface NftProxierOptions {
   runner: CommandRunner;
@@ -42,7 +42,7 @@ export class NftProxier implements Proxier {
   /** Services nft refused, left out of the table until they change (modes/isolation.ts) */
   readonly exclusions = new ServiceExclusions();
   /** unsafe VIPs already reported (vip.ts), so each is logged once */
-  private readonly reportedVIPs = new Set<string>();
+  private skippedVIPs?: SkippedVIPReporter;
 
   constructor(opts: NftProxierOptions) {
     this.exec = new NftExecutor(opts.runner);
@@ -89,7 +89,7 @@ export class NftProxier implements Proxier {
    */
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     this.exclusions.startSync(changed, full);
-    this.reportSkippedVIPs(input);
+    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(input);
     for (let retry = 0; ; retry++) {
       try {
         const stats = await this.syncAttempt({ ...input, state: this.exclusions.filter(input.state) }, changed, full);
@@ -117,15 +117,6 @@ export class NftProxier implements Proxier {
     return found;
   }
 
-  private reportSkippedVIPs(input: PlanInput): void {
-    for (const s of skippedVIPs(input.state.services.values())) {
-      const text = describeSkippedVIP(s);
-      if (this.reportedVIPs.has(text)) continue;
-      if (this.reportedVIPs.size >= 10_000) this.reportedVIPs.clear();
-      this.reportedVIPs.add(text);
-      this.log.warn({ service: s.servicePort, field: s.field, ip: s.ip }, `KPROXY_SERVICE_IP_SKIPPED: ${text}`);
-    }
-  }
 
   private async syncAttempt(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     const fullSync = full || this.needFull || !this.applied;

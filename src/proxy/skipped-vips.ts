@@ -1,0 +1,25 @@
+// Every kernel mode's proxier reports the Service VIPs its planner left out (loopback,
+// unspecified, link-local, multicast, broadcast: src/modes/vip.ts) once per address, with
+// KPROXY_SERVICE_IP_SKIPPED, so a hostile Service is visible without flooding the log.
+import type { Logger } from '../log.ts';
+import type { PlanInput } from '../modes/types.ts';
+import { describeSkippedVIP, skippedVIPs } from '../modes/vip.ts';
+
+export class SkippedVIPReporter {
+  private readonly reported = new Set<string>();
+
+  constructor(private readonly log: Logger) {}
+
+  /** Logs each newly skipped VIP of this state once; returns how many VIPs are skipped. */
+  report(input: PlanInput): number {
+    const skipped = skippedVIPs(input.state.services.values());
+    for (const s of skipped) {
+      const text = describeSkippedVIP(s);
+      if (this.reported.has(text)) continue;
+      if (this.reported.size >= 10_000) this.reported.clear(); // bounded memory; at worst one repeat
+      this.reported.add(text);
+      this.log.warn({ code: 'KPROXY_SERVICE_IP_SKIPPED', service: s.servicePort, field: s.field, ip: s.ip }, `KPROXY_SERVICE_IP_SKIPPED: ${text}`);
+    }
+    return skipped.length;
+  }
+}
