@@ -84,8 +84,14 @@ export interface PortView {
   usesExternalPath: boolean;
   /** pod and node traffic to external addresses with eTP Local goes to the cluster endpoints */
   shortCircuitToCluster: boolean;
-  /** null when the port has no LB IPs or no source ranges (upstream: usesFWChain) */
+  /** null when the port has no LB IPs or no source ranges of its family */
   firewall: FirewallView | null;
+  /**
+   * The firewall is rendered in iptables/nftables: upstream usesFWChain := hasEndpoints &&
+   * len(LoadBalancerVIPs) > 0 && len(LoadBalancerSourceRanges) > 0 (without endpoints the
+   * LB IP is rejected anyway).
+   */
+  usesFirewallPath: boolean;
   /** 0 when none; upstream serves it only for eTP Local (healthcheck.ServiceHealthServer) */
   healthCheckNodePort: number;
   /** ClientIP affinity timeout in seconds, 0 when none */
@@ -166,9 +172,9 @@ function computePortView(sp: ServicePort, endpoints: Endpoint[], node: PortNode)
   // upstream: usesLocalPolicyChain := len(localEndpoints) > 0 && svcInfo.UsesLocalEndpoints()
   const usesLocalPath = cat.localEndpoints.length > 0 && usesLocalEndpoints(sp);
   let firewall: FirewallView | null = null;
-  // upstream: usesFWChain := hasEndpoints && len(LoadBalancerVIPs) > 0 && len(LoadBalancerSourceRanges) > 0
-  if (hasAny && sp.loadBalancerVIPs.length > 0 && sp.loadBalancerSourceRanges.length > 0) {
-    const ranges = sp.loadBalancerSourceRanges;
+  // upstream servicePortInfo keeps only the source ranges of the service port's family.
+  const ranges = sp.loadBalancerSourceRanges.filter((c) => parseCIDR(c)?.family === sp.family);
+  if (sp.loadBalancerVIPs.length > 0 && ranges.length > 0) {
     firewall = {
       sourceRanges: ranges,
       // kubernetes#132722: a /0 source range allows all sources.
@@ -196,6 +202,7 @@ function computePortView(sp: ServicePort, endpoints: Endpoint[], node: PortNode)
     // cluster chain, simulating a trip out to the LB and back (kubernetes#109826 etc.).
     shortCircuitToCluster: sp.externalPolicyLocal && usesClusterPath,
     firewall,
+    usesFirewallPath: hasAny && firewall !== null,
     // upstream serves the health check node port only for eTP Local services
     healthCheckNodePort: sp.externalPolicyLocal ? sp.healthCheckNodePort : 0,
     affinitySeconds: sp.stickyMaxAgeSeconds,

@@ -157,7 +157,7 @@ function renderService(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): Se
   const externalPolicyChain = v.externalPolicy === 'local' ? names.svl : names.svc;
   const ext = names.ext;
   const usesExternalTrafficChain = v.usesExternalPath;
-  const usesFWChain = v.firewall !== null;
+  const usesFWChain = v.usesFirewallPath;
   const lbChain = usesFWChain ? names.fw : ext;
 
   let internalFilter = '';

@@ -246,7 +246,7 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, endpoi
     if (!hasExternal) addElement(rs, C.noEndpointServices, { key: [eip, proto, port], value: externalVerdict, comment });
   }
 
-  const usesFirewall = cat.firewall !== null;
+  const usesFirewall = cat.usesFirewallPath;
   for (const lb of sp.loadBalancerVIPs) {
     if (hasEndpoints) addElement(rs, C.serviceIPs, { key: [lb, proto, port], value: `goto ${names.external}` });
     if (usesFirewall) addElement(rs, C.firewallIPs, { key: [lb, proto, port], value: `goto ${names.firewall}` });
