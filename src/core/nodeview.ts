@@ -364,6 +364,11 @@ export function buildNodeView(input: PlanInput, previous?: NodeView): NodeView {
   return buildViewFrom(input.state, nodeSettings(input.config, input.node), previous);
 }
 
+/** The node-wide settings of an input: the controller's view's, or resolved now (cheap: no ports). */
+export function settingsOf(input: PlanInput): NodeSettings {
+  return input.view ?? nodeSettings(input.config, input.node);
+}
+
 /** The view of an input: the one the controller computed, or a fresh one. */
 export function viewOf(input: PlanInput): NodeView {
   return input.view ?? buildNodeView(input);

@@ -3,7 +3,7 @@
 // per ClusterIP, ExternalIP, LB ingress IP and node IP × NodePort; NAT real servers with
 // weight 1; persistence for ClientIP affinity). Pure: no I/O.
 import { canonicalIP, ipFamily, isLoopback } from '../../core/ip.ts';
-import { portView, viewOf, type NodeView, type PortView } from '../../core/nodeview.ts';
+import { portView, settingsOf, type NodeSettings, type PortView } from '../../core/nodeview.ts';
 import type { Endpoint, ServicePort } from '../../core/model.ts';
 import type { PlanInput } from '../types.ts';
 import { safeServicePort } from '../vip.ts';
@@ -58,10 +58,10 @@ export interface IpvsPlan {
  * loopback are not supported).
  */
 export function nodePortIPs(input: PlanInput): string[] {
-  return nodePortIPsOfView(viewOf(input));
+  return nodePortIPsOfView(settingsOf(input));
 }
 
-function nodePortIPsOfView(view: NodeView): string[] {
+function nodePortIPsOfView(view: NodeSettings): string[] {
   const out = view.nodePorts.matchAll ? view.nodeIPs : view.nodePorts.ips;
   return [...new Set(out.filter((ip) => ipFamily(ip) === view.family && !isLoopback(ip)))];
 }
@@ -135,7 +135,7 @@ function pickEndpoints(cat: PortView, onlyLocal: boolean): Endpoint[] {
   return cat.clusterEndpoints;
 }
 
-function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, view: NodeView, npIPs: string[], nodeIPSet: Set<string>): void {
+function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, view: NodeSettings, npIPs: string[], nodeIPSet: Set<string>): void {
   const { config, state } = input;
   if (!sp.clusterIP) return;
   const proto = sp.protocol.toLowerCase();
@@ -212,7 +212,7 @@ function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, view
 export function plan(input: PlanInput): IpvsPlan {
   const family = input.node.family;
   const b = new PlanBuilder(family);
-  const view = viewOf(input);
+  const view = settingsOf(input);
   const npIPs = nodePortIPsOfView(view);
   const nodeIPSet = new Set(input.node.nodeIPs.map((ip) => canonicalIP(ip) ?? ip));
   const ports = [...input.state.services.values()]
