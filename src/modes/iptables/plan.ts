@@ -57,7 +57,12 @@ export interface Plan {
   chainDigests: Map<string, string>;
   /** chains left out because their content was unchanged (lastChainDigests) */
   skippedChains: number;
+  /** kernel settings this ruleset needs, applied by the proxier before the restore */
+  sysctls: Array<{ name: string; value: string }>;
 }
+
+/** the sysctl localhost NodePorts need: packets to 127.0.0.0/8 may be DNATed and routed off lo */
+export const SYSCTL_ROUTE_LOCALNET = 'net.ipv4.conf.all.route_localnet';
 
 /** One chain of the payload: its declaration (flush) and rules; the digest is memoised. */
 interface ChainUnit {
@@ -417,7 +422,16 @@ export function planIptables(req: PlanRequest): Plan {
     return out.join('\n') + '\n';
   };
   const payload = section('filter', filterUnits, []) + section('nat', natUnits, deletedChains);
+  // upstream iptables NewProxier: route_localnet=1 lets 127.0.0.1:NodePort be DNATed to a
+  // pod; needed only when localhost NodePorts are served (IPv4, localhostNodePorts, the
+  // NodePort addresses include 127.0.0.1) and some service has a NodePort. The
+  // KUBE-FIREWALL "block incoming localnet connections" rule (CVE-2020-8558) comes with it.
+  const sysctls: Plan['sysctls'] = [];
+  if (!isIPv6 && opts.localhostNodePorts && services.some((sp) => sp.nodePort !== 0)) {
+    sysctls.push({ name: SYSCTL_ROUTE_LOCALNET, value: '1' });
+  }
   return {
+    sysctls,
     payload,
     natRulesWritten,
     natRulesTotal,
