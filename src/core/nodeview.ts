@@ -9,7 +9,6 @@ import {
   externallyAccessible, usesClusterEndpoints, usesLocalEndpoints, type Endpoint, type ProxyState, type ServicePort,
 } from './model.ts';
 import type { ModeName, ProxyConfig } from '../config/config.ts';
-import { masqueradeMark as formatMark } from '../config/config.ts';
 import type { NodeContext, PlanInput } from '../modes/types.ts';
 
 /** How "traffic from this cluster's pods" is recognised: upstream's LocalTrafficDetector. */
@@ -210,6 +209,14 @@ function computePortView(sp: ServicePort, endpoints: Endpoint[], node: PortNode)
 }
 
 // ---- node-wide decisions -----------------------------------------------------------------
+
+/**
+ * upstream prints the masquerade mark as %#08x of 1<<bit: "0x00004000" for bit 14 (the same
+ * as config.ts's masqueradeMark, which this pure module cannot import: config.ts reads files).
+ */
+function formatMark(bit: number): string {
+  return '0x' + ((1 << bit) >>> 0).toString(16).padStart(8, '0');
+}
 
 /**
  * The Node object's primary IP of a family: upstream's GetNodeHostIPs (pkg/util/node) takes
