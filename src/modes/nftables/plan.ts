@@ -5,7 +5,7 @@
 // `numgen random mod N vmap`, affinity by per-endpoint dynamic sets. Pure.
 import { isLoopback } from '../../core/ip.ts';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
-import { nodeSettings, portView, resolveNodePortAddresses, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings } from '../../core/nodeview.ts';
+import { portView, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings } from '../../core/nodeview.ts';
 import type { PlanInput } from '../types.ts';
 import { affinitySetName, endpointChainName, nftComment, serviceChainNames, TABLE } from './names.ts';
 import { safeServicePort, type SkippedVIP } from '../vip.ts';
@@ -419,7 +419,7 @@ export function nodePortIPsFor(cidrs: string[], family: 4 | 6, localAddrs: strin
 
 /** Options for a live node: the node view's node-wide settings. */
 export function optionsFromInput(input: PlanInput): NftPlanOptions {
-  return optionsFromSettings(nodeSettings(input.config, input.node));
+  return optionsFromSettings(settingsOf(input));
 }
 
 export function optionsFromSettings(s: NodeSettings): NftPlanOptions {
