@@ -44,6 +44,14 @@ ports:
 - {name: dns, port: 5353, protocol: UDP}
 endpoints:
 ${endpoints.map((e) => `- addresses: [${e}]\n  nodeName: other-node`).join('\n')}
+---
+# This node: its InternalIP is the address NodePorts are served on in the nftables mode,
+# whose default nodePortAddresses is "primary" (upstream v1.31+).
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+status:
+  addresses: [{type: InternalIP, address: 203.0.113.1}]
 `;
 }
 
