@@ -146,8 +146,7 @@ function nodeKeyOf(n: PortNode): string {
 }
 
 /** The decisions for one service port; cached per (ServicePort, Endpoint[], node). */
-export function portView(sp: ServicePort, endpoints: Endpoint[], node: PortNode): PortView {
-  const nodeKey = nodeKeyOf(node);
+export function portView(sp: ServicePort, endpoints: Endpoint[], node: PortNode, nodeKey = nodeKeyOf(node)): PortView {
   const hit = portCache.get(sp);
   if (hit && hit.eps === endpoints && hit.nodeKey === nodeKey) return hit.view;
   const view = computePortView(sp, endpoints, node);
@@ -354,12 +353,13 @@ export function nodeSettings(config: ProxyConfig, node: NodeContext, localIPs?: 
 /** Builds the view from resolved settings (the conformance adapters' entry point). */
 export function buildViewFrom(state: ProxyState, s: NodeSettings, previous?: NodeView): NodeView {
   const node: PortNode = { nodeName: s.nodeName, nodeLabels: s.nodeLabels, nodeIP: s.primaryNodeIP };
+  const nodeKey = nodeKeyOf(node);
   const ports = new Map<string, PortView>();
   const keys = [...state.services.keys()].sort();
   for (const key of keys) {
     const sp = state.services.get(key)!;
     if (sp.family !== s.family) continue;
-    ports.set(key, portView(sp, state.endpoints.get(key) ?? EMPTY, node));
+    ports.set(key, portView(sp, state.endpoints.get(key) ?? EMPTY, node, nodeKey));
   }
   return { ...s, ports, staleFlows: previous ? staleFlows(previous, ports) : [] };
 }
