@@ -13,6 +13,7 @@ import type { NodeContext, PlanInput } from '../../src/modes/types.ts';
 import { planIptables, SYSCTL_ROUTE_LOCALNET } from '../../src/modes/iptables/plan.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
 import { optionsFromInput } from '../../src/modes/nftables/plan.ts';
+import { modes } from '../../src/proxy/registry.ts';
 
 const NODE = 'node1';
 
@@ -177,6 +178,11 @@ test('the detector is rendered in iptables (-i br0 / ! -i veth+) and nftables (i
   const ipt2 = planIptables({ state: st, opts: optionsFromConfig(pre.config, pre.node), full: true }).payload;
   assert.match(ipt2, /! -i veth\+ -j KUBE-MARK-MASQ/);
   assert.deepEqual(optionsFromInput(pre).localDetector, { kind: 'interface-prefix', prefix: 'veth' });
+  const nft = modes.nftables.render(pre);
+  assert.match(nft, /ip daddr 172\.30\.0\.1 iifname != veth\* jump mark-for-masquerade/);
+  assert.match(nft, /iifname veth\* goto service-\S+ comment "short-circuit pod traffic"/);
+  const ipvs = modes.ipvs.render(br);
+  assert.match(ipvs, /KUBE-CLUSTER-IP dst,dst ! -i cbr0 -j KUBE-MARK-MASQ/);
 });
 
 test('localhost NodePorts: IPv4 only, only with loopback among the NodePort addresses', () => {
