@@ -213,7 +213,7 @@ function computePortView(sp: ServicePort, endpoints: Endpoint[], node: PortNode)
  * upstream prints the masquerade mark as %#08x of 1<<bit: "0x00004000" for bit 14 (the same
  * as config.ts's masqueradeMark, which this pure module cannot import: config.ts reads files).
  */
-function formatMark(bit: number): string {
+export function formatMark(bit: number): string {
   return '0x' + ((1 << bit) >>> 0).toString(16).padStart(8, '0');
 }
 

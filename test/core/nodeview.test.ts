@@ -269,3 +269,10 @@ test('no planner under src/modes categorises endpoints or re-derives a policy th
   }
   assert.deepEqual(problems, []);
 });
+
+test('the view prints the masquerade mark exactly as the config module does, for every bit', async () => {
+  const { formatMark } = await import('../../src/core/nodeview.ts');
+  const { masqueradeMark } = await import('../../src/config/config.ts');
+  for (let bit = 0; bit <= 31; bit++) assert.equal(formatMark(bit), masqueradeMark(bit));
+  assert.equal(buildNodeView(input(stateOf([]), { iptables: { masqueradeBit: 15 } })).masqueradeMark, '0x00008000');
+});
