@@ -185,6 +185,17 @@ test('the detector is rendered in iptables (-i br0 / ! -i veth+) and nftables (i
   assert.match(ipvs, /KUBE-CLUSTER-IP dst,dst ! -i cbr0 -j KUBE-MARK-MASQ/);
 });
 
+test('ipvs trace with an interface detector says the input interface decides', async () => {
+  const st = stateOf([[sp('ipvsdet'), [REMOTE]]]);
+  const br = input(st, { mode: 'ipvs' }, { detectLocalMode: 'BridgeInterface', podBridgeInterface: 'cbr0' });
+  const r = await modes.ipvs.trace!({ from: '10.0.0.5', to: '172.30.0.1', port: 80, protocol: 'TCP', input: br, live: false }, { runner: { run: () => { throw new Error('no commands'); } } });
+  assert.equal(r.output, '10.180.1.1:8080');
+  assert.ok(r.rules.some((l) => l.includes('! -i cbr0')), r.rules.join('\n'));
+  assert.ok(r.notes?.some((n) => n.includes('input interface')));
+  const { masqConfigFromIptables } = await import('../../src/modes/ipvs/trace.ts');
+  assert.deepEqual(masqConfigFromIptables('-A KUBE-SERVICES -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst ! -i veth+ -j KUBE-MARK-MASQ\n', 4), { all: false, clusterCIDR: null, notLocalInterface: 'veth+' });
+});
+
 test('localhost NodePorts: IPv4 only, only with loopback among the NodePort addresses', () => {
   const st = stateOf([]);
   assert.equal(nodeSettings(resolveConfig({}), { nodeName: NODE, nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 }).localhostNodePorts, true);

@@ -45,7 +45,7 @@ export interface IpvsPlan {
   /** source-range LBs that the node itself must not reach (KUBE-IPVS-OUT-FILTER) */
   lbNoNodeAccess: LBNoNodeAccess[];
   /** masquerade decisions the iptables text encodes, for the tracer */
-  masq: { all: boolean; clusterCIDR: string | null; notLocal?: string | null; mark: string };
+  masq: { all: boolean; clusterCIDR: string | null; notLocal?: string | null; notLocalInterface?: string | null; mark: string };
   /** entries and addresses left out because the kernel would refuse them */
   rejected: Rejected[];
   /** "SET entry" → the service port that wants it (to name the owner of a refused line) */
@@ -231,7 +231,8 @@ export function plan(input: PlanInput): IpvsPlan {
   const d = view.localDetector;
   const clusterCIDR = d?.kind === 'cidr' ? d.cidr : null;
   const notLocal = d === null ? null : d.kind === 'cidr' ? `! -s ${d.cidr}` : `! -i ${d.kind === 'interface' ? d.name : `${d.prefix}+`}`;
-  const masq = { all: view.masqueradeAll, clusterCIDR, notLocal, mark: view.masqueradeMark };
+  const notLocalInterface = d === null || d.kind === 'cidr' ? null : d.kind === 'interface' ? d.name : `${d.prefix}+`;
+  const masq = { all: view.masqueradeAll, clusterCIDR, notLocal, notLocalInterface, mark: view.masqueradeMark };
   const iptables = renderIptables({ family, sets: b.sets, masq, lbNoNodeAccess: b.lbNoNodeAccess });
   const t = cfg.ipvs;
   const timeouts =
