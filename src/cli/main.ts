@@ -22,6 +22,9 @@ export interface CommonOptions {
   nodeportAddresses?: string;
   masqueradeAll?: boolean;
   ipvsScheduler?: string;
+  detectLocalMode?: string;
+  podBridgeInterface?: string;
+  podInterfaceNamePrefix?: string;
   cleanup?: boolean;
   nodeIp?: string;
   logLevel?: string;
@@ -40,6 +43,9 @@ export function effectiveConfig(o: CommonOptions): ProxyConfig {
     nodeportAddresses: o.nodeportAddresses,
     masqueradeAll: o.masqueradeAll,
     ipvsScheduler: o.ipvsScheduler,
+    detectLocalMode: o.detectLocalMode,
+    podBridgeInterface: o.podBridgeInterface,
+    podInterfaceNamePrefix: o.podInterfaceNamePrefix,
   };
   return resolveConfig(raw, flags);
 }
@@ -59,7 +65,10 @@ function addProxyFlags(cmd: Command): Command {
     .option('--cluster-cidr <cidrs>', 'pod CIDR(s): traffic from outside is masqueraded')
     .option('--healthz-bind-address <ip:port>', 'healthz server address (default 0.0.0.0:10256)')
     .option('--metrics-bind-address <ip:port>', 'metrics and debug server address (default 127.0.0.1:10249)')
-    .option('--nodeport-addresses <cidrs>', 'comma-separated CIDRs NodePorts are served on (default: all local addresses)')
+    .option('--nodeport-addresses <cidrs>', 'comma-separated CIDRs (or "primary") NodePorts are served on (default: all local addresses; nftables: primary)')
+    .option('--detect-local-mode <mode>', 'how local pod traffic is recognised: ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix')
+    .option('--pod-bridge-interface <name>', 'bridge interface of the pods (detectLocalMode BridgeInterface)')
+    .option('--pod-interface-name-prefix <prefix>', 'name prefix of the pods\' interfaces (detectLocalMode InterfaceNamePrefix)')
     .option('--masquerade-all', 'SNAT all traffic sent to service IPs')
     .option('--ipvs-scheduler <name>', 'IPVS scheduler: rr, wrr, lc, wlc, lblc, lblcr, sh, dh, sed, nq, mh')
     .option('--log-level <level>', 'log level (trace, debug, info, warn, error)');

@@ -124,6 +124,9 @@ export interface ProxyConfig {
   localhostNodePorts: boolean;
   /** canonical CIDRs; empty = all local addresses (upstream's default) */
   nodePortAddresses: string[];
+  /** upstream detectLocalMode: how traffic from local pods is recognised */
+  detectLocalMode: DetectLocalMode;
+  detectLocal: { bridgeInterface: string; interfaceNamePrefix: string };
   syncPeriodMs: number;
   minSyncPeriodMs: number;
   udpIdleTimeoutMs: number;
@@ -152,6 +155,49 @@ export interface ConfigFlags {
   nodeportAddresses?: string;
   masqueradeAll?: boolean;
   ipvsScheduler?: string;
+  detectLocalMode?: string;
+  podBridgeInterface?: string;
+  podInterfaceNamePrefix?: string;
+}
+
+export const DETECT_LOCAL_MODES = ['ClusterCIDR', 'NodeCIDR', 'BridgeInterface', 'InterfaceNamePrefix'] as const;
+export type DetectLocalMode = (typeof DETECT_LOCAL_MODES)[number];
+
+/**
+ * upstream validateProxyConfiguration (pkg/proxy/apis/config/validation): the mode is one of
+ * four (empty = ClusterCIDR); BridgeInterface needs detectLocal.bridgeInterface and
+ * InterfaceNamePrefix needs detectLocal.interfaceNamePrefix ("must not be empty"); an
+ * interface name is at most 15 bytes (IFNAMSIZ) with no '/' or whitespace. ClusterCIDR
+ * without clusterCIDR is allowed (upstream warns and detects nothing); NodeCIDR takes the
+ * Node's spec.podCIDRs at run time.
+ */
+function detectLocalField(raw: RawConfig, flags: ConfigFlags): { mode: DetectLocalMode; bridgeInterface: string; interfaceNamePrefix: string } {
+  const modeText = flags.detectLocalMode ?? raw.detectLocalMode ?? '';
+  const mode = (modeText === '' ? 'ClusterCIDR' : modeText) as DetectLocalMode;
+  if (!(DETECT_LOCAL_MODES as readonly string[]).includes(mode)) {
+    throw new ConfigError('detectLocalMode', `unsupported value ${JSON.stringify(modeText)} (want one of ${DETECT_LOCAL_MODES.join(', ')})`);
+  }
+  const dl = raw.detectLocal ?? {};
+  const str = (field: string, v: unknown): string => {
+    if (v === undefined || v === null) return '';
+    if (typeof v !== 'string') throw new ConfigError(field, `want a string, got ${JSON.stringify(v)}`);
+    return v;
+  };
+  const bridgeInterface = flags.podBridgeInterface ?? str('detectLocal.bridgeInterface', dl.bridgeInterface);
+  const interfaceNamePrefix = flags.podInterfaceNamePrefix ?? str('detectLocal.interfaceNamePrefix', dl.interfaceNamePrefix);
+  for (const [field, v] of [['detectLocal.bridgeInterface', bridgeInterface], ['detectLocal.interfaceNamePrefix', interfaceNamePrefix]] as const) {
+    if (v !== '' && (v.length > 15 || /[\s/]/.test(v))) throw new ConfigError(field, `invalid interface name ${JSON.stringify(v)} (at most 15 characters, no '/' or spaces)`);
+  }
+  if (mode === 'BridgeInterface' && bridgeInterface === '') {
+    throw new ConfigError('detectLocal.bridgeInterface', 'must not be empty when detectLocalMode is BridgeInterface (set --pod-bridge-interface)');
+  }
+  if (mode === 'InterfaceNamePrefix' && interfaceNamePrefix === '') {
+    throw new ConfigError('detectLocal.interfaceNamePrefix', 'must not be empty when detectLocalMode is InterfaceNamePrefix (set --pod-interface-name-prefix)');
+  }
+  for (const k of Object.keys(dl)) {
+    if (k !== 'bridgeInterface' && k !== 'interfaceNamePrefix') throw new ConfigError(`detectLocal.${k}`, 'unknown field');
+  }
+  return { mode, bridgeInterface, interfaceNamePrefix };
 }
 
 /**
@@ -246,7 +292,14 @@ export function resolveConfig(raw: RawConfig = {}, flags: ConfigFlags = {}): Pro
   const npaList = flags.nodeportAddresses !== undefined
     ? flags.nodeportAddresses.split(',').map((s) => s.trim()).filter(Boolean)
     : raw.nodePortAddresses ?? [];
-  const nodePortAddresses = npaList.includes('primary') ? ['primary'] : cidrList('nodePortAddresses', npaList);
+  // upstream: "primary" may be mixed with CIDRs; both are kept.
+  const nodePortAddresses = npaList.map((c, i) => {
+    if (c === 'primary') return c;
+    const p = parseCIDR(c);
+    if (!p) throw new ConfigError(`nodePortAddresses[${i}]`, `invalid CIDR ${JSON.stringify(c)} (want a CIDR or "primary")`);
+    return p.text;
+  });
+  const detectLocal = detectLocalField(raw, flags);
 
   const syncSection = mode === 'ipvs' ? raw.ipvs : modeSection;
   const sectionName = mode === 'ipvs' ? 'ipvs' : mode === 'nftables' ? 'nftables' : 'iptables';
@@ -272,6 +325,8 @@ export function resolveConfig(raw: RawConfig = {}, flags: ConfigFlags = {}): Pro
     masqueradeBit,
     localhostNodePorts: raw.iptables?.localhostNodePorts ?? true,
     nodePortAddresses,
+    detectLocalMode: detectLocal.mode,
+    detectLocal: { bridgeInterface: detectLocal.bridgeInterface, interfaceNamePrefix: detectLocal.interfaceNamePrefix },
     syncPeriodMs,
     minSyncPeriodMs,
     udpIdleTimeoutMs: durationField('udpIdleTimeout', raw.udpIdleTimeout, 250, true),

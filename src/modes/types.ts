@@ -5,6 +5,7 @@ import type { ProxyConfig, ModeName } from '../config/config.ts';
 import type { ProxyState } from '../core/model.ts';
 import type { Logger } from '../log.ts';
 import type { CommandRunner } from '../exec/runner.ts';
+import type { NodeView } from '../core/nodeview.ts';
 
 /** Facts about this node that planners need. */
 export interface NodeContext {
@@ -13,12 +14,18 @@ export interface NodeContext {
   nodeIPs: string[];
   nodeLabels: Record<string, string>;
   family: 4 | 6;
+  /** the Node object's spec.podCIDRs (detectLocalMode NodeCIDR) */
+  podCIDRs?: string[];
+  /** the Node object's status.addresses (the primary node IP: nodePortAddresses "primary") */
+  addresses?: Array<{ type: string; address: string }>;
 }
 
 export interface PlanInput {
   state: ProxyState;
   config: ProxyConfig;
   node: NodeContext;
+  /** the node view of this sync and family (src/core/nodeview.ts); computed when absent */
+  view?: NodeView;
 }
 
 export interface SyncStats {

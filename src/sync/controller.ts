@@ -8,6 +8,7 @@ import { validateOptionsForMode, type ObjectKind } from '../core/validate.ts';
 import type { Logger } from '../log.ts';
 import type { CommandRunner } from '../exec/runner.ts';
 import type { ModeModule, NodeContext, PlanInput, Proxier, SyncStats } from '../modes/types.ts';
+import { buildNodeView } from '../core/nodeview.ts';
 import type { K8sNode, Source } from '../sources/types.ts';
 import { SyncLoop } from './loop.ts';
 import { ProxyHealth } from './health.ts';
@@ -64,6 +65,8 @@ export class ProxyController {
   readonly loop: SyncLoop;
   proxier: Proxier | null = null;
   private nodeLabels: Record<string, string> = {};
+  /** the Node's spec.podCIDRs and status.addresses: the node view's NodeCIDR detector and primary IP */
+  private nodeFacts: { podCIDRs: string[]; addresses: Array<{ type: string; address: string }> } = { podCIDRs: [], addresses: [] };
   private changedSinceSuccess = new Set<string>();
   private synced = false;
   readonly history: SyncRecord[] = [];
@@ -126,11 +129,14 @@ export class ProxyController {
       nodeIPs: (this.opts.nodeIPs ?? (() => discoverNodeIPs(4)))(),
       nodeLabels: this.nodeLabels,
       family: 4,
+      podCIDRs: this.nodeFacts.podCIDRs,
+      addresses: this.nodeFacts.addresses,
     };
   }
 
   planInput(): PlanInput {
-    return { state: this.tracker.state, config: this.opts.config, node: this.nodeContext() };
+    const input: PlanInput = { state: this.tracker.state, config: this.opts.config, node: this.nodeContext() };
+    return { ...input, view: buildNodeView(input) };
   }
 
   async start(): Promise<void> {
@@ -149,8 +155,10 @@ export class ProxyController {
         const valid = node ? this.tracker.boundary.node(node) : null;
         this.health.syncNode(valid);
         const labels = valid?.metadata?.labels ?? {};
-        if (JSON.stringify(labels) !== JSON.stringify(this.nodeLabels)) {
+        const facts = { podCIDRs: [...(valid?.spec?.podCIDRs ?? [])], addresses: (valid?.status?.addresses ?? []).map((a) => ({ type: a.type, address: a.address })) };
+        if (JSON.stringify(labels) !== JSON.stringify(this.nodeLabels) || JSON.stringify(facts) !== JSON.stringify(this.nodeFacts)) {
           this.nodeLabels = { ...labels };
+          this.nodeFacts = facts;
           this.queueSync(true);
         }
       },

@@ -44,6 +44,14 @@ ports:
 - {name: dns, port: 5353, protocol: UDP}
 endpoints:
 ${endpoints.map((e) => `- addresses: [${e}]\n  nodeName: other-node`).join('\n')}
+---
+# This node: its InternalIP is the address NodePorts are served on in the nftables mode,
+# whose default nodePortAddresses is "primary" (upstream v1.31+).
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+status:
+  addresses: [{type: InternalIP, address: 203.0.113.1}]
 `;
 }
 
@@ -119,6 +127,11 @@ test('iptables mode via the CLI: traffic, trace --live agrees, manifest edits wi
   const k = await startKproxy('iptables');
   try {
     assertReachesBoth('iptables');
+    // Localhost NodePorts (upstream iptables default): 127.0.0.1:NodePort from the node
+    // reaches the pods, which needs route_localnet=1 in this namespace.
+    assert.equal(node.exec('sysctl', ['-n', 'net.ipv4.conf.all.route_localnet']).trim(), '1');
+    const localhost = send(node, 'tcp', '127.0.0.1', 30080, 6);
+    assert.deepEqual(localhost.errors, {}, `localhost NodePort: ${JSON.stringify(localhost)}`);
     const trace = JSON.parse(node.exec(process.execPath, [join(repoRoot, 'bin/kproxy.js'), 'trace', '--mode', 'iptables', '--live',
       '--from', '203.0.113.2', '--to', `${CLUSTER_IP}:80`, '--json']));
     assert.equal(trace.output, '10.180.0.1:8080, 10.180.0.2:8080');

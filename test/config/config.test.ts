@@ -270,3 +270,31 @@ test('loadConfigFile reads a file and reports an unreadable one', () => {
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+// ---- detectLocalMode (upstream pkg/proxy/apis/config/validation) and nodePortAddresses ----
+
+test('detectLocalMode: upstream values, default ClusterCIDR, flags over the file', () => {
+  assert.equal(resolveConfig({}).detectLocalMode, 'ClusterCIDR');
+  assert.equal(resolveConfig({ detectLocalMode: 'NodeCIDR' }).detectLocalMode, 'NodeCIDR');
+  const c = resolveConfig(parseConfigText(`${HEAD}detectLocalMode: BridgeInterface\ndetectLocal:\n  bridgeInterface: cbr0\n`));
+  assert.deepEqual([c.detectLocalMode, c.detectLocal.bridgeInterface], ['BridgeInterface', 'cbr0']);
+  const f = resolveConfig({ detectLocalMode: 'NodeCIDR' }, { detectLocalMode: 'InterfaceNamePrefix', podInterfaceNamePrefix: 'veth' });
+  assert.deepEqual([f.detectLocalMode, f.detectLocal.interfaceNamePrefix], ['InterfaceNamePrefix', 'veth']);
+});
+
+test('detectLocalMode: invalid combinations are refused naming the field', () => {
+  throwsConfig(() => resolveConfig({ detectLocalMode: 'PodCIDR' }), 'detectLocalMode', 'PodCIDR', 'ClusterCIDR');
+  throwsConfig(() => resolveConfig({ detectLocalMode: 'BridgeInterface' }), 'detectLocal.bridgeInterface', 'must not be empty');
+  throwsConfig(() => resolveConfig({}, { detectLocalMode: 'InterfaceNamePrefix' }), 'detectLocal.interfaceNamePrefix', 'must not be empty');
+  throwsConfig(() => resolveConfig({ detectLocalMode: 'BridgeInterface', detectLocal: { bridgeInterface: 'a/b' } }), 'detectLocal.bridgeInterface', 'a/b');
+  throwsConfig(() => resolveConfig({}, { podBridgeInterface: 'x'.repeat(16) }), 'detectLocal.bridgeInterface', 'at most 15');
+  throwsConfig(() => resolveConfig({ detectLocal: { bridge: 'cbr0' } }), 'detectLocal.bridge', 'unknown field');
+  // ClusterCIDR without clusterCIDR is allowed (upstream detects nothing, with a warning)
+  assert.deepEqual(resolveConfig({ detectLocalMode: 'ClusterCIDR' }).clusterCIDRs, []);
+});
+
+test('nodePortAddresses: "primary" mixed with CIDRs keeps both; a bad entry names its index', () => {
+  assert.deepEqual(resolveConfig({ nodePortAddresses: ['primary', '10.0.0.0/8'] }).nodePortAddresses, ['primary', '10.0.0.0/8']);
+  assert.deepEqual(resolveConfig({}, { nodeportAddresses: '10.0.0.0/8,primary' }).nodePortAddresses, ['10.0.0.0/8', 'primary']);
+  throwsConfig(() => resolveConfig({ nodePortAddresses: ['primary', 'nope'] }), 'nodePortAddresses[1]', 'nope');
+});

@@ -130,3 +130,35 @@ test('render is the full restore payload; planned trace goes through it', async 
   assert.equal(r.output, '10.0.2.1:80, 10.0.2.2:80');
   assert.equal(r.masq, false);
 });
+
+test('proxier: route_localnet=1 is set through the sysctl interface when, and only when, localhost NodePorts are in use', async () => {
+  const sets: string[] = [];
+  const values = new Map<string, string>([['net.ipv4.conf.all.route_localnet', '0']]);
+  const sysctl = {
+    async get(name: string) {
+      return values.get(name) ?? null;
+    },
+    async set(name: string, value: string) {
+      sets.push(`${name}=${value}`);
+      values.set(name, value);
+    },
+  };
+  const k = new FakeKernel();
+  const config = testConfig();
+  const p = new IptablesProxier({ runner: k, log: silentLogger(), config, sysctl });
+  const t = world();
+  await p.sync(planInput(t, config), t.apply(), true);
+  assert.deepEqual(sets, [], 'ClusterIP services only: no localhost NodePort in use');
+  t.services.update(null, svc('ns3', 'np', { type: 'NodePort', clusterIP: '172.30.0.43', port: 80, nodePort: 30043 }));
+  await p.sync(planInput(t, config), t.apply(), false);
+  assert.deepEqual(sets, ['net.ipv4.conf.all.route_localnet=1']);
+  await p.sync(planInput(t, config), new Set(), true);
+  assert.equal(sets.length, 1, 'set only when it differs');
+
+  const off = testConfig({ localhostNodePorts: false });
+  const sets2 = sets.length;
+  values.set('net.ipv4.conf.all.route_localnet', '0');
+  const p2 = new IptablesProxier({ runner: new FakeKernel(), log: silentLogger(), config: off, sysctl });
+  await p2.sync(planInput(t, off), new Set(), true);
+  assert.equal(sets.length, sets2, 'localhostNodePorts: false never sets it');
+});

@@ -3,9 +3,9 @@
 // literally (no NewProxier adjustments); absent keys get the fake's defaults. Pure.
 import type { CaseConfig } from '../../conformance/case.ts';
 import { canonicalIP, parseCIDR } from '../../core/ip.ts';
-import { masqueradeMark } from '../../config/config.ts';
+import { formatMark as masqueradeMark } from '../../core/nodeview.ts';
 import {
-  NFACCT_CT_STATE_INVALID_DROPPED, NFACCT_LOCALHOST_NODEPORTS_ACCEPTED, cidrDetector, nodePortAddressing,
+  NFACCT_CT_STATE_INVALID_DROPPED, NFACCT_LOCALHOST_NODEPORTS_ACCEPTED, cidrDetector, detectorArgs, nodePortAddressing,
   type IptablesOptions, type LocalDetector,
 } from './options.ts';
 
@@ -66,11 +66,11 @@ function detectorOf(raw: unknown, family: 4 | 6, topLevelCIDR: unknown): LocalDe
   }
   if (mode === 'BridgeInterface') {
     const i = String(pick(d, 'bridgeInterface', 'interfaceName', 'interface') ?? '');
-    return i ? { ifLocal: ['-i', i], ifNotLocal: ['!', '-i', i] } : null;
+    return i ? detectorArgs({ kind: 'interface', name: i }) : null;
   }
   if (mode === 'InterfaceNamePrefix') {
     const p = String(pick(d, 'interfaceNamePrefix', 'prefix') ?? '');
-    return p ? { ifLocal: ['-i', `${p}+`], ifNotLocal: ['!', '-i', `${p}+`] } : null;
+    return p ? detectorArgs({ kind: 'interface-prefix', prefix: p }) : null;
   }
   return null;
 }

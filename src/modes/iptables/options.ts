@@ -1,9 +1,8 @@
 // The planner's settings, resolved once per sync: from the effective ProxyConfig plus what
 // the proxier learned about the host (runtime), or from an upstream conformance case's
 // config.json (which sets the fake proxier's fields directly). Pure.
-import { canonicalIP, cidrContains, ipFamily, isLoopback, parseCIDR } from '../../core/ip.ts';
 import type { ProxyConfig } from '../../config/config.ts';
-import { masqueradeMark } from '../../config/config.ts';
+import { nodeSettings, resolveNodePortAddresses, type LocalDetectorSpec, type NodeSettings } from '../../core/nodeview.ts';
 import type { NodeContext } from '../types.ts';
 
 /** upstream's LocalTrafficDetector: match arguments for "from a local pod" and its negation. */
@@ -44,28 +43,18 @@ export function cidrDetector(cidr: string): LocalDetector {
   return { ifLocal: ['-s', cidr], ifNotLocal: ['!', '-s', cidr] };
 }
 
-/**
- * upstream's NewNodePortAddresses + GetNodeIPs: CIDRs of the other family are ignored; none
- * left (or a zero CIDR) means "all local addresses"; otherwise the local addresses inside.
- */
-export function nodePortAddressing(family: 4 | 6, cidrs: string[], localIPs: string[]): NodePortAddressing {
-  const parsed = cidrs.map((c) => parseCIDR(c)).filter((c): c is NonNullable<typeof c> => !!c && c.family === family);
-  if (parsed.length === 0 || parsed.some((c) => c.prefix === 0)) return { matchAll: true, ips: [] };
-  const ips: string[] = [];
-  for (const c of parsed) {
-    for (const raw of localIPs) {
-      const ip = canonicalIP(raw);
-      if (ip && cidrContains(c, ip) && !ips.includes(ip)) ips.push(ip);
-    }
-  }
-  return { matchAll: false, ips };
+/** upstream's detect-local iptables arguments (pkg/proxy/util/localdetector.go) for the view's detector. */
+export function detectorArgs(d: LocalDetectorSpec | null): LocalDetector | null {
+  if (!d) return null;
+  if (d.kind === 'cidr') return cidrDetector(d.cidr);
+  const dev = d.kind === 'interface' ? d.name : `${d.prefix}+`;
+  return { ifLocal: ['-i', dev], ifNotLocal: ['!', '-i', dev] };
 }
 
-/** Does the NodePort address set include IPv4 loopback (upstream's ContainsIPv4Loopback)? */
-export function containsIPv4Loopback(cidrs: string[]): boolean {
-  const v4 = cidrs.map((c) => parseCIDR(c)).filter((c): c is NonNullable<typeof c> => !!c && c.family === 4);
-  if (v4.length === 0) return true; // defaults to 0.0.0.0/0
-  return v4.some((c) => isLoopback(c.ip) || cidrContains(c, '127.0.0.1'));
+/** The NodePort addressing of a list of CIDRs (conformance cases set them literally). */
+export function nodePortAddressing(family: 4 | 6, cidrs: string[], localIPs: string[]): NodePortAddressing {
+  const r = resolveNodePortAddresses(family, cidrs, localIPs, null);
+  return { matchAll: r.matchAll, ips: r.ips };
 }
 
 /** Facts about the host that only the proxier can learn (it probes at start). */
@@ -81,25 +70,24 @@ export const DEFAULT_FACTS: RuntimeFacts = { hasRandomFully: false, conntrackTCP
 
 /** Options for a real run (or a dry-run render) from the effective config. */
 export function optionsFromConfig(config: ProxyConfig, node: NodeContext, facts: RuntimeFacts = DEFAULT_FACTS): IptablesOptions {
-  const family = node.family;
-  const clusterCIDR = config.clusterCIDRs.find((c) => parseCIDR(c)?.family === family);
-  const localIPs = facts.localIPs ?? [...node.nodeIPs, family === 4 ? '127.0.0.1' : '::1'];
-  let npaCIDRs = config.nodePortAddresses;
-  if (npaCIDRs.includes('primary')) {
-    npaCIDRs = node.nodeIPs.map((ip) => `${ip}/${ipFamily(ip) === 6 ? 128 : 32}`);
-  }
-  // As upstream's NewProxier: localhost NodePorts only when loopback is a NodePort address.
-  const localhostNodePorts = family === 4 && config.localhostNodePorts && containsIPv4Loopback(npaCIDRs);
+  // Every node-wide decision (NodePort addresses, detector, localhost NodePorts) is the node
+  // view's; the host's own addresses (facts.localIPs) select among the NodePort CIDRs.
+  const s = nodeSettings(config, node, facts.localIPs);
+  return optionsFromSettings(s, facts);
+}
+
+/** iptables options from the node view's node-wide settings. */
+export function optionsFromSettings(s: NodeSettings, facts: RuntimeFacts = DEFAULT_FACTS): IptablesOptions {
   return {
-    family,
-    nodeName: node.nodeName,
-    nodeLabels: node.nodeLabels,
-    nodeIP: node.nodeIPs[0] ?? null,
-    masqueradeMark: masqueradeMark(config.masqueradeBit),
-    masqueradeAll: config.masqueradeAll,
-    localDetector: clusterCIDR ? cidrDetector(parseCIDR(clusterCIDR)!.text) : null,
-    localhostNodePorts,
-    nodePorts: nodePortAddressing(family, npaCIDRs, localIPs),
+    family: s.family,
+    nodeName: s.nodeName,
+    nodeLabels: s.nodeLabels,
+    nodeIP: s.primaryNodeIP,
+    masqueradeMark: s.masqueradeMark,
+    masqueradeAll: s.masqueradeAll,
+    localDetector: detectorArgs(s.localDetector),
+    localhostNodePorts: s.localhostNodePorts,
+    nodePorts: { matchAll: s.nodePorts.matchAll, ips: s.nodePorts.ips },
     conntrackTCPLiberal: facts.conntrackTCPLiberal,
     hasRandomFully: facts.hasRandomFully,
     nfacctCTStateInvalidDropped: facts.nfacctCounters.includes(NFACCT_CT_STATE_INVALID_DROPPED),

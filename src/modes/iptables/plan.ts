@@ -10,9 +10,8 @@
 // small constant. With --noflush an omitted chain keeps its kernel content, which is the
 // content it would have been rewritten with, so the resulting tables are the same.
 import { hash } from 'node:crypto';
-import { categorizeEndpoints } from '../../core/categorize.ts';
-import { cidrContains } from '../../core/ip.ts';
-import { externallyAccessible, usesClusterEndpoints, usesLocalEndpoints, type Endpoint, type ProxyState, type ServicePort } from '../../core/model.ts';
+import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
+import { portView } from '../../core/nodeview.ts';
 import {
   KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING,
   KUBE_PROXY_FIREWALL, KUBE_SERVICES, endpointChainName, isServiceChainName, probability, serviceChains,
@@ -58,7 +57,12 @@ export interface Plan {
   chainDigests: Map<string, string>;
   /** chains left out because their content was unchanged (lastChainDigests) */
   skippedChains: number;
+  /** kernel settings this ruleset needs, applied by the proxier before the restore */
+  sysctls: Array<{ name: string; value: string }>;
 }
+
+/** the sysctl localhost NodePorts need: packets to 127.0.0.0/8 may be DNATed and routed off lo */
+export const SYSCTL_ROUTE_LOCALNET = 'net.ipv4.conf.all.route_localnet';
 
 /** One chain of the payload: its declaration (flush) and rules; the digest is memoised. */
 interface ChainUnit {
@@ -149,26 +153,16 @@ function renderService(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): Se
   const b: ServiceBlock = { filter: [], natTop: [], chains: [], rules: [], active: [], units: [] };
   const names = serviceChains(sp);
   const { nameString: svcName, protocol } = names;
-  const cat = categorizeEndpoints(eps, sp, opts.nodeName, opts.nodeLabels);
-  const { clusterEndpoints, localEndpoints, allReachableEndpoints, hasAnyEndpoints: hasEndpoints } = cat;
-
-  const usesClusterPolicyChain = clusterEndpoints.length > 0 && usesClusterEndpoints(sp);
-  const usesLocalPolicyChain = localEndpoints.length > 0 && usesLocalEndpoints(sp);
-  let internalTrafficChain = names.svc;
-  let hasInternalEndpoints = hasEndpoints;
-  if (sp.internalPolicyLocal) {
-    internalTrafficChain = names.svl;
-    if (localEndpoints.length === 0) hasInternalEndpoints = false;
-  }
-  let externalPolicyChain = names.svc;
-  let hasExternalEndpoints = hasEndpoints;
-  if (sp.externalPolicyLocal) {
-    externalPolicyChain = names.svl;
-    if (localEndpoints.length === 0) hasExternalEndpoints = false;
-  }
+  // Every decision is the node view's (src/core/nodeview.ts); this only renders it.
+  const v = portView(sp, eps, { nodeName: opts.nodeName, nodeLabels: opts.nodeLabels, nodeIP: opts.nodeIP });
+  const { clusterEndpoints, localEndpoints, allReachableEndpoints, hasAnyEndpoints: hasEndpoints, hasInternalEndpoints, hasExternalEndpoints } = v;
+  const usesClusterPolicyChain = v.usesClusterPath;
+  const usesLocalPolicyChain = v.usesLocalPath;
+  const internalTrafficChain = v.internalPolicy === 'local' ? names.svl : names.svc;
+  const externalPolicyChain = v.externalPolicy === 'local' ? names.svl : names.svc;
   const ext = names.ext;
-  const usesExternalTrafficChain = hasEndpoints && externallyAccessible(sp);
-  const usesFWChain = hasEndpoints && sp.loadBalancerVIPs.length > 0 && sp.loadBalancerSourceRanges.length > 0;
+  const usesExternalTrafficChain = v.usesExternalPath;
+  const usesFWChain = v.usesFirewallPath;
   const lbChain = usesFWChain ? names.fw : ext;
 
   let internalFilter = '';
@@ -219,8 +213,8 @@ function renderService(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): Se
       b.filter.push(`-A ${KUBE_EXTERNAL_SERVICES} -m comment --comment ${externalFilter} -m addrtype --dst-type LOCAL ${proto} --dport ${sp.nodePort} -j ${externalTarget}`);
     }
   }
-  if (sp.healthCheckNodePort !== 0) {
-    b.filter.push(`-A ${KUBE_NODEPORTS} -m comment --comment "${svcName} health check node port" -m tcp -p tcp --dport ${sp.healthCheckNodePort} -j ACCEPT`);
+  if (v.healthCheckNodePort !== 0) {
+    b.filter.push(`-A ${KUBE_NODEPORTS} -m comment --comment "${svcName} health check node port" -m tcp -p tcp --dport ${v.healthCheckNodePort} -j ACCEPT`);
   }
 
 
@@ -237,14 +231,14 @@ function renderService(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): Se
   if (usesExternalTrafficChain) {
     b.chains.push(chainLine(ext));
     b.active.push(ext);
-    if (!sp.externalPolicyLocal) {
+    if (v.externalPolicy === 'cluster') {
       b.rules.push(`-A ${ext} -m comment --comment "masquerade traffic for ${svcName} external destinations" -j ${KUBE_MARK_MASQ}`);
     } else {
-      if (opts.localDetector) {
+      if (opts.localDetector && v.shortCircuitToCluster) {
         b.rules.push(`-A ${ext} -m comment --comment "pod traffic for ${svcName} external destinations" ${ifLocal} -j ${names.svc}`);
       }
       b.rules.push(`-A ${ext} -m comment --comment "masquerade LOCAL traffic for ${svcName} external destinations" -m addrtype --src-type LOCAL -j ${KUBE_MARK_MASQ}`);
-      b.rules.push(`-A ${ext} -m comment --comment "route LOCAL traffic for ${svcName} external destinations" -m addrtype --src-type LOCAL -j ${names.svc}`);
+      if (v.shortCircuitToCluster) b.rules.push(`-A ${ext} -m comment --comment "route LOCAL traffic for ${svcName} external destinations" -m addrtype --src-type LOCAL -j ${names.svc}`);
     }
     if (hasExternalEndpoints) b.rules.push(`-A ${ext} -j ${externalPolicyChain}`);
   }
@@ -254,13 +248,9 @@ function renderService(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): Se
     b.chains.push(chainLine(fw));
     b.active.push(fw);
     const head = `-A ${fw} -m comment --comment "${svcName} loadbalancer IP"`;
-    let allowFromNode = false;
-    for (const cidr of sp.loadBalancerSourceRanges) {
-      b.rules.push(`${head} -s ${cidr} -j ${ext}`);
-      if (opts.nodeIP && cidrContains(cidr, opts.nodeIP)) allowFromNode = true;
-    }
+    for (const cidr of v.firewall!.sourceRanges) b.rules.push(`${head} -s ${cidr} -j ${ext}`);
     // A node reaching its own VIP-like LB IP loops back with the VIP as source.
-    if (allowFromNode) for (const ip of sp.loadBalancerVIPs) b.rules.push(`${head} -s ${ip} -j ${ext}`);
+    if (v.firewall!.nodeInRanges) for (const ip of sp.loadBalancerVIPs) b.rules.push(`${head} -s ${ip} -j ${ext}`);
     b.rules.push(`-A ${fw} -m comment --comment "other traffic to ${svcName} will be dropped by KUBE-PROXY-FIREWALL"`);
   }
 
@@ -432,7 +422,16 @@ export function planIptables(req: PlanRequest): Plan {
     return out.join('\n') + '\n';
   };
   const payload = section('filter', filterUnits, []) + section('nat', natUnits, deletedChains);
+  // upstream iptables NewProxier: route_localnet=1 lets 127.0.0.1:NodePort be DNATed to a
+  // pod; needed only when localhost NodePorts are served (IPv4, localhostNodePorts, the
+  // NodePort addresses include 127.0.0.1) and some service has a NodePort. The
+  // KUBE-FIREWALL "block incoming localnet connections" rule (CVE-2020-8558) comes with it.
+  const sysctls: Plan['sysctls'] = [];
+  if (!isIPv6 && opts.localhostNodePorts && services.some((sp) => sp.nodePort !== 0)) {
+    sysctls.push({ name: SYSCTL_ROUTE_LOCALNET, value: '1' });
+  }
   return {
+    sysctls,
     payload,
     natRulesWritten,
     natRulesTotal,

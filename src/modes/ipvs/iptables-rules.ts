@@ -9,7 +9,8 @@ import type { LBNoNodeAccess } from './planner.ts';
 export interface IptablesInput {
   family: 4 | 6;
   sets: IPSetTable;
-  masq: { all: boolean; clusterCIDR: string | null; mark: string };
+  /** notLocal: the detector's "not from a local pod" match (`! -s CIDR`, `! -i br0`), else from clusterCIDR */
+  masq: { all: boolean; clusterCIDR: string | null; notLocal?: string | null; mark: string };
   lbNoNodeAccess: LBNoNodeAccess[];
 }
 
@@ -37,8 +38,10 @@ export function renderIptables(inp: IptablesInput): string {
   if (!isEmpty('clusterIP')) {
     const base = `-A ${CHAIN.services} -m comment --comment ${comment('clusterIP')} -m set --match-set ${name('clusterIP')}`;
     if (inp.masq.all) nat.push(`${base} dst,dst -j ${CHAIN.markMasq}`);
-    // traffic from outside the cluster CIDR to a VIP may bounce off-node: masquerade it
-    else if (inp.masq.clusterCIDR) nat.push(`${base} dst,dst ! -s ${inp.masq.clusterCIDR} -j ${CHAIN.markMasq}`);
+    // traffic from outside the cluster (not from a local pod) to a VIP may bounce off-node: masquerade it
+    else if (inp.masq.notLocal ?? (inp.masq.clusterCIDR ? `! -s ${inp.masq.clusterCIDR}` : null)) {
+      nat.push(`${base} dst,dst ${inp.masq.notLocal ?? `! -s ${inp.masq.clusterCIDR}`} -j ${CHAIN.markMasq}`);
+    }
     // without a cluster CIDR only node-originated traffic sourced from a VIP is masqueraded
     else nat.push(`${base} src,dst -j ${CHAIN.markMasq}`);
   }

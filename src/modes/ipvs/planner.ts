@@ -2,12 +2,11 @@
 // ipsets and iptables rules, as upstream's syncProxyRules decides them (one virtual server
 // per ClusterIP, ExternalIP, LB ingress IP and node IP × NodePort; NAT real servers with
 // weight 1; persistence for ClientIP affinity). Pure: no I/O.
-import { categorizeEndpoints } from '../../core/categorize.ts';
-import { cidrContains, canonicalIP, ipFamily, isLoopback, parseCIDR } from '../../core/ip.ts';
+import { canonicalIP, ipFamily, isLoopback } from '../../core/ip.ts';
+import { portView, settingsOf, type NodeSettings, type PortView } from '../../core/nodeview.ts';
 import type { Endpoint, ServicePort } from '../../core/model.ts';
 import type { PlanInput } from '../types.ts';
 import { safeServicePort } from '../vip.ts';
-import { masqueradeMark } from '../../config/config.ts';
 import { IPVSSysctl, plannedSysctls } from './sysctls.ts';
 import { SET_INFO, setName, type SetKey } from './names.ts';
 import { entryRefusal, normalizeEntry, type IPSetTable } from './ipsets.ts';
@@ -46,22 +45,25 @@ export interface IpvsPlan {
   /** source-range LBs that the node itself must not reach (KUBE-IPVS-OUT-FILTER) */
   lbNoNodeAccess: LBNoNodeAccess[];
   /** masquerade decisions the iptables text encodes, for the tracer */
-  masq: { all: boolean; clusterCIDR: string | null; mark: string };
+  masq: { all: boolean; clusterCIDR: string | null; notLocal?: string | null; notLocalInterface?: string | null; mark: string };
   /** entries and addresses left out because the kernel would refuse them */
   rejected: Rejected[];
   /** "SET entry" → the service port that wants it (to name the owner of a refused line) */
   entryOwners: Map<string, string>;
 }
 
-/** node IPs NodePorts listen on: this family, not loopback, inside nodePortAddresses if set */
+/**
+ * node IPs NodePort virtual servers are created on: the node view's NodePort addresses
+ * (every node IP when they match all), never loopback (upstream ipvs: NodePorts on
+ * loopback are not supported).
+ */
 export function nodePortIPs(input: PlanInput): string[] {
-  const fam = input.node.family;
-  const ips = input.node.nodeIPs.map((ip) => canonicalIP(ip)).filter((ip): ip is string => !!ip && ipFamily(ip) === fam && !isLoopback(ip));
-  const npa = input.config.nodePortAddresses;
-  let out = ips;
-  if (npa.length === 1 && npa[0] === 'primary') out = ips.slice(0, 1);
-  else if (npa.length) out = ips.filter((ip) => npa.some((c) => cidrContains(c, ip)));
-  return [...new Set(out)];
+  return nodePortIPsOfView(settingsOf(input));
+}
+
+function nodePortIPsOfView(view: NodeSettings): string[] {
+  const out = view.nodePorts.matchAll ? view.nodeIPs : view.nodePorts.ips;
+  return [...new Set(out.filter((ip) => ipFamily(ip) === view.family && !isLoopback(ip)))];
 }
 
 function seconds(ms: number): number {
@@ -128,17 +130,18 @@ class PlanBuilder {
 }
 
 /** upstream's syncEndpoint choice: local endpoints when the policy is Local and any exist */
-function pickEndpoints(cat: ReturnType<typeof categorizeEndpoints>, onlyLocal: boolean): Endpoint[] {
+function pickEndpoints(cat: PortView, onlyLocal: boolean): Endpoint[] {
   if (onlyLocal) return cat.localEndpoints.length ? cat.localEndpoints : cat.clusterEndpoints;
   return cat.clusterEndpoints;
 }
 
-function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, npIPs: string[], nodeIPSet: Set<string>): void {
-  const { config, node, state } = input;
+function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, view: NodeSettings, npIPs: string[], nodeIPSet: Set<string>): void {
+  const { config, state } = input;
   if (!sp.clusterIP) return;
   const proto = sp.protocol.toLowerCase();
   const endpoints = state.endpoints.get(sp.key) ?? [];
-  const cat = categorizeEndpoints(endpoints, sp, node.nodeName, node.nodeLabels);
+  // Every decision is the node view's (src/core/nodeview.ts); this only renders it.
+  const cat = portView(sp, endpoints, { nodeName: view.nodeName, nodeLabels: view.nodeLabels, nodeIP: view.primaryNodeIP });
   const scheduler = config.ipvs.scheduler;
   const vsFor = (address: string, port: number): VirtualServer => ({
     protocol: sp.protocol,
@@ -167,11 +170,11 @@ function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, npIP
     b.virtualServer(vsFor(ip, sp.port), pickEndpoints(cat, sp.externalPolicyLocal), sp.key, !nodeIPSet.has(ip));
   }
 
-  // A /0 source range (0.0.0.0/0, ::/0: valid and common) allows every source, exactly as no
-  // source range does; hash:ip,port,net cannot store a /0 anyway. So such a service gets no
-  // firewall at all, as upstream since kubernetes#132722.
-  const ranges = sp.loadBalancerSourceRanges.filter((c) => parseCIDR(c)?.family === b.family);
-  const firewalled = ranges.length > 0 && !ranges.some((c) => parseCIDR(c)?.prefix === 0);
+  // A /0 source range allows every source (the view's allowAll, kubernetes#132722), exactly
+  // as no source range does; hash:ip,port,net cannot store a /0 anyway: no firewall at all.
+  const fw = cat.firewall;
+  const ranges = fw?.sourceRanges ?? [];
+  const firewalled = fw !== null && !fw.allowAll;
   for (const ip of sp.loadBalancerVIPs) {
     if (ipFamily(ip) !== b.family || !b.usableVIP(ip, sp.key, 'loadBalancer ingress IP')) continue;
     const entry = `${ip},${proto}:${sp.port}`;
@@ -180,8 +183,7 @@ function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, npIP
     if (firewalled) {
       b.add('loadBalancerFW', entry, sp.key);
       for (const cidr of ranges) b.add('loadBalancerSourceCIDR', `${entry},${cidr}`, sp.key);
-      const allowFromNode = ranges.some((c) => node.nodeIPs.some((n) => cidrContains(c, n)));
-      if (allowFromNode) b.add('loadBalancerSourceIP', `${entry},${ip}`, sp.key);
+      if (fw!.nodeInRanges) b.add('loadBalancerSourceIP', `${entry},${ip}`, sp.key);
       else b.lbNoNodeAccess.push({ ip, port: sp.port, protocol: proto });
     }
     b.virtualServer(vsFor(ip, sp.port), pickEndpoints(cat, sp.externalPolicyLocal), sp.key, !nodeIPSet.has(ip));
@@ -204,27 +206,33 @@ function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, npIP
     }
   }
 
-  if (sp.healthCheckNodePort) b.add('healthCheckNodePort', `${sp.healthCheckNodePort}`, sp.key);
+  if (cat.healthCheckNodePort) b.add('healthCheckNodePort', `${cat.healthCheckNodePort}`, sp.key);
 }
 
 export function plan(input: PlanInput): IpvsPlan {
   const family = input.node.family;
   const b = new PlanBuilder(family);
-  const npIPs = nodePortIPs(input);
+  const view = settingsOf(input);
+  const npIPs = nodePortIPsOfView(view);
   const nodeIPSet = new Set(input.node.nodeIPs.map((ip) => canonicalIP(ip) ?? ip));
   const ports = [...input.state.services.values()]
     .filter((sp) => sp.family === family)
     .sort((a, b2) => (a.key < b2.key ? -1 : a.key > b2.key ? 1 : 0));
   // A loopback (or other special) VIP must never become a virtual server or be bound.
-  for (const sp of ports) planServicePort(b, safeServicePort(sp).sp, input, npIPs, nodeIPSet);
+  for (const sp of ports) planServicePort(b, safeServicePort(sp).sp, input, view, npIPs, nodeIPSet);
 
   const boundAddresses = [...b.bound].sort();
   // bound addresses passed usableVIP, so no service needs naming here
   for (const ip of boundAddresses) b.add('ipvsIPs', ip, '');
 
   const cfg = input.config;
-  const clusterCIDR = cfg.clusterCIDRs.find((c) => parseCIDR(c)?.family === family) ?? null;
-  const masq = { all: cfg.masqueradeAll, clusterCIDR, mark: masqueradeMark(cfg.masqueradeBit) };
+  // The view's local-traffic detector, as upstream ipvs writeIptablesRules uses it:
+  // localDetector.IfNotLocal() on the cluster IP masquerade rule.
+  const d = view.localDetector;
+  const clusterCIDR = d?.kind === 'cidr' ? d.cidr : null;
+  const notLocal = d === null ? null : d.kind === 'cidr' ? `! -s ${d.cidr}` : `! -i ${d.kind === 'interface' ? d.name : `${d.prefix}+`}`;
+  const notLocalInterface = d === null || d.kind === 'cidr' ? null : d.kind === 'interface' ? d.name : `${d.prefix}+`;
+  const masq = { all: view.masqueradeAll, clusterCIDR, notLocal, notLocalInterface, mark: view.masqueradeMark };
   const iptables = renderIptables({ family, sets: b.sets, masq, lbNoNodeAccess: b.lbNoNodeAccess });
   const t = cfg.ipvs;
   const timeouts =

@@ -10,6 +10,8 @@ import { virtualServerKey, type IpvsTable } from './ipvs-model.ts';
 export interface MasqConfig {
   all: boolean;
   clusterCIDR: string | null;
+  /** detectLocalMode BridgeInterface / InterfaceNamePrefix: the `! -i` match ("cbr0", "veth+") */
+  notLocalInterface?: string | null;
 }
 
 export interface TraceInput {
@@ -74,6 +76,12 @@ export function traceIpvs(inp: TraceInput, pkt: Packet): TraceResult {
           rules.push(`nat KUBE-SERVICES: cluster IP, source not in ${inp.masq.clusterCIDR} -j KUBE-MARK-MASQ`);
           masq = true;
         }
+      } else if (inp.masq.notLocalInterface) {
+        // A trace knows the source address, not the input interface: the packet is taken as
+        // not coming in on the pods' interface, as from outside the node.
+        rules.push(`nat KUBE-SERVICES: cluster IP, ! -i ${inp.masq.notLocalInterface} (assumed: a trace has no input interface) -j KUBE-MARK-MASQ`);
+        notes.push(`detectLocalMode by interface: masquerade depends on the input interface (${inp.masq.notLocalInterface}), which a trace does not know`);
+        masq = true;
       } else if (has('clusterIP', `${pkt.from},${proto}:${pkt.port}`)) {
         rules.push('nat KUBE-SERVICES: source is a VIP (src,dst) -j KUBE-MARK-MASQ');
         masq = true;
@@ -136,6 +144,8 @@ export function masqConfigFromIptables(text: string, family: 4 | 6): MasqConfig 
     if (!line.startsWith('-A KUBE-SERVICES') || !line.includes(`--match-set ${set} `) || !line.includes('-j KUBE-MARK-MASQ')) continue;
     const m = /! -s (\S+)/.exec(line);
     if (m) return { all: false, clusterCIDR: m[1] };
+    const i = /! -i (\S+)/.exec(line);
+    if (i) return { all: false, clusterCIDR: null, notLocalInterface: i[1] };
     if (line.includes(' src,dst')) return { all: false, clusterCIDR: null };
     return { all: true, clusterCIDR: null };
   }

@@ -3,21 +3,16 @@
 // Dispatch is by verdict maps (service-ips, service-nodeports), "no endpoints" handling by
 // the no-endpoint-* maps checked from the filter hooks, load balancing by
 // `numgen random mod N vmap`, affinity by per-endpoint dynamic sets. Pure.
-import { canonicalIP, cidrContains, parseCIDR, isLoopback } from '../../core/ip.ts';
-import { categorizeEndpoints } from '../../core/categorize.ts';
-import { externallyAccessible, type Endpoint, type ProxyState, type ServicePort } from '../../core/model.ts';
-import { masqueradeMark as formatMark } from '../../config/config.ts';
+import { isLoopback } from '../../core/ip.ts';
+import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
+import { portView, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings } from '../../core/nodeview.ts';
 import type { PlanInput } from '../types.ts';
 import { affinitySetName, endpointChainName, nftComment, serviceChainNames, TABLE } from './names.ts';
 import { safeServicePort, type SkippedVIP } from '../vip.ts';
 import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
 
 /** How "traffic from this cluster's pods" is recognised (upstream's LocalTrafficDetector). */
-export type LocalDetector =
-  | { kind: 'cidr'; cidr: string }
-  | { kind: 'interface'; name: string }
-  | { kind: 'interface-prefix'; prefix: string }
-  | null;
+export type LocalDetector = LocalDetectorSpec | null;
 
 export interface NftPlanOptions {
   family: 4 | 6;
@@ -212,28 +207,20 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, endpoi
   const proto = sp.protocol.toLowerCase();
   const port = String(sp.port);
   const names = serviceChainNames(sp);
-  const cat = categorizeEndpoints(endpoints, sp, o.nodeName, o.nodeLabels);
+  // Every decision is the node view's (src/core/nodeview.ts); this only renders it.
+  const cat = portView(sp, endpoints, { nodeName: o.nodeName, nodeLabels: o.nodeLabels, nodeIP: o.nodeIP });
   const hasEndpoints = cat.hasAnyEndpoints;
-  const sticky = sp.stickyMaxAgeSeconds > 0;
-
-  const usesClusterPolicyChain = cat.clusterEndpoints.length > 0 && (!sp.internalPolicyLocal || (externallyAccessible(sp) && !sp.externalPolicyLocal));
-  const usesLocalPolicyChain = cat.localEndpoints.length > 0 && (sp.internalPolicyLocal || (externallyAccessible(sp) && sp.externalPolicyLocal));
-
-  let internalChain = names.cluster;
-  let hasInternal = hasEndpoints;
-  if (sp.internalPolicyLocal) {
-    internalChain = names.local;
-    if (cat.localEndpoints.length === 0) hasInternal = false;
-  }
-  let externalPolicyChain = names.cluster;
-  let hasExternal = hasEndpoints;
-  if (sp.externalPolicyLocal) {
-    externalPolicyChain = names.local;
-    if (cat.localEndpoints.length === 0) hasExternal = false;
-  }
+  const sticky = cat.affinitySeconds > 0;
+  // upstream nftables proxier: usesClusterPolicyChain := len(clusterEndpoints) > 0 && UsesClusterEndpoints()
+  const usesClusterPolicyChain = cat.usesClusterPath;
+  const usesLocalPolicyChain = cat.usesLocalPath;
+  const internalChain = cat.internalPolicy === 'local' ? names.local : names.cluster;
+  const hasInternal = cat.hasInternalEndpoints;
+  const externalPolicyChain = cat.externalPolicy === 'local' ? names.local : names.cluster;
+  const hasExternal = cat.hasExternalEndpoints;
   // The external chain is needed even without externally usable endpoints: it holds the
   // short-circuit rules for pod and node traffic.
-  const usesExternalChain = hasEndpoints && externallyAccessible(sp);
+  const usesExternalChain = cat.usesExternalPath;
 
   let internalVerdict = '';
   let externalVerdict = '';
@@ -259,7 +246,7 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, endpoi
     if (!hasExternal) addElement(rs, C.noEndpointServices, { key: [eip, proto, port], value: externalVerdict, comment });
   }
 
-  const usesFirewall = sp.loadBalancerVIPs.length > 0 && sp.loadBalancerSourceRanges.length > 0;
+  const usesFirewall = cat.usesFirewallPath;
   for (const lb of sp.loadBalancerVIPs) {
     if (hasEndpoints) addElement(rs, C.serviceIPs, { key: [lb, proto, port], value: `goto ${names.external}` });
     if (usesFirewall) addElement(rs, C.firewallIPs, { key: [lb, proto, port], value: `goto ${names.firewall}` });
@@ -292,26 +279,25 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, endpoi
 
   if (usesExternalChain) {
     ensureChain(rs, names.external);
-    if (!sp.externalPolicyLocal) {
+    if (cat.externalPolicy === 'cluster') {
       // Non-local endpoints may be on another node: masquerade so replies come back here.
       addRule(rs, names.external, `jump ${C.markMasq}`);
     } else {
       const local = ifLocal(o.localDetector, o.family);
       // Pod traffic to an external IP behaves as if it went out to the LB and back in.
-      if (local && usesClusterPolicyChain) addRule(rs, names.external, `${local} goto ${names.cluster}`, 'short-circuit pod traffic');
+      if (local && cat.shortCircuitToCluster) addRule(rs, names.external, `${local} goto ${names.cluster}`, 'short-circuit pod traffic');
       // Node traffic gets the node IP (or the LB IP) as source: masquerade it.
       addRule(rs, names.external, `fib saddr type local jump ${C.markMasq}`, 'masquerade local traffic');
-      if (usesClusterPolicyChain) addRule(rs, names.external, `fib saddr type local goto ${names.cluster}`, 'short-circuit local traffic');
+      if (cat.shortCircuitToCluster) addRule(rs, names.external, `fib saddr type local goto ${names.cluster}`, 'short-circuit local traffic');
     }
     if (hasExternal) addRule(rs, names.external, `goto ${externalPolicyChain}`);
   }
 
   if (usesFirewall) {
-    const sources = [...sp.loadBalancerSourceRanges];
-    const allowFromNode = o.nodeIP !== null && sp.loadBalancerSourceRanges.some((c) => cidrContains(c, o.nodeIP!));
+    const sources = [...cat.firewall!.sourceRanges];
     // A node connecting to a VIP that is also a local address loops back with the VIP as
     // source; allow that when the node itself is allowed.
-    if (allowFromNode) sources.push(...sp.loadBalancerVIPs);
+    if (cat.firewall!.nodeInRanges) sources.push(...sp.loadBalancerVIPs);
     addRule(rs, names.firewall, `${ip} saddr != { ${sources.join(' , ')} } drop`);
   }
 
@@ -322,7 +308,7 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, endpoi
         name: affinitySetName(sp, ep.key),
         type: addrType(o.family),
         flags: ['dynamic', 'timeout'],
-        timeoutSeconds: sp.stickyMaxAgeSeconds,
+        timeoutSeconds: cat.affinitySeconds,
       });
     }
   }
@@ -417,37 +403,35 @@ export function planRuleset(state: ProxyState, o: NftPlanOptions): Ruleset {
 
 // ---- options from the running configuration ----
 
-/** Node addresses that accept NodePorts: upstream's NodePortAddresses.GetNodeIPs, minus loopback. */
-export function nodePortIPsFor(cidrs: string[], family: 4 | 6, localAddrs: string[], primary: string | null): string[] | 'all' {
-  if (cidrs.includes('primary')) return primary ? [primary] : 'all';
-  const ofFamily = cidrs.map((c) => parseCIDR(c)).filter((c) => c !== null && c.family === family);
-  if (ofFamily.length === 0) return 'all';
-  if (ofFamily.some((c) => c!.prefix === 0)) return 'all';
-  const out: string[] = [];
-  for (const raw of localAddrs) {
-    const a = canonicalIP(raw);
-    if (!a || isLoopback(a) || out.includes(a)) continue;
-    if (ofFamily.some((c) => cidrContains(c!, a))) out.push(a);
-  }
-  return out;
+/**
+ * Node addresses that accept NodePorts, from the node view's resolution: 'all' (every local
+ * address but loopback: the nftables mode never serves NodePorts on loopback, as upstream).
+ */
+export function nodePortIPsOf(n: NodePortAddresses): string[] | 'all' {
+  if (n.matchAll) return 'all';
+  return n.ips.filter((a) => !isLoopback(a));
 }
 
-/** Options for a live node: from the effective config and the node's addresses. */
+/** Node addresses that accept NodePorts for a list of CIDRs (or "primary"): conformance cases. */
+export function nodePortIPsFor(cidrs: string[], family: 4 | 6, localAddrs: string[], primary: string | null): string[] | 'all' {
+  return nodePortIPsOf(resolveNodePortAddresses(family, cidrs, localAddrs, primary));
+}
+
+/** Options for a live node: the node view's node-wide settings. */
 export function optionsFromInput(input: PlanInput): NftPlanOptions {
-  const { config, node } = input;
-  const family = node.family;
-  const ofFamily = (c: string) => parseCIDR(c)?.family === family;
-  const clusterCIDR = config.clusterCIDRs.find(ofFamily);
-  const nodeIP = node.nodeIPs.map((a) => canonicalIP(a)).find((a): a is string => !!a) ?? null;
+  return optionsFromSettings(settingsOf(input));
+}
+
+export function optionsFromSettings(s: NodeSettings): NftPlanOptions {
   return {
-    family,
-    nodeName: node.nodeName,
-    nodeLabels: node.nodeLabels,
-    nodeIP,
-    nodePortIPs: nodePortIPsFor(config.nodePortAddresses, family, node.nodeIPs, nodeIP),
-    localDetector: clusterCIDR ? { kind: 'cidr', cidr: parseCIDR(clusterCIDR)!.text } : null,
-    masqueradeAll: config.masqueradeAll,
-    masqueradeMark: formatMark(config.masqueradeBit),
+    family: s.family,
+    nodeName: s.nodeName,
+    nodeLabels: s.nodeLabels,
+    nodeIP: s.primaryNodeIP,
+    nodePortIPs: nodePortIPsOf(s.nodePorts),
+    localDetector: s.localDetector,
+    masqueradeAll: s.masqueradeAll,
+    masqueradeMark: s.masqueradeMark,
     serviceCIDRs: [],
   };
 }

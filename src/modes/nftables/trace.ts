@@ -3,7 +3,7 @@
 // (pkg/proxy/nftables/helpers_test.go): filter prerouting, nat prerouting, apply the first
 // DNAT, then filter forward and filter input. Random choices (numgen) follow every branch,
 // so the result lists all candidate endpoints. Pure.
-import { canonicalIP, cidrContains, joinHostPort } from '../../core/ip.ts';
+import { canonicalIP, cidrContains, isLoopback, joinHostPort } from '../../core/ip.ts';
 import { parseKubeProxyTable } from './parse.ts';
 import { splitHostPort } from './names.ts';
 import type { NftChain, NftSet, Ruleset } from './ruleset.ts';
@@ -230,11 +230,23 @@ export function traceRuleset(rs: Ruleset, pkt: NftPacket, opts: { localIPs: stri
   for (const c of baseChains(rs, 'nat', 'prerouting', ['nat-prerouting'])) {
     if (t.runChain(c, p)) break;
   }
-  // The first DNAT changes the destination address the later filter chains see.
+  // The first DNAT changes the destination address and port the later filter chains see,
+  // and routing then picks the path: a packet DNATed to a pod on another address is
+  // forwarded (filter forward), one for a local address is delivered (filter input). Only
+  // an un-DNATed packet to a node address walks input (where the no-endpoint NodePort checks
+  // live); one to any other address is forwarded.
   const dnat = t.outputs.find((o) => o !== 'DROP' && o !== 'REJECT');
-  const after: Pkt = dnat ? { ...p, dst: splitHostPort(dnat)[0] } : p;
-  for (const c of baseChains(rs, 'filter', 'forward', ['filter-forward'])) {
-    if (t.runChain(c, after)) return finish(t);
+  let after: Pkt = p;
+  if (dnat) {
+    const [host, port] = splitHostPort(dnat);
+    after = { ...p, dst: canonicalIP(host) ?? host, dport: String(port) };
+  }
+  const delivered = local.has(after.dst) || isLoopback(after.dst);
+  if (!delivered) {
+    for (const c of baseChains(rs, 'filter', 'forward', ['filter-forward'])) {
+      if (t.runChain(c, after)) return finish(t);
+    }
+    return finish(t);
   }
   for (const c of baseChains(rs, 'filter', 'input', ['filter-input'])) {
     if (t.runChain(c, after)) break;

@@ -8,7 +8,7 @@
 // external traffic can use different endpoints (traffic policies), and a REDIRECT hides
 // which frontend a packet came in on, so each (service port, policy) has its own proxy
 // port and its own balancer.
-import { categorizeEndpoints } from '../../core/categorize.ts';
+import { portView, settingsOf } from '../../core/nodeview.ts';
 import { canonicalIP, cidrContains, ipFamily, isLoopback, joinHostPort } from '../../core/ip.ts';
 import type { Endpoint, ServicePort } from '../../core/model.ts';
 import type { PlanInput } from '../types.ts';
@@ -21,7 +21,7 @@ export const USERSPACE_CHAINS = [CHAIN_PORTALS, CHAIN_NODEPORTS] as const;
 export const JUMP_SOURCES = ['PREROUTING', 'OUTPUT'] as const;
 export const JUMP_COMMENT = 'kproxy userspace portals';
 
-/** which endpoint set a frontend uses: categorizeEndpoints' clusterEndpoints or localEndpoints */
+/** which endpoint set a frontend uses: the node view's clusterEndpoints or localEndpoints */
 export type Policy = 'cluster' | 'local';
 export type FrontendKind = 'clusterIP' | 'externalIP' | 'loadBalancerIP' | 'nodePort';
 
@@ -114,15 +114,13 @@ const COMMENT_OF: Record<FrontendKind, string> = {
 
 /** The jumps PORTALS → NODEPORTS: only for local destinations, and only for the configured node addresses. */
 function planNodePortJumps(input: PlanInput): string[][] {
-  const { config, node } = input;
+  // The NodePort addresses are the node view's (CIDRs, "primary" = the Node's primary IP).
+  const view = settingsOf(input);
   const base = ['-m', 'addrtype', '--dst-type', 'LOCAL'];
   // Upstream never lets IPv6 localhost reach NodePorts; IPv4 only with localhostNodePorts.
-  const noLoopback = node.family === 6 ? ['!', '-d', '::1/128'] : config.localhostNodePorts ? [] : ['!', '-d', '127.0.0.0/8'];
-  const cidrs = config.nodePortAddresses.includes('primary')
-    ? node.nodeIPs.map(hostCIDR)
-    : config.nodePortAddresses.filter((c) => !c.includes(':') === (node.family === 4));
-  if (cidrs.length === 0) return [[...noLoopback, ...base]];
-  return cidrs.map((c) => ['-d', c, ...base]);
+  const noLoopback = view.family === 6 ? ['!', '-d', '::1/128'] : view.localhostNodePorts ? [] : ['!', '-d', '127.0.0.0/8'];
+  if (view.nodePorts.matchAll) return [[...noLoopback, ...base]];
+  return view.nodePorts.cidrs.map((c) => ['-d', c, ...base]);
 }
 
 interface Builder {
@@ -226,11 +224,16 @@ function planServicePort(b: Builder, sp: ServicePort): void {
     return;
   }
   const protocol = sp.protocol;
-  const { node } = b.input;
-  const cat = categorizeEndpoints(b.input.state.endpoints.get(sp.key) ?? [], sp, node.nodeName, node.nodeLabels);
+  // Every decision is the node view's (src/core/nodeview.ts). The userspace proxy sees only
+  // a connection's source address, not its input interface: the view's local-traffic
+  // detector does not apply here (it has no masquerade to decide: every proxied connection
+  // gets kproxy's own address as source), so detectLocalMode BridgeInterface and
+  // InterfaceNamePrefix change nothing in this mode.
+  const view = settingsOf(b.input);
+  const cat = portView(sp, b.input.state.endpoints.get(sp.key) ?? [], { nodeName: view.nodeName, nodeLabels: view.nodeLabels, nodeIP: view.primaryNodeIP });
   // Same choice as upstream's iptables mode: a Local policy uses the node-local endpoints.
-  const clusterPolicy: Policy = sp.internalPolicyLocal ? 'local' : 'cluster';
-  const externalPolicy: Policy = sp.externalPolicyLocal ? 'local' : 'cluster';
+  const clusterPolicy: Policy = cat.internalPolicy;
+  const externalPolicy: Policy = cat.externalPolicy;
   const endpointsOf = (p: Policy) => (p === 'local' ? cat.localEndpoints : cat.clusterEndpoints);
 
   if (sp.clusterIP) {
@@ -322,9 +325,8 @@ export function renderPlan(plan: UserspacePlan, portOf?: (listenerId: string) =>
 export function listenersFor(plan: UserspacePlan, input: PlanInput, to: string, port: number, protocol: string): { listener: PlannedListener; frontend: Frontend }[] {
   const dst = canonicalIP(to);
   if (!dst) return [];
-  const isNodeAddress = (ip: string) =>
-    input.node.nodeIPs.includes(ip) ||
-    (input.node.family === 4 && input.config.localhostNodePorts && cidrContains('127.0.0.0/8', ip));
+  const localhostNodePorts = settingsOf(input).localhostNodePorts;
+  const isNodeAddress = (ip: string) => input.node.nodeIPs.includes(ip) || (localhostNodePorts && cidrContains('127.0.0.0/8', ip));
   const out: { listener: PlannedListener; frontend: Frontend }[] = [];
   for (const l of plan.listeners) {
     if (l.protocol !== protocol) continue;

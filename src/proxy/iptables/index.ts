@@ -3,6 +3,7 @@
 import type { CommandRunner } from '../../exec/runner.ts';
 import { ExecError } from '../../exec/runner.ts';
 import { IptablesExecutor, binaries, splitRuleArgs, type Table } from '../../exec/iptables.ts';
+import { procSysctl } from '../../exec/sysctl.ts';
 import type { Logger } from '../../log.ts';
 import type { ConformanceAdapter } from '../../conformance/case.ts';
 import { canonicalIP, ipFamily } from '../../core/ip.ts';
@@ -62,11 +63,11 @@ async function createProxier(deps: ModeDeps): Promise<Proxier> {
   if (await requireRestore(deps.runner, 6)) facts[6] = await probeFacts(deps.runner, 6);
   // nodePortAddresses CIDRs select among the host's own addresses (upstream's GetNodeIPs).
   const npa = deps.config.nodePortAddresses;
-  if (npa.length && !npa.includes('primary')) {
+  if (npa.some((c) => c !== 'primary')) {
     const localIPs = await localAddresses(deps.runner);
     for (const f of Object.values(facts)) f.localIPs = localIPs;
   }
-  return new IptablesProxier({ runner: deps.runner, log: deps.log, config: deps.config, facts });
+  return new IptablesProxier({ runner: deps.runner, log: deps.log, config: deps.config, facts, sysctl: procSysctl() });
 }
 
 /**

@@ -8,6 +8,7 @@
 // a one-endpoint change writes a few rules whatever the number of services.
 import { SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
+import { ensureSysctl, type Sysctl } from '../../exec/sysctl.ts';
 import { IptablesExecutor, RestoreError, chainsFromSave, splitRuleArgs, type Table } from '../../exec/iptables.ts';
 import type { Logger } from '../../log.ts';
 import type { ProxyConfig } from '../../config/config.ts';
@@ -133,6 +134,8 @@ export interface IptablesProxierDeps {
   config: ProxyConfig;
   facts?: Partial<Record<4 | 6, RuntimeFacts>>;
   now?: () => number;
+  /** where the kernel settings the plan asks for (route_localnet) go; none: not applied (unit tests) */
+  sysctl?: Sysctl;
 }
 
 export class IptablesProxier implements Proxier {
@@ -217,6 +220,8 @@ export class IptablesProxier implements Proxier {
         fs.sync.installedNatChains = chainsFromSave(await fs.exec.save('nat'), 'nat');
       }
       const plan = fs.sync.plan(input.state, opts, changed, doFull, this.now(), syncPeriodMs);
+      // Before the restore: the localhost NodePort rules need route_localnet to work.
+      if (this.deps.sysctl) for (const { name, value } of plan.sysctls) await ensureSysctl(this.deps.sysctl, name, value);
       // Nothing differs from what is installed: no restore at all.
       if (plan.payload) {
         try {

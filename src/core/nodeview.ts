@@ -1,0 +1,426 @@
+// The node view (kpng's "brain"): what every service port does on this node, for one IP
+// family, computed once per sync from the state, the Node and the config. Every decision
+// about *what* a service does lives here, once, with a why-comment citing upstream
+// (kubernetes/kubernetes pkg/proxy); the mode planners only decide *how* to express it.
+// Pure: no I/O.
+import { categorizeEndpoints } from './categorize.ts';
+import { canonicalIP, cidrContains, ipFamily, isLoopback, parseCIDR } from './ip.ts';
+import {
+  externallyAccessible, usesClusterEndpoints, usesLocalEndpoints, type Endpoint, type ProxyState, type ServicePort,
+} from './model.ts';
+import type { ModeName, ProxyConfig } from '../config/config.ts';
+import type { NodeContext, PlanInput } from '../modes/types.ts';
+
+/** How "traffic from this cluster's pods" is recognised: upstream's LocalTrafficDetector. */
+export type LocalDetectorSpec =
+  | { kind: 'cidr'; cidr: string }
+  | { kind: 'interface'; name: string }
+  | { kind: 'interface-prefix'; prefix: string };
+
+/** Where NodePorts are accepted. */
+export interface NodePortAddresses {
+  /** true: every local address (iptables `-m addrtype --dst-type LOCAL`, nftables `fib daddr type local`) */
+  matchAll: boolean;
+  /** when !matchAll: the node addresses NodePorts are accepted on, in order (loopback included when configured) */
+  ips: string[];
+  /** the CIDRs they were resolved from ("primary" already replaced by the primary IP's host CIDR) */
+  cidrs: string[];
+}
+
+/** Firewall (loadBalancerSourceRanges) facts of one service port. */
+export interface FirewallView {
+  /** canonical CIDRs of this family */
+  sourceRanges: string[];
+  /**
+   * A /0 range allows every source: no filtering is needed (kubernetes#132722, ipvs; the
+   * iptables and nftables modes keep upstream's literal rule, which matches everything).
+   */
+  allowAll: boolean;
+  /**
+   * The node's own IP is inside the ranges: a node connecting to an LB IP that is also a
+   * local address loops back with the LB IP as source, so the LB IPs are allowed too
+   * (upstream iptables/nftables proxier: "allowFromNode").
+   */
+  nodeInRanges: boolean;
+}
+
+/** What one service port does on this node. */
+export interface PortView {
+  sp: ServicePort;
+  /** the state's endpoint list (identity kept for caches) */
+  endpoints: Endpoint[];
+  /** upstream CategorizeEndpoints (pkg/proxy/topology.go) */
+  clusterEndpoints: Endpoint[];
+  localEndpoints: Endpoint[];
+  allReachableEndpoints: Endpoint[];
+  hasAnyEndpoints: boolean;
+  /**
+   * Does internal traffic (ClusterIP) have endpoints to go to? With internalTrafficPolicy
+   * Local only node-local ones count (upstream iptables proxier: hasInternalEndpoints).
+   */
+  hasInternalEndpoints: boolean;
+  /** the same for external traffic (NodePort, LB IP, external IP) and externalTrafficPolicy */
+  hasExternalEndpoints: boolean;
+  /** which chain internal traffic goes to: the cluster-wide or the node-local endpoints */
+  internalPolicy: 'cluster' | 'local';
+  externalPolicy: 'cluster' | 'local';
+  /**
+   * The cluster-wide endpoint set is rendered: upstream's UsesClusterEndpoints(), true for
+   * every externally accessible service even with both policies Local, because pod and node
+   * traffic to its external addresses is short-circuited to any endpoint (upstream
+   * iptables and nftables proxiers: "usesClusterPolicyChain").
+   */
+  usesClusterPath: boolean;
+  /** the node-local endpoint set is rendered (upstream's UsesLocalEndpoints()) */
+  usesLocalPath: boolean;
+  /** NodePort, external IPs or LB IPs (upstream's ExternallyAccessible()) */
+  externallyAccessible: boolean;
+  /**
+   * The external chain exists: an externally accessible service with any endpoint; it holds
+   * the masquerade or short-circuit rules even without externally usable endpoints
+   * (upstream: usesExternalTrafficChain = hasEndpoints && ExternallyAccessible()).
+   */
+  usesExternalPath: boolean;
+  /** pod and node traffic to external addresses with eTP Local goes to the cluster endpoints */
+  shortCircuitToCluster: boolean;
+  /** null when the port has no LB IPs or no source ranges of its family */
+  firewall: FirewallView | null;
+  /**
+   * The firewall is rendered in iptables/nftables: upstream usesFWChain := hasEndpoints &&
+   * len(LoadBalancerVIPs) > 0 && len(LoadBalancerSourceRanges) > 0 (without endpoints the
+   * LB IP is rejected anyway).
+   */
+  usesFirewallPath: boolean;
+  /** 0 when none; upstream serves it only for eTP Local (healthcheck.ServiceHealthServer) */
+  healthCheckNodePort: number;
+  /** ClientIP affinity timeout in seconds, 0 when none */
+  affinitySeconds: number;
+}
+
+/** A UDP/SCTP conntrack flow that must be cleared after the sync (upstream conntrack cleanup). */
+export type StaleFlow =
+  /** flows DNATed to an endpoint that left the service (upstream: deleted UDP endpoints) */
+  | { kind: 'endpoint'; protocol: 'UDP' | 'SCTP'; serviceIP: string; port: number; endpointIP: string; endpointPort: number }
+  /** flows to a service address whose service went from no endpoints to some (upstream: newly active UDP services) */
+  | { kind: 'service'; protocol: 'UDP' | 'SCTP'; ip: string; port: number }
+  | { kind: 'nodePort'; protocol: 'UDP' | 'SCTP'; port: number };
+
+export interface NodeView {
+  family: 4 | 6;
+  nodeName: string;
+  nodeLabels: Record<string, string>;
+  /** this node's addresses of the family */
+  nodeIPs: string[];
+  /** the Node object's primary IP of the family, else the host's first; null when none */
+  primaryNodeIP: string | null;
+  nodePorts: NodePortAddresses;
+  localDetector: LocalDetectorSpec | null;
+  /** the literal mark text, e.g. "0x00004000" */
+  masqueradeMark: string;
+  masqueradeAll: boolean;
+  /** iptables: NodePorts reachable on 127.0.0.1 (needs route_localnet=1), IPv4 only */
+  localhostNodePorts: boolean;
+  /** every planned service port of the family, by servicePortKey */
+  ports: Map<string, PortView>;
+  /** conntrack entries to clear after this sync, relative to the previous view */
+  staleFlows: StaleFlow[];
+}
+
+// ---- per-port decisions ------------------------------------------------------------------
+
+/** Node facts a port's decisions depend on. */
+export interface PortNode {
+  nodeName: string;
+  nodeLabels: Record<string, string>;
+  /** primary node IP of the family, for loadBalancerSourceRanges that include the node */
+  nodeIP: string | null;
+}
+
+// A port's view depends only on its ServicePort, its Endpoint[] and the node facts; the
+// trackers replace those objects on change, so unchanged ports keep the same view object and
+// the planners' per-port caches (keyed on the same identities) keep hitting at 10k services.
+const portCache = new WeakMap<ServicePort, { eps: Endpoint[]; nodeKey: string; view: PortView }>();
+
+function nodeKeyOf(n: PortNode): string {
+  return JSON.stringify([n.nodeName, n.nodeLabels, n.nodeIP]);
+}
+
+/** The decisions for one service port; cached per (ServicePort, Endpoint[], node). */
+export function portView(sp: ServicePort, endpoints: Endpoint[], node: PortNode, nodeKey = nodeKeyOf(node)): PortView {
+  const hit = portCache.get(sp);
+  if (hit && hit.eps === endpoints && hit.nodeKey === nodeKey) return hit.view;
+  const view = computePortView(sp, endpoints, node);
+  portCache.set(sp, { eps: endpoints, nodeKey, view });
+  return view;
+}
+
+function computePortView(sp: ServicePort, endpoints: Endpoint[], node: PortNode): PortView {
+  // upstream CategorizeEndpoints: ready first, serving+terminating as fallback, topology
+  // hints narrowing the cluster set, node-local endpoints for Local policies.
+  const cat = categorizeEndpoints(endpoints, sp, node.nodeName, node.nodeLabels);
+  const hasAny = cat.hasAnyEndpoints;
+  // upstream iptables proxier syncProxyRules: with a Local policy only local endpoints
+  // count for that path; "has no local endpoints" is a DROP, not a REJECT, because the
+  // service does have endpoints elsewhere.
+  const hasInternal = hasAny && (!sp.internalPolicyLocal || cat.localEndpoints.length > 0);
+  const hasExternal = hasAny && (!sp.externalPolicyLocal || cat.localEndpoints.length > 0);
+  const ext = externallyAccessible(sp);
+  // upstream: usesClusterPolicyChain := len(clusterEndpoints) > 0 && svcInfo.UsesClusterEndpoints()
+  const usesClusterPath = cat.clusterEndpoints.length > 0 && usesClusterEndpoints(sp);
+  // upstream: usesLocalPolicyChain := len(localEndpoints) > 0 && svcInfo.UsesLocalEndpoints()
+  const usesLocalPath = cat.localEndpoints.length > 0 && usesLocalEndpoints(sp);
+  let firewall: FirewallView | null = null;
+  // upstream servicePortInfo keeps only the source ranges of the service port's family.
+  const ranges = sp.loadBalancerSourceRanges.filter((c) => parseCIDR(c)?.family === sp.family);
+  if (sp.loadBalancerVIPs.length > 0 && ranges.length > 0) {
+    firewall = {
+      sourceRanges: ranges,
+      // kubernetes#132722: a /0 source range allows all sources.
+      allowAll: ranges.some((c) => parseCIDR(c)?.prefix === 0),
+      nodeInRanges: node.nodeIP !== null && ranges.some((c) => cidrContains(c, node.nodeIP!)),
+    };
+  }
+  return {
+    sp,
+    endpoints,
+    clusterEndpoints: cat.clusterEndpoints,
+    localEndpoints: cat.localEndpoints,
+    allReachableEndpoints: cat.allReachableEndpoints,
+    hasAnyEndpoints: hasAny,
+    hasInternalEndpoints: hasInternal,
+    hasExternalEndpoints: hasExternal,
+    internalPolicy: sp.internalPolicyLocal ? 'local' : 'cluster',
+    externalPolicy: sp.externalPolicyLocal ? 'local' : 'cluster',
+    usesClusterPath,
+    usesLocalPath,
+    externallyAccessible: ext,
+    usesExternalPath: hasAny && ext,
+    // upstream iptables/nftables: with eTP Local, "pod traffic" (detector) and "LOCAL
+    // traffic" (src-type LOCAL / fib saddr type local) to external destinations go to the
+    // cluster chain, simulating a trip out to the LB and back (kubernetes#109826 etc.).
+    shortCircuitToCluster: sp.externalPolicyLocal && usesClusterPath,
+    firewall,
+    usesFirewallPath: hasAny && firewall !== null,
+    // upstream serves the health check node port only for eTP Local services
+    healthCheckNodePort: sp.externalPolicyLocal ? sp.healthCheckNodePort : 0,
+    affinitySeconds: sp.stickyMaxAgeSeconds,
+  };
+}
+
+// ---- node-wide decisions -----------------------------------------------------------------
+
+/**
+ * upstream prints the masquerade mark as %#08x of 1<<bit: "0x00004000" for bit 14 (the same
+ * as config.ts's masqueradeMark, which this pure module cannot import: config.ts reads files).
+ */
+export function formatMark(bit: number): string {
+  return '0x' + ((1 << bit) >>> 0).toString(16).padStart(8, '0');
+}
+
+/**
+ * The Node object's primary IP of a family: upstream's GetNodeHostIPs (pkg/util/node) takes
+ * the first InternalIP of each family, else the first ExternalIP; kube-proxy falls back to
+ * the host's own address when the Node has none (cmd/kube-proxy/app/server.go detectNodeIPs).
+ */
+export function primaryNodeIP(node: NodeContext): string | null {
+  const fam = node.family;
+  const addrs = node.addresses ?? [];
+  for (const type of ['InternalIP', 'ExternalIP']) {
+    for (const a of addrs) {
+      if (a.type !== type) continue;
+      const ip = canonicalIP(a.address);
+      if (ip && ipFamily(ip) === fam) return ip;
+    }
+  }
+  for (const raw of node.nodeIPs) {
+    const ip = canonicalIP(raw);
+    if (ip && ipFamily(ip) === fam) return ip;
+  }
+  return null;
+}
+
+/**
+ * upstream's effective nodePortAddresses: unset means every local address in the iptables
+ * and ipvs modes, and "primary" in the nftables mode (v1.31+, cmd/kube-proxy/app/server.go).
+ */
+export function effectiveNodePortAddresses(config: ProxyConfig, mode: ModeName): string[] {
+  if (config.nodePortAddresses.length === 0 && mode === 'nftables') return ['primary'];
+  return config.nodePortAddresses;
+}
+
+/**
+ * upstream NewNodePortAddresses + GetNodeIPs (pkg/proxy/util/nodeport_addresses.go): CIDRs
+ * of the other family are ignored; "primary" stands for the primary node IP's host CIDR
+ * and mixes with CIDRs; none left, or a /0, means "all local addresses"; otherwise the local
+ * addresses inside the CIDRs (loopback only when a CIDR contains it).
+ */
+export function resolveNodePortAddresses(family: 4 | 6, list: string[], localIPs: string[], primary: string | null): NodePortAddresses {
+  const cidrs: string[] = [];
+  for (const c of list) {
+    if (c === 'primary') {
+      if (primary) cidrs.push(`${primary}/${family === 6 ? 128 : 32}`);
+      continue;
+    }
+    const p = parseCIDR(c);
+    if (p && p.family === family && !cidrs.includes(p.text)) cidrs.push(p.text);
+  }
+  const parsed = cidrs.map((c) => parseCIDR(c)!);
+  if (parsed.length === 0 || parsed.some((c) => c.prefix === 0)) return { matchAll: true, ips: [], cidrs };
+  const ips: string[] = [];
+  const candidates = [...localIPs];
+  if (primary) candidates.push(primary);
+  for (const c of parsed) {
+    for (const raw of candidates) {
+      const ip = canonicalIP(raw);
+      if (ip && cidrContains(c, ip) && !ips.includes(ip)) ips.push(ip);
+    }
+  }
+  return { matchAll: false, ips, cidrs };
+}
+
+/** upstream ContainsIPv4Loopback: do the NodePort addresses include 127.0.0.1? */
+export function nodePortsIncludeIPv4Loopback(n: NodePortAddresses): boolean {
+  if (n.matchAll) return true;
+  const v4 = n.cidrs.map((c) => parseCIDR(c)).filter((c) => c && c.family === 4);
+  return v4.some((c) => isLoopback(c!.ip) || cidrContains(c!, '127.0.0.1'));
+}
+
+/**
+ * upstream getLocalDetectors (cmd/kube-proxy/app/server_linux.go), per family:
+ * ClusterCIDR → the first clusterCIDR of the family; NodeCIDR → the first of the Node's
+ * spec.podCIDRs of the family; BridgeInterface → `-i br` / `iifname br`; InterfaceNamePrefix
+ * → `-i prefix+` / `iifname "prefix*"`. A CIDR mode without a CIDR of the family detects
+ * nothing (upstream logs "no cluster CIDR for family" and uses the no-op detector).
+ */
+export function resolveDetector(config: ProxyConfig, node: NodeContext): LocalDetectorSpec | null {
+  const fam = node.family;
+  const firstOfFamily = (list: string[]) => list.map((c) => parseCIDR(c)).find((c) => c && c.family === fam)?.text ?? null;
+  switch (config.detectLocalMode) {
+    case 'NodeCIDR': {
+      const c = firstOfFamily(node.podCIDRs ?? []);
+      return c ? { kind: 'cidr', cidr: c } : null;
+    }
+    case 'BridgeInterface':
+      return config.detectLocal.bridgeInterface ? { kind: 'interface', name: config.detectLocal.bridgeInterface } : null;
+    case 'InterfaceNamePrefix':
+      return config.detectLocal.interfaceNamePrefix ? { kind: 'interface-prefix', prefix: config.detectLocal.interfaceNamePrefix } : null;
+    default: {
+      const c = firstOfFamily(config.clusterCIDRs);
+      return c ? { kind: 'cidr', cidr: c } : null;
+    }
+  }
+}
+
+/** Node-wide settings, resolved from the config and the Node (or given by a conformance case). */
+export interface NodeSettings {
+  family: 4 | 6;
+  nodeName: string;
+  nodeLabels: Record<string, string>;
+  nodeIPs: string[];
+  primaryNodeIP: string | null;
+  nodePorts: NodePortAddresses;
+  localDetector: LocalDetectorSpec | null;
+  masqueradeMark: string;
+  masqueradeAll: boolean;
+  localhostNodePorts: boolean;
+}
+
+/** Resolves the node-wide settings of a live node (or a dry-run render) for its family. */
+export function nodeSettings(config: ProxyConfig, node: NodeContext, localIPs?: string[]): NodeSettings {
+  const family = node.family;
+  const primary = primaryNodeIP(node);
+  const nodeIPs = node.nodeIPs.map((a) => canonicalIP(a)).filter((a): a is string => !!a && ipFamily(a) === family);
+  const locals = localIPs ?? [...nodeIPs, family === 4 ? '127.0.0.1' : '::1'];
+  const nodePorts = resolveNodePortAddresses(family, effectiveNodePortAddresses(config, config.mode), locals, primary);
+  return {
+    family,
+    nodeName: node.nodeName,
+    nodeLabels: node.nodeLabels,
+    nodeIPs,
+    primaryNodeIP: primary,
+    nodePorts,
+    localDetector: resolveDetector(config, node),
+    masqueradeMark: formatMark(config.masqueradeBit),
+    masqueradeAll: config.masqueradeAll,
+    // upstream NewProxier (iptables): localhost NodePorts only for IPv4 and only when the
+    // NodePort addresses include loopback ("localhostNodePorts ... ContainsIPv4Loopback").
+    localhostNodePorts: family === 4 && config.localhostNodePorts && nodePortsIncludeIPv4Loopback(nodePorts),
+  };
+}
+
+// ---- the view ----------------------------------------------------------------------------
+
+/** Builds the view from resolved settings (the conformance adapters' entry point). */
+export function buildViewFrom(state: ProxyState, s: NodeSettings, previous?: NodeView): NodeView {
+  const node: PortNode = { nodeName: s.nodeName, nodeLabels: s.nodeLabels, nodeIP: s.primaryNodeIP };
+  const nodeKey = nodeKeyOf(node);
+  const ports = new Map<string, PortView>();
+  const keys = [...state.services.keys()].sort();
+  for (const key of keys) {
+    const sp = state.services.get(key)!;
+    if (sp.family !== s.family) continue;
+    ports.set(key, portView(sp, state.endpoints.get(key) ?? EMPTY, node, nodeKey));
+  }
+  return { ...s, ports, staleFlows: previous ? staleFlows(previous, ports) : [] };
+}
+
+const EMPTY: Endpoint[] = [];
+
+/** The node view of one sync and family: computed once, rendered by every mode. */
+export function buildNodeView(input: PlanInput, previous?: NodeView): NodeView {
+  return buildViewFrom(input.state, nodeSettings(input.config, input.node), previous);
+}
+
+/** The node-wide settings of an input: the controller's view's, or resolved now (cheap: no ports). */
+export function settingsOf(input: PlanInput): NodeSettings {
+  return input.view ?? nodeSettings(input.config, input.node);
+}
+
+/** The view of an input: the one the controller computed, or a fresh one. */
+export function viewOf(input: PlanInput): NodeView {
+  return input.view ?? buildNodeView(input);
+}
+
+// ---- stale UDP/SCTP flows ------------------------------------------------------------------
+
+function serviceAddresses(sp: ServicePort): string[] {
+  return [...(sp.clusterIP ? [sp.clusterIP] : []), ...sp.externalIPs, ...sp.loadBalancerVIPs];
+}
+
+/**
+ * Conntrack entries that would keep UDP/SCTP traffic on a wrong path (upstream
+ * pkg/proxy/conntrack/cleanup.go CleanStaleEntries, and earlier deleteUDPEndpointConnections):
+ * - flows DNATed to an endpoint the service no longer uses: UDP has no connection to close,
+ *   so without clearing them packets keep going to a gone pod;
+ * - flows to a UDP service's addresses and NodePort when it went from no endpoints to some:
+ *   while it had none, packets were rejected and conntrack remembered that, blackholing the
+ *   client until the entry expires (kubernetes#48370).
+ * TCP needs neither: its connections end with the endpoint.
+ */
+function staleFlows(prev: NodeView, now: Map<string, PortView>): StaleFlow[] {
+  const out: StaleFlow[] = [];
+  for (const [key, before] of prev.ports) {
+    const proto = before.sp.protocol;
+    if (proto !== 'UDP' && proto !== 'SCTP') continue;
+    const after = now.get(key);
+    if (after === before) continue;
+    const kept = new Set((after?.allReachableEndpoints ?? []).map((e) => e.key));
+    for (const ep of before.allReachableEndpoints) {
+      if (kept.has(ep.key)) continue;
+      for (const ip of serviceAddresses(before.sp)) {
+        out.push({ kind: 'endpoint', protocol: proto, serviceIP: ip, port: before.sp.port, endpointIP: ep.ip, endpointPort: ep.port });
+      }
+      if (before.sp.nodePort) out.push({ kind: 'endpoint', protocol: proto, serviceIP: '', port: before.sp.nodePort, endpointIP: ep.ip, endpointPort: ep.port });
+    }
+  }
+  for (const [key, after] of now) {
+    const proto = after.sp.protocol;
+    if (proto !== 'UDP' && proto !== 'SCTP') continue;
+    const before = prev.ports.get(key);
+    if (before === after || !after.hasAnyEndpoints) continue;
+    if (before && before.hasAnyEndpoints) continue;
+    for (const ip of serviceAddresses(after.sp)) out.push({ kind: 'service', protocol: proto, ip, port: after.sp.port });
+    if (after.sp.nodePort) out.push({ kind: 'nodePort', protocol: proto, port: after.sp.nodePort });
+  }
+  return out;
+}
