@@ -259,6 +259,7 @@ export class ProxyController {
     let firstError: unknown = null;
     for (const f of this.families) {
       try {
+        if (f.family === 6) await this.requireKernelIPv6();
         f.proxier = await mode.createProxier({ config: this.opts.config, log: log.child({ mode: mode.name, family: f.family }), runner: this.opts.runner, family: f.family });
       } catch (e) {
         firstError ??= e;
@@ -274,6 +275,22 @@ export class ProxyController {
       );
     }
     this.families = running;
+  }
+
+  /**
+   * IPv6 switched off in the kernel (net.ipv6.conf.all.disable_ipv6 = 1, or no IPv6 at all)
+   * makes every IPv6 rule fail: the family is unavailable rather than a sync that never
+   * succeeds. A host without the sysctl tool is not judged here (the proxier finds out).
+   */
+  private async requireKernelIPv6(): Promise<void> {
+    let r;
+    try {
+      r = await this.opts.runner.run('sysctl', ['-n', 'net.ipv6.conf.all.disable_ipv6'], { timeoutMs: 10_000 });
+    } catch {
+      return;
+    }
+    if (r.code === 0 && r.stdout.trim() === '1') throw new Error('IPv6 is disabled in the kernel (net.ipv6.conf.all.disable_ipv6 = 1)');
+    if (r.code !== 0 && /cannot stat|No such file/i.test(r.stderr)) throw new Error('the kernel has no IPv6 (no net.ipv6 sysctls)');
   }
 
   async start(): Promise<void> {

@@ -65,7 +65,7 @@ interface Rig {
   close(): Promise<void>;
 }
 
-async function rig(opts: { missing?: 4 | 6; nodeIPs?: string[] } = {}): Promise<Rig> {
+async function rig(opts: { missing?: 4 | 6; nodeIPs?: string[]; ipv6Disabled?: boolean } = {}): Promise<Rig> {
   let handler: SourceHandler | null = null;
   const source: Source = {
     start: async (h) => {
@@ -91,7 +91,10 @@ async function rig(opts: { missing?: 4 | 6; nodeIPs?: string[] } = {}): Promise<
   };
   const logs: any[] = [];
   const log = pino({ level: 'info' }, { write: (s: string) => void logs.push(JSON.parse(s)) });
-  const runner = { run: async () => ({ code: 0, stdout: '', stderr: '' }) } as unknown as CommandRunner;
+  const runner = {
+    run: async (cmd: string, args: string[]) =>
+      cmd === 'sysctl' && args.includes('net.ipv6.conf.all.disable_ipv6') && opts.ipv6Disabled ? { code: 0, stdout: '1\n', stderr: '' } : { code: 0, stdout: '0\n', stderr: '' },
+  } as unknown as CommandRunner;
   const config = { ...resolveConfig({ mode: 'iptables' }), minSyncPeriodMs: 5 };
   const ips = opts.nodeIPs ?? ['192.168.0.2', 'fd00::2'];
   const ctrl = new ProxyController({
@@ -231,6 +234,19 @@ test('/debug/state and /debug/health show both families', async () => {
     assert.deepEqual(health.families, ['IPv4', 'IPv6']);
   } finally {
     await servers.close();
+    await r.close();
+  }
+});
+
+test('IPv6 disabled in the kernel: IPv6 reported unavailable once, no IPv6 proxier, IPv4 runs', async () => {
+  const r = await rig({ ipv6Disabled: true });
+  try {
+    assert.deepEqual(r.created, [4], 'no IPv6 proxier is even created');
+    assert.deepEqual(r.ctrl.families.map((f) => f.family), [4]);
+    const reports = r.logs.filter((l) => /KPROXY_FAMILY_UNAVAILABLE/.test(l.msg));
+    assert.equal(reports.length, 1);
+    assert.match(reports[0].msg, /IPv6 is not served in iptables mode \(IPv6 is disabled in the kernel \(net\.ipv6\.conf\.all\.disable_ipv6 = 1\)\)/);
+  } finally {
     await r.close();
   }
 });
