@@ -312,7 +312,9 @@ export class ProxyController {
       onNode: (node: K8sNode | null) => {
         // An invalid Node is reported and counts as no Node: no topology labels.
         const valid = node ? this.tracker.boundary.node(node) : null;
-        this.health.syncNode(valid);
+        // The boundary keeps only what the planners read (labels), not spec.taints: health
+        // reads the Node as it came (syncNode checks every field it touches), once it is valid.
+        this.health.syncNode(valid ? node : null);
         const labels = valid?.metadata?.labels ?? {};
         if (JSON.stringify(labels) !== JSON.stringify(this.nodeLabels)) {
           this.nodeLabels = { ...labels };
