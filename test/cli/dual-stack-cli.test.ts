@@ -88,9 +88,13 @@ before(async () => {
   node.exec('ip', ['-6', 'route', 'add', 'default', 'via', 'fd00:203::2']);
   node.exec('sysctl', ['-qw', 'net.ipv4.ip_forward=1']);
   node.exec('sysctl', ['-qw', 'net.ipv6.conf.all.forwarding=1']);
-  const p = pods.node('test/support/backend-main.ts', ['pod-v4', `tcp:${POD4}:8080`]);
-  const p6 = pods.node('test/support/backend-main.ts', ['pod-v6', `tcp:${POD6}:8080`]);
-  for (const b of [p, p6]) await waitFor('backend', () => new Promise<boolean>((r) => b.stdout!.once('data', () => r(true))), 15_000);
+  // Each backend's output is collected from its start (a READY printed before a listener
+  // is attached would otherwise be lost) and polled, so the wait is bounded.
+  for (const [id, spec] of [['pod-v4', `tcp:${POD4}:8080`], ['pod-v6', `tcp:${POD6}:8080`]]) {
+    let out = '';
+    pods.node('test/support/backend-main.ts', [id, spec], (d) => (out += d));
+    await waitFor(`backend ${id}`, () => out.includes('READY'), 20_000, 50);
+  }
   writeFileSync(join(dir, 'web.yaml'), MANIFESTS);
 });
 
