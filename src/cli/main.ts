@@ -96,7 +96,7 @@ export async function main(argv: string[]): Promise<void> {
   addProxyFlags(program.command('trace').description('which endpoints a packet reaches, and through which rules'))
     .option('--live', 'trace through the live kernel state instead of the planned one')
     .requiredOption('--from <ip>', 'source IP of the packet')
-    .requiredOption('--to <ip:port>', 'destination of the packet')
+    .requiredOption('--to <ip:port>', 'destination of the packet: IP:PORT, or [IPv6]:PORT (the family picks the rules traced)')
     .option('--proto <proto>', 'tcp, udp or sctp', 'tcp')
     .option('--json', 'print {"output", "masq", "rules"} as JSON')
     .option('--node-ip <ips>', 'node IPs to plan with (default: this host\'s)')

@@ -1,11 +1,17 @@
 import type { CommonOptions } from './main.ts';
 import { effectiveConfig, resolveNodeName } from './main.ts';
 import { modes } from '../proxy/registry.ts';
-import { planFromManifests } from './state.ts';
+import { plansFromManifests } from './state.ts';
+import { familySection } from '../sync/controller.ts';
 
 export async function renderCommand(o: CommonOptions): Promise<void> {
   const cfg = effectiveConfig(o);
   if (!o.manifests) throw new Error('KPROXY_RENDER_INPUT: render needs --manifests DIR');
-  const input = await planFromManifests(o.manifests, cfg, resolveNodeName(cfg), o.nodeIp);
-  process.stdout.write(modes[cfg.mode].render(input));
+  // A dual-stack state prints a section per family, IPv4 first, each opened by the marker
+  // line `# ==== kproxy IPv4 ====` (a comment in every payload format) and holding that
+  // family's payload as it is; a single-family state prints its payload alone.
+  const inputs = await plansFromManifests(o.manifests, cfg, resolveNodeName(cfg), o.nodeIp);
+  const mode = modes[cfg.mode];
+  if (inputs.length === 1) process.stdout.write(mode.render(inputs[0]));
+  else process.stdout.write(inputs.map((i) => familySection(i.node.family, mode.render(i))).join(''));
 }

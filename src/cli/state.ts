@@ -8,15 +8,34 @@ import type { ProxyConfig } from '../config/config.ts';
 import type { PlanInput } from '../modes/types.ts';
 import { validateOptionsForMode } from '../core/validate.ts';
 import { discoverNodeIPs } from '../sync/controller.ts';
-import { canonicalIP } from '../core/ip.ts';
+import { canonicalIP, ipFamily } from '../core/ip.ts';
 
+/** One family's planned state from a manifests directory (trace picks the family from --to). */
 export async function planFromManifests(
   dir: string,
   cfg: ProxyConfig,
   nodeName: string,
   nodeIPsFlag?: string,
   stderr: (s: string) => void = (s) => process.stderr.write(s),
+  family: 4 | 6 = 4,
 ): Promise<PlanInput> {
+  return (await plansFromManifests(dir, cfg, nodeName, nodeIPsFlag, stderr, [family]))[0];
+}
+
+/**
+ * The planned state of every IP family the manifests use, IPv4 first, as `run` would plan
+ * it on a dual-stack node: one tracker per family fed the same objects. With `families`
+ * given, exactly those; otherwise the families that have a Service port (IPv4 alone when
+ * none has). The directory is read and warned about once.
+ */
+export async function plansFromManifests(
+  dir: string,
+  cfg: ProxyConfig,
+  nodeName: string,
+  nodeIPsFlag?: string,
+  stderr: (s: string) => void = (s) => process.stderr.write(s),
+  families?: Array<4 | 6>,
+): Promise<PlanInput[]> {
   const skippedFiles: string[] = [];
   const skippedObjects = new Set<string>();
   // Objects are validated by the tracker exactly as in `run`, so render and trace show what
@@ -25,7 +44,9 @@ export async function planFromManifests(
     skippedObjects.add(obj);
     stderr(detail ? `kproxy: warning: ${obj}: ${msg}\n` : `kproxy: warning: ${obj}: ${msg}; skipped\n`);
   };
-  const t = new ProxyStateTracker(4, nodeName, warn, validateOptionsForMode(cfg.mode));
+  // Only the first tracker warns: the objects are the same for every family.
+  const trackers = ([4, 6] as const).map((f, i) => ({ family: f, t: new ProxyStateTracker(f, nodeName, i === 0 ? warn : () => {}, validateOptionsForMode(cfg.mode)) }));
+  const t = trackers[0].t;
   let labels: Record<string, string> = {};
   const { read } = await readManifestDir(dir);
   const good: Array<[string, ManifestObjects]> = [];
@@ -43,19 +64,22 @@ export async function planFromManifests(
     stderr(`kproxy: warning: ${d.keys.slice(0, 3).join(', ')}${more} defined in both ${d.loser} and ${d.winner}; ${d.winner} wins\n`);
   }
   for (const { kind, obj } of objects.values()) {
-    if (kind === 'Service') t.services.update(null, obj);
-    else if (kind === 'EndpointSlice') t.endpoints.update(null, obj);
+    if (kind === 'Service') for (const x of trackers) x.t.services.update(null, obj);
+    else if (kind === 'EndpointSlice') for (const x of trackers) x.t.endpoints.update(null, obj);
     else if (obj.metadata?.name === nodeName) labels = t.boundary.node(obj)?.metadata?.labels ?? {};
   }
-  t.apply();
+  for (const x of trackers) x.t.apply();
   if (skippedFiles.length || skippedObjects.size) {
     const plural = (n: number, w: string) => `${n} ${w}${n === 1 ? '' : 's'}`;
     const list = [...skippedFiles, ...skippedObjects];
     const shown = list.slice(0, 20).join(', ') + (list.length > 20 ? `, ... (${list.length - 20} more)` : '');
     stderr(`kproxy: skipped ${plural(skippedFiles.length, 'file')}, ${plural(skippedObjects.size, 'object')}: ${shown}\n`);
   }
-  const nodeIPs = nodeIPsFlag
-    ? nodeIPsFlag.split(',').map((s) => canonicalIP(s.trim())).filter((s): s is string => !!s)
-    : discoverNodeIPs(4);
-  return { state: t.state, config: cfg, node: { nodeName, nodeIPs, nodeLabels: labels, family: 4 } };
+  const flagIPs = nodeIPsFlag ? nodeIPsFlag.split(',').map((s) => canonicalIP(s.trim())).filter((s): s is string => !!s) : null;
+  const nodeIPs = (family: 4 | 6) => (flagIPs ?? discoverNodeIPs(family)).filter((ip) => ipFamily(ip) === family);
+  let chosen = families ?? trackers.filter((x) => x.t.state.services.size > 0).map((x) => x.family);
+  if (!chosen.length) chosen = [4];
+  return trackers
+    .filter((x) => chosen.includes(x.family))
+    .map((x) => ({ state: x.t.state, config: cfg, node: { nodeName, nodeIPs: nodeIPs(x.family), nodeLabels: labels, family: x.family } }));
 }

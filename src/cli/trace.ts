@@ -3,7 +3,7 @@ import { effectiveConfig, resolveNodeName } from './main.ts';
 import { modes } from '../proxy/registry.ts';
 import { planFromManifests } from './state.ts';
 import { hostRunner } from '../exec/runner.ts';
-import { canonicalIP, joinHostPort } from '../core/ip.ts';
+import { canonicalIP, ipFamily, joinHostPort } from '../core/ip.ts';
 import type { TraceResult } from '../modes/types.ts';
 
 interface TraceOptions extends CommonOptions {
@@ -54,7 +54,10 @@ export async function traceCommand(o: TraceOptions): Promise<void> {
   const protocol = o.proto.toUpperCase();
   if (protocol !== 'TCP' && protocol !== 'UDP' && protocol !== 'SCTP') throw new Error(`KPROXY_TRACE_INPUT: --proto wants tcp, udp or sctp, got ${o.proto}`);
   if (!o.live && !o.manifests) throw new Error('KPROXY_TRACE_INPUT: give --manifests DIR (planned rules) or --live (kernel state)');
-  const input = o.live ? undefined : await planFromManifests(o.manifests!, cfg, resolveNodeName(cfg), o.nodeIp);
+  // The packet's family picks the family's rules: ip6tables, the ip6 table, IPv6 virtual servers.
+  const family = ipFamily(ip) === 6 ? 6 : 4;
+  if (ipFamily(from) !== family) throw new Error(`KPROXY_TRACE_INPUT: --from ${from} and --to ${ip} are of different IP families; give two IPv4 or two IPv6 addresses`);
+  const input = o.live ? undefined : await planFromManifests(o.manifests!, cfg, resolveNodeName(cfg), o.nodeIp, undefined, family);
   const r = await mode.trace({ from, to: ip, port, protocol, input, live: !!o.live }, { runner: hostRunner });
   if (o.json) process.stdout.write(traceJson(r) + '\n');
   else process.stdout.write(formatTrace(r, `${protocol.toLowerCase()} ${from} -> ${joinHostPort(ip, port)} (mode ${cfg.mode}${o.live ? ', live' : ''})`));

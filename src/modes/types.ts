@@ -82,6 +82,12 @@ export interface ModeDeps {
   config: ProxyConfig;
   log: Logger;
   runner: CommandRunner;
+  /**
+   * the IP family this proxier serves (default 4). The controller makes one proxier per
+   * family, as upstream's metaproxier; createProxier fails with KPROXY_EXEC_MISSING (or
+   * KPROXY_FAMILY_UNAVAILABLE) when this family's tools are missing.
+   */
+  family?: 4 | 6;
 }
 
 export interface ModeModule {

@@ -59,6 +59,10 @@ export interface HealthReport {
   lastError?: string;
   source: { connected: boolean; lastContact: string | null; staleSeconds: number | null; problem?: string };
   reasons: string[];
+  /** the IP families served, primary first */
+  families?: string[];
+  /** families not served although the node has addresses of them (KPROXY_FAMILY_UNAVAILABLE) */
+  unavailableFamilies?: Array<{ family: string; error: string }>;
 }
 
 /**
@@ -98,6 +102,10 @@ export function healthReport(ctrl: ProxyController, source: Source, mode: string
       problem: src.problem === undefined ? undefined : sanitizeDetail(src.problem),
     },
     reasons,
+    families: ctrl.families.map((f) => `IPv${f.family}`),
+    ...(ctrl.unavailableFamilies.length
+      ? { unavailableFamilies: ctrl.unavailableFamilies.map((u) => ({ family: `IPv${u.family}`, error: sanitizeDetail(u.error) })) }
+      : {}),
   };
 }
 
@@ -154,10 +162,22 @@ export class Metrics {
   private readonly usActive = new client.Gauge({ name: 'kproxy_userspace_connections_active', help: 'Open spliced connections or UDP sessions', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
 
   /** The userspace proxier keeps monotonic totals; prom counters get the deltas. */
-  collectUserspace(proxier: unknown): void {
-    const p = proxier as Partial<UserspaceProxier> | null;
-    if (!p || typeof p.counters !== 'function') return;
-    for (const c of p.counters()) {
+  collectUserspace(proxiers: unknown): void {
+    // One proxier per IP family: a service port's counters are the sum over the families.
+    const sum = new Map<string, { servicePort: string; protocol: string; accepted: number; failed: number; active: number }>();
+    for (const proxier of Array.isArray(proxiers) ? proxiers : [proxiers]) {
+      const p = proxier as Partial<UserspaceProxier> | null;
+      if (!p || typeof p.counters !== 'function') continue;
+      for (const c of p.counters()) {
+        const k = `${c.servicePort}|${c.protocol}`;
+        const s = sum.get(k) ?? { servicePort: c.servicePort, protocol: c.protocol, accepted: 0, failed: 0, active: 0 };
+        s.accepted += c.accepted;
+        s.failed += c.failed;
+        s.active += c.active;
+        sum.set(k, s);
+      }
+    }
+    for (const c of sum.values()) {
       const labels = { service_port: c.servicePort, protocol: c.protocol };
       const key = `${c.servicePort}|${c.protocol}`;
       const prev = this.usSeen.get(key) ?? { accepted: 0, failed: 0 };
@@ -192,7 +212,7 @@ export interface RunningServers {
 
 export async function startServers(deps: ServerDeps, healthzAddr: string, metricsAddr: string): Promise<RunningServers> {
   const metrics = new Metrics();
-  deps.ctrl.onSync((r) => metrics.record(r, deps.ctrl.tracker.state.services.size));
+  deps.ctrl.onSync((r) => metrics.record(r, deps.ctrl.families.reduce((n, f) => n + f.tracker.state.services.size, 0)));
   deps.ctrl.onInvalid((kind, source) => metrics.countInvalid(kind, source));
   const servers: Server[] = [];
 
@@ -222,18 +242,21 @@ export async function startServers(deps: ServerDeps, healthzAddr: string, metric
   const metricsServer = createServer(async (req, res) => {
     const url = req.url ?? '/';
     if (url.startsWith('/metrics')) {
-      metrics.collectUserspace(deps.ctrl.proxier);
+      metrics.collectUserspace(deps.ctrl.families.map((f) => f.proxier));
       res.writeHead(200, { 'content-type': metrics.registry.contentType });
       return res.end(await metrics.registry.metrics());
     }
     if (url.startsWith('/debug/rules')) {
       res.writeHead(200, { 'content-type': 'text/plain' });
-      return res.end(deps.ctrl.proxier?.dump() ?? '');
+      return res.end(deps.ctrl.dumpRules());
     }
     if (url.startsWith('/debug/diff')) return json(res, 200, deps.ctrl.history.slice(-20).map((r) => (r.error === undefined ? r : { ...r, error: sanitizeDetail(r.error) })));
     if (url.startsWith('/debug/state')) {
+      // The primary family's state at the top level (as before dual-stack); every family's
+      // under "families", IPv4 first.
       const s = deps.ctrl.tracker.state;
-      return json(res, 200, { services: Object.fromEntries(s.services), endpoints: Object.fromEntries(s.endpoints) });
+      const families = deps.ctrl.stateByFamily().map((f) => ({ family: `IPv${f.family}`, services: Object.fromEntries(f.state.services), endpoints: Object.fromEntries(f.state.endpoints) }));
+      return json(res, 200, { services: Object.fromEntries(s.services), endpoints: Object.fromEntries(s.endpoints), families });
     }
     // The detailed health report stays on this local server: paths, errors, staleness.
     if (url.startsWith('/debug/health')) return json(res, 200, healthReport(deps.ctrl, deps.source, deps.mode));

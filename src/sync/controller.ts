@@ -8,7 +8,7 @@ import { validateOptionsForMode, type ObjectKind } from '../core/validate.ts';
 import type { Logger } from '../log.ts';
 import type { CommandRunner } from '../exec/runner.ts';
 import type { ModeModule, NodeContext, PlanInput, Proxier, SyncStats } from '../modes/types.ts';
-import { buildNodeView } from '../core/nodeview.ts';
+import { buildNodeView, type NodeView } from '../core/nodeview.ts';
 import type { K8sNode, Source } from '../sources/types.ts';
 import { SyncLoop } from './loop.ts';
 import { ProxyHealth } from './health.ts';
@@ -24,8 +24,13 @@ export interface ControllerOptions {
   sourceName?: string;
   runner: CommandRunner;
   log: Logger;
-  /** overrides interface discovery (tests) */
-  nodeIPs?: () => string[];
+  /**
+   * overrides interface discovery (tests): this node's addresses, of the family asked for
+   * (addresses of the other family are ignored, so a plain list works)
+   */
+  nodeIPs?: (family: 4 | 6) => string[];
+  /** the IP families to run, primary first (tests); default: chooseFamilies() */
+  families?: Array<4 | 6>;
   /** skip removing other modes' leftovers (dry environments, tests) */
   skipCleanup?: boolean;
   backoffInitialMs?: number;
@@ -44,6 +49,72 @@ export interface SyncRecord {
   stats?: SyncStats;
   error?: string;
   changed: string[];
+  /** per IP family: how its proxier's sync went (a dual-stack node has two) */
+  families?: FamilySyncRecord[];
+}
+
+export interface FamilySyncRecord {
+  family: 4 | 6;
+  ok: boolean;
+  full: boolean;
+  stats?: SyncStats;
+  error?: string;
+}
+
+/** One IP family's half of the controller: its tracker and its proxier (upstream's metaproxier halves). */
+export interface FamilyRuntime {
+  family: 4 | 6;
+  tracker: ProxyStateTracker;
+  proxier: Proxier | null;
+  /** services changed since this family's last successful sync */
+  changedSinceSuccess: Set<string>;
+  /** the last sync of this family failed: the next one is full */
+  failed: boolean;
+  /** the node view of this family's last successful sync (stale flows are relative to it) */
+  lastView?: NodeView;
+}
+
+/** A family that does not run, and why (reported once at start: KPROXY_FAMILY_UNAVAILABLE). */
+export interface UnavailableFamily {
+  family: 4 | 6;
+  error: string;
+}
+
+/**
+ * The line that opens one family's section when render or /debug/rules show two families:
+ * `# ==== kproxy IPv4 ====`. It is a comment in every payload format (iptables-restore, nft -f,
+ * the ipvs and userspace texts), and what follows up to the next marker is that family's
+ * payload, unchanged.
+ */
+export function familySectionMarker(family: 4 | 6): string {
+  return `# ==== kproxy IPv${family} ====`;
+}
+
+export function familySection(family: 4 | 6, payload: string): string {
+  return `${familySectionMarker(family)}\n${payload}${payload === '' || payload.endsWith('\n') ? '' : '\n'}`;
+}
+
+const isFamilyCIDR = (family: 4 | 6) => (c: string) => (c.includes(':') ? 6 : 4) === family;
+
+/**
+ * Which IP families this node runs, primary first. As upstream's server_linux.go: the primary
+ * family is the bind address's when it names one ("::" says IPv6), else the node IP's; the
+ * other family runs too (dual-stack) when the node has an address of it or the configuration
+ * names a CIDR of it. A node whose addresses and configuration have one family runs that one.
+ * Whether the family's tools work is checked after, when its proxier is created.
+ */
+export function chooseFamilies(config: ProxyConfig, nodeIPs: (family: 4 | 6) => string[]): Array<4 | 6> {
+  const has = (f: 4 | 6) =>
+    nodeIPs(f).some((ip) => ipFamily(ip) === f) ||
+    config.clusterCIDRs.some(isFamilyCIDR(f)) ||
+    config.nodePortAddresses.filter((c) => c !== 'primary').some(isFamilyCIDR(f));
+  const bind = canonicalIP(config.bindAddress);
+  let primary: 4 | 6;
+  if (bind && bind !== '0.0.0.0' && bind !== '::') primary = ipFamily(bind) === 6 ? 6 : 4;
+  else if (bind === '::') primary = 6;
+  else primary = !has(4) && has(6) ? 6 : 4;
+  const secondary: 4 | 6 = primary === 4 ? 6 : 4;
+  return has(secondary) ? [primary, secondary] : [primary];
 }
 
 /** This node's addresses of a family, as the kernel sees them (kube-ipvs0 and loopback excluded). */
@@ -61,13 +132,14 @@ export function discoverNodeIPs(family: 4 | 6): string[] {
 }
 
 export class ProxyController {
-  readonly tracker: ProxyStateTracker;
   readonly loop: SyncLoop;
-  proxier: Proxier | null = null;
+  /** one per IP family that may run, primary first; start() drops those whose tools are missing */
+  families: FamilyRuntime[];
+  /** families that do not run on this node although it has addresses of them */
+  readonly unavailableFamilies: UnavailableFamily[] = [];
   private nodeLabels: Record<string, string> = {};
   /** the Node's spec.podCIDRs and status.addresses: the node view's NodeCIDR detector and primary IP */
   private nodeFacts: { podCIDRs: string[]; addresses: Array<{ type: string; address: string }> } = { podCIDRs: [], addresses: [] };
-  private changedSinceSuccess = new Set<string>();
   private synced = false;
   readonly history: SyncRecord[] = [];
   readonly startedAt = Date.now();
@@ -84,21 +156,34 @@ export class ProxyController {
     // Invalid objects: the tracker's boundary validates, rate-limits the warnings (one per
     // object and field per 5 minutes) and calls onInvalid for every skip, which feeds
     // kproxy_invalid_objects_total.
-    this.tracker = new ProxyStateTracker(
-      4,
-      opts.nodeName,
-      (msg, obj, detail) =>
-        detail
-          ? log.warn({ object: obj, kind: detail.kind, field: detail.field, value: detail.value }, msg)
-          : log.warn({ object: obj }, `invalid API object: ${msg}; skipped`),
-      {
-        ...validateOptionsForMode(opts.mode.name),
-        onInvalid: (kind) => {
-          this.invalidCounts[kind]++;
-          for (const l of this.invalidListeners) l(kind, opts.sourceName ?? 'unknown');
+    const families = opts.families ?? chooseFamilies(opts.config, (f) => this.nodeIPsOf(f));
+    // Every family's tracker sees every object; only the primary (the first family that
+    // runs) reports and counts what is invalid, so a bad object is warned about and counted
+    // once, not once per family.
+    const primary = (family: 4 | 6) => this.families[0]?.family === family;
+    this.families = families.map((family) => ({
+      family,
+      tracker: new ProxyStateTracker(
+        family,
+        opts.nodeName,
+        (msg, obj, detail) => {
+          if (!primary(family)) return;
+          if (detail) log.warn({ object: obj, kind: detail.kind, field: detail.field, value: detail.value }, msg);
+          else log.warn({ object: obj }, `invalid API object: ${msg}; skipped`);
         },
-      },
-    );
+        {
+          ...validateOptionsForMode(opts.mode.name),
+          onInvalid: (kind) => {
+            if (!primary(family)) return;
+            this.invalidCounts[kind]++;
+            for (const l of this.invalidListeners) l(kind, opts.sourceName ?? 'unknown');
+          },
+        },
+      ),
+      proxier: null,
+      changedSinceSuccess: new Set<string>(),
+      failed: false,
+    }));
     this.loop = new SyncLoop({
       minSyncPeriodMs: opts.config.minSyncPeriodMs,
       syncPeriodMs: opts.config.syncPeriodMs,
@@ -123,32 +208,116 @@ export class ProxyController {
     return this.synced;
   }
 
-  nodeContext(): NodeContext {
+  /** the primary family's tracker (validation of the Node, /debug/state's first half) */
+  get tracker(): ProxyStateTracker {
+    return this.families[0].tracker;
+  }
+
+  /** the primary family's proxier (null before start) */
+  get proxier(): Proxier | null {
+    return this.families[0]?.proxier ?? null;
+  }
+
+  /**
+   * What /debug/rules shows: the last applied rules of every family. One family: its dump as
+   * it is; two: a section per family, IPv4 first, each opened by a marker line
+   * (familySectionMarker) and holding that family's payload as it is.
+   */
+  dumpRules(): string {
+    const running = [...this.families].filter((f) => f.proxier).sort((a, b) => a.family - b.family);
+    if (running.length === 1) return running[0].proxier!.dump();
+    return running.map((f) => familySection(f.family, f.proxier!.dump())).join('');
+  }
+
+  /** What /debug/state shows: each family's services and endpoints, IPv4 first. */
+  stateByFamily(): Array<{ family: 4 | 6; state: ProxyStateTracker['state'] }> {
+    return [...this.families].sort((a, b) => a.family - b.family).map((f) => ({ family: f.family, state: f.tracker.state }));
+  }
+
+  private nodeIPsOf(family: 4 | 6): string[] {
+    const ips = this.opts.nodeIPs ? this.opts.nodeIPs(family) : discoverNodeIPs(family);
+    return ips.filter((ip) => ipFamily(ip) === family);
+  }
+
+  nodeContext(family: 4 | 6 = this.families[0]?.family ?? 4): NodeContext {
     return {
       nodeName: this.opts.nodeName,
-      nodeIPs: (this.opts.nodeIPs ?? (() => discoverNodeIPs(4)))(),
+      nodeIPs: this.nodeIPsOf(family),
       nodeLabels: this.nodeLabels,
-      family: 4,
+      family,
       podCIDRs: this.nodeFacts.podCIDRs,
       addresses: this.nodeFacts.addresses,
     };
   }
 
-  planInput(): PlanInput {
-    const input: PlanInput = { state: this.tracker.state, config: this.opts.config, node: this.nodeContext() };
-    return { ...input, view: buildNodeView(input) };
+  planInput(family: 4 | 6 = this.families[0]?.family ?? 4): PlanInput {
+    const f = this.families.find((x) => x.family === family);
+    if (!f) throw new Error(`KPROXY_FAMILY_UNAVAILABLE: IPv${family} does not run on this node`);
+    const input: PlanInput = { state: f.tracker.state, config: this.opts.config, node: this.nodeContext(family) };
+    // The view is computed once per sync and family; the last applied one gives the stale
+    // UDP/SCTP flows of this sync.
+    return { ...input, view: buildNodeView(input, f.lastView) };
+  }
+
+  /**
+   * One proxier per family, as upstream's metaproxier. A family whose proxier cannot be made
+   * (ip6tables missing, IPv6 disabled, ...) is reported once, with KPROXY_FAMILY_UNAVAILABLE,
+   * and the other family runs alone; only when no family can run does start() fail.
+   */
+  private async createProxiers(): Promise<void> {
+    const { log, mode } = this.opts;
+    let firstError: unknown = null;
+    for (const f of this.families) {
+      try {
+        if (f.family === 6) await this.requireKernelIPv6();
+        f.proxier = await mode.createProxier({ config: this.opts.config, log: log.child({ mode: mode.name, family: f.family }), runner: this.opts.runner, family: f.family });
+      } catch (e) {
+        firstError ??= e;
+        this.unavailableFamilies.push({ family: f.family, error: (e as Error).message });
+      }
+    }
+    const running = this.families.filter((f) => f.proxier);
+    if (!running.length) throw firstError;
+    for (const u of this.unavailableFamilies) {
+      log.error(
+        { family: u.family, err: u.error },
+        `KPROXY_FAMILY_UNAVAILABLE: IPv${u.family} is not served in ${mode.name} mode (${u.error}); IPv${running[0].family} keeps working; install the missing tool or enable IPv${u.family}, then restart`,
+      );
+    }
+    this.families = running;
+  }
+
+  /**
+   * IPv6 switched off in the kernel (net.ipv6.conf.all.disable_ipv6 = 1, or no IPv6 at all)
+   * makes every IPv6 rule fail: the family is unavailable rather than a sync that never
+   * succeeds. A host without the sysctl tool is not judged here (the proxier finds out).
+   */
+  private async requireKernelIPv6(): Promise<void> {
+    let r;
+    try {
+      r = await this.opts.runner.run('sysctl', ['-n', 'net.ipv6.conf.all.disable_ipv6'], { timeoutMs: 10_000 });
+    } catch {
+      return;
+    }
+    if (r.code === 0 && r.stdout.trim() === '1') throw new Error('IPv6 is disabled in the kernel (net.ipv6.conf.all.disable_ipv6 = 1)');
+    if (r.code !== 0 && /cannot stat|No such file/i.test(r.stderr)) throw new Error('the kernel has no IPv6 (no net.ipv6 sysctls)');
   }
 
   async start(): Promise<void> {
-    const { log, mode } = this.opts;
+    const { log } = this.opts;
     if (!this.opts.skipCleanup) await this.cleanupOtherModes();
-    this.proxier = await mode.createProxier({ config: this.opts.config, log: log.child({ mode: mode.name }), runner: this.opts.runner });
+    await this.createProxiers();
+    log.info({ families: this.families.map((f) => `IPv${f.family}`) }, 'IP families served');
     await this.opts.source.start({
       onService: (o, n) => {
-        if (this.tracker.services.update(o, n)) this.queueSync();
+        let pending = false;
+        for (const f of this.families) if (f.tracker.services.update(o, n)) pending = true;
+        if (pending) this.queueSync();
       },
       onEndpointSlice: (o, n) => {
-        if (this.tracker.endpoints.update(o, n)) this.queueSync();
+        let pending = false;
+        for (const f of this.families) if (f.tracker.endpoints.update(o, n)) pending = true;
+        if (pending) this.queueSync();
       },
       onNode: (node: K8sNode | null) => {
         // An invalid Node is reported and counts as no Node: no topology labels.
@@ -186,7 +355,7 @@ export class ProxyController {
   async stop(): Promise<void> {
     await this.opts.source.stop();
     await this.loop.stop();
-    await this.proxier?.stop();
+    for (const f of this.families) await f.proxier?.stop();
   }
 
   /**
@@ -225,23 +394,64 @@ export class ProxyController {
     return false;
   }
 
+  /**
+   * Syncs every family's proxier in turn. A family that fails does not stop the other: its
+   * rules keep converging, and the failed one is retried (with a full sync) by the loop. The
+   * health clears only when every family is up to date, so the oldest update any family still
+   * waits for is what /livez measures.
+   */
   private async syncOnce(full: boolean): Promise<void> {
     const started = Date.now();
     this.health.syncStarted();
-    for (const k of this.tracker.apply()) this.changedSinceSuccess.add(k);
-    const changed = new Set(this.changedSinceSuccess);
-    const rec: SyncRecord = { at: started, full, durationMs: 0, ok: false, changed: [...changed].sort() };
+    const rec: SyncRecord = { at: started, full, durationMs: 0, ok: false, changed: [], families: [] };
+    const changedAll = new Set<string>();
+    const errors: Array<{ family: 4 | 6; err: Error }> = [];
     try {
-      if (!this.proxier) throw new Error('proxier not created');
-      rec.stats = await this.proxier.sync(this.planInput(), changed, full);
+      if (!this.families.some((f) => f.proxier)) throw new Error('proxier not created');
+      for (const f of this.families) {
+        for (const k of f.tracker.apply()) f.changedSinceSuccess.add(k);
+        const changed = new Set(f.changedSinceSuccess);
+        for (const k of changed) changedAll.add(k);
+        const famFull = full || f.failed;
+        try {
+          if (!f.proxier) throw new Error('proxier not created');
+          const input = this.planInput(f.family);
+          const stats = await f.proxier.sync(input, changed, famFull);
+          f.lastView = input.view;
+          f.changedSinceSuccess.clear();
+          f.failed = false;
+          rec.families!.push({ family: f.family, ok: true, full: famFull, stats });
+        } catch (e) {
+          f.failed = true;
+          errors.push({ family: f.family, err: e as Error });
+          rec.families!.push({ family: f.family, ok: false, full: famFull, error: (e as Error).message });
+        }
+      }
+      const ok = rec.families!.filter((r) => r.ok && r.stats);
+      if (ok.length) {
+        const diffs = ok.map((r) => r.stats!.diff).filter((d): d is string => !!d);
+        rec.stats = {
+          rulesWritten: ok.reduce((n, r) => n + r.stats!.rulesWritten, 0),
+          rulesTotal: ok.reduce((n, r) => n + r.stats!.rulesTotal, 0),
+          ...(diffs.length ? { diff: diffs.join('\n') } : {}),
+        };
+        const rejected = ok.reduce((n, r) => n + (r.stats!.rejected ?? 0), 0);
+        if (rejected) rec.stats.rejected = rejected;
+      }
+      if (errors.length) {
+        // One family: its error as it is. Two: each message says which family it is.
+        if (this.families.length === 1) throw errors[0].err;
+        const err = new Error(errors.map((x) => `IPv${x.family}: ${x.err.message}`).join('; '));
+        throw Object.assign(err, { code: (errors[0].err as { code?: string }).code });
+      }
       rec.ok = true;
-      this.changedSinceSuccess.clear();
       this.health.updated();
     } catch (e) {
       this.health.syncFailed();
       rec.error = (e as Error).message;
       throw e;
     } finally {
+      rec.changed = [...changedAll].sort();
       rec.durationMs = Date.now() - started;
       this.history.push(rec);
       if (this.history.length > 50) this.history.shift();

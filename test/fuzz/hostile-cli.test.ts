@@ -68,15 +68,27 @@ function section(payload: string, header: string): string {
   const start = payload.indexOf(`# ${header}\n`);
   assert.ok(start >= 0, `section "${header}" in the ipvs render`);
   const body = payload.slice(start + header.length + 3);
-  const next = body.search(/^# (sysctls|addresses|ipset restore|ipvsadm -R|iptables-restore)/m);
+  const next = body.search(/^# (sysctls|addresses|ipset restore|ipvsadm -R|ip6?tables-restore)/m);
   return next < 0 ? body : body.slice(0, next);
+}
+
+/**
+ * One family's payload of a render: a dual-stack state prints a section per family, each
+ * opened by `# ==== kproxy IPv4 ====` (IPv6); a single-family one prints its payload alone.
+ */
+function familyPart(out: string, family: 4 | 6): string {
+  const parts = out.split(/^(?=# ==== kproxy IPv[46] ====$)/m);
+  if (parts.length === 1) return family === 4 ? out : '';
+  return parts.find((p) => p.startsWith(`# ==== kproxy IPv${family} ====\n`)) ?? '';
 }
 
 function clearNode(): void {
   node.exec('nft', ['flush', 'ruleset'], { allowFail: true });
-  for (const t of ['nat', 'filter', 'mangle']) {
-    node.exec('iptables', ['-t', t, '-F'], { allowFail: true });
-    node.exec('iptables', ['-t', t, '-X'], { allowFail: true });
+  for (const bin of ['iptables', 'ip6tables']) {
+    for (const t of ['nat', 'filter', 'mangle']) {
+      node.exec(bin, ['-t', t, '-F'], { allowFail: true });
+      node.exec(bin, ['-t', t, '-X'], { allowFail: true });
+    }
   }
   node.exec('ipset', ['destroy'], { allowFail: true });
 }
@@ -94,8 +106,13 @@ for (const mode of ['iptables', 'nftables', 'ipvs', 'userspace']) {
     for (const g of GOOD) assert.ok(r.stdout.includes(g.ip), `good Service ${g.name} (${g.ip}) planned`);
     clearNode();
     if (mode === 'iptables') {
-      const a = inNode('iptables-restore', ['--noflush'], r.stdout);
+      const a = inNode('iptables-restore', ['--noflush'], familyPart(r.stdout, 4));
       assert.equal(a.code, 0, `iptables-restore refused the payload: ${a.stderr.slice(0, 2000)}`);
+      const v6 = familyPart(r.stdout, 6);
+      if (v6) {
+        const a6 = inNode('ip6tables-restore', ['--noflush'], v6);
+        assert.equal(a6.code, 0, `ip6tables-restore refused the IPv6 payload: ${a6.stderr.slice(0, 2000)}`);
+      }
       const saved = node.exec('iptables-save', ['-t', 'nat']);
       for (const g of GOOD) assert.ok(saved.includes(`-d ${g.ip}/32`), `${g.ip} in the kernel's nat table`);
     } else if (mode === 'nftables') {
@@ -106,13 +123,21 @@ for (const mode of ['iptables', 'nftables', 'ipvs', 'userspace']) {
       const listed = node.exec('nft', ['list', 'table', 'ip', 'kube-proxy']);
       for (const g of GOOD) assert.ok(listed.includes(g.ip), `${g.ip} in the kernel's kube-proxy table`);
     } else if (mode === 'ipvs') {
-      const sets = inNode('ipset', ['restore'], section(r.stdout, 'ipset restore'));
+      const v4 = familyPart(r.stdout, 4);
+      const sets = inNode('ipset', ['restore'], section(v4, 'ipset restore'));
       assert.equal(sets.code, 0, `ipset restore refused the payload: ${sets.stderr.slice(0, 2000)}`);
       // The host kernel has no IPVS, so it has no `-m ipvs` match either: those rules are
       // checked in the IPVS VM tests; every other line goes through the real iptables-restore.
-      const ipt = section(r.stdout, 'iptables-restore --noflush').split('\n').filter((l) => !/ -m ipvs /.test(l)).join('\n');
-      const a = inNode('iptables-restore', ['--noflush'], ipt);
+      const withoutIpvsMatch = (text: string) => text.split('\n').filter((l) => !/ -m ipvs /.test(l)).join('\n');
+      const a = inNode('iptables-restore', ['--noflush'], withoutIpvsMatch(section(v4, 'iptables-restore --noflush')));
       assert.equal(a.code, 0, `iptables-restore refused the ipvs payload: ${a.stderr.slice(0, 2000)}`);
+      const v6 = familyPart(r.stdout, 6);
+      if (v6) {
+        const sets6 = inNode('ipset', ['restore'], section(v6, 'ipset restore'));
+        assert.equal(sets6.code, 0, `ipset restore refused the IPv6 payload: ${sets6.stderr.slice(0, 2000)}`);
+        const a6 = inNode('ip6tables-restore', ['--noflush'], withoutIpvsMatch(section(v6, 'ip6tables-restore --noflush')));
+        assert.equal(a6.code, 0, `ip6tables-restore refused the ipvs IPv6 payload: ${a6.stderr.slice(0, 2000)}`);
+      }
       const listed = node.exec('ipset', ['list', 'KUBE-CLUSTER-IP']);
       for (const g of GOOD) assert.ok(listed.includes(g.ip), `${g.ip} in KUBE-CLUSTER-IP`);
     }

@@ -2,7 +2,12 @@
 # Runs INSIDE the IPVS test VM (test/ipvs/vm-cli.test.ts boots it): kproxy through its real
 # command line (`kproxy run --config CFG --manifests DIR`, `kproxy cleanup`) on a tiny node
 # with backend pods in network namespaces, on one kernel:
-#   iptables → ipvs (scheduler rr) → ipvs (config edited to sh) → nftables → userspace → cleanup
+#   iptables → ipvs (scheduler rr) → ipvs (config edited to sh) → ipvs dual-stack → nftables
+#   → userspace → cleanup
+# The dual-stack step gives the node, one pod and the client IPv6 addresses and makes the
+# Service dual-stack (clusterIPs 172.30.0.10 and fd00:172:30::10, one EndpointSlice per
+# family): both ClusterIPs answer, IPv6 through IPv6 virtual servers and KUBE-6-* sets, and
+# `kproxy trace --live` agrees for both families.
 # Traffic through the ClusterIP (and NodePort, UDP) is checked after every restart, and every
 # mode switch is checked to leave nothing of the previous mode behind.
 # Prints one line per check, "PASS <name> [detail]" or "FAIL <name>: <detail>", and exits 1
@@ -67,6 +72,92 @@ setup() {
     [ "$b" = "be$i" ] || { DETAIL="backend be$i does not answer directly (got '$b')"; return 1; }
   done
   DETAIL="3 backend pods, 1 client pod"
+}
+
+CLUSTER_IP6=fd00:172:30::10
+# setup_ipv6: IPv6 on the node, on backend be1 (answers "be1-v6") and on the client pod
+setup_ipv6() {
+  echo 0 > /proc/sys/net/ipv6/conf/all/disable_ipv6
+  echo 1 > /proc/sys/net/ipv6/conf/all/forwarding
+  ip -6 addr add fd00:192:168::2/64 dev eth0 nodad && ip -6 route add default via fd00:192:168::1 dev eth0 &&
+    ip -6 addr add fd00:10:180:1::1/64 dev veth-be1 nodad &&
+    ip -n be1 -6 addr add fd00:10:180:1::2/64 dev eth0 nodad && ip -n be1 -6 route add default via fd00:10:180:1::1 &&
+    ip -6 addr add fd00:10:100::1/64 dev veth-cl nodad &&
+    ip -n client -6 addr add fd00:10:100::2/64 dev eth0 nodad && ip -n client -6 route add default via fd00:10:100::1 ||
+    { DETAIL="IPv6 addresses and routes"; return 1; }
+  ip netns exec be1 socat TCP6-LISTEN:8080,ipv6only=1,fork,reuseaddr SYSTEM:'echo be1-v6' &
+  local i b=""
+  for i in $(seq 1 20); do
+    b=$(ip netns exec client socat -T 3 -u "TCP6:[fd00:10:180:1::2]:8080,connect-timeout=3" STDOUT 2>/dev/null | head -n1)
+    [ "$b" = be1-v6 ] && { DETAIL="be1 answers on [fd00:10:180:1::2]:8080"; return 0; }
+    sleep 0.2
+  done
+  DETAIL="be1 does not answer over IPv6 (got '$b')"
+  return 1
+}
+
+write_manifests_dual() {
+  cat > "$MAN/web.yaml" <<EOF
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: t}
+spec:
+  clusterIP: $CLUSTER_IP
+  clusterIPs: [$CLUSTER_IP, "$CLUSTER_IP6"]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+  ports:
+  - {name: http, port: 80, protocol: TCP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: t
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports:
+- {name: http, port: 8080, protocol: TCP}
+endpoints:
+- {addresses: [10.180.1.2], nodeName: other-node}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-v6
+  namespace: t
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv6
+ports:
+- {name: http, port: 8080, protocol: TCP}
+endpoints:
+- {addresses: ["fd00:10:180:1::2"], nodeName: other-node}
+EOF
+}
+
+# both ClusterIPs answer from the client pod, each at its own family's endpoint
+dual_traffic() {
+  local a b
+  a=$(tcp_req $CLUSTER_IP 80)
+  b=$(ip netns exec client socat -T 3 -u "TCP6:[$CLUSTER_IP6]:80,connect-timeout=3" STDOUT 2>/dev/null | head -n1)
+  DETAIL="$CLUSTER_IP:80 → $a; [$CLUSTER_IP6]:80 → $b"
+  [ "$a" = be1 ] && [ "$b" = be1-v6 ]
+}
+# IPv6 virtual server with the IPv6 real server, the VIP on kube-ipvs0, the KUBE-6- sets
+ipvs6_state() {
+  local r s a
+  r=$(ipvsadm -Ln -t "[$CLUSTER_IP6]:80" 2>/dev/null | awk '$1 == "->" && $2 ~ /^\[/ { print $2 }' | tr '\n' ' ')
+  s=$(ipset list -n 2>/dev/null | grep -c '^KUBE-6-')
+  a=$(ip -6 addr show dev kube-ipvs0 2>/dev/null | grep -c "$CLUSTER_IP6")
+  DETAIL="[$CLUSTER_IP6]:80 → $r; $s KUBE-6- sets; VIP on kube-ipvs0: $a"
+  [ "$r" = "[fd00:10:180:1::2]:8080 " ] && [ "$s" -gt 0 ] && [ "$a" = 1 ] || { DETAIL="$DETAIL; ipvsadm -Ln: $(ipvsadm -Ln | tr '\n' ' ')"; return 1; }
+}
+# trace_live FROM TO WANT: `kproxy trace --live` answers WANT (output field, exactly)
+trace_live() {
+  local out
+  out=$("$NODE" "$KP" trace --mode ipvs --live --from "$1" --to "$2" --json 2>&1)
+  DETAIL="$2 → $(echo "$out" | tr '\n' ' ' | cut -c1-300)"
+  echo "$out" | grep -qF "\"output\":\"$3\""
 }
 
 write_manifests() {
@@ -276,6 +367,19 @@ run_mode ipvs-sh "$KP" 90 one
 check ipvs-sh-ipvsadm ipvs_shows sh
 check ipvs-sh-one-client-one-backend sh_one_backend
 stop_kproxy
+
+# 3b. ipvs dual-stack: IPv4 and IPv6 ClusterIPs, one proxier per family
+check ipv6-setup setup_ipv6
+write_manifests_dual
+sed -i 's/^  scheduler: sh$/  scheduler: rr/' "$CFG"
+check ipvs-ds-healthz start_kproxy ipvs-ds "$KP" 90
+check ipvs-ds-traffic dual_traffic
+check ipvs-ds-ipv6-virtual-server ipvs6_state
+check ipvs-ds-trace-live-v4 trace_live 10.100.0.2 $CLUSTER_IP:80 10.180.1.2:8080
+check ipvs-ds-trace-live-v6 trace_live fd00:10:100::2 "[$CLUSTER_IP6]:80" '[fd00:10:180:1::2]:8080'
+[ "$FAILED" = 0 ] || [ -z "$KP_LOG" ] || echo "in-vm-cli: ipvs-ds kproxy log tail: $(tail -c 1500 "$KP_LOG" | tr '\n' ' ')"
+stop_kproxy
+write_manifests
 
 # 4. nftables
 sed -i 's/^mode: ipvs$/mode: nftables/' "$CFG"

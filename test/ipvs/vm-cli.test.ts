@@ -29,6 +29,12 @@ const EXPECTED_CHECKS = [
   'ipvs-sh-traffic',
   'ipvs-sh-ipvsadm',
   'ipvs-sh-one-client-one-backend',
+  'ipv6-setup',
+  'ipvs-ds-healthz',
+  'ipvs-ds-traffic',
+  'ipvs-ds-ipv6-virtual-server',
+  'ipvs-ds-trace-live-v4',
+  'ipvs-ds-trace-live-v6',
   'nftables-healthz',
   'nftables-traffic',
   'ipvs-to-nftables-no-ipvs-residue',
@@ -47,9 +53,9 @@ async function buildBundle(): Promise<void> {
   assert.equal(r.code, 0, `scripts/build.mjs failed: ${r.stderr}`);
 }
 
-const vmTimeoutS = 225;
+const vmTimeoutS = 300;
 
-test('kproxy CLI in the IPVS VM: ipvs rr → sh by config, mode switching, cleanup', { timeout: (vmTimeoutS + 45) * 1000 }, async (t) => {
+test('kproxy CLI in the IPVS VM: ipvs rr → sh by config, ipvs dual-stack, mode switching, cleanup', { timeout: (vmTimeoutS + 45) * 1000 }, async (t) => {
   await buildBundle();
   const r = await runInVm('test/ipvs/in-vm-cli.sh', vmTimeoutS);
   await reportChecks(t, 'test/ipvs/in-vm-cli.sh', r, EXPECTED_CHECKS, (l) => {

@@ -41,26 +41,24 @@ async function probeFacts(runner: CommandRunner, family: 4 | 6): Promise<Runtime
   return { hasRandomFully, conntrackTCPLiberal, nfacctCounters: [] };
 }
 
-/** Fails with KPROXY_EXEC_MISSING when iptables-restore cannot be run. */
-async function requireRestore(runner: CommandRunner, family: 4 | 6): Promise<boolean> {
+/** Fails with KPROXY_EXEC_MISSING when this family's iptables-restore cannot be run. */
+async function requireRestore(runner: CommandRunner, family: 4 | 6): Promise<void> {
   const bin = binaries(family).restore;
+  let code: number;
   try {
-    const r = await runner.run(bin, ['--version'], { timeoutMs: 10_000 });
-    if (r.code === 127) throw new ExecError('KPROXY_EXEC_MISSING', `${bin} not found`);
-    return true;
+    code = (await runner.run(bin, ['--version'], { timeoutMs: 10_000 })).code;
   } catch (e) {
-    if (family === 6) return false;
-    if (e instanceof ExecError && e.code === 'KPROXY_EXEC_MISSING') {
-      throw new ExecError('KPROXY_EXEC_MISSING', `${bin} not found; install the iptables package (or choose another --mode)`);
-    }
-    throw e;
+    if (e instanceof ExecError && e.code === 'KPROXY_EXEC_MISSING') code = 127;
+    else throw e;
   }
+  if (code === 127) throw new ExecError('KPROXY_EXEC_MISSING', `${bin} not found; install the iptables package (or choose another --mode)`);
 }
 
+/** One proxier per IP family (the controller makes one for each family the node runs). */
 async function createProxier(deps: ModeDeps): Promise<Proxier> {
-  await requireRestore(deps.runner, 4);
-  const facts: Partial<Record<4 | 6, RuntimeFacts>> = { 4: await probeFacts(deps.runner, 4) };
-  if (await requireRestore(deps.runner, 6)) facts[6] = await probeFacts(deps.runner, 6);
+  const family = deps.family ?? 4;
+  await requireRestore(deps.runner, family);
+  const facts: Partial<Record<4 | 6, RuntimeFacts>> = { [family]: await probeFacts(deps.runner, family) };
   // nodePortAddresses CIDRs select among the host's own addresses (upstream's GetNodeIPs).
   const npa = deps.config.nodePortAddresses;
   if (npa.some((c) => c !== 'primary')) {

@@ -51,6 +51,8 @@ export interface IpvsProxierOptions extends ModeDeps {
 /** checks and prepares the kernel (modules, sysctls, timeouts), then returns a proxier */
 export async function createIpvsProxier(opts: IpvsProxierOptions): Promise<IpvsProxier> {
   const { config, runner, log } = opts;
+  // IPv6 virtual servers need ip6tables for their masquerade and filter rules.
+  if (opts.family === 6) await requireIp6tables(runner);
   const sched = schedulerModule(config.ipvs.scheduler);
   const loaded = await ensureModules([...BASE_MODULES.slice(0, 1), sched, ...BASE_MODULES.slice(1), ...(opts.extraModules ?? [])], {
     runner,
@@ -70,6 +72,17 @@ export async function createIpvsProxier(opts: IpvsProxierOptions): Promise<IpvsP
     await new Ipvsadm(runner).setTimeouts(s(t.tcpTimeoutMs), s(t.tcpFinTimeoutMs), s(t.udpTimeoutMs));
   }
   return new IpvsProxier(opts);
+}
+
+async function requireIp6tables(runner: ModeDeps['runner']): Promise<void> {
+  let code: number;
+  try {
+    code = (await runner.run('ip6tables-restore', ['--version'], { timeoutMs: 10_000 })).code;
+  } catch (e) {
+    if (e instanceof ExecError && e.code === 'KPROXY_EXEC_MISSING') code = 127;
+    else throw e;
+  }
+  if (code === 127) throw new ExecError('KPROXY_EXEC_MISSING', 'ip6tables-restore not found; install the iptables package for IPv6 Services');
 }
 
 export class IpvsProxier implements Proxier {

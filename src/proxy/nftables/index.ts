@@ -4,6 +4,7 @@
 import type { ConformanceAdapter } from '../../conformance/case.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { NftExecutor } from '../../exec/nft.ts';
+import { ExecError } from '../../exec/runner.ts';
 import { canonicalIP } from '../../core/ip.ts';
 import type { Logger } from '../../log.ts';
 import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
@@ -28,6 +29,14 @@ function render(input: PlanInput): string {
 async function createProxier(deps: ModeDeps): Promise<Proxier> {
   // Fails with KPROXY_EXEC_MISSING when nft is not installed.
   await new NftExecutor(deps.runner).version();
+  // One proxier per family: the IPv6 one writes the `ip6 kube-proxy` table. A kernel without
+  // nf_tables for IPv6 refuses even a checked (not committed) creation of it.
+  if (deps.family === 6) {
+    const r = await deps.runner.run('nft', ['-c', '-f', '-'], { input: `add table ip6 ${TABLE}\n`, timeoutMs: 30_000 });
+    if (r.code !== 0) {
+      throw new ExecError('KPROXY_EXEC_FAILED', `nft cannot create the ip6 ${TABLE} table: ${r.stderr.trim()}; load nf_tables with IPv6 support (or disable IPv6)`, r);
+    }
+  }
   return new NftProxier({ runner: deps.runner, log: deps.log });
 }
 

@@ -18,18 +18,21 @@ function render(input: PlanInput): string {
 }
 
 async function mayRedirect(deps: ModeDeps): Promise<boolean> {
+  // IPv6 Service IPs are steered with ip6tables, IPv4 ones with iptables.
+  const family = deps.family ?? 4;
+  const restore = family === 6 ? 'ip6tables-restore' : 'iptables-restore';
   if (process.env[REDIRECT_ENV] === '0') return false;
   if (process.getuid?.() !== 0) {
     deps.log.info('userspace: not root, so no iptables REDIRECT; only local Service addresses (e.g. 127.0.0.0/8) are served');
     return false;
   }
   try {
-    const r = await deps.runner.run('iptables-restore', ['--version'], { timeoutMs: 5000 });
+    const r = await deps.runner.run(restore, ['--version'], { timeoutMs: 5000 });
     if (r.code === 0) return true;
   } catch {
     // missing binary: reported below
   }
-  deps.log.warn('KPROXY_USERSPACE_NO_REDIRECT: iptables-restore not usable; only local Service addresses are served; install iptables');
+  deps.log.warn(`KPROXY_USERSPACE_NO_REDIRECT: ${restore} not usable; only local IPv${family} Service addresses are served; install iptables`);
   return false;
 }
 
