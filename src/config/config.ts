@@ -5,15 +5,16 @@ import { readFileSync } from 'node:fs';
 import { parse as parseYAML } from 'yaml';
 import { z } from 'zod';
 import { parseCIDR, canonicalIP } from '../core/ip.ts';
+import { KproxyError } from '../errors.ts';
 
 export const MODES = ['userspace', 'iptables', 'ipvs', 'nftables'] as const;
 export type ModeName = (typeof MODES)[number];
 export const IPVS_SCHEDULERS = ['rr', 'wrr', 'lc', 'wlc', 'lblc', 'lblcr', 'sh', 'dh', 'sed', 'nq', 'mh'] as const;
 
-export class ConfigError extends Error {
-  readonly code = 'KPROXY_CONFIG_INVALID';
+export class ConfigError extends KproxyError {
+  declare readonly code: 'KPROXY_CONFIG_INVALID';
   constructor(readonly field: string, message: string) {
-    super(`KPROXY_CONFIG_INVALID: ${field}: ${message}`);
+    super('KPROXY_CONFIG_INVALID', `${field}: ${message}`);
   }
 }
 

@@ -4,6 +4,7 @@
 // it fails nothing changed, and the error names the failing line with context around it.
 import { ExecError, type CommandRunner, type RunResult } from './runner.ts';
 import { tokenize } from '../modes/iptables/parse.ts';
+import type { ErrorCode } from '../errors.ts';
 
 export type Family = 4 | 6;
 export type Table = 'filter' | 'nat' | 'mangle';
@@ -57,7 +58,7 @@ export class RestoreError extends ExecError {
     readonly line: number | null,
     message: string,
     result?: RunResult,
-    code = 'KPROXY_IPTABLES_RESTORE_FAILED',
+    code: ErrorCode = 'KPROXY_IPTABLES_RESTORE_FAILED',
   ) {
     super(code, message, result);
   }

@@ -11,14 +11,15 @@
 // are applied. Anything not understood is kept in `warnings` (a line that cannot be read,
 // such as one with an unterminated quote, is left out with a warning naming it), never
 // thrown, except text that cannot be a ruleset at all (a rule outside a table).
+import { KproxyError } from '../../errors.ts';
 
-export class IptablesParseError extends Error {
-  readonly code = 'KPROXY_IPTABLES_PARSE';
+export class IptablesParseError extends KproxyError {
+  declare readonly code: 'KPROXY_IPTABLES_PARSE';
   constructor(
     readonly line: number,
     detail: string,
   ) {
-    super(`KPROXY_IPTABLES_PARSE: line ${line}: ${detail}; pass the output of iptables-save (or an iptables-restore payload)`);
+    super('KPROXY_IPTABLES_PARSE', `line ${line}: ${detail}; pass the output of iptables-save (or an iptables-restore payload)`);
   }
 }
 

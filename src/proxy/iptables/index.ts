@@ -13,6 +13,7 @@ import { planIptables } from '../../modes/iptables/plan.ts';
 import { IptablesProxier } from './proxier.ts';
 import { loadTracer } from '../../modes/iptables/tracer-link.ts';
 import { skippedVIPNotes } from '../../modes/vip.ts';
+import { kproxyError } from '../../errors.ts';
 
 /** Dry run: the restore payload of a full sync of this state. */
 export function render(input: PlanInput): string {
@@ -129,7 +130,7 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
     text = r.stdout;
     localIPs = await localAddresses(deps.runner);
   } else {
-    if (!req.input) throw new Error('KPROXY_TRACE_NO_INPUT: give --manifests (or --live) to trace');
+    if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'give --manifests (or --live) to trace');
     text = render(req.input);
     localIPs = ['127.0.0.1', '::1', ...req.input.node.nodeIPs];
   }

@@ -20,6 +20,7 @@ import { ownerOfPayloadLine, planIptables } from '../../modes/iptables/plan.ts';
 import { IptablesSyncState } from '../../modes/iptables/sync-state.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
 import { describeSkippedVIP, skippedVIPs } from '../../modes/vip.ts';
+import { coded } from '../../errors.ts';
 
 export interface JumpRule {
   table: Table;
@@ -203,7 +204,7 @@ export class IptablesProxier implements Proxier {
       if (this.reportedVIPs.has(text)) continue;
       if (this.reportedVIPs.size >= 10_000) this.reportedVIPs.clear();
       this.reportedVIPs.add(text);
-      this.deps.log.warn({ service: s.servicePort, field: s.field, ip: s.ip }, `KPROXY_SERVICE_IP_SKIPPED: ${text}`);
+      this.deps.log.warn({ service: s.servicePort, field: s.field, ip: s.ip }, coded('KPROXY_SERVICE_IP_SKIPPED', text));
     }
   }
 

@@ -22,6 +22,7 @@ import { ExecError } from '../../exec/runner.ts';
 import { plannedSysctls, sysctlApplies } from '../../modes/ipvs/sysctls.ts';
 import { renderPlan } from '../../modes/ipvs/render.ts';
 import { ipFamily } from '../../core/ip.ts';
+import { coded } from '../../errors.ts';
 
 /**
  * Re-reads of the IPVS table allowed per sync while isolating refused ipvsadm lines (about
@@ -293,7 +294,7 @@ export class IpvsProxier implements Proxier {
     this.refusedTotal++;
     this.log.warn(
       { code: 'KPROXY_IPVS_REFUSED', service: r.owner || undefined, entry: r.what, reason: r.reason },
-      `KPROXY_IPVS_REFUSED: ${r.what} left out${r.owner ? ` (service port ${r.owner})` : ''}: ${r.reason}; fix the Service (every other service is applied)`,
+      coded('KPROXY_IPVS_REFUSED', `${r.what} left out${r.owner ? ` (service port ${r.owner})` : ''}: ${r.reason}; fix the Service (every other service is applied)`),
     );
   }
 

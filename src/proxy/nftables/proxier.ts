@@ -13,6 +13,7 @@ import { deleteChainsTransaction, fullTransaction, partialTransaction, partialTr
 import { TABLE } from '../../modes/nftables/names.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
 import { describeSkippedVIP, skippedVIPs } from '../../modes/vip.ts';
+import { coded } from '../../errors.ts';
 
 export interface NftProxierOptions {
   runner: CommandRunner;
@@ -77,7 +78,7 @@ export class NftProxier implements Proxier {
       await this.exec.apply(deleteChainsTransaction({ family, table: TABLE }, due));
     } catch (e) {
       // They will be found again by the next full sync's listing and retried.
-      this.log.warn({ err: (e as Error).message, chains: due.length }, 'KPROXY_NFT_STALE_CHAINS: could not delete retired chains; will retry');
+      this.log.warn({ err: (e as Error).message, chains: due.length }, coded('KPROXY_NFT_STALE_CHAINS', 'could not delete retired chains; will retry'));
       this.needFull = true;
     }
   }
@@ -123,7 +124,7 @@ export class NftProxier implements Proxier {
       if (this.reportedVIPs.has(text)) continue;
       if (this.reportedVIPs.size >= 10_000) this.reportedVIPs.clear();
       this.reportedVIPs.add(text);
-      this.log.warn({ service: s.servicePort, field: s.field, ip: s.ip }, `KPROXY_SERVICE_IP_SKIPPED: ${text}`);
+      this.log.warn({ service: s.servicePort, field: s.field, ip: s.ip }, coded('KPROXY_SERVICE_IP_SKIPPED', text));
     }
   }
 

@@ -8,6 +8,7 @@ import type { Logger } from '../../log.ts';
 import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
 import { planUserspace, renderPlan } from '../../modes/userspace/plan.ts';
 import { traceUserspace } from '../../modes/userspace/trace.ts';
+import { coded } from '../../errors.ts';
 
 /** Set to "0" to never program iptables (listen on local VIPs only), even as root. */
 export const REDIRECT_ENV = 'KPROXY_USERSPACE_REDIRECT';
@@ -29,7 +30,7 @@ async function mayRedirect(deps: ModeDeps): Promise<boolean> {
   } catch {
     // missing binary: reported below
   }
-  deps.log.warn('KPROXY_USERSPACE_NO_REDIRECT: iptables-restore not usable; only local Service addresses are served; install iptables');
+  deps.log.warn(coded('KPROXY_USERSPACE_NO_REDIRECT', 'iptables-restore not usable; only local Service addresses are served; install iptables'));
   return false;
 }
 
