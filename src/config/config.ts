@@ -1,7 +1,6 @@
 // KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1): load, default, validate.
 // Defaults are upstream's (pkg/proxy/apis/config/v1alpha1/defaults.go). Validation errors
 // name the field and the bad value, and nothing touches the host before they are checked.
-import { readFileSync } from 'node:fs';
 import { parse as parseYAML } from 'yaml';
 import { z } from 'zod';
 import { parseCIDR, canonicalIP } from '../core/ip.ts';
@@ -215,15 +214,6 @@ export function parseConfigText(text: string, source = 'config'): RawConfig {
   return raw;
 }
 
-export function loadConfigFile(path: string): RawConfig {
-  let text: string;
-  try {
-    text = readFileSync(path, 'utf8');
-  } catch (e) {
-    throw new ConfigError('--config', `cannot read ${path}: ${(e as Error).message}`);
-  }
-  return parseConfigText(text, path);
-}
 
 /** Applies upstream's defaults and the flags, validates, and returns the effective config. */
 export function resolveConfig(raw: RawConfig = {}, flags: ConfigFlags = {}): ProxyConfig {
