@@ -14,7 +14,7 @@ import { runChecked } from '../src/exec/runner.ts';
 import { IPSetExec } from '../src/exec/ipset.ts';
 import { Links } from '../src/exec/links.ts';
 import { procSysctl } from '../src/exec/sysctl.ts';
-import { IptablesExecutor } from '../src/exec/iptables.ts';
+import { IptablesExecutor } from '../src/iptables/exec.ts';
 import { cleanupAll } from '../src/cli/cleanup.ts';
 import { createSource } from '../src/cli/run.ts';
 import { defaultManifests } from '../src/cli/demo.ts';

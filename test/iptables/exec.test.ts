@@ -1,7 +1,9 @@
 // The executor and the proxier against a fake kernel that rejects what the kernel rejects.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { IptablesExecutor, RestoreError, chainsFromSave, extractLines, splitRuleArgs } from '../../src/exec/iptables.ts';
+import { IptablesExecutor, RestoreError, extractLines } from '../../src/iptables/exec.ts';
+import { chainsFromSave } from '../../src/iptables/save.ts';
+import { splitRuleArgs } from '../../src/iptables/tokenize.ts';
 import { IptablesProxier, JUMP_RULES } from '../../src/proxy/iptables/proxier.ts';
 import { cleanup, mode } from '../../src/proxy/iptables/index.ts';
 import { silentLogger } from '../../src/log.ts';

@@ -5,7 +5,7 @@
 import { test, mock } from 'node:test';
 import assert from 'node:assert/strict';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
-import { IptablesExecutor, RestoreError, restoreTimeoutMs } from '../../src/exec/iptables.ts';
+import { IptablesExecutor, RestoreError, restoreTimeoutMs } from '../../src/iptables/exec.ts';
 import type { CommandRunner, RunOptions } from '../../src/exec/runner.ts';
 import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/proxy/iptables/proxier.ts';
 import { silentLogger } from '../../src/log.ts';

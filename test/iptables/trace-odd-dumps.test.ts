@@ -7,7 +7,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { getChain, parseIptablesSave } from '../../src/modes/iptables/parse.ts';
+import { getChain, parseIptablesSave } from '../../src/iptables/parse.ts';
 import { traceIptables } from '../../src/modes/iptables/trace.ts';
 import { traceJson } from '../../src/cli/trace.ts';
 import { sh } from '../support/netns.ts';

@@ -2,7 +2,9 @@
 // applied atomically with iptables-restore, partial syncs as upstream kube-proxy.
 import type { CommandRunner } from '../../exec/runner.ts';
 import { ExecError } from '../../exec/runner.ts';
-import { IptablesExecutor, binaries, splitRuleArgs, type Table } from '../../exec/iptables.ts';
+import { IptablesExecutor, binaries, type Table } from '../../iptables/exec.ts';
+import { readSave } from '../../iptables/save.ts';
+import { splitRuleArgs } from '../../iptables/tokenize.ts';
 import type { Logger } from '../../log.ts';
 import type { ConformanceAdapter } from '../../conformance/case.ts';
 import { canonicalIP, ipFamily } from '../../core/ip.ts';
@@ -85,12 +87,11 @@ export async function cleanup(runner: CommandRunner, log: Logger): Promise<void>
         log.debug({ family, table, err: (e as Error).message }, 'iptables cleanup: table not readable, skipped');
         continue;
       }
-      const kubeChains: string[] = [];
-      for (const line of text.split('\n')) {
-        if (line.startsWith(':KUBE-')) kubeChains.push(line.slice(1).split(' ')[0]);
-        const m = /^-A (\S+) (.*)$/.exec(line);
-        if (m && !m[1].startsWith('KUBE-') && / -j KUBE-\S+/.test(` ${m[2]}`)) {
-          await exec.deleteRule(table, m[1], splitRuleArgs(m[2]));
+      const saved = readSave(text).get(table);
+      const kubeChains = (saved?.chains ?? []).filter((c) => c.startsWith('KUBE-'));
+      for (const r of saved?.rules ?? []) {
+        if (r.op === '-A' && r.rest && !r.chain.startsWith('KUBE-') && / -j KUBE-\S+/.test(` ${r.rest}`)) {
+          await exec.deleteRule(table, r.chain, splitRuleArgs(r.rest));
         }
       }
       if (!kubeChains.length) continue;
