@@ -125,10 +125,7 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
   let localIPs: string[];
   if (req.live) {
     const family = ipFamily(req.to) === 6 ? 6 : 4;
-    const bin = binaries(family).save;
-    const r = await deps.runner.run(bin, [], { timeoutMs: 60_000 });
-    if (r.code !== 0) throw new ExecError('KPROXY_IPTABLES_SAVE_FAILED', `${bin} exited ${r.code}: ${r.stderr.trim()} (are you root?)`, r);
-    text = r.stdout;
+    text = await new IptablesExecutor(deps.runner, family).saveAll();
     localIPs = await localAddresses(deps.runner);
   } else {
     if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'give --manifests (or --live) to trace');
