@@ -1,6 +1,7 @@
 import { createLogger, type Logger } from '../log.ts';
 import { hostRunner, type CommandRunner } from '../exec/runner.ts';
 import { modes } from '../proxy/registry.ts';
+import { kproxyError } from '../errors.ts';
 
 /** Removes every mode's kernel state; a mode whose tools are missing has nothing to remove. */
 export async function cleanupAll(runner: CommandRunner, log: Logger): Promise<void> {
@@ -15,7 +16,7 @@ export async function cleanupAll(runner: CommandRunner, log: Logger): Promise<vo
       log.error({ mode: name, err: (e as Error).message }, 'cleanup failed');
     }
   }
-  if (failed) throw new Error(`KPROXY_CLEANUP_FAILED: ${failed} mode(s) could not be cleaned up; see the log`);
+  if (failed) throw kproxyError('KPROXY_CLEANUP_FAILED', `${failed} mode(s) could not be cleaned up; see the log`);
   log.info('cleanup done');
 }
 

@@ -12,6 +12,7 @@ import { ProxyController } from '../sync/controller.ts';
 import { ManifestsSource } from '../sources/manifests.ts';
 import { startServers } from '../server/servers.ts';
 import { resolveConfig } from '../config/config.ts';
+import { kproxyError } from '../errors.ts';
 
 const BACKENDS = ['127.0.1.1', '127.0.1.2', '127.0.1.3'];
 
@@ -53,12 +54,12 @@ function get(url: string): Promise<string> {
 }
 
 /** examples/manifests of this checkout, from the sources (src/cli/) or the bundle (dist/). */
-function defaultManifests(): string {
-  for (const rel of ['../../examples/manifests', '../examples/manifests']) {
+export function defaultManifests(candidates = ['../../examples/manifests', '../examples/manifests']): string {
+  for (const rel of candidates) {
     const p = fileURLToPath(new URL(rel, import.meta.url));
     if (existsSync(p)) return p;
   }
-  throw new Error('KPROXY_DEMO_MANIFESTS: examples/manifests not found; give --manifests DIR');
+  throw kproxyError('KPROXY_DEMO_MANIFESTS', 'examples/manifests not found; give --manifests DIR');
 }
 
 export async function demoCommand(opts: { manifests?: string; requests?: string }): Promise<void> {

@@ -4,6 +4,7 @@
 // on: errors keep escaping faster than it can make progress, which means its own state is
 // lost. Rules stay in place either way, as on SIGTERM.
 import type { Logger } from '../log.ts';
+import { coded, type ErrorCode } from '../errors.ts';
 
 export interface GuardOptions {
   /** escaped errors tolerated within `windowMs` before kproxy gives up (default 20) */
@@ -34,7 +35,7 @@ function safeJson(value: unknown): string {
   }
 }
 
-export type EscapedKind = 'KPROXY_UNCAUGHT_EXCEPTION' | 'KPROXY_UNHANDLED_REJECTION';
+export type EscapedKind = Extract<ErrorCode, 'KPROXY_UNCAUGHT_EXCEPTION' | 'KPROXY_UNHANDLED_REJECTION'>;
 
 /** The policy alone: log each escaped error, give up (exit 1) only on a storm of them. */
 export function createErrorGuard(log: Logger, opts: GuardOptions = {}): { onError(kind: EscapedKind, value: unknown): void; readonly caught: number } {
@@ -65,8 +66,11 @@ export function createErrorGuard(log: Logger, opts: GuardOptions = {}): { onErro
         try {
           log.fatal(
             { code: 'KPROXY_ERROR_STORM', errors: recent.length, windowMs },
-            `KPROXY_ERROR_STORM: ${recent.length} errors escaped within ${windowMs / 1000}s: kproxy's state cannot be trusted, exiting; ` +
-              'the kernel rules stay in place for the next start',
+            coded(
+              'KPROXY_ERROR_STORM',
+              `${recent.length} errors escaped within ${windowMs / 1000}s: kproxy's state cannot be trusted, exiting; ` +
+                'the kernel rules stay in place for the next start',
+            ),
           );
         } finally {
           exit(1);

@@ -1,7 +1,8 @@
 // kproxy's command line. Shapes are fixed by DESIGN.md ("The command line").
 import { Command, Option } from 'commander';
 import { hostname } from 'node:os';
-import { loadConfigFile, resolveConfig, ConfigError, type ConfigFlags, type ProxyConfig, type ModeName } from '../config/config.ts';
+import { resolveConfig, ConfigError, type ConfigFlags, type ProxyConfig, type ModeName } from '../config/config.ts';
+import { loadConfigFile } from '../config/load.ts';
 import { runCommand } from './run.ts';
 import { renderCommand } from './render.ts';
 import { traceCommand } from './trace.ts';

@@ -3,10 +3,11 @@ import { effectiveConfig, resolveNodeName } from './main.ts';
 import { modes } from '../proxy/registry.ts';
 import { plansFromManifests } from './state.ts';
 import { familySection } from '../sync/controller.ts';
+import { kproxyError } from '../errors.ts';
 
 export async function renderCommand(o: CommonOptions): Promise<void> {
   const cfg = effectiveConfig(o);
-  if (!o.manifests) throw new Error('KPROXY_RENDER_INPUT: render needs --manifests DIR');
+  if (!o.manifests) throw kproxyError('KPROXY_RENDER_INPUT', 'render needs --manifests DIR');
   // A dual-stack state prints a section per family, IPv4 first, each opened by the marker
   // line `# ==== kproxy IPv4 ====` (a comment in every payload format) and holding that
   // family's payload as it is; a single-family state prints its payload alone.

@@ -11,6 +11,7 @@ import { installProcessGuards } from './guards.ts';
 import type { Source } from '../sources/types.ts';
 import type { Logger } from '../log.ts';
 import type { ProxyConfig } from '../config/config.ts';
+import { kproxyError } from '../errors.ts';
 
 export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {
   if (o.manifests) return new ManifestsSource({ dir: o.manifests, nodeName, log: log.child({ source: 'manifests' }) });
@@ -20,7 +21,7 @@ export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName:
     const { createKubernetesSource } = await import('../sources/kubernetes.ts');
     return createKubernetesSource({ kubeconfig: cfg.kubeconfig || undefined, nodeName, log: log.child({ source: 'kubernetes' }) });
   }
-  throw new Error('KPROXY_NO_SOURCE: nothing to watch; give --manifests DIR (no cluster) or --kubeconfig FILE, or run in a cluster');
+  throw kproxyError('KPROXY_NO_SOURCE', 'nothing to watch; give --manifests DIR (no cluster) or --kubeconfig FILE, or run in a cluster');
 }
 
 export async function runCommand(o: CommonOptions): Promise<void> {

@@ -2,6 +2,7 @@
 // metrics/debug server (/debug/health, /debug/diff); the public /healthz says only
 // healthy or not, and is asked only when the debug server does not answer.
 import { sanitizeDetail } from '../server/servers.ts';
+import { kproxyError } from '../errors.ts';
 
 async function getJSON(url: string): Promise<{ code: number; body: unknown }> {
   const res = await fetch(url, { signal: AbortSignal.timeout(3000) });
@@ -39,8 +40,9 @@ export async function statusCommand(o: { healthzAddress: string; metricsAddress:
     try {
       code = (await getJSON(`http://${o.healthzAddress}/healthz`)).code;
     } catch (e2) {
-      throw new Error(
-        `KPROXY_STATUS_UNREACHABLE: no kproxy answers on ${o.metricsAddress} (${(e as Error).message}) or ${o.healthzAddress} (${(e2 as Error).message}); is it running? Give --metrics-address and --healthz-address if it listens elsewhere`,
+      throw kproxyError(
+        'KPROXY_STATUS_UNREACHABLE',
+        `no kproxy answers on ${o.metricsAddress} (${(e as Error).message}) or ${o.healthzAddress} (${(e2 as Error).message}); is it running? Give --metrics-address and --healthz-address if it listens elsewhere`,
       );
     }
     healthy = code === 200;

@@ -5,6 +5,7 @@ import { planFromManifests } from './state.ts';
 import { hostRunner } from '../exec/runner.ts';
 import { canonicalIP, ipFamily, joinHostPort } from '../core/ip.ts';
 import type { TraceResult } from '../modes/types.ts';
+import { kproxyError } from '../errors.ts';
 
 interface TraceOptions extends CommonOptions {
   live?: boolean;
@@ -18,7 +19,7 @@ export function parseTarget(to: string): { ip: string; port: number } {
   const m = /^(?:\[([^\]]+)\]|([^:]+)):(\d+)$/.exec(to);
   const ip = m ? canonicalIP(m[1] ?? m[2]) : null;
   const port = m ? Number(m[3]) : NaN;
-  if (!ip || !(port >= 1 && port <= 65535)) throw new Error(`KPROXY_TRACE_INPUT: --to wants IP:PORT, got ${JSON.stringify(to)}`);
+  if (!ip || !(port >= 1 && port <= 65535)) throw kproxyError('KPROXY_TRACE_INPUT', `--to wants IP:PORT, got ${JSON.stringify(to)}`);
   return { ip, port };
 }
 
@@ -47,16 +48,16 @@ export function traceJson(r: TraceResult): string {
 export async function traceCommand(o: TraceOptions): Promise<void> {
   const cfg = effectiveConfig(o);
   const mode = modes[cfg.mode];
-  if (!mode.trace) throw new Error(`KPROXY_TRACE_UNSUPPORTED: mode ${cfg.mode} has no tracer yet`);
+  if (!mode.trace) throw kproxyError('KPROXY_TRACE_UNSUPPORTED', `mode ${cfg.mode} has no tracer yet`);
   const from = canonicalIP(o.from);
-  if (!from) throw new Error(`KPROXY_TRACE_INPUT: --from wants an IP, got ${JSON.stringify(o.from)}`);
+  if (!from) throw kproxyError('KPROXY_TRACE_INPUT', `--from wants an IP, got ${JSON.stringify(o.from)}`);
   const { ip, port } = parseTarget(o.to);
   const protocol = o.proto.toUpperCase();
-  if (protocol !== 'TCP' && protocol !== 'UDP' && protocol !== 'SCTP') throw new Error(`KPROXY_TRACE_INPUT: --proto wants tcp, udp or sctp, got ${o.proto}`);
-  if (!o.live && !o.manifests) throw new Error('KPROXY_TRACE_INPUT: give --manifests DIR (planned rules) or --live (kernel state)');
+  if (protocol !== 'TCP' && protocol !== 'UDP' && protocol !== 'SCTP') throw kproxyError('KPROXY_TRACE_INPUT', `--proto wants tcp, udp or sctp, got ${o.proto}`);
+  if (!o.live && !o.manifests) throw kproxyError('KPROXY_TRACE_INPUT', 'give --manifests DIR (planned rules) or --live (kernel state)');
   // The packet's family picks the family's rules: ip6tables, the ip6 table, IPv6 virtual servers.
   const family = ipFamily(ip) === 6 ? 6 : 4;
-  if (ipFamily(from) !== family) throw new Error(`KPROXY_TRACE_INPUT: --from ${from} and --to ${ip} are of different IP families; give two IPv4 or two IPv6 addresses`);
+  if (ipFamily(from) !== family) throw kproxyError('KPROXY_TRACE_INPUT', `--from ${from} and --to ${ip} are of different IP families; give two IPv4 or two IPv6 addresses`);
   const input = o.live ? undefined : await planFromManifests(o.manifests!, cfg, resolveNodeName(cfg), o.nodeIp, undefined, family);
   const r = await mode.trace({ from, to: ip, port, protocol, input, live: !!o.live }, { runner: hostRunner });
   if (o.json) process.stdout.write(traceJson(r) + '\n');

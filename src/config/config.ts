@@ -1,19 +1,19 @@
 // KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1): load, default, validate.
 // Defaults are upstream's (pkg/proxy/apis/config/v1alpha1/defaults.go). Validation errors
 // name the field and the bad value, and nothing touches the host before they are checked.
-import { readFileSync } from 'node:fs';
 import { parse as parseYAML } from 'yaml';
 import { z } from 'zod';
 import { parseCIDR, canonicalIP } from '../core/ip.ts';
+import { KproxyError } from '../errors.ts';
 
 export const MODES = ['userspace', 'iptables', 'ipvs', 'nftables'] as const;
 export type ModeName = (typeof MODES)[number];
 export const IPVS_SCHEDULERS = ['rr', 'wrr', 'lc', 'wlc', 'lblc', 'lblcr', 'sh', 'dh', 'sed', 'nq', 'mh'] as const;
 
-export class ConfigError extends Error {
-  readonly code = 'KPROXY_CONFIG_INVALID';
+export class ConfigError extends KproxyError {
+  declare readonly code: 'KPROXY_CONFIG_INVALID';
   constructor(readonly field: string, message: string) {
-    super(`KPROXY_CONFIG_INVALID: ${field}: ${message}`);
+    super('KPROXY_CONFIG_INVALID', `${field}: ${message}`);
   }
 }
 
@@ -260,15 +260,6 @@ export function parseConfigText(text: string, source = 'config'): RawConfig {
   return raw;
 }
 
-export function loadConfigFile(path: string): RawConfig {
-  let text: string;
-  try {
-    text = readFileSync(path, 'utf8');
-  } catch (e) {
-    throw new ConfigError('--config', `cannot read ${path}: ${(e as Error).message}`);
-  }
-  return parseConfigText(text, path);
-}
 
 /** Applies upstream's defaults and the flags, validates, and returns the effective config. */
 export function resolveConfig(raw: RawConfig = {}, flags: ConfigFlags = {}): ProxyConfig {

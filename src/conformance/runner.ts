@@ -1,6 +1,7 @@
 // The generic conformance runner: every case under the given directories, dispatched to the
 // adapter of its mode. A case for a mode without an adapter fails, never passes.
-import { findCases, loadCase, type CaseOutcome, type ConformanceAdapter } from './case.ts';
+import type { CaseOutcome, ConformanceAdapter } from './case.ts';
+import { findCases, loadCase } from './load.ts';
 
 export interface RunnerResult {
   passed: number;

@@ -3,7 +3,35 @@
 // Kubernetes accepts "sloppy" IPv4 forms in old objects (leading zeros such as
 // "010.001.002.003", which Go's ParseIPSloppy reads as decimal). Everything that reaches a
 // rule goes through canonicalIP first, so the same address always renders the same way.
-import { isIPv4, isIPv6 } from 'node:net';
+
+// The address grammar of node:net's isIPv4/isIPv6 (lib/internal/net.js), here so that this
+// module, and everything pure that imports it, stays free of node:net (test/layering.test.ts).
+const V4_SEG = '(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])';
+const V4_STR = `(?:${V4_SEG}\\.){3}${V4_SEG}`;
+const V6_SEG = '(?:[0-9a-fA-F]{1,4})';
+const IPV4_RE = new RegExp(`^${V4_STR}$`);
+const IPV6_RE = new RegExp(
+  '^(?:' +
+    `(?:${V6_SEG}:){7}(?:${V6_SEG}|:)|` +
+    `(?:${V6_SEG}:){6}(?:${V4_STR}|:${V6_SEG}|:)|` +
+    `(?:${V6_SEG}:){5}(?::${V4_STR}|(?::${V6_SEG}){1,2}|:)|` +
+    `(?:${V6_SEG}:){4}(?:(?::${V6_SEG}){0,1}:${V4_STR}|(?::${V6_SEG}){1,3}|:)|` +
+    `(?:${V6_SEG}:){3}(?:(?::${V6_SEG}){0,2}:${V4_STR}|(?::${V6_SEG}){1,4}|:)|` +
+    `(?:${V6_SEG}:){2}(?:(?::${V6_SEG}){0,3}:${V4_STR}|(?::${V6_SEG}){1,5}|:)|` +
+    `(?:${V6_SEG}:){1}(?:(?::${V6_SEG}){0,4}:${V4_STR}|(?::${V6_SEG}){1,6}|:)|` +
+    `(?::(?:(?::${V6_SEG}){0,5}:${V4_STR}|(?::${V6_SEG}){1,7}|:))` +
+    ')(?:%[0-9a-zA-Z-.:]{1,})?$',
+);
+
+/** Whether text is a dotted-quad IPv4 address (node:net's isIPv4). */
+export function isIPv4(s: string): boolean {
+  return IPV4_RE.test(s);
+}
+
+/** Whether text is an IPv6 address, zone index allowed (node:net's isIPv6). */
+export function isIPv6(s: string): boolean {
+  return IPV6_RE.test(s);
+}
 
 export type IPFamily = 4 | 6;
 

@@ -14,6 +14,7 @@ import { RoundRobinBalancer } from './balancer.ts';
 import { applyRedirects, removeRedirects } from './redirect.ts';
 import { TcpForwarder, newCounters, type ForwardCounters } from './tcp.ts';
 import { UdpForwarder } from './udp.ts';
+import { coded, kproxyError } from '../errors.ts';
 
 export interface UserspaceProxierOptions {
   config: ProxyConfig;
@@ -98,10 +99,10 @@ export class UserspaceProxier implements Proxier {
     this.synced = true;
     // Frontends that cannot be served are worth a warning, once per change, not every sync.
     const notes = plan.notes.join('\n');
-    if (notes !== this.lastNotes) for (const n of plan.notes) this.opts.log.warn(`KPROXY_USERSPACE_UNSERVED: ${n}`);
+    if (notes !== this.lastNotes) for (const n of plan.notes) this.opts.log.warn(coded('KPROXY_USERSPACE_UNSERVED', n));
     this.lastNotes = notes;
     if (failures.length) {
-      throw new Error(`KPROXY_USERSPACE_BIND: cannot listen on ${failures.join('; ')}; free the address or change the Service`);
+      throw kproxyError('KPROXY_USERSPACE_BIND', `cannot listen on ${failures.join('; ')}; free the address or change the Service`);
     }
     return {
       rulesWritten: changes.length + rulesWritten,

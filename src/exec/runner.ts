@@ -2,6 +2,7 @@
 // payload on stdin, a time limit. Executors take a CommandRunner so tests can substitute a
 // stateful fake that models the kernel.
 import { spawn, type ChildProcess } from 'node:child_process';
+import { KproxyError, type ErrorCode } from '../errors.ts';
 
 export interface RunResult {
   code: number;
@@ -23,13 +24,13 @@ export interface CommandRunner {
   run(cmd: string, args: string[], opts?: RunOptions): Promise<RunResult>;
 }
 
-export class ExecError extends Error {
+export class ExecError extends KproxyError {
   constructor(
-    readonly code: string,
+    code: ErrorCode,
     message: string,
     readonly result?: RunResult,
   ) {
-    super(`${code}: ${message}`);
+    super(code, message);
   }
 }
 

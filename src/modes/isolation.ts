@@ -4,6 +4,7 @@
 // leaves that Service out, and retries at once, so every other Service converges in the same
 // sync. An excluded Service gets another chance when it changes and at every full sync. Pure.
 import type { ProxyState } from '../core/model.ts';
+import { coded } from '../errors.ts';
 
 /** Attempts per sync: the first one plus this many retries, each leaving out more Services. */
 export const MAX_ISOLATION_RETRIES = 4;
@@ -64,7 +65,10 @@ export class ServiceExclusions {
 /** The log line for a Service the kernel refused. */
 export function exclusionMessage(serviceKey: string, tool: string, error: string): string {
   return (
-    `KPROXY_SYNC_SERVICE_EXCLUDED: ${tool} refused the rules of Service ${serviceKey} (${error}); ` +
-    'it is left out until it changes (or the next full sync) and every other Service is programmed: fix or delete this Service'
+    coded(
+      'KPROXY_SYNC_SERVICE_EXCLUDED',
+      `${tool} refused the rules of Service ${serviceKey} (${error}); ` +
+        'it is left out until it changes (or the next full sync) and every other Service is programmed: fix or delete this Service',
+    )
   );
 }

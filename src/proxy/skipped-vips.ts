@@ -4,6 +4,7 @@
 import type { Logger } from '../log.ts';
 import type { PlanInput } from '../modes/types.ts';
 import { describeSkippedVIP, skippedVIPs } from '../modes/vip.ts';
+import { coded } from '../errors.ts';
 
 export class SkippedVIPReporter {
   private readonly reported = new Set<string>();
@@ -18,7 +19,7 @@ export class SkippedVIPReporter {
       if (this.reported.has(text)) continue;
       if (this.reported.size >= 10_000) this.reported.clear(); // bounded memory; at worst one repeat
       this.reported.add(text);
-      this.log.warn({ code: 'KPROXY_SERVICE_IP_SKIPPED', service: s.servicePort, field: s.field, ip: s.ip }, `KPROXY_SERVICE_IP_SKIPPED: ${text}`);
+      this.log.warn({ code: 'KPROXY_SERVICE_IP_SKIPPED', service: s.servicePort, field: s.field, ip: s.ip }, coded('KPROXY_SERVICE_IP_SKIPPED', text));
     }
     return skipped.length;
   }

@@ -19,6 +19,7 @@ import http from 'node:http';
 import https from 'node:https';
 import { ListWatch, Watch, type KubeConfig, type KubernetesListObject, type KubernetesObject } from '@kubernetes/client-node';
 import type { Logger } from '../log.ts';
+import { coded } from '../errors.ts';
 
 export interface BackoffOptions {
   /** first retry delay (default 200 ms) */
@@ -242,7 +243,7 @@ export class ResilientInformer<T extends KubernetesObject> {
     try {
       this.o.onChange(oldObj, newObj);
     } catch (err) {
-      this.o.log.error({ resource: this.o.what, err: errText(err) }, 'KPROXY_SOURCE_HANDLER_FAILED: event handler threw; event skipped');
+      this.o.log.error({ resource: this.o.what, err: errText(err) }, coded('KPROXY_SOURCE_HANDLER_FAILED', 'event handler threw; event skipped'));
     }
   }
 
@@ -282,7 +283,7 @@ export class ResilientInformer<T extends KubernetesObject> {
     try {
       this.o.onListed();
     } catch (err) {
-      this.o.log.error({ resource: this.o.what, err: errText(err) }, 'KPROXY_SOURCE_HANDLER_FAILED: onListed threw');
+      this.o.log.error({ resource: this.o.what, err: errText(err) }, coded('KPROXY_SOURCE_HANDLER_FAILED', 'onListed threw'));
     }
   }
 
@@ -328,9 +329,12 @@ export class ResilientInformer<T extends KubernetesObject> {
         ? 'check the credentials and RBAC (kproxy needs list and watch on services, endpointslices.discovery.k8s.io and nodes)'
         : 'check that the API server is reachable; retrying';
     this.status.problem = isUnreachable(err)
-      ? `KPROXY_SOURCE_UNREACHABLE: ${this.o.what}: cannot reach the API server (${errText(err)}); the last state stays in force; ` +
-        'check that the API server is reachable from this node; retrying'
-      : `KPROXY_SOURCE_API_ERROR: ${this.o.what}: ${errText(err)}; ${hint}`;
+      ? coded(
+          'KPROXY_SOURCE_UNREACHABLE',
+          `${this.o.what}: cannot reach the API server (${errText(err)}); the last state stays in force; ` +
+            'check that the API server is reachable from this node; retrying',
+        )
+      : coded('KPROXY_SOURCE_API_ERROR', `${this.o.what}: ${errText(err)}; ${hint}`);
     // 504 on a watch is kube-apiserver's "Too large resource version" (the server's store
     // is behind our version, e.g. restored from a backup): resuming can never work, so
     // relist, as client-go's reflector does.

@@ -13,6 +13,7 @@ import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
 import type { Logger } from '../log.ts';
 import type { K8sNode, Source, SourceHandler, SourceHealth } from './types.ts';
 import { ResilientInformer, resolveBackoff, type BackoffOptions } from './k8s-informer.ts';
+import { KproxyError } from '../errors.ts';
 
 export type { BackoffOptions } from './k8s-informer.ts';
 
@@ -39,14 +40,7 @@ export interface KubernetesSourceOptions {
   inClusterPathPrefix?: string;
 }
 
-export class KubernetesSourceError extends Error {
-  constructor(
-    readonly code: string,
-    message: string,
-  ) {
-    super(`${code}: ${message}`);
-  }
-}
+export class KubernetesSourceError extends KproxyError {}
 
 /**
  * The client configuration: the kubeconfig file when given, else the in-cluster service

@@ -18,13 +18,14 @@ import { isDeepStrictEqual } from 'node:util';
 import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
 import type { Logger } from '../log.ts';
 import type { K8sNode, Source, SourceHandler, SourceHealth } from './types.ts';
+import { KproxyError } from '../errors.ts';
 
 type Obj = K8sService | K8sEndpointSlice | K8sNode;
 type Kind = 'Service' | 'EndpointSlice' | 'Node';
 export type ManifestObjects = Map<string, { kind: Kind; obj: Obj }>;
 
-export class ManifestError extends Error {
-  readonly code = 'KPROXY_MANIFEST_INVALID';
+export class ManifestError extends KproxyError {
+  declare readonly code: 'KPROXY_MANIFEST_INVALID';
   constructor(
     readonly file: string,
     /** 1-based; 0 when the problem is the file as a whole (unreadable, too big) */
@@ -32,17 +33,17 @@ export class ManifestError extends Error {
     /** what is wrong, without the file */
     readonly reason: string,
   ) {
-    super(`KPROXY_MANIFEST_INVALID: ${file}${line > 0 ? `:${line}` : ''}: ${reason}`);
+    super('KPROXY_MANIFEST_INVALID', `${file}${line > 0 ? `:${line}` : ''}: ${reason}`);
   }
 }
 
-export class ManifestDirError extends Error {
-  readonly code = 'KPROXY_MANIFEST_DIR';
+export class ManifestDirError extends KproxyError {
+  declare readonly code: 'KPROXY_MANIFEST_DIR';
   constructor(
     readonly dir: string,
     cause: string,
   ) {
-    super(`KPROXY_MANIFEST_DIR: cannot read manifests directory ${dir}: ${cause}; check --manifests`);
+    super('KPROXY_MANIFEST_DIR', `cannot read manifests directory ${dir}: ${cause}; check --manifests`);
   }
 }
 

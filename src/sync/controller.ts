@@ -9,6 +9,9 @@ import type { Logger } from '../log.ts';
 import type { CommandRunner } from '../exec/runner.ts';
 import type { ModeModule, NodeContext, PlanInput, Proxier, SyncStats } from '../modes/types.ts';
 import { buildNodeView, type NodeView } from '../core/nodeview.ts';
+import { coded, kproxyError } from '../errors.ts';
+import { IptablesExecutor } from '../iptables/exec.ts';
+import { chainsFromSave } from '../iptables/save.ts';
 import type { K8sNode, Source } from '../sources/types.ts';
 import { SyncLoop } from './loop.ts';
 import { ProxyHealth } from './health.ts';
@@ -252,7 +255,7 @@ export class ProxyController {
 
   planInput(family: 4 | 6 = this.families[0]?.family ?? 4): PlanInput {
     const f = this.families.find((x) => x.family === family);
-    if (!f) throw new Error(`KPROXY_FAMILY_UNAVAILABLE: IPv${family} does not run on this node`);
+    if (!f) throw kproxyError('KPROXY_FAMILY_UNAVAILABLE', `IPv${family} does not run on this node`);
     const input: PlanInput = { state: f.tracker.state, config: this.opts.config, node: this.nodeContext(family) };
     // The view is computed once per sync and family; the last applied one gives the stale
     // UDP/SCTP flows of this sync.
@@ -281,7 +284,7 @@ export class ProxyController {
     for (const u of this.unavailableFamilies) {
       log.error(
         { family: u.family, err: u.error },
-        `KPROXY_FAMILY_UNAVAILABLE: IPv${u.family} is not served in ${mode.name} mode (${u.error}); IPv${running[0].family} keeps working; install the missing tool or enable IPv${u.family}, then restart`,
+        coded('KPROXY_FAMILY_UNAVAILABLE', `IPv${u.family} is not served in ${mode.name} mode (${u.error}); IPv${running[0].family} keeps working; install the missing tool or enable IPv${u.family}, then restart`),
       );
     }
     this.families = running;
@@ -385,8 +388,8 @@ export class ProxyController {
         return r.code === 0;
       }
       if (name === 'iptables') {
-        const r = await runner.run('iptables-save', ['-t', 'nat']);
-        return r.code === 0 && /^:KUBE-(SVC|SEP)-/m.test(r.stdout);
+        const text = await new IptablesExecutor(runner, 4).saveIfReadable('nat');
+        return text !== null && [...chainsFromSave(text, 'nat')].some((c) => /^KUBE-(SVC|SEP)-/.test(c));
       }
     } catch {
       return false;

@@ -7,12 +7,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
   ConfigError,
-  loadConfigFile,
   masqueradeMark,
   parseConfigText,
   parseDuration,
   resolveConfig,
 } from '../../src/config/config.ts';
+import { loadConfigFile } from '../../src/config/load.ts';
 
 const HEAD = 'apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n';
 

@@ -6,7 +6,7 @@ import { mkdtempSync, mkdirSync, writeFileSync, rmSync, cpSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { execFileSync } from 'node:child_process';
-import { findCases, loadCase } from '../../src/conformance/case.ts';
+import { findCases, loadCase } from '../../src/conformance/load.ts';
 import { runConformance } from '../../src/conformance/runner.ts';
 import { conformanceAdapters } from '../../src/proxy/registry.ts';
 

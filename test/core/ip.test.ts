@@ -108,3 +108,14 @@ test('isLoopback', () => {
   assert.equal(isLoopback('10.0.0.1'), false);
   assert.equal(isLoopback('::2'), false);
 });
+
+test('isIPv4/isIPv6 answer as node:net does (they replace it so that core stays pure)', async () => {
+  const net = await import('node:net');
+  const { isIPv4, isIPv6 } = await import('../../src/core/ip.ts');
+  const samples = ['1.2.3.4', '01.2.3.4', '255.255.255.255', '256.1.1.1', '1.2.3', '1.2.3.4.5', '', '::', '::1', 'fe80::1%eth0', 'fe80::1%',
+    '::ffff:1.2.3.4', '1:2:3:4:5:6:7:8', '1:2:3:4:5:6:7:8:9', '1::2::3', '2001:db8::1.2.3.4', ':::', '1:2:3:4:5:6:1.2.3.4', '12345::1', 'g::1', ' 1.2.3.4'];
+  for (const s of samples) {
+    assert.equal(isIPv4(s), net.isIPv4(s), `isIPv4(${JSON.stringify(s)})`);
+    assert.equal(isIPv6(s), net.isIPv6(s), `isIPv6(${JSON.stringify(s)})`);
+  }
+});

@@ -193,7 +193,7 @@ test('ipvs trace with an interface detector says the input interface decides', a
   assert.ok(r.rules.some((l) => l.includes('! -i cbr0')), r.rules.join('\n'));
   assert.ok(r.notes?.some((n) => n.includes('input interface')));
   const { masqConfigFromIptables } = await import('../../src/modes/ipvs/trace.ts');
-  assert.deepEqual(masqConfigFromIptables('-A KUBE-SERVICES -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst ! -i veth+ -j KUBE-MARK-MASQ\n', 4), { all: false, clusterCIDR: null, notLocalInterface: 'veth+' });
+  assert.deepEqual(masqConfigFromIptables('*nat\n-A KUBE-SERVICES -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst ! -i veth+ -j KUBE-MARK-MASQ\nCOMMIT\n', 4), { all: false, clusterCIDR: null, notLocalInterface: 'veth+' });
 });
 
 test('localhost NodePorts: IPv4 only, only with loopback among the NodePort addresses', () => {

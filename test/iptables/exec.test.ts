@@ -1,15 +1,17 @@
 // The executor and the proxier against a fake kernel that rejects what the kernel rejects.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { IptablesExecutor, RestoreError, chainsFromSave, extractLines, splitRuleArgs } from '../../src/exec/iptables.ts';
+import { IptablesExecutor, RestoreError, extractLines } from '../../src/iptables/exec.ts';
+import { chainsFromSave } from '../../src/iptables/save.ts';
+import { splitRuleArgs } from '../../src/iptables/tokenize.ts';
 import { IptablesProxier, JUMP_RULES } from '../../src/proxy/iptables/proxier.ts';
 import { cleanup, mode } from '../../src/proxy/iptables/index.ts';
 import { silentLogger } from '../../src/log.ts';
-import { FakeKernel } from './fake-kernel.ts';
+import { FakeIptables } from '../../src/iptables/fake.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 
 test('a restore that jumps to a missing chain fails atomically, naming the line with context', async () => {
-  const k = new FakeKernel();
+  const k = new FakeIptables();
   const exec = new IptablesExecutor(k, 4);
   await exec.restore('*nat\n:KUBE-A - [0:0]\n-A KUBE-A -j RETURN\nCOMMIT\n');
   const bad = '*nat\n:KUBE-A - [0:0]\n:KUBE-B - [0:0]\n-A KUBE-A -j KUBE-MISSING\n-A KUBE-B -j RETURN\nCOMMIT\n';
@@ -44,7 +46,7 @@ function world() {
 }
 
 test('proxier: full sync installs jumps idempotently, partial sync deletes stale chains, failure forces a full sync', async () => {
-  const k = new FakeKernel();
+  const k = new FakeIptables();
   const config = testConfig();
   const p = new IptablesProxier({ runner: k, log: silentLogger(), config });
   const t = world();
@@ -83,7 +85,7 @@ test('proxier: full sync installs jumps idempotently, partial sync deletes stale
 });
 
 test('proxier: a flushed iptables (canary gone) is noticed and repaired with a full sync', async () => {
-  const k = new FakeKernel();
+  const k = new FakeIptables();
   const config = testConfig({ syncPeriodMs: 1000 });
   let now = 0;
   const p = new IptablesProxier({ runner: k, log: silentLogger(), config, now: () => now });
@@ -98,7 +100,7 @@ test('proxier: a flushed iptables (canary gone) is noticed and repaired with a f
 });
 
 test('cleanup removes every KUBE-* chain and the jumps into them, and is idempotent', async () => {
-  const k = new FakeKernel();
+  const k = new FakeIptables();
   const config = testConfig();
   const p = new IptablesProxier({ runner: k, log: silentLogger(), config });
   const t = world();
@@ -126,7 +128,7 @@ test('render is the full restore payload; planned trace goes through it', async 
   const text = mode.render(input);
   assert.match(text, /^\*filter\n/);
   assert.match(text, /-A KUBE-SERVICES -m comment --comment "ns2\/svc2:p80 cluster IP"/);
-  const r = await mode.trace!({ from: '10.0.9.9', to: '172.30.0.42', port: 80, protocol: 'TCP', input, live: false }, { runner: new FakeKernel() });
+  const r = await mode.trace!({ from: '10.0.9.9', to: '172.30.0.42', port: 80, protocol: 'TCP', input, live: false }, { runner: new FakeIptables() });
   assert.equal(r.output, '10.0.2.1:80, 10.0.2.2:80');
   assert.equal(r.masq, false);
 });
@@ -143,7 +145,7 @@ test('proxier: route_localnet=1 is set through the sysctl interface when, and on
       values.set(name, value);
     },
   };
-  const k = new FakeKernel();
+  const k = new FakeIptables();
   const config = testConfig();
   const p = new IptablesProxier({ runner: k, log: silentLogger(), config, sysctl });
   const t = world();
@@ -158,7 +160,7 @@ test('proxier: route_localnet=1 is set through the sysctl interface when, and on
   const off = testConfig({ localhostNodePorts: false });
   const sets2 = sets.length;
   values.set('net.ipv4.conf.all.route_localnet', '0');
-  const p2 = new IptablesProxier({ runner: new FakeKernel(), log: silentLogger(), config: off, sysctl });
+  const p2 = new IptablesProxier({ runner: new FakeIptables(), log: silentLogger(), config: off, sysctl });
   await p2.sync(planInput(t, off), new Set(), true);
   assert.equal(sets.length, sets2, 'localhostNodePorts: false never sets it');
 });

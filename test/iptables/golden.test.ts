@@ -3,7 +3,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { findCases, loadCase } from '../../src/conformance/case.ts';
+import { findCases, loadCase } from '../../src/conformance/load.ts';
 import { conformance } from '../../src/proxy/iptables/index.ts';
 
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');

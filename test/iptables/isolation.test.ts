@@ -12,7 +12,7 @@ import { planIptables } from '../../src/modes/iptables/plan.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import { IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
 import { endpoint, label63, port, stateOf } from '../support/ports.ts';
-import { FakeKernel } from './fake-kernel.ts';
+import { FakeIptables } from '../../src/iptables/fake.ts';
 import { testConfig } from './helpers.ts';
 
 const NODE = { nodeName: 'test-node', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
@@ -20,7 +20,7 @@ const config = testConfig();
 const input = (state: PlanInput['state']): PlanInput => ({ state, config, node: NODE });
 
 /** The fake kernel, refusing (as iptables-restore v1.8.9 does: first error only) lines containing `poison`. */
-class RefusingKernel extends FakeKernel {
+class RefusingKernel extends FakeIptables {
   restores = 0;
   refused = 0;
   constructor(

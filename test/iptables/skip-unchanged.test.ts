@@ -5,11 +5,11 @@
 import { test, mock } from 'node:test';
 import assert from 'node:assert/strict';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
-import { IptablesExecutor, RestoreError, restoreTimeoutMs } from '../../src/exec/iptables.ts';
+import { IptablesExecutor, RestoreError, restoreTimeoutMs } from '../../src/iptables/exec.ts';
 import type { CommandRunner, RunOptions } from '../../src/exec/runner.ts';
 import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/proxy/iptables/proxier.ts';
 import { silentLogger } from '../../src/log.ts';
-import { FakeKernel } from './fake-kernel.ts';
+import { FakeIptables } from '../../src/iptables/fake.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 
 /** mulberry32: a small seeded PRNG, so a failure replays. */
@@ -25,7 +25,7 @@ function rng(seed: number): () => number {
 }
 
 /** nat and filter of a fake kernel, order-free across chains, rule order kept within. */
-function kernelState(k: FakeKernel): string {
+function kernelState(k: FakeIptables): string {
   const out: string[] = [];
   for (const table of ['filter', 'nat']) {
     for (const c of k.chains(table).sort()) out.push(`${table} :${c}`, ...k.rules(table, c).map((r) => `${table} -A ${c} ${r}`));
@@ -65,7 +65,7 @@ test('60 seeded random changes with partial syncs leave the kernel as a fresh fu
   const random = rng(20261202);
   const pick = <T>(xs: T[]): T => xs[Math.floor(random() * xs.length)];
   const config = testConfig();
-  const k = new FakeKernel();
+  const k = new FakeIptables();
   const p = new IptablesProxier({ runner: k, log: silentLogger(), config });
   const t = tracker();
   const N = 12;
@@ -118,7 +118,7 @@ test('60 seeded random changes with partial syncs leave the kernel as a fresh fu
     const restores = k.calls.slice(before).filter((c) => c.cmd === 'iptables-restore');
     if (/^partial/.test(stats.diff ?? '') && !restores.some((c) => c.input?.includes(':KUBE-SERVICES '))) partialWithoutTopChains++;
 
-    const fresh = new FakeKernel();
+    const fresh = new FakeIptables();
     await new IptablesProxier({ runner: fresh, log: silentLogger(), config }).sync(planInput(t, config), new Set(), true);
     assert.equal(kernelState(k), kernelState(fresh), `step ${step} (${kind} on svc${i})`);
   }
@@ -128,7 +128,7 @@ test('60 seeded random changes with partial syncs leave the kernel as a fresh fu
 
 async function endpointChange(n: number) {
   const config = testConfig();
-  const k = new FakeKernel();
+  const k = new FakeIptables();
   const p = new IptablesProxier({ runner: k, log: silentLogger(), config });
   const t = tracker();
   const slices: K8sEndpointSlice[] = [];
@@ -195,7 +195,7 @@ test('a restore killed at its time limit says so; the limit grows with the paylo
 
 test('jump rules: one iptables-save and at most one restore per full sync, same rules as one by one', async () => {
   const config = testConfig();
-  const k = new FakeKernel();
+  const k = new FakeIptables();
   // Someone else's rule at the top of INPUT stays below ours, as with iptables -I.
   await k.run('iptables', ['-t', 'filter', '-I', 'INPUT', '-j', 'ACCEPT']);
   // One of our jumps already there (from a previous kproxy): not duplicated.

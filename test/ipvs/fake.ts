@@ -17,6 +17,7 @@ import { normalizeEntry } from '../../src/modes/ipvs/ipsets.ts';
 import type { ModuleFS } from '../../src/exec/modules.ts';
 import type { Sysctl } from '../../src/exec/sysctl.ts';
 import type { Protocol } from '../../src/core/model.ts';
+import { BUILTIN_CHAINS, FakeIptables, type FakeTables } from '../../src/iptables/fake.ts';
 
 const ok = (stdout = ''): RunResult => ({ code: 0, stdout, stderr: '' });
 const fail = (stderr: string, code = 1): RunResult => ({ code, stdout: '', stderr });
@@ -27,11 +28,6 @@ interface FakeSet {
   entries: Set<string>;
 }
 
-const BUILTIN_TARGETS = new Set(['ACCEPT', 'DROP', 'RETURN', 'REJECT', 'MASQUERADE', 'MARK', 'DNAT', 'SNAT']);
-const BUILTIN_CHAINS: Record<string, string[]> = {
-  nat: ['PREROUTING', 'INPUT', 'OUTPUT', 'POSTROUTING'],
-  filter: ['INPUT', 'FORWARD', 'OUTPUT'],
-};
 
 /**
  * What the kernel refuses in an ipset entry, with the real ipset 7.17 messages (checked with
@@ -51,8 +47,8 @@ export class FakeHost implements CommandRunner {
   ipvs: IpvsTable = new Map();
   sets = new Map<string, FakeSet>();
   links = new Map<string, Set<string>>([['lo', new Set(['127.0.0.1'])]]);
-  /** iptables family → table → chain → rules */
-  iptables: Record<string, Record<string, Map<string, string[]>>> = { '4': this.emptyTables(), '6': this.emptyTables() };
+  /** the iptables of each family: the iptables package's one fake, refusing also a match on a missing ipset */
+  readonly ipt: Record<'4' | '6', FakeIptables> = { '4': this.fakeIptables(4), '6': this.fakeIptables(6) };
   loadedModules = new Set<string>();
   availableModules = new Set(['ip_vs', 'ip_vs_rr', 'ip_vs_wrr', 'ip_vs_lc', 'ip_vs_wlc', 'ip_vs_sh', 'ip_vs_dh', 'ip_vs_sed', 'ip_vs_nq', 'ip_vs_mh', 'ip_vs_lblc', 'ip_vs_lblcr', 'nf_conntrack']);
   sysctls = new Map<string, string>();
@@ -64,10 +60,19 @@ export class FakeHost implements CommandRunner {
   refuseSetEntries = new Map<string, string>();
   refuseIpvsLines: Array<{ match: RegExp; error: string; /** like ipvsadm's fail(): the batch ends there */ abort?: boolean }> = [];
 
-  private emptyTables(): Record<string, Map<string, string[]>> {
-    const t: Record<string, Map<string, string[]>> = {};
-    for (const [name, chains] of Object.entries(BUILTIN_CHAINS)) t[name] = new Map(chains.map((c) => [c, []]));
-    return t;
+  private fakeIptables(family: 4 | 6): FakeIptables {
+    return new FakeIptables(family, {
+      check: (_table, spec) => {
+        const set = /--match-set (\S+)/.exec(spec);
+        return set && !this.sets.has(set[1]) ? `Set ${set[1]} doesn't exist.` : null;
+      },
+    });
+  }
+
+  /** iptables family → table → chain → rules (the text after `-A CHAIN`) */
+  get iptables(): Record<'4' | '6', Record<string, Map<string, string[]>>> {
+    const view = (t: FakeTables) => Object.fromEntries(t);
+    return { '4': view(this.ipt['4'].tables), '6': view(this.ipt['6'].tables) };
   }
 
   async run(cmd: string, args: string[], opts: { input?: string } = {}): Promise<RunResult> {
@@ -82,18 +87,13 @@ export class FakeHost implements CommandRunner {
       case 'ip':
         return this.ip(args, input);
       case 'iptables':
-      case 'ip6tables':
-        return this.iptablesCmd(cmd === 'iptables' ? '4' : '6', args);
       case 'iptables-restore':
-      case 'ip6tables-restore':
-        return this.iptablesRestore(cmd === 'iptables-restore' ? '4' : '6', input);
       case 'iptables-save':
-      case 'ip6tables-save': {
-        const fam = cmd === 'iptables-save' ? '4' : '6';
-        const text = this.iptablesSave(fam);
-        if (args[0] === '-t') return ok(text.split('*').filter((t) => t.startsWith(`${args[1]}\n`)).map((t) => '*' + t).join(''));
-        return ok(text);
-      }
+        return this.ipt['4'].run(cmd, args, { input });
+      case 'ip6tables':
+      case 'ip6tables-restore':
+      case 'ip6tables-save':
+        return this.ipt['6'].run(cmd, args, { input });
       case 'modprobe': {
         const m = args[args.length - 1];
         if (!this.availableModules.has(m)) return fail(`modprobe: FATAL: Module ${m} not found in directory /lib/modules/6.1.0-fake`);
@@ -312,120 +312,17 @@ export class FakeHost implements CommandRunner {
   }
 
   // ---------------------------------------------------------------- iptables
-  private checkRule(fam: string, table: string, rule: string, chains: Map<string, string[]>): string | null {
-    const set = /--match-set (\S+)/.exec(rule);
-    if (set && !this.sets.has(set[1])) return `Set ${set[1]} doesn't exist.`;
-    const j = /-j (\S+)/.exec(rule);
-    if (j && !BUILTIN_TARGETS.has(j[1]) && !chains.has(j[1])) return `Couldn't load target \`${j[1]}'`;
-    void fam;
-    void table;
-    return null;
-  }
-
-  private iptablesRestore(fam: string, input: string): RunResult {
-    // atomic per call: work on a copy, commit only if every line is valid
-    const copy: Record<string, Map<string, string[]>> = {};
-    for (const [t, chains] of Object.entries(this.iptables[fam])) copy[t] = new Map([...chains].map(([c, r]) => [c, [...r]]));
-    let table = '';
-    let n = 0;
-    for (const line of input.split('\n')) {
-      n++;
-      if (!line.trim() || line.startsWith('#')) continue;
-      if (line.startsWith('*')) table = line.slice(1);
-      else if (line === 'COMMIT') table = '';
-      else if (line.startsWith(':')) copy[table].set(line.slice(1).split(' ')[0], []);
-      else if (line.startsWith('-A ')) {
-        const chain = line.split(' ')[1];
-        const rules = copy[table]?.get(chain);
-        if (!rules) return fail(`iptables-restore: line ${n} failed: chain ${chain} does not exist`);
-        const err = this.checkRule(fam, table, line, copy[table]);
-        if (err) return fail(`iptables-restore v1.8.9 (nf_tables): ${err}\nError occurred at line: ${n}`, 2);
-        rules.push(line);
-      } else if (line.startsWith('-I ') || line.startsWith('-D ')) {
-        const chain = line.split(' ')[1];
-        const rules = copy[table]?.get(chain);
-        const rule = '-A ' + line.slice(3);
-        if (!rules) return fail(`iptables-restore: line ${n} failed: chain ${chain} does not exist`);
-        if (line.startsWith('-I ')) {
-          const err = this.checkRule(fam, table, rule, copy[table]);
-          if (err) return fail(`iptables-restore v1.8.9 (nf_tables): ${err}\nError occurred at line: ${n}`, 2);
-          rules.unshift(rule);
-        } else {
-          const i = rules.indexOf(rule);
-          if (i < 0) return fail(`iptables-restore: line ${n} failed: Bad rule (does a matching rule exist in that chain?)`);
-          rules.splice(i, 1);
-        }
-      } else if (line.startsWith('-X ')) {
-        const chain = line.slice(3).trim();
-        if (!copy[table]?.has(chain)) return fail(`iptables-restore: line ${n} failed: No chain/target/match by that name.`);
-        for (const rs of copy[table].values()) if (rs.some((r) => r.endsWith(`-j ${chain}`))) return fail(`iptables-restore: line ${n} failed: Too many links.`);
-        copy[table].delete(chain);
-      } else return fail(`iptables-restore: line ${n}: unsupported`);
-    }
-    this.iptables[fam] = copy;
-    return ok();
-  }
-
-  private iptablesCmd(fam: string, args: string[]): RunResult {
-    const a = [...args];
-    if (a[0] === '-w') a.splice(0, 2);
-    const table = a[0] === '-t' ? a[1] : 'filter';
-    if (a[0] === '-t') a.splice(0, 2);
-    const [op, chain, ...spec] = a;
-    const chains = this.iptables[fam][table];
-    const rules = chains.get(chain);
-    const specText = spec.map((s) => (s.includes(' ') ? `"${s}"` : s)).join(' ');
-    const rule = `-A ${chain} ${specText}`;
-    if (op === '-F') {
-      if (!rules) return fail('iptables: No chain/target/match by that name.');
-      rules.length = 0;
-      return ok();
-    }
-    if (op === '-X') {
-      if (!rules) return fail('iptables: No chain/target/match by that name.');
-      for (const rs of chains.values()) if (rs.some((r) => r.endsWith(`-j ${chain}`))) return fail('iptables: Too many links.');
-      chains.delete(chain);
-      return ok();
-    }
-    if (!rules) return fail('iptables: No chain/target/match by that name.');
-    if (op === '-C') return rules.includes(rule) ? ok() : fail('iptables: Bad rule (does a matching rule exist in that chain?).');
-    if (op === '-I') {
-      const err = this.checkRule(fam, table, rule, chains);
-      if (err) return fail(err, 2);
-      rules.unshift(rule);
-      return ok();
-    }
-    if (op === '-D') {
-      const i = rules.indexOf(rule);
-      if (i < 0) return fail('iptables: Bad rule (does a matching rule exist in that chain?).');
-      rules.splice(i, 1);
-      return ok();
-    }
-    return fail('iptables: unsupported by fake');
-  }
-
-  private iptablesSave(fam: string): string {
-    const out: string[] = [];
-    for (const [t, chains] of Object.entries(this.iptables[fam])) {
-      out.push(`*${t}`);
-      for (const c of chains.keys()) out.push(`:${c} - [0:0]`);
-      for (const rules of chains.values()) out.push(...rules);
-      out.push('COMMIT');
-    }
-    return out.join('\n') + '\n';
-  }
-
   /** chains of ours still present in a family (for residue checks) */
   kubeChains(fam: '4' | '6'): string[] {
     const out: string[] = [];
-    for (const [t, chains] of Object.entries(this.iptables[fam])) for (const c of chains.keys()) if (c.startsWith('KUBE-')) out.push(`${t}/${c}`);
+    for (const [t, chains] of this.ipt[fam].tables) for (const c of chains.keys()) if (c.startsWith('KUBE-')) out.push(`${t}/${c}`);
     return out;
   }
 
   jumpsInBuiltins(fam: '4' | '6'): string[] {
     const out: string[] = [];
-    for (const [t, chains] of Object.entries(this.iptables[fam])) {
-      for (const b of BUILTIN_CHAINS[t]) for (const r of chains.get(b) ?? []) if (/-j KUBE-/.test(r)) out.push(`${t}/${r}`);
+    for (const [t, chains] of this.ipt[fam].tables) {
+      for (const b of BUILTIN_CHAINS[t]) for (const r of chains.get(b) ?? []) if (/-j KUBE-/.test(r)) out.push(`${t}/-A ${b} ${r}`);
     }
     return out;
   }

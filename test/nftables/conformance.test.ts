@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { findCases, loadCase } from '../../src/conformance/case.ts';
+import { findCases, loadCase } from '../../src/conformance/load.ts';
 import { conformance } from '../../src/proxy/nftables/index.ts';
 import { sortNftTransaction } from '../../src/modes/nftables/conformance.ts';
 

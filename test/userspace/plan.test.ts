@@ -4,12 +4,13 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { RoundRobinBalancer } from '../../src/dataplane/balancer.ts';
 import { removalPayload, removeRedirects } from '../../src/dataplane/redirect.ts';
-import { ExecError, type CommandRunner, type RunResult } from '../../src/exec/runner.ts';
+import { ExecError, type CommandRunner } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { mode } from '../../src/proxy/userspace/index.ts';
 import { planUserspace, restorePayload } from '../../src/modes/userspace/plan.ts';
 import { traceUserspace } from '../../src/modes/userspace/trace.ts';
 import { planInput, slice, svc, testConfig } from './helpers.ts';
+import { FakeIptables } from '../../src/iptables/fake.ts';
 
 const eps = (...keys: string[]) => keys.map((k) => ({ key: k, ip: k.split(':')[0], port: Number(k.split(':')[1]) }));
 
@@ -157,24 +158,22 @@ describe('userspace trace', () => {
   });
 });
 
-/** A fake iptables for one family: the nat table as save text, restore payloads applied to it. */
-function fakeIptables(saved: string): { runner: CommandRunner; calls: string[]; restored: string[] } {
+/**
+ * The iptables package's stateful fake for IPv4, loaded with `saved`; ip6tables is not
+ * installed. Every command is recorded.
+ */
+async function fakeIptables(saved: string): Promise<{ runner: CommandRunner; calls: string[]; kernel: FakeIptables }> {
+  const kernel = new FakeIptables(4);
+  if (saved) assert.equal((await kernel.run('iptables-restore', ['--noflush'], { input: saved })).code, 0, 'the fake takes the saved state');
   const calls: string[] = [];
-  const restored: string[] = [];
-  const ok = (stdout = ''): RunResult => ({ code: 0, stdout, stderr: '' });
   return {
     calls,
-    restored,
+    kernel,
     runner: {
       run: async (cmd, args, opts) => {
         calls.push([cmd, ...args].join(' '));
         if (cmd.startsWith('ip6tables')) throw new ExecError('KPROXY_EXEC_MISSING', `${cmd} not found`);
-        if (cmd === 'iptables-save') return ok(saved);
-        if (cmd === 'iptables-restore') {
-          restored.push(opts?.input ?? '');
-          return ok();
-        }
-        return { code: 1, stdout: '', stderr: 'unexpected' };
+        return kernel.run(cmd, args, opts);
       },
     },
   };
@@ -215,13 +214,17 @@ describe('userspace cleanup', () => {
   });
 
   test('cleanup writes one restore when something is there, nothing when clean, and tolerates a missing ip6tables', async () => {
-    const dirty = fakeIptables(SAVED);
+    const dirty = await fakeIptables(SAVED);
     await removeRedirects(dirty.runner, silentLogger());
-    assert.equal(dirty.restored.length, 1);
+    assert.equal(dirty.calls.filter((c) => c.startsWith('iptables-restore')).length, 1);
     assert.deepEqual(dirty.calls.filter((c) => c.startsWith('ip6tables')), ['ip6tables-save -t nat']);
-    const clean = fakeIptables('');
+    assert.deepEqual(dirty.kernel.chains('nat').filter((c) => c.startsWith('KPROXY-')), [], 'our chains are gone');
+    assert.deepEqual(dirty.kernel.rules('nat', 'PREROUTING'), ['-j OTHER'], 'the jumps to them are gone, the others stay');
+    assert.deepEqual(dirty.kernel.rules('nat', 'OUTPUT'), []);
+    assert.ok(dirty.kernel.chains('nat').includes('OTHER'));
+    const clean = await fakeIptables('');
     await mode.cleanup(clean.runner, silentLogger());
-    assert.equal(clean.restored.length, 0);
+    assert.equal(clean.calls.filter((c) => c.startsWith('iptables-restore')).length, 0);
   });
 
   test('cleanup does not fail when iptables is not installed at all', async () => {

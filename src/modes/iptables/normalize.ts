@@ -4,6 +4,7 @@
 // the rest; each chain's rules in their relative order; KUBE-NODEPORTS and KUBE-SERVICES
 // rules stably sorted by the service name in their comment (nat KUBE-SERVICES' "must be
 // the last rule" stays last); then -X lines. Pure.
+import { forEachSaveLine } from '../../iptables/save.ts';
 
 interface Chain {
   name: string;
@@ -26,24 +27,22 @@ function chainOf(t: Table, name: string): Chain {
 export function parseRestoreText(text: string): Table[] {
   const tables: Table[] = [];
   let cur: Table | null = null;
-  for (const raw of text.split('\n')) {
-    const line = raw.trim();
-    if (line === '' || line.startsWith('#')) continue;
-    if (line.startsWith('*')) {
-      cur = { name: line.slice(1), chains: new Map() };
+  forEachSaveLine(text, (l) => {
+    if (l.kind === 'table') {
+      cur = { name: l.name, chains: new Map() };
       tables.push(cur);
-    } else if (line === 'COMMIT') {
+    } else if (l.kind === 'commit') {
       cur = null;
-    } else if (cur && line.startsWith(':')) {
-      chainOf(cur, line.slice(1).split(/\s+/)[0]).declared = true;
-    } else if (cur && (line.startsWith('-A ') || line.startsWith('-I '))) {
-      chainOf(cur, line.split(/\s+/)[1]).rules.push(line);
-    } else if (cur && line.startsWith('-X ')) {
-      chainOf(cur, line.split(/\s+/)[1]).deleted = true;
+    } else if (cur && l.kind === 'chain') {
+      chainOf(cur, l.name).declared = true;
+    } else if (cur && l.kind === 'command' && (l.line.startsWith('-A ') || l.line.startsWith('-I '))) {
+      chainOf(cur, l.line.split(/\s+/)[1]).rules.push(l.line);
+    } else if (cur && l.kind === 'command' && l.line.startsWith('-X ')) {
+      chainOf(cur, l.line.split(/\s+/)[1]).deleted = true;
     } else {
-      throw new Error(`unexpected iptables-restore line: ${line}`);
+      throw new Error(`unexpected iptables-restore line: ${l.line}`);
     }
-  }
+  });
   return tables;
 }
 

@@ -18,7 +18,8 @@
 // Where the tracer cannot know (interfaces, ipsets, source ports, unknown modules) it
 // assumes the rule matches, as upstream does, and says so in `notes`. Pure: no I/O.
 import { canonicalIP, ipToBigInt, joinHostPort } from '../../core/ip.ts';
-import { parseIptablesSave, targetOption, type Cond, type Rule, type Ruleset } from './parse.ts';
+import { parseIptablesSave, targetOption, type Cond, type Rule, type Ruleset } from '../../iptables/parse.ts';
+import { KproxyError } from '../../errors.ts';
 
 export interface TracePacket {
   sourceIP: string;
@@ -45,10 +46,10 @@ export interface IptablesTraceResult {
   notes: string[];
 }
 
-export class IptablesTraceError extends Error {
-  readonly code = 'KPROXY_IPTABLES_TRACE';
+export class IptablesTraceError extends KproxyError {
+  declare readonly code: 'KPROXY_IPTABLES_TRACE';
   constructor(detail: string) {
-    super(`KPROXY_IPTABLES_TRACE: ${detail}`);
+    super('KPROXY_IPTABLES_TRACE', detail);
   }
 }
 

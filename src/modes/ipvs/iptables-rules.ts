@@ -5,6 +5,7 @@
 import { CHAIN, FILTER_CHAINS, JUMPS, NAT_CHAINS, SET_INFO, SET_RULES, setName, type SetKey } from './names.ts';
 import type { IPSetTable } from './ipsets.ts';
 import type { LBNoNodeAccess } from './planner.ts';
+import { appendedLines, readSave } from '../../iptables/save.ts';
 
 export interface IptablesInput {
   family: 4 | 6;
@@ -103,18 +104,9 @@ export function jumpRule(j: { from: string; to: string; comment: string }): stri
   return `-A ${j.from} -m comment --comment "${j.comment}" -j ${j.to}`;
 }
 
-/** rule lines per table in iptables-save text */
+/** rule lines per table in iptables-save text (the iptables package's one reader) */
 function savedTables(saved: string): Map<string, { chains: Set<string>; rules: string[] }> {
-  const tables = new Map<string, { chains: Set<string>; rules: string[] }>();
-  let cur: { chains: Set<string>; rules: string[] } | undefined;
-  for (const line of saved.split('\n')) {
-    if (line.startsWith('*')) {
-      cur = { chains: new Set(), rules: [] };
-      tables.set(line.slice(1).trim(), cur);
-    } else if (cur && line.startsWith(':')) cur.chains.add(line.slice(1).split(' ')[0]);
-    else if (cur && line.startsWith('-A ')) cur.rules.push(line.trim());
-  }
-  return tables;
+  return new Map([...readSave(saved)].map(([name, t]) => [name, { chains: t.declared, rules: appendedLines(t) }]));
 }
 
 /**

@@ -6,6 +6,7 @@ import type { TraceResult } from '../types.ts';
 import type { IPSetTable } from './ipsets.ts';
 import { setName, type SetKey } from './names.ts';
 import { virtualServerKey, type IpvsTable } from './ipvs-model.ts';
+import { readSave } from '../../iptables/save.ts';
 
 export interface MasqConfig {
   all: boolean;
@@ -140,7 +141,8 @@ export function traceIpvs(inp: TraceInput, pkt: Packet): TraceResult {
 /** the masquerade settings encoded in live `iptables-save -t nat` text */
 export function masqConfigFromIptables(text: string, family: 4 | 6): MasqConfig {
   const set = setName('clusterIP', family);
-  for (const line of text.split('\n')) {
+  const lines = [...readSave(text).values()].flatMap((t) => t.rules.map((r) => r.line));
+  for (const line of lines) {
     if (!line.startsWith('-A KUBE-SERVICES') || !line.includes(`--match-set ${set} `) || !line.includes('-j KUBE-MARK-MASQ')) continue;
     const m = /! -s (\S+)/.exec(line);
     if (m) return { all: false, clusterCIDR: m[1] };

@@ -3,11 +3,12 @@
 // block form `nft list table` / `nft -s list ruleset` prints. The tracer works on either.
 // Pure.
 import { elementKey, newRuleset, type NftChain, type NftElement, type NftFamily, type NftSet, type Ruleset } from './ruleset.ts';
+import { KproxyError } from '../../errors.ts';
 
-export class NftParseError extends Error {
-  readonly code = 'KPROXY_NFT_PARSE';
+export class NftParseError extends KproxyError {
+  declare readonly code: 'KPROXY_NFT_PARSE';
   constructor(line: number, message: string) {
-    super(`KPROXY_NFT_PARSE: line ${line}: ${message}`);
+    super('KPROXY_NFT_PARSE', `line ${line}: ${message}`);
   }
 }
 

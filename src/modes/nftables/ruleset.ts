@@ -1,6 +1,7 @@
 // Typed nftables objects of one table (knftables' model): the planner fills a Ruleset, and
 // the same Ruleset renders to the golden "dump" text, to an `nft -f` transaction, and feeds
 // the tracer. Pure.
+import { kproxyError } from '../../errors.ts';
 
 export type NftFamily = 'ip' | 'ip6';
 
@@ -79,7 +80,7 @@ export function addSet(rs: Ruleset, s: Omit<NftSet, 'elements'>): NftSet {
 
 export function addElement(rs: Ruleset, setName: string, el: NftElement): void {
   const set = rs.sets.get(setName);
-  if (!set) throw new Error(`KPROXY_NFT_INTERNAL: element for undeclared set ${setName}`);
+  if (!set) throw kproxyError('KPROXY_NFT_INTERNAL', `element for undeclared set ${setName}`);
   set.elements.set(elementKey(el.key), el);
 }
 

@@ -2,7 +2,9 @@
 // applied atomically with iptables-restore, partial syncs as upstream kube-proxy.
 import type { CommandRunner } from '../../exec/runner.ts';
 import { ExecError } from '../../exec/runner.ts';
-import { IptablesExecutor, binaries, splitRuleArgs, type Table } from '../../exec/iptables.ts';
+import { IptablesExecutor, binaries, type Table } from '../../iptables/exec.ts';
+import { readSave } from '../../iptables/save.ts';
+import { splitRuleArgs } from '../../iptables/tokenize.ts';
 import { procSysctl } from '../../exec/sysctl.ts';
 import type { Logger } from '../../log.ts';
 import type { ConformanceAdapter } from '../../conformance/case.ts';
@@ -14,6 +16,7 @@ import { planIptables } from '../../modes/iptables/plan.ts';
 import { IptablesProxier } from './proxier.ts';
 import { loadTracer } from '../../modes/iptables/tracer-link.ts';
 import { skippedVIPNotes } from '../../modes/vip.ts';
+import { kproxyError } from '../../errors.ts';
 
 /** Dry run: the restore payload of a full sync of this state. */
 export function render(input: PlanInput): string {
@@ -83,12 +86,11 @@ export async function cleanup(runner: CommandRunner, log: Logger): Promise<void>
         log.debug({ family, table, err: (e as Error).message }, 'iptables cleanup: table not readable, skipped');
         continue;
       }
-      const kubeChains: string[] = [];
-      for (const line of text.split('\n')) {
-        if (line.startsWith(':KUBE-')) kubeChains.push(line.slice(1).split(' ')[0]);
-        const m = /^-A (\S+) (.*)$/.exec(line);
-        if (m && !m[1].startsWith('KUBE-') && / -j KUBE-\S+/.test(` ${m[2]}`)) {
-          await exec.deleteRule(table, m[1], splitRuleArgs(m[2]));
+      const saved = readSave(text).get(table);
+      const kubeChains = (saved?.chains ?? []).filter((c) => c.startsWith('KUBE-'));
+      for (const r of saved?.rules ?? []) {
+        if (r.op === '-A' && r.rest && !r.chain.startsWith('KUBE-') && / -j KUBE-\S+/.test(` ${r.rest}`)) {
+          await exec.deleteRule(table, r.chain, splitRuleArgs(r.rest));
         }
       }
       if (!kubeChains.length) continue;
@@ -122,13 +124,10 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
   let localIPs: string[];
   if (req.live) {
     const family = ipFamily(req.to) === 6 ? 6 : 4;
-    const bin = binaries(family).save;
-    const r = await deps.runner.run(bin, [], { timeoutMs: 60_000 });
-    if (r.code !== 0) throw new ExecError('KPROXY_IPTABLES_SAVE_FAILED', `${bin} exited ${r.code}: ${r.stderr.trim()} (are you root?)`, r);
-    text = r.stdout;
+    text = await new IptablesExecutor(deps.runner, family).saveAll();
     localIPs = await localAddresses(deps.runner);
   } else {
-    if (!req.input) throw new Error('KPROXY_TRACE_NO_INPUT: give --manifests (or --live) to trace');
+    if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'give --manifests (or --live) to trace');
     text = render(req.input);
     localIPs = ['127.0.0.1', '::1', ...req.input.node.nodeIPs];
   }

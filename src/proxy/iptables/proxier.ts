@@ -9,7 +9,9 @@
 import { SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { ensureSysctl, type Sysctl } from '../../exec/sysctl.ts';
-import { IptablesExecutor, RestoreError, chainsFromSave, splitRuleArgs, type Table } from '../../exec/iptables.ts';
+import { IptablesExecutor, RestoreError, type Table } from '../../iptables/exec.ts';
+import { appendedArgs, chainsFromSave, readSave } from '../../iptables/save.ts';
+import { quoteArg } from '../../iptables/tokenize.ts';
 import type { Logger } from '../../log.ts';
 import type { ProxyConfig } from '../../config/config.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
@@ -54,25 +56,9 @@ export const KUBELET_JUMP_RULES: JumpRule[] = [
   { table: 'filter', dst: KUBE_FIREWALL, src: 'OUTPUT', comment: '', extra: [] },
 ];
 
-/** Quotes one argument for an iptables-restore line. */
-function quoteArg(a: string): string {
-  return /[\s"'\\]/.test(a) || a === '' ? `"${a.replace(/(["\\])/g, '\\$1')}"` : a;
-}
-
 /** Per table of an iptables-save text: chain → its rules as argument arrays. */
 function parseSave(text: string): Map<string, Map<string, string[][]>> {
-  const tables = new Map<string, Map<string, string[][]>>();
-  let chains: Map<string, string[][]> | null = null;
-  for (const line of text.split('\n')) {
-    if (line.startsWith('*')) tables.set(line.slice(1).trim(), (chains = new Map()));
-    else if (!chains) continue;
-    else if (line.startsWith(':')) chains.set(line.slice(1).split(' ')[0], []);
-    else if (line.startsWith('-A ')) {
-      const args = splitRuleArgs(line.slice(3));
-      chains.get(args[0])?.push(args.slice(1));
-    }
-  }
-  return tables;
+  return new Map([...readSave(text)].map(([name, t]) => [name, appendedArgs(t)]));
 }
 
 const sameArgs = (a: string[], b: string[]) => a.length === b.length && a.every((x, i) => x === b[i]);

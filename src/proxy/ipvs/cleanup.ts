@@ -4,7 +4,8 @@
 // or of ipvsadm/ipset/iptables themselves, is fine.
 import type { Logger } from '../../log.ts';
 import { ExecError, type CommandRunner } from '../../exec/runner.ts';
-import { Ipvsadm, IptablesFamily } from '../../exec/ipvs.ts';
+import { Ipvsadm } from '../../exec/ipvs.ts';
+import { IptablesExecutor } from '../../iptables/exec.ts';
 import { IPSetExec } from '../../exec/ipset.ts';
 import { Links } from '../../exec/links.ts';
 import { canonicalIP, ipFamily } from '../../core/ip.ts';
@@ -74,14 +75,14 @@ export async function cleanupIpvs(runner: CommandRunner, log: Logger): Promise<v
   }
 
   for (const family of [4, 6] as const) {
-    const ipt = new IptablesFamily(runner, family);
+    const ipt = new IptablesExecutor(runner, family);
     try {
-      const script = cleanupScript(await ipt.save());
+      const script = cleanupScript(await ipt.saveAll());
       if (script) {
         // one atomic restore; if something else still uses a chain of ours, fall back to
         // command by command so that everything removable is removed
-        await ipt.restore(script).catch(async () => {
-          for (const j of JUMPS) await ipt.deleteJump(j.table, j.from, j.to, j.comment);
+        await ipt.restoreOwned(script, 'KPROXY_IPVS_IPTABLES_FAILED').catch(async () => {
+          for (const j of JUMPS) await ipt.deleteRuleCopies(j.table, j.from, ['-m', 'comment', '--comment', j.comment, '-j', j.to]);
           await ipt.deleteChains('nat', NAT_CHAINS);
           await ipt.deleteChains('filter', FILTER_CHAINS);
         });

@@ -4,7 +4,6 @@
 import type { ModeModule, TraceRequest, TraceResult } from '../../modes/types.ts';
 import type { ConformanceAdapter } from '../../conformance/case.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
-import { runChecked } from '../../exec/runner.ts';
 import { Ipvsadm } from '../../exec/ipvs.ts';
 import { IPSetExec } from '../../exec/ipset.ts';
 import { ipFamily } from '../../core/ip.ts';
@@ -15,6 +14,7 @@ import { cleanupIpvs } from './cleanup.ts';
 import { masqConfigFromIptables, traceIpvs } from '../../modes/ipvs/trace.ts';
 import { DUMMY_DEVICE } from '../../modes/ipvs/names.ts';
 import { Links } from '../../exec/links.ts';
+import { IptablesExecutor } from '../../iptables/exec.ts';
 
 async function traceLive(req: TraceRequest, runner: CommandRunner): Promise<TraceResult> {
   const family = ipFamily(req.to) === 6 ? 6 : 4;
@@ -22,7 +22,7 @@ async function traceLive(req: TraceRequest, runner: CommandRunner): Promise<Trac
   const sets = await new IPSetExec(runner).save();
   let natText = '';
   try {
-    natText = (await runChecked(runner, family === 6 ? 'ip6tables-save' : 'iptables-save', ['-t', 'nat'])).stdout;
+    natText = await new IptablesExecutor(runner, family).save('nat');
   } catch {
     // no iptables: masquerade cannot be judged beyond the ipsets
   }

@@ -8,7 +8,8 @@ import { SkippedVIPReporter } from '../skipped-vips.ts';
 import { release } from 'node:os';
 import type { Logger } from '../../log.ts';
 import type { ModeDeps, PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
-import { Ipvsadm, IptablesFamily } from '../../exec/ipvs.ts';
+import { Ipvsadm } from '../../exec/ipvs.ts';
+import { IptablesExecutor } from '../../iptables/exec.ts';
 import { IPSetExec } from '../../exec/ipset.ts';
 import { Links } from '../../exec/links.ts';
 import { ensureSysctl, procSysctl, type Sysctl } from '../../exec/sysctl.ts';
@@ -23,6 +24,10 @@ import { ExecError } from '../../exec/runner.ts';
 import { plannedSysctls, sysctlApplies } from '../../modes/ipvs/sysctls.ts';
 import { renderPlan } from '../../modes/ipvs/render.ts';
 import { ipFamily } from '../../core/ip.ts';
+import { coded } from '../../errors.ts';
+
+/** The IPVS mode's iptables payload is small (its chains and set matches): 30 s is plenty. */
+const IPVS_IPTABLES_TIMEOUT_MS = 30_000;
 
 /**
  * Re-reads of the IPVS table allowed per sync while isolating refused ipvsadm lines (about
@@ -170,12 +175,12 @@ export class IpvsProxier implements Proxier {
       }
     });
 
-    const ipt = new IptablesFamily(this.opts.runner, family);
+    const ipt = new IptablesExecutor(this.opts.runner, family);
     if (full || !this.jumpsEnsured || p.iptables !== this.lastIptables) {
       await step(`${family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
         // on full syncs the jumps from built-in chains are checked too, in the same restore
-        const text = full || !this.jumpsEnsured ? withMissingJumps(p.iptables, await ipt.save()) : p.iptables;
-        await ipt.restore(text);
+        const text = full || !this.jumpsEnsured ? withMissingJumps(p.iptables, await ipt.saveAll()) : p.iptables;
+        await ipt.restoreOwned(text, 'KPROXY_IPVS_IPTABLES_FAILED', IPVS_IPTABLES_TIMEOUT_MS);
         this.lastIptables = p.iptables;
         this.jumpsEnsured = true;
       });
@@ -309,7 +314,7 @@ export class IpvsProxier implements Proxier {
     this.refusedTotal++;
     this.log.warn(
       { code: 'KPROXY_IPVS_REFUSED', service: r.owner || undefined, entry: r.what, reason: r.reason },
-      `KPROXY_IPVS_REFUSED: ${r.what} left out${r.owner ? ` (service port ${r.owner})` : ''}: ${r.reason}; fix the Service (every other service is applied)`,
+      coded('KPROXY_IPVS_REFUSED', `${r.what} left out${r.owner ? ` (service port ${r.owner})` : ''}: ${r.reason}; fix the Service (every other service is applied)`),
     );
   }
 

@@ -15,6 +15,7 @@ import { NftProxier } from './proxier.ts';
 import { dumpRuleset } from '../../modes/nftables/ruleset.ts';
 import { traceNft, traceRuleset } from '../../modes/nftables/trace.ts';
 import { skippedVIPNotes } from '../../modes/vip.ts';
+import { kproxyError } from '../../errors.ts';
 
 export { planRuleset, optionsFromInput } from '../../modes/nftables/plan.ts';
 export { traceNft, traceRuleset } from '../../modes/nftables/trace.ts';
@@ -76,7 +77,7 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
     const r = traceNft(text, pkt, { localIPs: local });
     return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
   }
-  if (!req.input) throw new Error('KPROXY_TRACE_NO_INPUT: a planned trace needs --manifests (or use --live)');
+  if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'a planned trace needs --manifests (or use --live)');
   const rs = planRuleset(req.input.state, optionsFromInput(req.input));
   const r = traceRuleset(rs, pkt, { localIPs: req.input.node.nodeIPs });
   return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)] };

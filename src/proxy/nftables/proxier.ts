@@ -13,6 +13,7 @@ import { countObjects, dumpRuleset, type NftFamily, type Ruleset } from '../../m
 import { deleteChainsTransaction, fullTransaction, partialTransaction, partialTransactionFor, type LiveNames, type Transaction } from '../../modes/nftables/transaction.ts';
 import { TABLE } from '../../modes/nftables/names.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
+import { coded } from '../../errors.ts';
 
 export interface NftProxierOptions {
   runner: CommandRunner;
@@ -77,7 +78,7 @@ export class NftProxier implements Proxier {
       await this.exec.apply(deleteChainsTransaction({ family, table: TABLE }, due));
     } catch (e) {
       // They will be found again by the next full sync's listing and retried.
-      this.log.warn({ err: (e as Error).message, chains: due.length }, 'KPROXY_NFT_STALE_CHAINS: could not delete retired chains; will retry');
+      this.log.warn({ err: (e as Error).message, chains: due.length }, coded('KPROXY_NFT_STALE_CHAINS', 'could not delete retired chains; will retry'));
       this.needFull = true;
     }
   }

@@ -8,6 +8,7 @@ import type { Logger } from '../../log.ts';
 import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
 import { planUserspace, renderPlan } from '../../modes/userspace/plan.ts';
 import { traceUserspace } from '../../modes/userspace/trace.ts';
+import { coded } from '../../errors.ts';
 
 /** Set to "0" to never program iptables (listen on local VIPs only), even as root. */
 export const REDIRECT_ENV = 'KPROXY_USERSPACE_REDIRECT';
@@ -32,7 +33,7 @@ async function mayRedirect(deps: ModeDeps): Promise<boolean> {
   } catch {
     // missing binary: reported below
   }
-  deps.log.warn(`KPROXY_USERSPACE_NO_REDIRECT: ${restore} not usable; only local IPv${family} Service addresses are served; install iptables`);
+  deps.log.warn(coded('KPROXY_USERSPACE_NO_REDIRECT', `${restore} not usable; only local IPv${family} Service addresses are served; install iptables`));
   return false;
 }
 

@@ -11,14 +11,19 @@
 // are applied. Anything not understood is kept in `warnings` (a line that cannot be read,
 // such as one with an unterminated quote, is left out with a warning naming it), never
 // thrown, except text that cannot be a ruleset at all (a rule outside a table).
+import { KproxyError } from '../errors.ts';
+import { tokenize, type Tokens } from './tokenize.ts';
+import { forEachSaveLine, type SaveLine } from './save.ts';
 
-export class IptablesParseError extends Error {
-  readonly code = 'KPROXY_IPTABLES_PARSE';
+export { tokenize, type Tokens };
+
+export class IptablesParseError extends KproxyError {
+  declare readonly code: 'KPROXY_IPTABLES_PARSE';
   constructor(
     readonly line: number,
     detail: string,
   ) {
-    super(`KPROXY_IPTABLES_PARSE: line ${line}: ${detail}; pass the output of iptables-save (or an iptables-restore payload)`);
+    super('KPROXY_IPTABLES_PARSE', `line ${line}: ${detail}; pass the output of iptables-save (or an iptables-restore payload)`);
   }
 }
 
@@ -138,96 +143,6 @@ export function ruleCount(rs: Ruleset): number {
 }
 
 // ---------------------------------------------------------------------------------------
-// Tokenising
-
-export interface Tokens {
-  words: string[];
-  /** words[i] was (partly) quoted or escaped: a quoted "!" is a value, not a negation */
-  quoted: boolean[];
-}
-
-/**
- * Splits a line like iptables-restore does: whitespace separates words, double quotes
- * group, a backslash takes the next character literally (also inside double quotes, which
- * is how iptables-save escapes `"` and `'` in comments). A single quote is an ordinary
- * character, as for iptables-restore (`--comment it's` is one word). Null on an
- * unterminated double quote.
- */
-export function tokenize(line: string): Tokens | null {
-  if (!/["\\]/.test(line)) {
-    const words = line.split(/\s+/).filter((w) => w !== '');
-    return { words, quoted: new Array(words.length).fill(false) };
-  }
-  const words: string[] = [];
-  const quoted: boolean[] = [];
-  let cur = '';
-  let inWord = false;
-  let wasQuoted = false;
-  let i = 0;
-  const n = line.length;
-  while (i < n) {
-    const c = line.charCodeAt(i);
-    if (c === 32 /* space */ || c === 9 /* tab */) {
-      if (inWord) {
-        words.push(cur);
-        quoted.push(wasQuoted);
-        cur = '';
-        inWord = false;
-        wasQuoted = false;
-      }
-      i++;
-      continue;
-    }
-    inWord = true;
-    if (c === 92 /* \ */) {
-      if (i + 1 < n) cur += line[i + 1];
-      wasQuoted = true;
-      i += 2;
-      continue;
-    }
-    if (c === 34 /* " */) {
-      const end = readDoubleQuoted(line, i + 1);
-      if (!end) return null;
-      cur += end.text;
-      wasQuoted = true;
-      i = end.next;
-      continue;
-    }
-    // A run of ordinary characters, appended as one slice.
-    let j = i + 1;
-    while (j < n) {
-      const d = line.charCodeAt(j);
-      if (d === 32 || d === 9 || d === 92 || d === 34) break;
-      j++;
-    }
-    cur += line.slice(i, j);
-    i = j;
-  }
-  if (inWord) {
-    words.push(cur);
-    quoted.push(wasQuoted);
-  }
-  return { words, quoted };
-}
-
-/** Text of a double-quoted string starting after its opening quote; a backslash escapes. */
-function readDoubleQuoted(line: string, from: number): { text: string; next: number } | null {
-  let text = '';
-  let i = from;
-  for (;;) {
-    const q = line.indexOf('"', i);
-    const b = line.indexOf('\\', i);
-    if (q < 0) return null;
-    if (b >= 0 && b < q) {
-      text += line.slice(i, b) + (line[b + 1] ?? '');
-      i = b + 2;
-      continue;
-    }
-    return { text: text + line.slice(i, q), next: q + 1 };
-  }
-}
-
-// ---------------------------------------------------------------------------------------
 // The whole text
 
 interface ParseCtx {
@@ -238,39 +153,33 @@ interface ParseCtx {
 
 export function parseIptablesSave(text: string): Ruleset {
   const ctx: ParseCtx = { rs: { tables: new Map(), warnings: [] }, table: null, lineNo: 0 };
-  let start = 0;
-  while (start <= text.length) {
-    let end = text.indexOf('\n', start);
-    if (end < 0) end = text.length;
-    ctx.lineNo++;
-    const line = text.slice(start, end).trim();
-    start = end + 1;
-    if (line !== '' && line[0] !== '#') parseLine(ctx, line);
-  }
+  forEachSaveLine(text, (l) => {
+    ctx.lineNo = l.lineNo;
+    parseLine(ctx, l);
+  });
   if (ctx.table) ctx.rs.warnings.push(`table ${ctx.table.name} has no COMMIT line`);
   return ctx.rs;
 }
 
-function parseLine(ctx: ParseCtx, rawLine: string): void {
-  if (rawLine[0] === '*') {
-    const name = rawLine.slice(1).trim();
-    if (ctx.table) ctx.rs.warnings.push(`line ${ctx.lineNo}: table ${name} starts before COMMIT of ${ctx.table.name}`);
-    ctx.table = tableFor(ctx.rs, name);
+function parseLine(ctx: ParseCtx, l: SaveLine): void {
+  if (l.kind === 'table') {
+    if (ctx.table) ctx.rs.warnings.push(`line ${ctx.lineNo}: table ${l.name} starts before COMMIT of ${ctx.table.name}`);
+    ctx.table = tableFor(ctx.rs, l.name);
     return;
   }
-  if (rawLine === 'COMMIT') {
+  if (l.kind === 'commit') {
     if (!ctx.table) ctx.rs.warnings.push(`line ${ctx.lineNo}: COMMIT outside a table`);
     ctx.table = null;
     return;
   }
   const table = ctx.table;
-  if (!table) throw new IptablesParseError(ctx.lineNo, `"${clip(rawLine)}" is outside a table (no *filter / *nat line before it)`);
-  if (rawLine[0] === ':') {
-    declareChain(ctx, table, rawLine);
+  if (!table) throw new IptablesParseError(ctx.lineNo, `"${clip(l.line)}" is outside a table (no *filter / *nat line before it)`);
+  if (l.kind === 'chain') {
+    declareChain(ctx, table, l.line);
     return;
   }
-  // `iptables-save -c` prefixes each rule with its counters.
-  const line = rawLine[0] === '[' ? rawLine.replace(/^\[\d+:\d+\]\s*/, '') : rawLine;
+  // forEachSaveLine dropped the counters `iptables-save -c` puts before each rule.
+  const line = l.line;
   if (appendFast(ctx, table, line)) return;
   const toks = tokenize(line);
   if (!toks) return unparsed(ctx, line, 'unterminated quote');

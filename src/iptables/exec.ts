@@ -1,12 +1,13 @@
-// The iptables executor: the only code that runs iptables binaries for the iptables mode.
+// The iptables executor: the only code that runs iptables binaries, for every mode that uses
+// iptables (iptables, ipvs, userspace). The host part of the iptables package.
 // Payloads go to iptables-restore on stdin (--noflush: other chains are left alone;
 // --counters: counters are kept; -w: wait for the xtables lock). A restore is atomic: when
 // it fails nothing changed, and the error names the failing line with context around it.
-import { ExecError, type CommandRunner, type RunResult } from './runner.ts';
-import { tokenize } from '../modes/iptables/parse.ts';
+import { ExecError, type CommandRunner, type RunResult } from '../exec/runner.ts';
+import type { ErrorCode } from '../errors.ts';
+import type { Family, Table } from './save.ts';
 
-export type Family = 4 | 6;
-export type Table = 'filter' | 'nat' | 'mangle';
+export type { Family, Table };
 
 const WAIT = ['-w', '5'];
 const TIMEOUT_MS = 60_000;
@@ -57,31 +58,10 @@ export class RestoreError extends ExecError {
     readonly line: number | null,
     message: string,
     result?: RunResult,
-    code = 'KPROXY_IPTABLES_RESTORE_FAILED',
+    code: ErrorCode = 'KPROXY_IPTABLES_RESTORE_FAILED',
   ) {
     super(code, message, result);
   }
-}
-
-/** Chain names declared in iptables-save output of one table (upstream's GetChainsFromTable). */
-export function chainsFromSave(text: string, table: Table = 'nat'): Set<string> {
-  const chains = new Set<string>();
-  let inTable = false;
-  for (const line of text.split('\n')) {
-    if (line.startsWith('*')) inTable = line.slice(1).trim() === table;
-    else if (inTable && line.startsWith(':')) chains.add(line.slice(1).split(' ')[0]);
-    else if (line === 'COMMIT') inTable = false;
-  }
-  return chains;
-}
-
-/**
- * Splits an iptables-save rule line into arguments with the project's one iptables
- * tokenizer (src/modes/iptables/parse.ts: double quotes group, backslash escapes, as
- * iptables-restore reads them); a line with an unterminated quote splits on whitespace.
- */
-export function splitRuleArgs(line: string): string[] {
-  return tokenize(line)?.words ?? line.split(/\s+/).filter((w) => w !== '');
 }
 
 /** A run the runner killed at its time limit, as the result the restore paths interpret. */
@@ -124,6 +104,25 @@ export class IptablesExecutor {
     throw new RestoreError(line, `${this.bin.restore} failed (exit ${r.code}): ${r.stderr.trim()}${where}`, r);
   }
 
+  /**
+   * Restores a payload that owns its chains (`--noflush`, no counters): the IPVS mode's
+   * masquerade chains, the userspace mode's redirects, cleanup scripts. A refusal throws
+   * ExecError with the caller's code and iptables-restore's stderr.
+   */
+  async restoreOwned(payload: string, code: ErrorCode = 'KPROXY_IPTABLES_RESTORE_FAILED', timeoutMs = TIMEOUT_MS): Promise<void> {
+    const r = await this.runner.run(this.bin.restore, [...WAIT, '--noflush'], { input: payload, timeoutMs });
+    if (r.code !== 0) throw new ExecError(code, `${this.bin.restore} failed: ${r.stderr.trim()}`, r);
+  }
+
+  /**
+   * iptables-save of one table, or null when it cannot be read (no such table: the module is
+   * not loaded). A missing binary still throws KPROXY_EXEC_MISSING.
+   */
+  async saveIfReadable(table: Table): Promise<string | null> {
+    const r = await this.runner.run(this.bin.save, ['-t', table], { timeoutMs: TIMEOUT_MS });
+    return r.code === 0 ? r.stdout : null;
+  }
+
   async save(table: Table): Promise<string> {
     const r = await this.runner.run(this.bin.save, ['-t', table], { timeoutMs: TIMEOUT_MS });
     if (r.code !== 0) throw new ExecError('KPROXY_IPTABLES_SAVE_FAILED', `${this.bin.save} -t ${table} exited ${r.code}: ${r.stderr.trim()}`, r);
@@ -160,6 +159,17 @@ export class IptablesExecutor {
     const r = await this.run(['-t', table, '-I', chain, ...args]);
     if (r.code !== 0) throw new ExecError('KPROXY_IPTABLES_FAILED', `${this.bin.iptables} -t ${table} -I ${chain} ${args.join(' ')}: ${r.stderr.trim()}`, r);
     return true;
+  }
+
+  /** Deletes every copy of a rule (at most `max`); absence is fine. */
+  async deleteRuleCopies(table: Table, chain: string, args: string[], max = 4): Promise<void> {
+    for (let i = 0; i < max; i++) if ((await this.run(['-t', table, '-D', chain, ...args])).code !== 0) return;
+  }
+
+  /** Flushes then deletes chains (all flushed first, so jumps between them go first); absence is fine. */
+  async deleteChains(table: Table, chains: string[]): Promise<void> {
+    for (const c of chains) await this.run(['-t', table, '-F', c]);
+    for (const c of chains) await this.run(['-t', table, '-X', c]);
   }
 
   /** Deletes one rule; a rule or chain that is not there is fine. */
