@@ -47,7 +47,7 @@ export const ERROR_CODES = {
   KPROXY_SOURCE_UNREACHABLE: 'the API server cannot be reached (refused, cut, timed out); the last state stays in force and kproxy keeps retrying',
   KPROXY_STATUS_UNREACHABLE: 'kproxy status found no running kproxy on the metrics or healthz address; give --metrics-address and --healthz-address',
   KPROXY_SYNC_SERVICE_EXCLUDED: 'the kernel refused the rules of one Service, so that Service was left out of the sync and every other one applied; fix the Service the message names',
-  KPROXY_SYSCTL_FAILED: 'a sysctl the mode needs could not be set; run as root with /proc/sys writable',
+  KPROXY_SYSCTL_FAILED: 'a sysctl the mode needs could not be set (run as root with /proc/sys writable); at start, a warning naming the conntrack settings or oom_score_adj the host did not allow, which keep their host values',
   KPROXY_TRACE_BAD_PROTOCOL: 'a traced flow has a protocol other than tcp, udp or sctp',
   KPROXY_TRACE_INPUT: 'kproxy trace was given a bad --from, --to or --proto, or neither --manifests nor --live',
   KPROXY_TRACE_NO_INPUT: 'a planned trace needs --manifests DIR (or use --live)',
