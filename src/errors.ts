@@ -8,6 +8,7 @@
 export const ERROR_CODES = {
   KPROXY_CLEANUP_FAILED: 'kproxy cleanup could not remove the state of one or more modes; the log names each mode and why, fix that (often: run as root) and run cleanup again',
   KPROXY_CONFIG_INVALID: 'the configuration (file or flags) is invalid; the message names the field and the value to fix. Nothing on the host was touched',
+  KPROXY_CONNTRACK_FAILED: 'conntrack could not delete the stale UDP/SCTP entries of a sync (the tool is missing or refused the filter); the sync itself succeeded, but clients may stay on a gone endpoint until the entry times out. Install conntrack (conntrack-tools) and run as root',
   KPROXY_DEMO_MANIFESTS: 'kproxy demo found no examples/manifests next to it; give --manifests DIR',
   KPROXY_ERROR_STORM: 'too many errors escaped within a short window: the process state cannot be trusted, so kproxy exits for its supervisor to restart it; the log holds the errors',
   KPROXY_EXEC_FAILED: 'a host command exited non-zero; the message holds its stderr. The next sync retries',
@@ -46,7 +47,7 @@ export const ERROR_CODES = {
   KPROXY_SOURCE_UNREACHABLE: 'the API server cannot be reached (refused, cut, timed out); the last state stays in force and kproxy keeps retrying',
   KPROXY_STATUS_UNREACHABLE: 'kproxy status found no running kproxy on the metrics or healthz address; give --metrics-address and --healthz-address',
   KPROXY_SYNC_SERVICE_EXCLUDED: 'the kernel refused the rules of one Service, so that Service was left out of the sync and every other one applied; fix the Service the message names',
-  KPROXY_SYSCTL_FAILED: 'a sysctl the mode needs could not be set; run as root with /proc/sys writable',
+  KPROXY_SYSCTL_FAILED: 'a sysctl the mode needs could not be set (run as root with /proc/sys writable); at start, a warning naming the conntrack settings or oom_score_adj the host did not allow, which keep their host values',
   KPROXY_TRACE_BAD_PROTOCOL: 'a traced flow has a protocol other than tcp, udp or sctp',
   KPROXY_TRACE_INPUT: 'kproxy trace was given a bad --from, --to or --proto, or neither --manifests nor --live',
   KPROXY_TRACE_NO_INPUT: 'a planned trace needs --manifests DIR (or use --live)',

@@ -12,6 +12,9 @@ import type { Source } from '../sources/types.ts';
 import type { Logger } from '../log.ts';
 import type { ProxyConfig } from '../config/config.ts';
 import { kproxyError } from '../errors.ts';
+import { availableParallelism } from 'node:os';
+import { procSysctl } from '../exec/sysctl.ts';
+import { applyStartSettings, conntrackCleaner } from '../exec/conntrack.ts';
 
 export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {
   if (o.manifests) return new ManifestsSource({ dir: o.manifests, nodeName, log: log.child({ source: 'manifests' }) });
@@ -38,7 +41,10 @@ export async function runCommand(o: CommonOptions): Promise<void> {
   const source = await createSource(o, cfg, nodeName, log);
   const mode = modes[cfg.mode];
   log.info({ mode: cfg.mode, nodeName, source: o.manifests ? `manifests:${o.manifests}` : 'kubernetes' }, 'starting kproxy');
-  const ctrl = new ProxyController({ config: cfg, nodeName, mode, allModes: modes, source, sourceName: o.manifests ? 'manifests' : 'kubernetes', runner: hostRunner, log });
+  // upstream server_linux.go: conntrack sysctls and oom_score_adj before anything else
+  await applyStartSettings({ conntrack: cfg.conntrack, oomScoreAdj: cfg.oomScoreAdj, cpus: availableParallelism(), sysctl: procSysctl(), proc: procSysctl('/proc'), log });
+  const conntrack = cfg.mode === 'userspace' ? undefined : conntrackCleaner(hostRunner, log);
+  const ctrl = new ProxyController({ config: cfg, nodeName, mode, allModes: modes, source, sourceName: o.manifests ? 'manifests' : 'kubernetes', runner: hostRunner, log, conntrack });
   // Health first: while the source waits for its first list, /healthz must answer (503).
   const servers = await startServers(
     { ctrl, source, mode: cfg.mode, log },

@@ -142,6 +142,24 @@ export interface ProxyConfig {
     minSyncPeriodMs: number;
   };
   featureGates: Record<string, boolean>;
+  /** upstream KubeProxyConntrackConfiguration, applied at start (timeouts in seconds, 0 = leave as is) */
+  conntrack: ConntrackSettings;
+  /** written to /proc/self/oom_score_adj at start; null leaves it */
+  oomScoreAdj: number | null;
+}
+
+/** upstream KubeProxyConntrackConfiguration, in kproxy's units */
+export interface ConntrackSettings {
+  /** per CPU; 0 leaves nf_conntrack_max as it is */
+  maxPerCore: number;
+  /** floor of maxPerCore × cores */
+  min: number;
+  /** seconds; 0 leaves the setting as it is */
+  tcpEstablishedTimeoutSec: number;
+  tcpCloseWaitTimeoutSec: number;
+  tcpBeLiberal: boolean;
+  udpTimeoutSec: number;
+  udpStreamTimeoutSec: number;
 }
 
 /** Flags from the command line; any that is set overrides the file. */
@@ -211,6 +229,40 @@ function durationField(field: string, v: string | number | undefined, dflt: numb
   if (ms < 0) throw new ConfigError(field, `must not be negative, got ${JSON.stringify(v)}`);
   if (ms === 0 && zeroMeansDefault) return dflt;
   return ms;
+}
+
+/**
+ * upstream KubeProxyConntrackConfiguration with its v1alpha1 defaults: maxPerCore 32768,
+ * min 131072, tcpEstablishedTimeout 24h, tcpCloseWaitTimeout 1h; the UDP timeouts and
+ * tcpBeLiberal are left to the host unless given.
+ */
+function conntrackField(raw: Record<string, unknown> | undefined): ConntrackSettings {
+  const r = raw ?? {};
+  const known = ['maxPerCore', 'min', 'tcpEstablishedTimeout', 'tcpCloseWaitTimeout', 'tcpBeLiberal', 'udpTimeout', 'udpStreamTimeout'];
+  for (const k of Object.keys(r)) if (!known.includes(k)) throw new ConfigError(`conntrack.${k}`, 'unknown field');
+  const int = (k: string, dflt: number): number => {
+    const v = r[k];
+    if (v === undefined || v === null) return dflt;
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) throw new ConfigError(`conntrack.${k}`, `must be a non-negative integer, got ${JSON.stringify(v)}`);
+    return v;
+  };
+  const secs = (k: string, dflt: number): number => {
+    const v = r[k];
+    if (v === null) return 0;
+    if (v !== undefined && typeof v !== 'string' && typeof v !== 'number') throw new ConfigError(`conntrack.${k}`, `invalid duration ${JSON.stringify(v)}`);
+    return Math.floor(durationField(`conntrack.${k}`, v, dflt * 1000) / 1000);
+  };
+  const liberal = r.tcpBeLiberal;
+  if (liberal !== undefined && typeof liberal !== 'boolean') throw new ConfigError('conntrack.tcpBeLiberal', 'must be true or false');
+  return {
+    maxPerCore: int('maxPerCore', 32768),
+    min: int('min', 131072),
+    tcpEstablishedTimeoutSec: secs('tcpEstablishedTimeout', 24 * 3600),
+    tcpCloseWaitTimeoutSec: secs('tcpCloseWaitTimeout', 3600),
+    tcpBeLiberal: liberal ?? false,
+    udpTimeoutSec: secs('udpTimeout', 0),
+    udpStreamTimeoutSec: secs('udpStreamTimeout', 0),
+  };
 }
 
 function hostPortField(field: string, v: string): string {
@@ -333,6 +385,8 @@ export function resolveConfig(raw: RawConfig = {}, flags: ConfigFlags = {}): Pro
       minSyncPeriodMs: durationField('ipvs.minSyncPeriod', raw.ipvs?.minSyncPeriod, 0),
     },
     featureGates: raw.featureGates ?? {},
+    conntrack: conntrackField(raw.conntrack),
+    oomScoreAdj: raw.oomScoreAdj === undefined ? -999 : raw.oomScoreAdj,
   };
 }
 

@@ -152,6 +152,9 @@ export class Metrics {
   private readonly excluded = new client.Gauge({ name: 'kproxy_sync_excluded_services', help: 'Services left out of the last sync because the kernel refused their part of an atomic transaction', registers: [this.registry] });
   private readonly rejected = new client.Counter({ name: 'kproxy_sync_rejected_objects_total', help: 'Objects (set entries, virtual servers) the kernel refused and the sync left out', registers: [this.registry] });
 
+  private readonly ctDeleted = new client.Counter({ name: 'kubeproxy_conntrack_reconciler_deleted_entries_total', help: 'Cumulative stale UDP/SCTP conntrack entries deleted after syncs', labelNames: ['ip_family'], registers: [this.registry] });
+  private readonly ctDuration = new client.Histogram({ name: 'kubeproxy_conntrack_reconciler_sync_duration_seconds', help: 'Time spent clearing stale conntrack entries after a sync', labelNames: ['ip_family'], buckets: [0.001, 0.01, 0.05, 0.1, 0.5, 1, 5], registers: [this.registry] });
+
   countInvalid(kind: string, source: string): void {
     this.invalid.inc({ kind, source });
   }
@@ -189,6 +192,13 @@ export class Metrics {
   }
 
   record(r: SyncRecord, servicePorts: number): void {
+    // per family: a family that synced cleared its flows even when the other failed
+    for (const f of r.families ?? []) {
+      if (!f.conntrack) continue;
+      const labels = { ip_family: f.family === 6 ? 'IPv6' : 'IPv4' };
+      this.ctDeleted.inc(labels, f.conntrack.deleted);
+      this.ctDuration.observe(labels, f.conntrack.durationMs / 1000);
+    }
     if (!r.ok) {
       this.failures.inc();
       return;

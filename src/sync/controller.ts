@@ -14,6 +14,7 @@ import { IptablesExecutor } from '../iptables/exec.ts';
 import { chainsFromSave } from '../iptables/save.ts';
 import type { K8sNode, Source } from '../sources/types.ts';
 import { SyncLoop } from './loop.ts';
+import type { StaleFlowCleaner } from '../exec/conntrack.ts';
 import { ProxyHealth } from './health.ts';
 
 export interface ControllerOptions {
@@ -42,6 +43,8 @@ export interface ControllerOptions {
   healthTimeoutMs?: number;
   /** the health clock (tests) */
   now?: () => number;
+  /** clears each family's stale UDP/SCTP conntrack flows after its successful sync; none: no clearing */
+  conntrack?: StaleFlowCleaner;
 }
 
 export interface SyncRecord {
@@ -62,6 +65,8 @@ export interface FamilySyncRecord {
   full: boolean;
   stats?: SyncStats;
   error?: string;
+  /** stale UDP/SCTP conntrack entries cleared after the sync, and how long it took */
+  conntrack?: { deleted: number; failed: number; durationMs: number };
 }
 
 /** One IP family's half of the controller: its tracker and its proxier (upstream's metaproxier halves). */
@@ -423,7 +428,10 @@ export class ProxyController {
           f.lastView = input.view;
           f.changedSinceSuccess.clear();
           f.failed = false;
-          rec.families!.push({ family: f.family, ok: true, full: famFull, stats });
+          // Stale UDP/SCTP flows: the cleaner logs its failures and never fails the sync.
+          const flows = input.view?.staleFlows ?? [];
+          const ct = flows.length && this.opts.conntrack ? await this.opts.conntrack.clean(f.family, flows).catch(() => undefined) : undefined;
+          rec.families!.push({ family: f.family, ok: true, full: famFull, stats, ...(ct ? { conntrack: ct } : {}) });
         } catch (e) {
           f.failed = true;
           errors.push({ family: f.family, err: e as Error });

@@ -1,0 +1,145 @@
+// Conntrack: clearing stale UDP/SCTP flows after a sync (upstream pkg/proxy/conntrack
+// cleanup.go CleanStaleEntries) and the conntrack sysctls and oom_score_adj applied at start
+// (upstream cmd/kube-proxy server_linux.go, conntrack.go). Everything through argument arrays.
+import type { CommandRunner } from './runner.ts';
+import type { Sysctl } from './sysctl.ts';
+import type { StaleFlow } from '../core/nodeview.ts';
+import type { Logger } from '../log.ts';
+import { kproxyError } from '../errors.ts';
+import type { ConntrackSettings } from '../config/config.ts';
+
+/**
+ * The `conntrack -D` arguments that delete one stale flow, as upstream's filters:
+ * - endpoint: flows to the service address (or, for a NodePort, to the port) DNATed to the
+ *   gone endpoint (--orig-dst/--orig-port-dst and --dst-nat);
+ * - service: flows to a service address that just got endpoints (--orig-dst, --orig-port-dst);
+ * - nodePort: flows to the NodePort that just got endpoints (--orig-port-dst).
+ */
+export function conntrackDeleteArgs(family: 4 | 6, flow: StaleFlow): string[] {
+  const args = ['-D', '-f', family === 6 ? 'ipv6' : 'ipv4', '-p', flow.protocol.toLowerCase()];
+  switch (flow.kind) {
+    case 'endpoint':
+      if (flow.serviceIP) args.push('--orig-dst', flow.serviceIP);
+      args.push('--orig-port-dst', String(flow.port), '--dst-nat', flow.endpointIP);
+      break;
+    case 'service':
+      args.push('--orig-dst', flow.ip, '--orig-port-dst', String(flow.port));
+      break;
+    case 'nodePort':
+      args.push('--orig-port-dst', String(flow.port));
+      break;
+  }
+  return args;
+}
+
+/** "conntrack v1.4.6 (conntrack-tools): 2 flow entries have been deleted." → 2; null when absent */
+export function deletedCount(output: string): number | null {
+  const m = /(\d+) flow entr(?:y|ies) ha(?:s|ve) been deleted/.exec(output);
+  return m ? Number(m[1]) : null;
+}
+
+export interface CleanResult {
+  /** entries the kernel deleted */
+  deleted: number;
+  /** conntrack calls that failed (logged) */
+  failed: number;
+  durationMs: number;
+}
+
+/** Clears one family's stale flows after its sync. Never throws: failures are logged. */
+export interface StaleFlowCleaner {
+  clean(family: 4 | 6, flows: StaleFlow[]): Promise<CleanResult>;
+}
+
+/** Same flow twice (e.g. two service addresses folded to one filter) is deleted once. */
+function unique(family: 4 | 6, flows: StaleFlow[]): string[][] {
+  const seen = new Map<string, string[]>();
+  for (const f of flows) {
+    const a = conntrackDeleteArgs(family, f);
+    seen.set(a.join(' '), a);
+  }
+  return [...seen.values()];
+}
+
+export function conntrackCleaner(runner: CommandRunner, log: Logger): StaleFlowCleaner {
+  return {
+    async clean(family, flows) {
+      const started = Date.now();
+      let deleted = 0;
+      let failed = 0;
+      for (const args of unique(family, flows)) {
+        try {
+          const r = await runner.run('conntrack', args, { timeoutMs: 10_000 });
+          const n = deletedCount(r.stderr + r.stdout);
+          // exit 1 with "0 flow entries have been deleted" means nothing matched: not an error
+          if (r.code === 0 || (r.code === 1 && n === 0)) {
+            deleted += n ?? 0;
+            continue;
+          }
+          throw kproxyError('KPROXY_CONNTRACK_FAILED', `conntrack ${args.join(' ')} exited ${r.code}: ${(r.stderr || r.stdout).trim()}`);
+        } catch (e) {
+          failed++;
+          log.warn({ code: 'KPROXY_CONNTRACK_FAILED', family, args, err: (e as Error).message }, 'could not clear stale conntrack entries; UDP/SCTP clients may stay on a gone endpoint until the entry expires');
+        }
+      }
+      return { deleted, failed, durationMs: Date.now() - started };
+    },
+  };
+}
+
+// ---- settings at start -------------------------------------------------------------------
+
+
+/** upstream getConntrackMax: maxPerCore × cores, at least min; 0 when maxPerCore is 0 */
+export function conntrackMax(c: ConntrackSettings, cpus: number): number {
+  if (c.maxPerCore <= 0) return 0;
+  return Math.max(c.maxPerCore * cpus, c.min);
+}
+
+/** The sysctls upstream sets at start, in its order, only the ones the config asks for. */
+export function conntrackSysctls(c: ConntrackSettings, cpus: number): Array<[string, string]> {
+  const out: Array<[string, string]> = [];
+  const max = conntrackMax(c, cpus);
+  if (max > 0) out.push(['net.netfilter.nf_conntrack_max', String(max)]);
+  if (c.tcpEstablishedTimeoutSec > 0) out.push(['net.netfilter.nf_conntrack_tcp_timeout_established', String(c.tcpEstablishedTimeoutSec)]);
+  if (c.tcpCloseWaitTimeoutSec > 0) out.push(['net.netfilter.nf_conntrack_tcp_timeout_close_wait', String(c.tcpCloseWaitTimeoutSec)]);
+  if (c.tcpBeLiberal) out.push(['net.netfilter.nf_conntrack_tcp_be_liberal', '1']);
+  if (c.udpTimeoutSec > 0) out.push(['net.netfilter.nf_conntrack_udp_timeout', String(c.udpTimeoutSec)]);
+  if (c.udpStreamTimeoutSec > 0) out.push(['net.netfilter.nf_conntrack_udp_timeout_stream', String(c.udpStreamTimeoutSec)]);
+  return out;
+}
+
+/**
+ * Applies the conntrack sysctls (through `sysctl`, /proc/sys) and oom_score_adj (through
+ * `proc`, a Sysctl rooted at /proc: "self.oom_score_adj"). A setting the host does not allow
+ * (read-only /proc/sys in a container, a key the kernel lacks, nf_conntrack_max outside the
+ * initial namespace) is skipped; all skipped ones are reported in ONE warning.
+ * Returns what was set and what was skipped.
+ */
+export async function applyStartSettings(
+  opts: { conntrack: ConntrackSettings; oomScoreAdj: number | null; cpus: number; sysctl: Sysctl; proc: Sysctl; log: Logger },
+): Promise<{ set: string[]; skipped: string[] }> {
+  const set: string[] = [];
+  const skipped: string[] = [];
+  const apply = async (s: Sysctl, name: string, value: string) => {
+    try {
+      const cur = await s.get(name);
+      if (cur === null) {
+        skipped.push(`${name} (missing)`);
+        return;
+      }
+      if (cur === value) return;
+      await s.set(name, value);
+      set.push(`${name}=${value}`);
+    } catch (e) {
+      skipped.push(`${name} (${(e as Error).message})`);
+    }
+  };
+  for (const [name, value] of conntrackSysctls(opts.conntrack, opts.cpus)) await apply(opts.sysctl, name, value);
+  if (opts.oomScoreAdj !== null) await apply(opts.proc, 'self.oom_score_adj', String(opts.oomScoreAdj));
+  if (set.length) opts.log.info({ settings: set }, 'applied conntrack settings and oom_score_adj');
+  if (skipped.length) {
+    opts.log.warn({ code: 'KPROXY_SYSCTL_FAILED', skipped }, 'some conntrack settings or oom_score_adj could not be set; they keep the host values');
+  }
+  return { set, skipped };
+}
