@@ -41,8 +41,10 @@ export async function runCommand(o: CommonOptions): Promise<void> {
   const source = await createSource(o, cfg, nodeName, log);
   const mode = modes[cfg.mode];
   log.info({ mode: cfg.mode, nodeName, source: o.manifests ? `manifests:${o.manifests}` : 'kubernetes' }, 'starting kproxy');
-  // upstream server_linux.go: conntrack sysctls and oom_score_adj before anything else
-  await applyStartSettings({ conntrack: cfg.conntrack, oomScoreAdj: cfg.oomScoreAdj, cpus: availableParallelism(), sysctl: procSysctl(), proc: procSysctl('/proc'), log });
+  // upstream server_linux.go: conntrack sysctls and oom_score_adj before anything else. The
+  // userspace mode does no NAT through conntrack, so it leaves the host's conntrack settings
+  // alone (the standalone demo must not retune a workstation's conntrack table).
+  await applyStartSettings({ conntrack: cfg.mode === 'userspace' ? null : cfg.conntrack, oomScoreAdj: cfg.oomScoreAdj, cpus: availableParallelism(), sysctl: procSysctl(), proc: procSysctl('/proc'), log });
   const conntrack = cfg.mode === 'userspace' ? undefined : conntrackCleaner(hostRunner, log);
   const ctrl = new ProxyController({ config: cfg, nodeName, mode, allModes: modes, source, sourceName: o.manifests ? 'manifests' : 'kubernetes', runner: hostRunner, log, conntrack });
   // Health first: while the source waits for its first list, /healthz must answer (503).

@@ -117,7 +117,7 @@ export function conntrackSysctls(c: ConntrackSettings, cpus: number): Array<[str
  * Returns what was set and what was skipped.
  */
 export async function applyStartSettings(
-  opts: { conntrack: ConntrackSettings; oomScoreAdj: number | null; cpus: number; sysctl: Sysctl; proc: Sysctl; log: Logger },
+  opts: { conntrack: ConntrackSettings | null; oomScoreAdj: number | null; cpus: number; sysctl: Sysctl; proc: Sysctl; log: Logger },
 ): Promise<{ set: string[]; skipped: string[] }> {
   const set: string[] = [];
   const skipped: string[] = [];
@@ -135,7 +135,7 @@ export async function applyStartSettings(
       skipped.push(`${name} (${(e as Error).message})`);
     }
   };
-  for (const [name, value] of conntrackSysctls(opts.conntrack, opts.cpus)) await apply(opts.sysctl, name, value);
+  if (opts.conntrack) for (const [name, value] of conntrackSysctls(opts.conntrack, opts.cpus)) await apply(opts.sysctl, name, value);
   if (opts.oomScoreAdj !== null) await apply(opts.proc, 'self.oom_score_adj', String(opts.oomScoreAdj));
   if (set.length) opts.log.info({ settings: set }, 'applied conntrack settings and oom_score_adj');
   if (skipped.length) {
