@@ -6,6 +6,7 @@ import { modes } from '../proxy/registry.ts';
 import { ProxyController } from '../sync/controller.ts';
 import { ManifestsSource } from '../sources/manifests.ts';
 import { startServers } from '../server/servers.ts';
+import { ServiceHealthServer, healthCheckServicesOf } from '../server/service-health.ts';
 import { cleanupAll } from './cleanup.ts';
 import { installProcessGuards } from './guards.ts';
 import type { Source } from '../sources/types.ts';
@@ -53,6 +54,15 @@ export async function runCommand(o: CommonOptions): Promise<void> {
     cfg.healthzBindAddress,
     cfg.metricsBindAddress,
   );
+  // Per-service health checks (eTP Local LoadBalancers): after each family's successful sync,
+  // from its node view, as upstream's proxiers call SyncServices/SyncEndpoints.
+  const serviceHealth = new ServiceHealthServer({ log: log.child({ component: 'service-health' }), proxyHealthy: () => ctrl.health.verdict().live });
+  ctrl.onSync((rec) => {
+    for (const r of rec.families ?? []) {
+      const view = r.ok ? ctrl.families.find((f) => f.family === r.family)?.lastView : undefined;
+      if (view) void serviceHealth.sync(r.family, view.nodePorts, healthCheckServicesOf(view));
+    }
+  });
   await ctrl.start();
   let stopping = false;
   const shutdown = async (sig: string) => {
@@ -63,6 +73,7 @@ export async function runCommand(o: CommonOptions): Promise<void> {
     force.unref();
     await ctrl.stop().catch(() => {});
     await servers.close().catch(() => {});
+    await serviceHealth.close().catch(() => {});
     process.exit(0);
   };
   process.on('SIGINT', () => void shutdown('SIGINT'));
