@@ -105,21 +105,8 @@ export type StaleFlow =
   | { kind: 'service'; protocol: 'UDP' | 'SCTP'; ip: string; port: number }
   | { kind: 'nodePort'; protocol: 'UDP' | 'SCTP'; port: number };
 
-export interface NodeView {
-  family: 4 | 6;
-  nodeName: string;
-  nodeLabels: Record<string, string>;
-  /** this node's addresses of the family */
-  nodeIPs: string[];
-  /** the Node object's primary IP of the family, else the host's first; null when none */
-  primaryNodeIP: string | null;
-  nodePorts: NodePortAddresses;
-  localDetector: LocalDetectorSpec | null;
-  /** the literal mark text, e.g. "0x00004000" */
-  masqueradeMark: string;
-  masqueradeAll: boolean;
-  /** iptables: NodePorts reachable on 127.0.0.1 (needs route_localnet=1), IPv4 only */
-  localhostNodePorts: boolean;
+/** The node-wide settings (NodeSettings, below) plus every port's decisions. */
+export interface NodeView extends NodeSettings {
   /** every planned service port of the family, by servicePortKey */
   ports: Map<string, PortView>;
   /** conntrack entries to clear after this sync, relative to the previous view */
@@ -316,12 +303,16 @@ export interface NodeSettings {
   family: 4 | 6;
   nodeName: string;
   nodeLabels: Record<string, string>;
+  /** this node's addresses of the family */
   nodeIPs: string[];
+  /** the Node object's primary IP of the family, else the host's first; null when none */
   primaryNodeIP: string | null;
   nodePorts: NodePortAddresses;
   localDetector: LocalDetectorSpec | null;
+  /** the literal mark text, e.g. "0x00004000" */
   masqueradeMark: string;
   masqueradeAll: boolean;
+  /** iptables: NodePorts reachable on 127.0.0.1 (needs route_localnet=1), IPv4 only */
   localhostNodePorts: boolean;
 }
 
