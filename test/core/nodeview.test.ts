@@ -13,31 +13,12 @@ import type { NodeContext, PlanInput } from '../../src/modes/types.ts';
 import { planIptables, SYSCTL_ROUTE_LOCALNET } from '../../src/modes/iptables/plan.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
 import { optionsFromInput } from '../../src/modes/nftables/plan.ts';
+import { port } from '../support/ports.ts';
 import { modes } from '../../src/proxy/registry.ts';
 
 const NODE = 'node1';
 
-function sp(name: string, o: Partial<ServicePort> = {}): ServicePort {
-  const key = `ns/${name}:`;
-  return {
-    key,
-    serviceKey: `ns/${name}`,
-    portName: { namespace: 'ns', name, port: '', protocol: o.protocol ?? 'TCP' },
-    protocol: 'TCP',
-    clusterIP: '172.30.0.1',
-    port: 80,
-    nodePort: 0,
-    externalIPs: [],
-    loadBalancerVIPs: [],
-    loadBalancerSourceRanges: [],
-    stickyMaxAgeSeconds: 0,
-    externalPolicyLocal: false,
-    internalPolicyLocal: false,
-    healthCheckNodePort: 0,
-    family: 4,
-    ...o,
-  };
-}
+const sp = (name: string, o: Partial<ServicePort> = {}): ServicePort => port('ns', name, '', o);
 
 function ep(ip: string, o: Partial<Endpoint> = {}): Endpoint {
   return { ip, port: 8080, key: `${ip}:8080`, isLocal: false, ready: true, serving: true, terminating: false, zoneHints: [], nodeHints: [], ...o };

@@ -8,8 +8,8 @@ export function port(namespace: string, name: string, portName: string, extra: P
   return {
     key: `${namespace}/${name}:${portName}`,
     serviceKey: `${namespace}/${name}`,
-    portName: { namespace, name, port: portName, protocol: 'TCP' },
-    protocol: 'TCP',
+    portName: { namespace, name, port: portName, protocol: extra.protocol ?? 'TCP' },
+    protocol: extra.protocol ?? 'TCP',
     clusterIP: '172.30.0.1',
     port: 80,
     nodePort: 0,
