@@ -1,14 +1,28 @@
-// KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1): load, default, validate.
-// Defaults are upstream's (pkg/proxy/apis/config/v1alpha1/defaults.go). Validation errors
-// name the field and the bad value, and nothing touches the host before they are checked.
+// KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1): decode, default, validate.
+//
+// As upstream kube-proxy (cmd/kube-proxy/app/options.go loadConfig, pkg/proxy/apis/config/
+// v1alpha1/defaults.go, server_linux.go platformApplyDefaults, pkg/proxy/apis/config/
+// validation/validation.go):
+// - decoding is lenient: an unknown field (at any depth) is a warning naming its path, not an
+//   error (upstream falls back to its lenient decoder and logs "Using lenient decoding");
+// - a value of the wrong type (a string where a number goes) is an error, as Go's decoder's;
+// - defaults are upstream's, applied to zero values (kubeadm writes "0s" and null everywhere);
+// - validation errors name the field and the value, and nothing touches the host before.
+// A field that exists upstream but does nothing here (winkernel, a protobuf content type,
+// profiling, ...) gets a one-line warning. Pure: planners import the types and defaults.
 import { parse as parseYAML } from 'yaml';
-import { z } from 'zod';
-import { parseCIDR, canonicalIP } from '../core/ip.ts';
+import { parseCIDR, canonicalIP, isIPv4 } from '../core/ip.ts';
 import { KproxyError } from '../errors.ts';
 
 export const MODES = ['userspace', 'iptables', 'ipvs', 'nftables'] as const;
 export type ModeName = (typeof MODES)[number];
 export const IPVS_SCHEDULERS = ['rr', 'wrr', 'lc', 'wlc', 'lblc', 'lblcr', 'sh', 'dh', 'sed', 'nq', 'mh'] as const;
+export const API_VERSION = 'kubeproxy.config.k8s.io/v1alpha1';
+export const KIND = 'KubeProxyConfiguration';
+/** The kube-proxy release whose command line and configuration kproxy follows. */
+export const KUBE_PROXY_COMPAT = 'v1.34';
+/** upstream's ValidateShowHiddenMetricsVersion: only the previous minor version is allowed */
+const PREVIOUS_MINOR = '1.33';
 
 export class ConfigError extends KproxyError {
   declare readonly code: 'KPROXY_CONFIG_INVALID';
@@ -17,98 +31,263 @@ export class ConfigError extends KproxyError {
   }
 }
 
-/** Go duration text ("1m30s", "250ms", "0s") → milliseconds. */
+/** Receives one line per warning (an unknown field, a field that does not apply here). */
+export type ConfigWarn = (warning: string) => void;
+
+/**
+ * Go duration text ("1m30s", "250ms", "-1.5h", "0") → milliseconds, as time.ParseDuration.
+ * A number is taken as milliseconds (kproxy's own callers); null when invalid.
+ */
 export function parseDuration(text: string | number): number | null {
   if (typeof text === 'number') return Number.isFinite(text) ? text : null;
-  const s = String(text).trim();
+  let s = String(text).trim();
+  let sign = 1;
+  if (s.startsWith('-') || s.startsWith('+')) {
+    if (s[0] === '-') sign = -1;
+    s = s.slice(1);
+  }
   if (s === '0') return 0;
-  const re = /(-?\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)/gy;
+  if (s.length === 0) return null;
+  const re = /(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|μs|ns)/gy;
+  const unit: Record<string, number> = { h: 3600e3, m: 60e3, s: 1e3, ms: 1, us: 1e-3, 'µs': 1e-3, 'μs': 1e-3, ns: 1e-6 };
   let total = 0;
-  let m: RegExpExecArray | null;
   let consumed = 0;
-  const unit: Record<string, number> = { h: 3600e3, m: 60e3, s: 1e3, ms: 1, us: 1e-3, 'µs': 1e-3, ns: 1e-6 };
+  let m: RegExpExecArray | null;
   while ((m = re.exec(s))) {
     total += parseFloat(m[1]) * unit[m[2]];
     consumed = re.lastIndex;
   }
-  if (consumed !== s.length || s.length === 0) return null;
-  return total;
+  if (consumed !== s.length) return null;
+  return sign * total + 0; // + 0: no -0
 }
 
-const duration = z.union([z.string(), z.number()]);
+/** milliseconds → Go's time.Duration.String() ("30s", "1m30s", "24h0m0s", "250ms", "0s"). */
+export function formatDuration(ms: number): string {
+  if (ms === 0) return '0s';
+  const neg = ms < 0;
+  let ns = Math.round(Math.abs(ms) * 1e6);
+  let out: string;
+  if (ns < 1e9) {
+    const trim = (v: number) => String(Number(v.toFixed(6)));
+    out = ns < 1e3 ? `${ns}ns` : ns < 1e6 ? `${trim(ns / 1e3)}µs` : `${trim(ns / 1e6)}ms`;
+  } else {
+    const h = Math.floor(ns / 3600e9);
+    ns -= h * 3600e9;
+    const m = Math.floor(ns / 60e9);
+    ns -= m * 60e9;
+    const s = String(Number((ns / 1e9).toFixed(9)));
+    out = h > 0 ? `${h}h${m}m${s}s` : m > 0 ? `${m}m${s}s` : `${s}s`;
+  }
+  return neg ? `-${out}` : out;
+}
 
-const schema = z
-  .object({
-    apiVersion: z.string().optional(),
-    kind: z.string().optional(),
-    bindAddress: z.string().optional(),
-    healthzBindAddress: z.string().optional(),
-    metricsBindAddress: z.string().optional(),
-    bindAddressHardFail: z.boolean().optional(),
-    enableProfiling: z.boolean().optional(),
-    clusterCIDR: z.string().optional(),
-    hostnameOverride: z.string().optional(),
-    clientConnection: z
-      .object({
-        kubeconfig: z.string().optional(),
-        acceptContentTypes: z.string().optional(),
-        contentType: z.string().optional(),
-        qps: z.number().optional(),
-        burst: z.number().optional(),
-      })
-      .strict()
-      .optional(),
-    iptables: z
-      .object({
-        masqueradeBit: z.number().int().nullable().optional(),
-        masqueradeAll: z.boolean().optional(),
-        localhostNodePorts: z.boolean().nullable().optional(),
-        syncPeriod: duration.optional(),
-        minSyncPeriod: duration.optional(),
-      })
-      .strict()
-      .optional(),
-    ipvs: z
-      .object({
-        syncPeriod: duration.optional(),
-        minSyncPeriod: duration.optional(),
-        scheduler: z.string().optional(),
-        excludeCIDRs: z.array(z.string()).nullable().optional(),
-        strictARP: z.boolean().optional(),
-        tcpTimeout: duration.optional(),
-        tcpFinTimeout: duration.optional(),
-        udpTimeout: duration.optional(),
-      })
-      .strict()
-      .optional(),
-    nftables: z
-      .object({
-        masqueradeBit: z.number().int().nullable().optional(),
-        masqueradeAll: z.boolean().optional(),
-        syncPeriod: duration.optional(),
-        minSyncPeriod: duration.optional(),
-      })
-      .strict()
-      .optional(),
-    winkernel: z.record(z.unknown()).optional(),
-    logging: z.record(z.unknown()).optional(),
-    featureGates: z.record(z.boolean()).optional(),
-    mode: z.string().optional(),
-    portRange: z.string().optional(),
-    udpIdleTimeout: duration.optional(),
-    conntrack: z.record(z.unknown()).optional(),
-    configSyncPeriod: duration.optional(),
-    nodePortAddresses: z.array(z.string()).nullable().optional(),
-    detectLocalMode: z.string().optional(),
-    detectLocal: z.record(z.unknown()).optional(),
-    oomScoreAdj: z.number().int().nullable().optional(),
-    showHiddenMetricsForVersion: z.string().optional(),
-    syncPeriod: duration.optional(),
-    minSyncPeriod: duration.optional(),
-  })
-  .strict();
+// ---- decoding: the v1alpha1 fields and their Go types ----
 
-export type RawConfig = z.infer<typeof schema>;
+type Kind = 'string' | 'bool' | 'int32' | 'float' | 'duration' | 'strings' | 'boolMap' | 'flushFrequency' | 'any' | Spec;
+interface Spec {
+  [field: string]: Kind;
+}
+
+const SPEC: Spec = {
+  apiVersion: 'string',
+  kind: 'string',
+  featureGates: 'boolMap',
+  clientConnection: { kubeconfig: 'string', acceptContentTypes: 'string', contentType: 'string', qps: 'float', burst: 'int32' },
+  logging: { format: 'string', flushFrequency: 'flushFrequency', verbosity: 'int32', vmodule: 'any', options: 'any' },
+  hostnameOverride: 'string',
+  bindAddress: 'string',
+  healthzBindAddress: 'string',
+  metricsBindAddress: 'string',
+  bindAddressHardFail: 'bool',
+  enableProfiling: 'bool',
+  showHiddenMetricsForVersion: 'string',
+  mode: 'string',
+  iptables: { masqueradeBit: 'int32', masqueradeAll: 'bool', localhostNodePorts: 'bool', snatNodeInternalIP: 'bool', syncPeriod: 'duration', minSyncPeriod: 'duration' },
+  ipvs: {
+    syncPeriod: 'duration',
+    minSyncPeriod: 'duration',
+    scheduler: 'string',
+    excludeCIDRs: 'strings',
+    strictARP: 'bool',
+    tcpTimeout: 'duration',
+    tcpFinTimeout: 'duration',
+    udpTimeout: 'duration',
+  },
+  nftables: { masqueradeBit: 'int32', masqueradeAll: 'bool', syncPeriod: 'duration', minSyncPeriod: 'duration' },
+  winkernel: { networkName: 'string', sourceVip: 'string', enableDSR: 'bool', rootHnsEndpointName: 'string', forwardHealthCheckVip: 'bool' },
+  detectLocalMode: 'string',
+  detectLocal: { bridgeInterface: 'string', interfaceNamePrefix: 'string' },
+  clusterCIDR: 'string',
+  nodePortAddresses: 'strings',
+  oomScoreAdj: 'int32',
+  conntrack: {
+    maxPerCore: 'int32',
+    min: 'int32',
+    tcpEstablishedTimeout: 'duration',
+    tcpCloseWaitTimeout: 'duration',
+    tcpBeLiberal: 'bool',
+    udpTimeout: 'duration',
+    udpStreamTimeout: 'duration',
+  },
+  configSyncPeriod: 'duration',
+  portRange: 'string',
+  windowsRunAsService: 'bool',
+  // v1alpha1 up to kube-proxy v1.28 (the userspace mode's UDP idle timeout); kproxy's userspace mode honours it
+  udpIdleTimeout: 'duration',
+  // kproxy: top-level periods (v1alpha2's shape) win over the mode's section
+  syncPeriod: 'duration',
+  minSyncPeriod: 'duration',
+  // kproxy: the userspace mode's own settings
+  userspace: 'any',
+};
+
+type Duration = string;
+/** The v1alpha1 document as decoded (only known fields, nulls dropped). */
+export interface RawConfig {
+  apiVersion?: string;
+  kind?: string;
+  featureGates?: Record<string, boolean>;
+  clientConnection?: { kubeconfig?: string; acceptContentTypes?: string; contentType?: string; qps?: number; burst?: number };
+  logging?: { format?: string; flushFrequency?: string | number; verbosity?: number; vmodule?: unknown; options?: unknown };
+  hostnameOverride?: string;
+  bindAddress?: string;
+  healthzBindAddress?: string;
+  metricsBindAddress?: string;
+  bindAddressHardFail?: boolean;
+  enableProfiling?: boolean;
+  showHiddenMetricsForVersion?: string;
+  mode?: string;
+  iptables?: { masqueradeBit?: number | null; masqueradeAll?: boolean; localhostNodePorts?: boolean | null; snatNodeInternalIP?: boolean | null; syncPeriod?: Duration; minSyncPeriod?: Duration };
+  ipvs?: {
+    syncPeriod?: Duration;
+    minSyncPeriod?: Duration;
+    scheduler?: string;
+    excludeCIDRs?: string[] | null;
+    strictARP?: boolean;
+    tcpTimeout?: Duration;
+    tcpFinTimeout?: Duration;
+    udpTimeout?: Duration;
+  };
+  nftables?: { masqueradeBit?: number | null; masqueradeAll?: boolean; syncPeriod?: Duration; minSyncPeriod?: Duration };
+  winkernel?: { networkName?: string; sourceVip?: string; enableDSR?: boolean; rootHnsEndpointName?: string; forwardHealthCheckVip?: boolean };
+  detectLocalMode?: string;
+  detectLocal?: { bridgeInterface?: string; interfaceNamePrefix?: string };
+  clusterCIDR?: string;
+  nodePortAddresses?: string[] | null;
+  oomScoreAdj?: number | null;
+  conntrack?: {
+    maxPerCore?: number | null;
+    min?: number | null;
+    tcpEstablishedTimeout?: Duration | null;
+    tcpCloseWaitTimeout?: Duration | null;
+    tcpBeLiberal?: boolean;
+    udpTimeout?: Duration;
+    udpStreamTimeout?: Duration;
+  };
+  configSyncPeriod?: Duration;
+  portRange?: string;
+  windowsRunAsService?: boolean;
+  udpIdleTimeout?: Duration;
+  syncPeriod?: Duration;
+  minSyncPeriod?: Duration;
+  userspace?: Record<string, unknown>;
+}
+
+const typeName = (v: unknown) => (Array.isArray(v) ? 'a list' : v === null ? 'null' : typeof v === 'object' ? 'a mapping' : `${typeof v} ${JSON.stringify(v)}`);
+
+function decodeValue(path: string, kind: Kind, v: unknown, warn: ConfigWarn): unknown {
+  const want = (what: string): never => {
+    throw new ConfigError(path, `want ${what}, got ${typeName(v)}`);
+  };
+  if (typeof kind === 'object') {
+    if (typeof v !== 'object' || v === null || Array.isArray(v)) want('a mapping');
+    return decodeObject(path, kind, v as Record<string, unknown>, warn);
+  }
+  switch (kind) {
+    case 'string':
+      return typeof v === 'string' ? v : want('a string');
+    case 'bool':
+      return typeof v === 'boolean' ? v : want('true or false');
+    case 'int32':
+      if (typeof v !== 'number' || !Number.isInteger(v)) want('an integer');
+      if ((v as number) < -(2 ** 31) || (v as number) >= 2 ** 31) want('a 32-bit integer');
+      return v;
+    case 'float':
+      return typeof v === 'number' && Number.isFinite(v) ? v : want('a number');
+    case 'duration':
+      // metav1.Duration is a JSON string; Go refuses a bare number
+      if (typeof v !== 'string') want('a duration such as "30s" or "1m"');
+      if (parseDuration(v as string) === null) throw new ConfigError(path, `invalid duration ${JSON.stringify(v)} (want e.g. "30s", "1m", "250ms")`);
+      return v;
+    case 'flushFrequency':
+      // logsapi.TimeOrMetaDuration: nanoseconds or a duration string
+      if (typeof v === 'number' && Number.isFinite(v)) return v;
+      if (typeof v === 'string' && parseDuration(v) !== null) return v;
+      return want('a duration such as "5s" or a number of nanoseconds');
+    case 'strings':
+      if (!Array.isArray(v)) want('a list of strings');
+      (v as unknown[]).forEach((e, i) => {
+        if (typeof e !== 'string') throw new ConfigError(`${path}[${i}]`, `want a string, got ${typeName(e)}`);
+      });
+      return v;
+    case 'boolMap':
+      if (typeof v !== 'object' || v === null || Array.isArray(v)) want('a mapping of names to true or false');
+      for (const [k, b] of Object.entries(v as object)) {
+        if (typeof b !== 'boolean') throw new ConfigError(`${path}.${k}`, `want true or false, got ${typeName(b)}`);
+      }
+      return v;
+    case 'any':
+      return v;
+  }
+}
+
+function decodeObject(path: string, spec: Spec, obj: Record<string, unknown>, warn: ConfigWarn): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  const byLower = new Map(Object.keys(spec).map((k) => [k.toLowerCase(), k]));
+  const prefix = path ? `${path}.` : '';
+  for (const [key, value] of Object.entries(obj)) {
+    let field = key;
+    if (!(key in spec)) {
+      // Go's lenient JSON decoding matches field names case-insensitively
+      const folded = byLower.get(key.toLowerCase());
+      if (!folded) {
+        warn(`${prefix}${key}: unknown field, ignored (kube-proxy's lenient decoding ignores it too)`);
+        continue;
+      }
+      warn(`${prefix}${key}: read as ${prefix}${folded} (field names are case-sensitive in kube-proxy's strict decoding)`);
+      field = folded;
+    }
+    if (value === null || value === undefined) continue; // Go: null leaves the zero value
+    out[field] = decodeValue(`${prefix}${field}`, spec[field], value, warn);
+  }
+  return out;
+}
+
+/**
+ * Parses a config file's text (YAML or JSON): the document must be a mapping, and apiVersion
+ * and kind must be upstream's when given. Structure and types are checked by resolveConfig.
+ */
+export function parseConfigText(text: string, source = 'config'): RawConfig {
+  let doc: unknown;
+  try {
+    doc = parseYAML(text) ?? {};
+  } catch (e) {
+    throw new ConfigError(source, `not valid YAML: ${(e as Error).message}`);
+  }
+  if (typeof doc !== 'object' || doc === null || Array.isArray(doc)) {
+    throw new ConfigError(source, `want a ${KIND} mapping, got ${typeName(doc)}`);
+  }
+  const raw = doc as Record<string, unknown>;
+  if (raw.kind !== undefined && raw.kind !== KIND) {
+    throw new ConfigError('kind', `want ${KIND}, got ${JSON.stringify(raw.kind)}`);
+  }
+  if (raw.apiVersion !== undefined && raw.apiVersion !== API_VERSION) {
+    throw new ConfigError('apiVersion', `want ${API_VERSION}, got ${JSON.stringify(raw.apiVersion)}`);
+  }
+  return raw as RawConfig;
+}
+
+// ---- the effective configuration ----
 
 /** The effective configuration kproxy runs with, every default filled in. */
 export interface ProxyConfig {
@@ -117,12 +296,14 @@ export interface ProxyConfig {
   kubeconfig: string;
   clusterCIDRs: string[];
   bindAddress: string;
+  /** "" disables the server (--healthz-port=0, or --healthz-bind-address="" without --config) */
   healthzBindAddress: string;
   metricsBindAddress: string;
+  bindAddressHardFail: boolean;
   masqueradeAll: boolean;
   masqueradeBit: number;
   localhostNodePorts: boolean;
-  /** canonical CIDRs; empty = all local addresses (upstream's default) */
+  /** canonical CIDRs and "primary"; empty = upstream's per-mode default */
   nodePortAddresses: string[];
   /** upstream detectLocalMode: how traffic from local pods is recognised */
   detectLocalMode: DetectLocalMode;
@@ -142,10 +323,17 @@ export interface ProxyConfig {
     minSyncPeriodMs: number;
   };
   featureGates: Record<string, boolean>;
+  clientConnection: { kubeconfig: string; contentType: string; acceptContentTypes: string; qps: number; burst: number };
+  /** logging.verbosity (klog's -v) and logging.format */
+  logging: { format: 'text' | 'json'; verbosity: number };
   /** upstream KubeProxyConntrackConfiguration, applied at start (timeouts in seconds, 0 = leave as is) */
   conntrack: ConntrackSettings;
   /** written to /proc/self/oom_score_adj at start; null leaves it */
   oomScoreAdj: number | null;
+  /** the userspace block, decoded by the userspace mode */
+  userspace: Record<string, unknown>;
+  /** the effective configuration in upstream's v1alpha1 shape (what --write-config-to writes) */
+  v1alpha1: Record<string, unknown>;
 }
 
 /** upstream KubeProxyConntrackConfiguration, in kproxy's units */
@@ -162,7 +350,7 @@ export interface ConntrackSettings {
   udpStreamTimeoutSec: number;
 }
 
-/** Flags from the command line; any that is set overrides the file. */
+/** Flags from the command line; any that is set overrides the file (render, trace, demo). */
 export interface ConfigFlags {
   mode?: string;
   kubeconfig?: string;
@@ -181,13 +369,29 @@ export interface ConfigFlags {
 export const DETECT_LOCAL_MODES = ['ClusterCIDR', 'NodeCIDR', 'BridgeInterface', 'InterfaceNamePrefix'] as const;
 export type DetectLocalMode = (typeof DETECT_LOCAL_MODES)[number];
 
+const ms = (d: string | undefined): number => (d === undefined ? 0 : (parseDuration(d) as number));
+
+/** A period: 0 (or unset) means the default, as upstream's defaulting; negative is refused. */
+function period(field: string, v: string | undefined, dflt: number, zeroMeansDefault: boolean): number {
+  const n = ms(v);
+  if (n < 0) throw new ConfigError(field, `must be greater than or equal to 0, got ${JSON.stringify(v)}`);
+  return n === 0 && zeroMeansDefault ? dflt : n;
+}
+
+/** A timeout that keeps its value (0 = leave the host's setting). */
+function nonNegative(field: string, v: string | undefined | null): number {
+  const n = ms(v ?? undefined);
+  if (n < 0) throw new ConfigError(field, `must be greater than or equal to 0, got ${JSON.stringify(v)}`);
+  return n;
+}
+
 /**
- * upstream validateProxyConfiguration (pkg/proxy/apis/config/validation): the mode is one of
+ * upstream validateDetectLocalMode / validateDetectLocalConfiguration: the mode is one of
  * four (empty = ClusterCIDR); BridgeInterface needs detectLocal.bridgeInterface and
  * InterfaceNamePrefix needs detectLocal.interfaceNamePrefix ("must not be empty"); an
- * interface name is at most 15 bytes (IFNAMSIZ) with no '/' or whitespace. ClusterCIDR
- * without clusterCIDR is allowed (upstream warns and detects nothing); NodeCIDR takes the
- * Node's spec.podCIDRs at run time.
+ * interface name is at most 15 bytes (IFNAMSIZ) with no '/' or whitespace (kproxy: the
+ * kernel would refuse the rule). ClusterCIDR without clusterCIDR is allowed (upstream
+ * warns and detects nothing); NodeCIDR takes the Node's spec.podCIDRs at run time.
  */
 function detectLocalField(raw: RawConfig, flags: ConfigFlags): { mode: DetectLocalMode; bridgeInterface: string; interfaceNamePrefix: string } {
   const modeText = flags.detectLocalMode ?? raw.detectLocalMode ?? '';
@@ -195,14 +399,8 @@ function detectLocalField(raw: RawConfig, flags: ConfigFlags): { mode: DetectLoc
   if (!(DETECT_LOCAL_MODES as readonly string[]).includes(mode)) {
     throw new ConfigError('detectLocalMode', `unsupported value ${JSON.stringify(modeText)} (want one of ${DETECT_LOCAL_MODES.join(', ')})`);
   }
-  const dl = raw.detectLocal ?? {};
-  const str = (field: string, v: unknown): string => {
-    if (v === undefined || v === null) return '';
-    if (typeof v !== 'string') throw new ConfigError(field, `want a string, got ${JSON.stringify(v)}`);
-    return v;
-  };
-  const bridgeInterface = flags.podBridgeInterface ?? str('detectLocal.bridgeInterface', dl.bridgeInterface);
-  const interfaceNamePrefix = flags.podInterfaceNamePrefix ?? str('detectLocal.interfaceNamePrefix', dl.interfaceNamePrefix);
+  const bridgeInterface = flags.podBridgeInterface ?? raw.detectLocal?.bridgeInterface ?? '';
+  const interfaceNamePrefix = flags.podInterfaceNamePrefix ?? raw.detectLocal?.interfaceNamePrefix ?? '';
   for (const [field, v] of [['detectLocal.bridgeInterface', bridgeInterface], ['detectLocal.interfaceNamePrefix', interfaceNamePrefix]] as const) {
     if (v !== '' && (v.length > 15 || /[\s/]/.test(v))) throw new ConfigError(field, `invalid interface name ${JSON.stringify(v)} (at most 15 characters, no '/' or spaces)`);
   }
@@ -212,67 +410,66 @@ function detectLocalField(raw: RawConfig, flags: ConfigFlags): { mode: DetectLoc
   if (mode === 'InterfaceNamePrefix' && interfaceNamePrefix === '') {
     throw new ConfigError('detectLocal.interfaceNamePrefix', 'must not be empty when detectLocalMode is InterfaceNamePrefix (set --pod-interface-name-prefix)');
   }
-  for (const k of Object.keys(dl)) {
-    if (k !== 'bridgeInterface' && k !== 'interfaceNamePrefix') throw new ConfigError(`detectLocal.${k}`, 'unknown field');
-  }
   return { mode, bridgeInterface, interfaceNamePrefix };
 }
 
 /**
- * A duration field. Upstream treats 0 as "unset" for most periods (kubeadm writes
- * `syncPeriod: 0s`), so zeroMeansDefault keeps such configs working.
+ * upstream validateDualStackCIDRStrings on clusterCIDR (comma-separated): one CIDR, or a
+ * dual-stack pair. Validated when detectLocalMode is ClusterCIDR, the only mode that uses it.
  */
-function durationField(field: string, v: string | number | undefined, dflt: number, zeroMeansDefault = false): number {
-  if (v === undefined) return dflt;
-  const ms = parseDuration(v);
-  if (ms === null) throw new ConfigError(field, `invalid duration ${JSON.stringify(v)} (want e.g. "30s", "1m", "250ms")`);
-  if (ms < 0) throw new ConfigError(field, `must not be negative, got ${JSON.stringify(v)}`);
-  if (ms === 0 && zeroMeansDefault) return dflt;
-  return ms;
+function clusterCIDRField(text: string, used: boolean): string[] {
+  if (text === '') return [];
+  const parts = text.split(',').map((s) => s.trim());
+  const parsed = parts.map((c) => parseCIDR(c));
+  if (!used) return parsed.every(Boolean) ? parsed.map((p) => p!.text) : [];
+  parsed.forEach((p, i) => {
+    if (!p) throw new ConfigError(`clusterCIDR[${i}]`, `invalid CIDR ${JSON.stringify(parts[i])} (must be a valid CIDR block, e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)`);
+  });
+  if (parts.length > 2 || (parts.length === 2 && parsed[0]!.family === parsed[1]!.family)) {
+    throw new ConfigError('clusterCIDR', `${JSON.stringify(text)}: must be either a single CIDR or a dual-stack pair of CIDRs (e.g. 10.100.0.0/16,fde4:8dba:82e1::/48)`);
+  }
+  return parsed.map((p) => p!.text);
 }
 
-/**
- * upstream KubeProxyConntrackConfiguration with its v1alpha1 defaults: maxPerCore 32768,
- * min 131072, tcpEstablishedTimeout 24h, tcpCloseWaitTimeout 1h; the UDP timeouts and
- * tcpBeLiberal are left to the host unless given.
- */
-function conntrackField(raw: Record<string, unknown> | undefined): ConntrackSettings {
-  const r = raw ?? {};
-  const known = ['maxPerCore', 'min', 'tcpEstablishedTimeout', 'tcpCloseWaitTimeout', 'tcpBeLiberal', 'udpTimeout', 'udpStreamTimeout'];
-  for (const k of Object.keys(r)) if (!known.includes(k)) throw new ConfigError(`conntrack.${k}`, 'unknown field');
-  const int = (k: string, dflt: number): number => {
-    const v = r[k];
-    if (v === undefined || v === null) return dflt;
-    if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) throw new ConfigError(`conntrack.${k}`, `must be a non-negative integer, got ${JSON.stringify(v)}`);
+/** upstream conntrack validation (every value ≥ 0) with the v1alpha1 defaults. */
+function conntrackField(r: NonNullable<RawConfig['conntrack']>): ConntrackSettings {
+  const int = (k: 'maxPerCore' | 'min', dflt: number): number => {
+    const v = r[k] ?? dflt;
+    if (v < 0) throw new ConfigError(`conntrack.${k}`, `must be greater than or equal to 0, got ${v}`);
     return v;
   };
-  const secs = (k: string, dflt: number): number => {
+  const secs = (k: 'tcpEstablishedTimeout' | 'tcpCloseWaitTimeout' | 'udpTimeout' | 'udpStreamTimeout', dflt: number | null): number => {
     const v = r[k];
-    if (v === null) return 0;
-    if (v !== undefined && typeof v !== 'string' && typeof v !== 'number') throw new ConfigError(`conntrack.${k}`, `invalid duration ${JSON.stringify(v)}`);
-    return Math.floor(durationField(`conntrack.${k}`, v, dflt * 1000) / 1000);
+    if (v === undefined || v === null) return dflt === null ? 0 : dflt;
+    return Math.floor(nonNegative(`conntrack.${k}`, v) / 1000);
   };
-  const liberal = r.tcpBeLiberal;
-  if (liberal !== undefined && typeof liberal !== 'boolean') throw new ConfigError('conntrack.tcpBeLiberal', 'must be true or false');
   return {
     maxPerCore: int('maxPerCore', 32768),
     min: int('min', 131072),
     tcpEstablishedTimeoutSec: secs('tcpEstablishedTimeout', 24 * 3600),
     tcpCloseWaitTimeoutSec: secs('tcpCloseWaitTimeout', 3600),
-    tcpBeLiberal: liberal ?? false,
-    udpTimeoutSec: secs('udpTimeout', 0),
-    udpStreamTimeoutSec: secs('udpStreamTimeout', 0),
+    tcpBeLiberal: r.tcpBeLiberal ?? false,
+    udpTimeoutSec: secs('udpTimeout', null),
+    udpStreamTimeoutSec: secs('udpStreamTimeout', null),
   };
 }
 
+/** upstream AppendPortIfNeeded: a bare IP gets the default port ("[ip]:port" for IPv6). */
+function appendPortIfNeeded(addr: string, port: number): string {
+  const ip = canonicalIP(addr);
+  if (!ip) return addr;
+  return addr.includes(':') ? `[${addr}]:${port}` : `${addr}:${port}`;
+}
+
+/** upstream validateHostPort: IP:port with a valid IP and a port in 1..65535. "" is allowed (disabled). */
 function hostPortField(field: string, v: string): string {
   if (v === '') return v;
-  const m = /^(\[[0-9a-fA-F:.]+\]|[0-9.]+)?:(\d+)$/.exec(v) ?? /^([0-9.]+)$/.exec(v);
-  if (!m) throw new ConfigError(field, `invalid address ${JSON.stringify(v)} (want IP:port)`);
-  const host = (m[1] ?? '').replace(/^\[|\]$/g, '');
-  if (host && !canonicalIP(host)) throw new ConfigError(field, `invalid IP in ${JSON.stringify(v)}`);
-  if (m[2] !== undefined && (Number(m[2]) < 0 || Number(m[2]) > 65535)) {
-    throw new ConfigError(field, `port out of range in ${JSON.stringify(v)}`);
+  const m = /^(?:\[([^\]]*)\]|([^:[\]]*)):([^:]*)$/.exec(v);
+  if (!m) throw new ConfigError(field, `invalid address ${JSON.stringify(v)} (must be IP:port)`);
+  const host = m[1] ?? m[2] ?? '';
+  if (!canonicalIP(host)) throw new ConfigError(field, `invalid IP in ${JSON.stringify(v)} (must be a valid IP)`);
+  if (!/^\d+$/.test(m[3]) || Number(m[3]) < 1 || Number(m[3]) > 65535) {
+    throw new ConfigError(field, `invalid port in ${JSON.stringify(v)} (must be a valid port, 1-65535)`);
   }
   return v;
 }
@@ -285,109 +482,238 @@ function cidrList(field: string, list: string[]): string[] {
   });
 }
 
-export function parseConfigText(text: string, source = 'config'): RawConfig {
-  let doc: unknown;
-  try {
-    doc = parseYAML(text) ?? {};
-  } catch (e) {
-    throw new ConfigError(source, `not valid YAML: ${(e as Error).message}`);
-  }
-  const res = schema.safeParse(doc);
-  if (!res.success) {
-    const issue = res.error.issues[0];
-    const path = issue.path.join('.') || '(root)';
-    if (issue.code === 'unrecognized_keys') {
-      const where = issue.path.length ? `${path}.` : '';
-      throw new ConfigError(`${where}${issue.keys[0]}`, 'unknown field');
-    }
-    throw new ConfigError(path, issue.message);
-  }
-  const raw = res.data;
-  if (raw.kind !== undefined && raw.kind !== 'KubeProxyConfiguration') {
-    throw new ConfigError('kind', `want KubeProxyConfiguration, got ${JSON.stringify(raw.kind)}`);
-  }
-  if (raw.apiVersion !== undefined && raw.apiVersion !== 'kubeproxy.config.k8s.io/v1alpha1') {
-    throw new ConfigError('apiVersion', `want kubeproxy.config.k8s.io/v1alpha1, got ${JSON.stringify(raw.apiVersion)}`);
-  }
-  return raw;
+/** upstream utilnet.ParsePortRange: "", "N", "A-B" or "A+N" within 0..65535. */
+function portRangeField(v: string): string {
+  if (v === '') return v;
+  const m = /^(\d+)(?:([-+])(\d+))?$/.exec(v.trim());
+  const ok = m && (() => {
+    const a = Number(m[1]);
+    const b = m[2] === '-' ? Number(m[3]) : m[2] === '+' ? a + Number(m[3]) : a;
+    return a <= 65535 && b <= 65535 && b >= a;
+  })();
+  if (!ok) throw new ConfigError('portRange', `invalid value ${JSON.stringify(v)} (must be a valid port range, e.g. 300-2000)`);
+  return v;
 }
 
+/** Warnings for fields that exist upstream but change nothing in kproxy. */
+function notApplicableWarnings(raw: RawConfig, mode: ModeName, warn: ConfigWarn): void {
+  const w = raw.winkernel ?? {};
+  const setWin = Object.entries(w).filter(([, v]) => v !== '' && v !== false).map(([k]) => `winkernel.${k}`);
+  if (raw.windowsRunAsService) setWin.push('windowsRunAsService');
+  if (setWin.length) warn(`${setWin.join(', ')}: Windows only (winkernel proxy); ignored on Linux`);
+  const cc = raw.clientConnection ?? {};
+  if (cc.contentType && cc.contentType !== 'application/json') {
+    warn(`clientConnection.contentType: ${JSON.stringify(cc.contentType)} ignored; kproxy talks JSON to the API server`);
+  }
+  if (cc.acceptContentTypes) warn(`clientConnection.acceptContentTypes: ${JSON.stringify(cc.acceptContentTypes)} ignored; kproxy accepts JSON only`);
+  if (cc.qps || cc.burst) warn('clientConnection.qps/burst: accepted, not used (kproxy makes one list and one watch per resource, with back-off)');
+  if (raw.enableProfiling) warn('enableProfiling: ignored; Go\'s pprof does not exist in kproxy (use node --inspect, and /debug/* on the metrics address)');
+  if (raw.showHiddenMetricsForVersion) warn('showHiddenMetricsForVersion: accepted; kproxy has no hidden metrics');
+  if (raw.portRange) warn('portRange: unused, as upstream (it configured the old userspace proxy; kproxy\'s userspace mode picks its ports itself)');
+  if (raw.iptables?.snatNodeInternalIP) warn('iptables.snatNodeInternalIP: not supported by kproxy; masqueraded traffic takes the egress interface\'s address');
+  if (raw.logging?.vmodule !== undefined && !(Array.isArray(raw.logging.vmodule) && raw.logging.vmodule.length === 0)) {
+    warn('logging.vmodule: ignored; kproxy has one log level (logging.verbosity, -v)');
+  }
+  const gates = Object.keys(raw.featureGates ?? {});
+  if (gates.length) warn(`featureGates: ${gates.join(', ')} ignored; kproxy has no feature gates (every feature it has is on)`);
+  if (raw.udpIdleTimeout !== undefined && mode !== 'userspace') warn('udpIdleTimeout: used by the userspace mode only; ignored in ' + mode + ' mode');
+}
 
-/** Applies upstream's defaults and the flags, validates, and returns the effective config. */
-export function resolveConfig(raw: RawConfig = {}, flags: ConfigFlags = {}): ProxyConfig {
+/**
+ * Applies upstream's defaults and the flags, validates, and returns the effective config.
+ * `warn` receives a line per unknown field and per field that does not apply here.
+ */
+export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, warn: ConfigWarn = () => {}): ProxyConfig {
+  const raw = decodeObject('', SPEC, input as Record<string, unknown>, warn) as RawConfig;
+
   const modeText = flags.mode ?? raw.mode ?? '';
   const mode = (modeText === '' ? 'iptables' : modeText) as ModeName;
   if (!MODES.includes(mode)) {
-    throw new ConfigError('mode', `unknown mode ${JSON.stringify(modeText)} (want one of ${MODES.join(', ')})`);
+    throw new ConfigError('mode', `unknown mode ${JSON.stringify(modeText)} (want one of ${MODES.join(', ')}, or blank for iptables)`);
   }
+  notApplicableWarnings(raw, mode, warn);
+
+  // upstream validates iptables.masqueradeBit always and nftables.masqueradeBit in nftables mode
+  const iptBit = raw.iptables?.masqueradeBit ?? 14;
+  if (iptBit < 0 || iptBit > 31) throw new ConfigError('iptables.masqueradeBit', `must be within the range [0, 31], got ${iptBit}`);
+  const nftBit = raw.nftables?.masqueradeBit ?? 14;
+  if (mode === 'nftables' && (nftBit < 0 || nftBit > 31)) throw new ConfigError('nftables.masqueradeBit', `must be within the range [0, 31], got ${nftBit}`);
+  const masqueradeBit = mode === 'nftables' ? nftBit : iptBit;
   const modeSection = mode === 'nftables' ? raw.nftables : raw.iptables;
-  const masqueradeBit = modeSection?.masqueradeBit ?? 14;
-  if (masqueradeBit < 0 || masqueradeBit > 31) {
-    throw new ConfigError(`${mode === 'nftables' ? 'nftables' : 'iptables'}.masqueradeBit`, `must be in [0, 31], got ${masqueradeBit}`);
-  }
+
   const schedText = flags.ipvsScheduler ?? raw.ipvs?.scheduler ?? '';
   const scheduler = schedText === '' ? 'rr' : schedText;
   if (!(IPVS_SCHEDULERS as readonly string[]).includes(scheduler)) {
-    throw new ConfigError('ipvs.scheduler', `unknown scheduler ${JSON.stringify(schedText)} (want one of ${IPVS_SCHEDULERS.join(', ')})`);
+    throw new ConfigError('ipvs.scheduler', `unknown scheduler ${JSON.stringify(schedText)} (want one of ${IPVS_SCHEDULERS.join(', ')}; blank means rr)`);
   }
+  const detectLocal = detectLocalField(raw, flags);
   const clusterCIDRText = flags.clusterCidr ?? raw.clusterCIDR ?? '';
-  const clusterCIDRs = clusterCIDRText === '' ? [] : cidrList('clusterCIDR', clusterCIDRText.split(',').map((s) => s.trim()));
+  const clusterCIDRs = clusterCIDRField(clusterCIDRText, detectLocal.mode === 'ClusterCIDR' || flags.clusterCidr !== undefined);
+
   const npaList = flags.nodeportAddresses !== undefined
     ? flags.nodeportAddresses.split(',').map((s) => s.trim()).filter(Boolean)
     : raw.nodePortAddresses ?? [];
-  // upstream: "primary" may be mixed with CIDRs; both are kept.
+  // Newer upstream allows "primary" next to CIDRs (any combination of keywords and CIDRs); both are kept.
   const nodePortAddresses = npaList.map((c, i) => {
     if (c === 'primary') return c;
     const p = parseCIDR(c);
     if (!p) throw new ConfigError(`nodePortAddresses[${i}]`, `invalid CIDR ${JSON.stringify(c)} (want a CIDR or "primary")`);
     return p.text;
   });
-  const detectLocal = detectLocalField(raw, flags);
 
-  const syncSection = mode === 'ipvs' ? raw.ipvs : modeSection;
+  // Periods: upstream converts the mode's section into the effective period (iptables for
+  // iptables and userspace, ipvs, nftables); kproxy's top-level periods win when given.
   const sectionName = mode === 'ipvs' ? 'ipvs' : mode === 'nftables' ? 'nftables' : 'iptables';
-  // Errors name the field the value came from: a top-level period wins over the mode's section.
+  const syncSection = mode === 'ipvs' ? raw.ipvs : modeSection;
   const syncField = raw.syncPeriod !== undefined ? 'syncPeriod' : `${sectionName}.syncPeriod`;
   const minSyncField = raw.minSyncPeriod !== undefined ? 'minSyncPeriod' : `${sectionName}.minSyncPeriod`;
-  const syncPeriodMs = durationField(syncField, raw.syncPeriod ?? syncSection?.syncPeriod, 30_000, true);
-  const minSyncPeriodMs = durationField(minSyncField, raw.minSyncPeriod ?? syncSection?.minSyncPeriod, mode === 'ipvs' ? 0 : 1_000, mode !== 'ipvs');
-  if (syncPeriodMs === 0) throw new ConfigError(syncField, 'must be greater than 0');
+  const syncText = raw.syncPeriod ?? syncSection?.syncPeriod;
+  const minSyncText = raw.minSyncPeriod ?? syncSection?.minSyncPeriod;
+  if (ms(syncText) < 0) throw new ConfigError(syncField, `must be greater than 0, got ${JSON.stringify(syncText)}`);
+  const syncPeriodMs = period(syncField, syncText, 30_000, true);
+  const minSyncPeriodMs = period(minSyncField, minSyncText, mode === 'ipvs' ? 0 : 1_000, mode !== 'ipvs');
   if (minSyncPeriodMs > syncPeriodMs) {
-    throw new ConfigError(minSyncField, `must not exceed syncPeriod (${minSyncPeriodMs}ms > ${syncPeriodMs}ms)`);
+    throw new ConfigError(minSyncField, `must not exceed ${syncField} (${formatDuration(minSyncPeriodMs)} > ${formatDuration(syncPeriodMs)})`);
   }
 
-  return {
+  const bindText = raw.bindAddress || '0.0.0.0';
+  const bindIP = canonicalIP(bindText);
+  if (!bindIP) throw new ConfigError('bindAddress', `${JSON.stringify(bindText)} is not a valid textual representation of an IP address`);
+  const v4 = isIPv4(bindIP);
+  // upstream defaulting: "" in the file gets the default address (of bindAddress's family), a
+  // bare IP the default port; an empty flag value disables the server, as upstream's flags.
+  const serverAddress = (field: string, flag: string | undefined, file: string | undefined, dflt: string, port: number): string => {
+    if (flag === '') return '';
+    const text = flag ?? file ?? '';
+    return hostPortField(field, text === '' ? dflt : appendPortIfNeeded(text, port));
+  };
+  const healthzBindAddress = serverAddress('healthzBindAddress', flags.healthzBindAddress, raw.healthzBindAddress, v4 ? '0.0.0.0:10256' : '[::]:10256', 10256);
+  const metricsBindAddress = serverAddress('metricsBindAddress', flags.metricsBindAddress, raw.metricsBindAddress, v4 ? '127.0.0.1:10249' : '[::1]:10249', 10249);
+
+  const oomScoreAdj = raw.oomScoreAdj === undefined ? -999 : raw.oomScoreAdj;
+  if (oomScoreAdj !== null && (oomScoreAdj < -1000 || oomScoreAdj > 1000)) {
+    throw new ConfigError('oomScoreAdj', `must be within the range [-1000, 1000], got ${oomScoreAdj}`);
+  }
+  const cc = raw.clientConnection ?? {};
+  if ((cc.burst ?? 0) < 0) throw new ConfigError('clientConnection.burst', `must be greater than or equal to 0, got ${cc.burst}`);
+  const configSyncPeriodMs = period('configSyncPeriod', raw.configSyncPeriod, 15 * 60_000, true);
+  portRangeField(raw.portRange ?? '');
+  const shm = raw.showHiddenMetricsForVersion ?? '';
+  if (shm !== '' && shm !== PREVIOUS_MINOR) {
+    throw new ConfigError('showHiddenMetricsForVersion', `${JSON.stringify(shm)}: must be omitted or have the value '${PREVIOUS_MINOR}'; only the previous minor version is allowed`);
+  }
+  const format = raw.logging?.format || 'text';
+  if (format !== 'text' && format !== 'json') throw new ConfigError('logging.format', `unsupported value ${JSON.stringify(format)} (want "text" or "json")`);
+  const verbosity = raw.logging?.verbosity ?? 0;
+  if (verbosity < 0) throw new ConfigError('logging.verbosity', `must be greater than or equal to 0, got ${verbosity}`);
+
+  const ipvsRaw = raw.ipvs ?? {};
+  const ipvsValidated = mode === 'ipvs';
+  const ipvs = {
+    scheduler,
+    excludeCIDRs: cidrList('ipvs.excludeCIDRs', ipvsRaw.excludeCIDRs ?? []),
+    strictARP: ipvsRaw.strictARP ?? false,
+    tcpTimeoutMs: ipvsValidated ? nonNegative('ipvs.tcpTimeout', ipvsRaw.tcpTimeout) : Math.max(0, ms(ipvsRaw.tcpTimeout)),
+    tcpFinTimeoutMs: ipvsValidated ? nonNegative('ipvs.tcpFinTimeout', ipvsRaw.tcpFinTimeout) : Math.max(0, ms(ipvsRaw.tcpFinTimeout)),
+    udpTimeoutMs: ipvsValidated ? nonNegative('ipvs.udpTimeout', ipvsRaw.udpTimeout) : Math.max(0, ms(ipvsRaw.udpTimeout)),
+    syncPeriodMs: period('ipvs.syncPeriod', ipvsRaw.syncPeriod, 30_000, true),
+    minSyncPeriodMs: period('ipvs.minSyncPeriod', ipvsRaw.minSyncPeriod, 0, false),
+  };
+  const conntrack = conntrackField(raw.conntrack ?? {});
+  const udpIdleTimeoutMs = period('udpIdleTimeout', raw.udpIdleTimeout, 250, true);
+  const localhostNodePorts = raw.iptables?.localhostNodePorts ?? true;
+  const masqueradeAll = flags.masqueradeAll ?? modeSection?.masqueradeAll ?? false;
+  const hostnameOverride = flags.hostnameOverride ?? raw.hostnameOverride ?? '';
+  const kubeconfig = flags.kubeconfig ?? cc.kubeconfig ?? '';
+  const clientConnection = {
+    kubeconfig,
+    contentType: cc.contentType || 'application/vnd.kubernetes.protobuf',
+    acceptContentTypes: cc.acceptContentTypes ?? '',
+    qps: cc.qps || 5,
+    burst: cc.burst || 10,
+  };
+
+  const cfg: Omit<ProxyConfig, 'v1alpha1'> = {
     mode,
-    hostnameOverride: flags.hostnameOverride ?? raw.hostnameOverride ?? '',
-    kubeconfig: flags.kubeconfig ?? raw.clientConnection?.kubeconfig ?? '',
+    hostnameOverride,
+    kubeconfig,
     clusterCIDRs,
-    bindAddress: raw.bindAddress ?? '0.0.0.0',
-    healthzBindAddress: hostPortField('healthzBindAddress', flags.healthzBindAddress || raw.healthzBindAddress || '0.0.0.0:10256'),
-    metricsBindAddress: hostPortField('metricsBindAddress', flags.metricsBindAddress || raw.metricsBindAddress || '127.0.0.1:10249'),
-    masqueradeAll: flags.masqueradeAll ?? modeSection?.masqueradeAll ?? false,
+    bindAddress: bindText,
+    healthzBindAddress,
+    metricsBindAddress,
+    bindAddressHardFail: raw.bindAddressHardFail ?? false,
+    masqueradeAll,
     masqueradeBit,
-    localhostNodePorts: raw.iptables?.localhostNodePorts ?? true,
+    localhostNodePorts,
     nodePortAddresses,
     detectLocalMode: detectLocal.mode,
     detectLocal: { bridgeInterface: detectLocal.bridgeInterface, interfaceNamePrefix: detectLocal.interfaceNamePrefix },
     syncPeriodMs,
     minSyncPeriodMs,
-    udpIdleTimeoutMs: durationField('udpIdleTimeout', raw.udpIdleTimeout, 250, true),
-    configSyncPeriodMs: durationField('configSyncPeriod', raw.configSyncPeriod, 15 * 60_000, true),
-    ipvs: {
-      scheduler,
-      excludeCIDRs: cidrList('ipvs.excludeCIDRs', raw.ipvs?.excludeCIDRs ?? []),
-      strictARP: raw.ipvs?.strictARP ?? false,
-      tcpTimeoutMs: durationField('ipvs.tcpTimeout', raw.ipvs?.tcpTimeout, 0),
-      tcpFinTimeoutMs: durationField('ipvs.tcpFinTimeout', raw.ipvs?.tcpFinTimeout, 0),
-      udpTimeoutMs: durationField('ipvs.udpTimeout', raw.ipvs?.udpTimeout, 0),
-      syncPeriodMs: durationField('ipvs.syncPeriod', raw.ipvs?.syncPeriod, 30_000, true),
-      minSyncPeriodMs: durationField('ipvs.minSyncPeriod', raw.ipvs?.minSyncPeriod, 0),
-    },
+    udpIdleTimeoutMs,
+    configSyncPeriodMs,
+    ipvs,
     featureGates: raw.featureGates ?? {},
-    conntrack: conntrackField(raw.conntrack),
-    oomScoreAdj: raw.oomScoreAdj === undefined ? -999 : raw.oomScoreAdj,
+    clientConnection,
+    logging: { format, verbosity },
+    conntrack,
+    oomScoreAdj,
+    userspace: (raw.userspace as Record<string, unknown> | undefined) ?? {},
   };
+
+  // The same configuration in upstream's v1alpha1 shape, defaults filled as upstream's
+  // SetDefaults + platformApplyDefaults would (what kube-proxy --write-config-to writes).
+  const d = formatDuration;
+  const section = (name: string) => (sectionName === name ? { syncPeriod: d(syncPeriodMs), minSyncPeriod: d(minSyncPeriodMs) } : null);
+  const iptSync = section('iptables') ?? { syncPeriod: d(period('iptables.syncPeriod', raw.iptables?.syncPeriod, 30_000, true)), minSyncPeriod: d(period('iptables.minSyncPeriod', raw.iptables?.minSyncPeriod, 1_000, true)) };
+  const nftSync = section('nftables') ?? { syncPeriod: d(period('nftables.syncPeriod', raw.nftables?.syncPeriod, 30_000, true)), minSyncPeriod: d(period('nftables.minSyncPeriod', raw.nftables?.minSyncPeriod, 1_000, true)) };
+  const ipvsSync = section('ipvs') ?? { syncPeriod: d(ipvs.syncPeriodMs), minSyncPeriod: d(ipvs.minSyncPeriodMs) };
+  const v1alpha1: Record<string, unknown> = {
+    apiVersion: API_VERSION,
+    kind: KIND,
+    bindAddress: bindText,
+    bindAddressHardFail: cfg.bindAddressHardFail,
+    clientConnection: { acceptContentTypes: clientConnection.acceptContentTypes, burst: clientConnection.burst, contentType: clientConnection.contentType, kubeconfig, qps: clientConnection.qps },
+    clusterCIDR: clusterCIDRs.join(','),
+    configSyncPeriod: d(configSyncPeriodMs),
+    conntrack: {
+      maxPerCore: conntrack.maxPerCore,
+      min: conntrack.min,
+      tcpBeLiberal: conntrack.tcpBeLiberal,
+      tcpCloseWaitTimeout: d(conntrack.tcpCloseWaitTimeoutSec * 1000),
+      tcpEstablishedTimeout: d(conntrack.tcpEstablishedTimeoutSec * 1000),
+      udpStreamTimeout: d(conntrack.udpStreamTimeoutSec * 1000),
+      udpTimeout: d(conntrack.udpTimeoutSec * 1000),
+    },
+    detectLocal: { bridgeInterface: detectLocal.bridgeInterface, interfaceNamePrefix: detectLocal.interfaceNamePrefix },
+    detectLocalMode: detectLocal.mode,
+    enableProfiling: raw.enableProfiling ?? false,
+    featureGates: cfg.featureGates,
+    healthzBindAddress,
+    hostnameOverride,
+    iptables: { localhostNodePorts, masqueradeAll: mode === 'nftables' ? raw.iptables?.masqueradeAll ?? false : masqueradeAll, masqueradeBit: iptBit, ...iptSync },
+    ipvs: {
+      excludeCIDRs: ipvs.excludeCIDRs.length ? ipvs.excludeCIDRs : null,
+      ...ipvsSync,
+      scheduler: schedText,
+      strictARP: ipvs.strictARP,
+      tcpFinTimeout: d(ipvs.tcpFinTimeoutMs),
+      tcpTimeout: d(ipvs.tcpTimeoutMs),
+      udpTimeout: d(ipvs.udpTimeoutMs),
+    },
+    logging: { flushFrequency: raw.logging?.flushFrequency ?? '5s', format, options: { json: { infoBufferSize: '0' }, text: { infoBufferSize: '0' } }, verbosity },
+    metricsBindAddress,
+    mode,
+    nftables: { masqueradeAll: mode === 'nftables' ? masqueradeAll : raw.nftables?.masqueradeAll ?? false, masqueradeBit: nftBit, ...nftSync },
+    nodePortAddresses: nodePortAddresses.length ? nodePortAddresses : mode === 'nftables' ? ['primary'] : null,
+    oomScoreAdj,
+    portRange: raw.portRange ?? '',
+    showHiddenMetricsForVersion: shm,
+    winkernel: { enableDSR: raw.winkernel?.enableDSR ?? false, forwardHealthCheckVip: raw.winkernel?.forwardHealthCheckVip ?? false, networkName: raw.winkernel?.networkName ?? '', rootHnsEndpointName: raw.winkernel?.rootHnsEndpointName ?? '', sourceVip: raw.winkernel?.sourceVip ?? '' },
+  };
+  if (mode === 'userspace') v1alpha1.udpIdleTimeout = d(udpIdleTimeoutMs);
+  if (raw.userspace !== undefined) v1alpha1.userspace = raw.userspace;
+  return { ...cfg, v1alpha1 };
 }
 
 /** Upstream prints the mark as %#08x of 1<<bit: "0x00004000" for bit 14. */

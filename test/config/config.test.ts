@@ -234,15 +234,22 @@ test('validation: bad bind addresses', () => {
   throwsConfig(() => resolveConfig({}, { metricsBindAddress: '999.0.0.1:10249' }), 'metricsBindAddress', '"999.0.0.1:10249"');
 });
 
-test('validation: unknown fields are named, at the top level and in sections', () => {
-  throwsConfig(() => parseConfigText(HEAD + 'bogusField: 1\n'), 'bogusField', 'unknown field');
-  throwsConfig(() => parseConfigText(HEAD + 'iptables:\n  masqueradeBits: 14\n'), 'iptables.masqueradeBits', 'unknown field');
-  throwsConfig(() => parseConfigText(HEAD + 'ipvs:\n  schedular: rr\n'), 'ipvs.schedular', 'unknown field');
+test('lenient decoding: an unknown field is a warning naming its path, at any depth', () => {
+  const warnings: string[] = [];
+  const c = resolveConfig(parseConfigText(HEAD + 'bogusField: 1\niptables:\n  masqueradeBits: 14\nipvs:\n  schedular: wrr\nconntrack:\n  maxPerCPU: 3\n'), {}, (w) => warnings.push(w));
+  assert.equal(c.mode, 'iptables');
+  assert.equal(c.ipvs.scheduler, 'rr', 'the misspelt field is ignored');
+  for (const f of ['bogusField', 'iptables.masqueradeBits', 'ipvs.schedular', 'conntrack.maxPerCPU']) {
+    assert.ok(warnings.some((w) => w.startsWith(`${f}: unknown field`)), `a warning names ${f}: ${JSON.stringify(warnings)}`);
+  }
+  assert.equal(warnings.length, 4);
 });
 
 test('validation: wrong types name the field', () => {
-  throwsConfig(() => parseConfigText(HEAD + 'iptables:\n  masqueradeBit: "fourteen"\n'), 'iptables.masqueradeBit');
-  throwsConfig(() => parseConfigText(HEAD + 'nodePortAddresses: 10.0.0.0/8\n'), 'nodePortAddresses');
+  throwsConfig(() => resolveConfig(parseConfigText(HEAD + 'iptables:\n  masqueradeBit: "fourteen"\n')), 'iptables.masqueradeBit', 'an integer');
+  throwsConfig(() => resolveConfig(parseConfigText(HEAD + 'nodePortAddresses: 10.0.0.0/8\n')), 'nodePortAddresses', 'a list');
+  throwsConfig(() => resolveConfig(parseConfigText(HEAD + 'iptables: true\n')), 'iptables', 'a mapping');
+  throwsConfig(() => resolveConfig(parseConfigText(HEAD + 'iptables:\n  syncPeriod: 30\n')), 'iptables.syncPeriod', 'duration');
 });
 
 test('validation: wrong kind or apiVersion', () => {
@@ -288,7 +295,9 @@ test('detectLocalMode: invalid combinations are refused naming the field', () =>
   throwsConfig(() => resolveConfig({}, { detectLocalMode: 'InterfaceNamePrefix' }), 'detectLocal.interfaceNamePrefix', 'must not be empty');
   throwsConfig(() => resolveConfig({ detectLocalMode: 'BridgeInterface', detectLocal: { bridgeInterface: 'a/b' } }), 'detectLocal.bridgeInterface', 'a/b');
   throwsConfig(() => resolveConfig({}, { podBridgeInterface: 'x'.repeat(16) }), 'detectLocal.bridgeInterface', 'at most 15');
-  throwsConfig(() => resolveConfig({ detectLocal: { bridge: 'cbr0' } }), 'detectLocal.bridge', 'unknown field');
+  const warned: string[] = [];
+  resolveConfig({ detectLocal: { bridge: 'cbr0' } } as never, {}, (w) => warned.push(w));
+  assert.match(warned.join('\n'), /^detectLocal\.bridge: unknown field/);
   // ClusterCIDR without clusterCIDR is allowed (upstream detects nothing, with a warning)
   assert.deepEqual(resolveConfig({ detectLocalMode: 'ClusterCIDR' }).clusterCIDRs, []);
 });
