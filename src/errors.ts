@@ -16,6 +16,7 @@ export const ERROR_CODES = {
   KPROXY_EXEC_SPAWN_FAILED: 'a host command could not be started (file descriptors, processes, memory or permissions); the message names the errno and what to check',
   KPROXY_EXEC_TIMEOUT: 'a host command did not finish in time and its process group was killed (often a held xtables lock); the next sync retries',
   KPROXY_FAMILY_UNAVAILABLE: 'one IP family cannot be served on this node (its tools are missing, or IPv6 is disabled in the kernel); the other family keeps working. Install the tool or enable the family, then restart',
+  KPROXY_FLAG_UNKNOWN: 'the command line has a flag kproxy does not know (or one without its value, or a stray argument); the message names it. kproxy takes kube-proxy\'s flags (kproxy --help lists them) plus its own',
   KPROXY_HEALTHCHECK_BIND: 'a Service\'s health check node port cannot be bound on a NodePort address (another process holds it); load balancers see the node as unhealthy for that Service. Logged once; retried on every sync',
   KPROXY_IPTABLES_FAILED: 'an iptables command (create a chain, insert a jump) was refused; the message holds its stderr. Run as root with the iptables kernel modules available',
   KPROXY_IPTABLES_PARSE: 'text given as iptables-save output (or an iptables-restore payload) cannot be read; the message names the line',

@@ -1,8 +1,15 @@
-// kproxy's command line. Shapes are fixed by DESIGN.md ("The command line").
+// kproxy's command line. Shapes are fixed by DESIGN.md ("The command line"): `kproxy [flags]`
+// and `kproxy run [flags]` take kube-proxy's command line (src/cli/flags.ts, parsed as Go's
+// pflag does); the other commands are commander's.
 import { Command, Option } from 'commander';
 import { hostname } from 'node:os';
-import { resolveConfig, ConfigError, type ConfigFlags, type ProxyConfig, type ModeName } from '../config/config.ts';
+import { writeFileSync } from 'node:fs';
+import { stringify as toYAML } from 'yaml';
+import { resolveConfig, ConfigError, KUBE_PROXY_COMPAT, type ConfigFlags, type ProxyConfig, type ModeName } from '../config/config.ts';
 import { loadConfigFile } from '../config/load.ts';
+import { KproxyError, kproxyError } from '../errors.ts';
+import { helpText, parseFlags, proxyInvocation, type ProxyInvocation } from './flags.ts';
+import pkg from '../../package.json' with { type: 'json' };
 import { runCommand } from './run.ts';
 import { renderCommand } from './render.ts';
 import { traceCommand } from './trace.ts';
@@ -29,6 +36,8 @@ export interface CommonOptions {
   cleanup?: boolean;
   nodeIp?: string;
   logLevel?: string;
+  /** `kproxy [flags]` / `kproxy run [flags]`: the configuration resolved with upstream's precedence */
+  invocation?: ProxyInvocation;
 }
 
 /** Loads --config, applies flags over it, validates: throws ConfigError before anything touches the host. */
@@ -75,20 +84,75 @@ function addProxyFlags(cmd: Command): Command {
     .option('--log-level <level>', 'log level (trace, debug, info, warn, error)');
 }
 
+/** A command line or configuration kproxy refuses: exit 2 (as a usage error), else 1. */
+function isUsageError(err: unknown): boolean {
+  return err instanceof ConfigError || (err instanceof KproxyError && err.code === 'KPROXY_FLAG_UNKNOWN');
+}
+
 function fail(err: unknown): never {
   const msg = err instanceof Error ? err.message : String(err);
   process.stderr.write(`kproxy: ${msg}\n`);
-  if (!(err instanceof ConfigError) && process.env.KPROXY_DEBUG && err instanceof Error) process.stderr.write(`${err.stack}\n`);
-  process.exit(err instanceof ConfigError ? 2 : 1);
+  if (!isUsageError(err) && process.env.KPROXY_DEBUG && err instanceof Error) process.stderr.write(`${err.stack}\n`);
+  process.exit(isUsageError(err) ? 2 : 1);
 }
 
+export const VERSION = `v${pkg.version}`;
+
+/** `--version`: one line, as upstream's verflag ("Kubernetes v1.34.0"); `--version=raw` as JSON. */
+export function versionText(raw: boolean): string {
+  if (raw) return JSON.stringify({ gitVersion: VERSION, kubeProxyCompatible: KUBE_PROXY_COMPAT, platform: `${process.platform}/${process.arch}`, nodeVersion: process.version }, null, 2) + '\n';
+  return `kproxy version ${VERSION} (kube-proxy compatible ${KUBE_PROXY_COMPAT})\n`;
+}
+
+/** Parses and resolves kube-proxy's command line; throws before anything touches the host. */
+export function invocationOf(args: string[]): ProxyInvocation | { help: true } | { version: 'raw' | true } {
+  const p = parseFlags(args);
+  if (p.values.get('help') === true) return { help: true };
+  const v = p.values.get('version');
+  if (v === true || v === 'raw') return { version: v };
+  const file = p.values.get('config') as string | undefined;
+  return proxyInvocation(p, file ? loadConfigFile(file) : undefined);
+}
+
+/** `kproxy [flags]` and `kproxy run [flags]`: kube-proxy's command line. */
+async function proxyMain(args: string[]): Promise<void> {
+  const inv = invocationOf(args);
+  if ('help' in inv) {
+    process.stdout.write(helpText());
+    return;
+  }
+  if ('version' in inv) {
+    process.stdout.write(versionText(inv.version === 'raw'));
+    return;
+  }
+  if (inv.writeConfigTo) {
+    // upstream writeConfigFile: the effective configuration as v1alpha1 YAML, then exit 0
+    for (const w of inv.warnings) process.stderr.write(`kproxy: warning: ${w}\n`);
+    try {
+      writeFileSync(inv.writeConfigTo, toYAML(inv.cfg.v1alpha1, { sortMapEntries: true }));
+    } catch (e) {
+      throw new ConfigError('--write-config-to', `cannot write ${inv.writeConfigTo}: ${(e as Error).message}`);
+    }
+    process.stderr.write(`kproxy: Wrote configuration file=${JSON.stringify(inv.writeConfigTo)}\n`);
+    return;
+  }
+  await runCommand({ config: inv.configFile, manifests: inv.manifests, logLevel: inv.logLevel, cleanup: inv.cleanup, invocation: inv });
+}
+
+const COMMANDS = ['run', 'render', 'trace', 'cleanup', 'status', 'conformance', 'demo', 'help'];
+
 export async function main(argv: string[]): Promise<void> {
+  const args = argv.slice(2);
+  // Bare `kproxy [flags]` runs the proxy as upstream's kube-proxy does; so does `kproxy run`.
+  if (args.length === 0 || args[0].startsWith('-') || args[0] === 'run') {
+    return proxyMain(args[0] === 'run' ? args.slice(1) : args).catch(fail);
+  }
+  if (!COMMANDS.includes(args[0])) {
+    fail(kproxyError('KPROXY_FLAG_UNKNOWN', `unknown command ${JSON.stringify(args[0])}; kproxy takes kube-proxy's flags, or one of the commands ${COMMANDS.join(', ')} (kproxy --help)`));
+  }
   const program = new Command('kproxy')
     .description('A Kubernetes service proxy: userspace, iptables, IPVS and nftables modes')
     .showHelpAfterError();
-
-  addProxyFlags(program.command('run').description('run the proxy').option('--cleanup', 'remove every mode\'s kernel state and exit'))
-    .action(async (o: CommonOptions) => runCommand(o).catch(fail));
 
   addProxyFlags(program.command('render').description('dry run: print what would be applied (no root needed)'))
     .option('--node-ip <ips>', 'node IPs to plan with (default: this host\'s)')

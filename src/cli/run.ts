@@ -16,6 +16,7 @@ import { kproxyError } from '../errors.ts';
 import { availableParallelism } from 'node:os';
 import { procSysctl } from '../exec/sysctl.ts';
 import { applyStartSettings, conntrackCleaner } from '../exec/conntrack.ts';
+import { watchConfigFile, CONFIG_CHANGED_MESSAGE } from './config-watch.ts';
 
 export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {
   if (o.manifests) return new ManifestsSource({ dir: o.manifests, nodeName, log: log.child({ source: 'manifests' }) });
@@ -29,11 +30,25 @@ export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName:
 }
 
 export async function runCommand(o: CommonOptions): Promise<void> {
-  const cfg = effectiveConfig(o);
+  const cfg = o.invocation?.cfg ?? effectiveConfig(o);
   const log = createLogger({ level: o.logLevel });
+  for (const w of o.invocation?.warnings ?? []) log.warn(w);
   if (o.cleanup) {
     await cleanupAll(hostRunner, log);
     return;
+  }
+  if (o.invocation?.initOnly) {
+    // upstream --init-only: the steps that need full root privileges, then exit
+    await applyStartSettings({ conntrack: cfg.mode === 'userspace' ? null : cfg.conntrack, oomScoreAdj: cfg.oomScoreAdj, cpus: availableParallelism(), sysctl: procSysctl(), proc: procSysctl('/proc'), log });
+    log.info('init-only: initialization done; exiting');
+    return;
+  }
+  // upstream: a change of the --config file ends the process (exit 1) so the pod restarts with it
+  if (o.invocation?.configFile) {
+    watchConfigFile(o.invocation.configFile, () => {
+      log.error({ err: CONFIG_CHANGED_MESSAGE, file: o.invocation?.configFile }, 'Error running ProxyServer');
+      process.exit(1);
+    });
   }
   // A long-running kproxy logs an error that escapes every handler and keeps going (node's
   // default would exit 1 and leave the node unserviced until a restart).
