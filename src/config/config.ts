@@ -506,7 +506,7 @@ function notApplicableWarnings(raw: RawConfig, mode: ModeName, warn: ConfigWarn)
     warn(`clientConnection.contentType: ${JSON.stringify(cc.contentType)} ignored; kproxy talks JSON to the API server`);
   }
   if (cc.acceptContentTypes) warn(`clientConnection.acceptContentTypes: ${JSON.stringify(cc.acceptContentTypes)} ignored; kproxy accepts JSON only`);
-  if (cc.qps || cc.burst) warn('clientConnection.qps/burst: accepted, not used (kproxy makes one list and one watch per resource, with back-off)');
+  if ((cc.qps && cc.qps !== 5) || (cc.burst && cc.burst !== 10)) warn('clientConnection.qps/burst: accepted, not used (kproxy makes one list and one watch per resource, with back-off)');
   if (raw.enableProfiling) warn('enableProfiling: ignored; Go\'s pprof does not exist in kproxy (use node --inspect, and /debug/* on the metrics address)');
   if (raw.showHiddenMetricsForVersion) warn('showHiddenMetricsForVersion: accepted; kproxy has no hidden metrics');
   if (raw.portRange) warn('portRange: unused, as upstream (it configured the old userspace proxy; kproxy\'s userspace mode picks its ports itself)');
@@ -516,7 +516,7 @@ function notApplicableWarnings(raw: RawConfig, mode: ModeName, warn: ConfigWarn)
   }
   const gates = Object.keys(raw.featureGates ?? {});
   if (gates.length) warn(`featureGates: ${gates.join(', ')} ignored; kproxy has no feature gates (every feature it has is on)`);
-  if (raw.udpIdleTimeout !== undefined && mode !== 'userspace') warn('udpIdleTimeout: used by the userspace mode only; ignored in ' + mode + ' mode');
+  if (raw.udpIdleTimeout !== undefined && ms(raw.udpIdleTimeout) !== 0 && mode !== 'userspace') warn('udpIdleTimeout: used by the userspace mode only; ignored in ' + mode + ' mode');
 }
 
 /**
@@ -553,9 +553,12 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
   const npaList = flags.nodeportAddresses !== undefined
     ? flags.nodeportAddresses.split(',').map((s) => s.trim()).filter(Boolean)
     : raw.nodePortAddresses ?? [];
-  // Newer upstream allows "primary" next to CIDRs (any combination of keywords and CIDRs); both are kept.
+  // upstream validateKubeProxyNodePortAddress: "primary" alone, or CIDRs
   const nodePortAddresses = npaList.map((c, i) => {
-    if (c === 'primary') return c;
+    if (c === 'primary') {
+      if (npaList.length !== 1) throw new ConfigError(`nodePortAddresses[${i}]`, `"primary": can't use both 'primary' and CIDRs`);
+      return c;
+    }
     const p = parseCIDR(c);
     if (!p) throw new ConfigError(`nodePortAddresses[${i}]`, `invalid CIDR ${JSON.stringify(c)} (want a CIDR or "primary")`);
     return p.text;
@@ -611,7 +614,8 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
   const ipvsValidated = mode === 'ipvs';
   const ipvs = {
     scheduler,
-    excludeCIDRs: cidrList('ipvs.excludeCIDRs', ipvsRaw.excludeCIDRs ?? []),
+    // validated in ipvs mode only, as upstream; elsewhere unused
+    excludeCIDRs: ipvsValidated ? cidrList('ipvs.excludeCIDRs', ipvsRaw.excludeCIDRs ?? []) : (ipvsRaw.excludeCIDRs ?? []).flatMap((c) => parseCIDR(c)?.text ?? []),
     strictARP: ipvsRaw.strictARP ?? false,
     tcpTimeoutMs: ipvsValidated ? nonNegative('ipvs.tcpTimeout', ipvsRaw.tcpTimeout) : Math.max(0, ms(ipvsRaw.tcpTimeout)),
     tcpFinTimeoutMs: ipvsValidated ? nonNegative('ipvs.tcpFinTimeout', ipvsRaw.tcpFinTimeout) : Math.max(0, ms(ipvsRaw.tcpFinTimeout)),
@@ -701,7 +705,7 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
       tcpTimeout: d(ipvs.tcpTimeoutMs),
       udpTimeout: d(ipvs.udpTimeoutMs),
     },
-    logging: { flushFrequency: raw.logging?.flushFrequency ?? '5s', format, options: { json: { infoBufferSize: '0' }, text: { infoBufferSize: '0' } }, verbosity },
+    logging: { flushFrequency: raw.logging?.flushFrequency || '5s', format, options: { json: { infoBufferSize: '0' }, text: { infoBufferSize: '0' } }, verbosity },
     metricsBindAddress,
     mode,
     nftables: { masqueradeAll: mode === 'nftables' ? masqueradeAll : raw.nftables?.masqueradeAll ?? false, masqueradeBit: nftBit, ...nftSync },

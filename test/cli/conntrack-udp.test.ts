@@ -70,7 +70,7 @@ before(async () => {
     pods.node('test/support/backend-main.ts', [id, `udp:${ip}:5353`], (d) => (out += d));
     await waitFor(`backend ${id}`, () => out.includes('READY'), 20_000, 50);
   }
-  writeFileSync(configFile, 'apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\noomScoreAdj: 321\nconntrack:\n  udpTimeout: 47s\n');
+  writeFileSync(configFile, 'apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\noomScoreAdj: 321\nclusterCIDR: 10.0.0.0/8\nhealthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\nconntrack:\n  udpTimeout: 47s\n');
 });
 
 after(async () => {
@@ -82,8 +82,8 @@ after(async () => {
 async function startKproxy(mode: string): Promise<{ proc: ChildProcess; log: () => string }> {
   let log = '';
   const proc = node.kproxy(
-    ['run', '--mode', mode, '--config', configFile, '--manifests', manifestDir, '--hostname-override', 'node-a', '--cluster-cidr', '10.0.0.0/8',
-      '--healthz-bind-address', '127.0.0.1:10256', '--metrics-bind-address', '127.0.0.1:10249'],
+    // as upstream, --config wins over the configuration flags: the CIDR and addresses are in the file
+    ['run', '--mode', mode, '--config', configFile, '--manifests', manifestDir, '--hostname-override', 'node-a'],
     (s) => (log += s),
   );
   await waitFor(`kproxy ${mode} healthy`, () => node.exec('curl', ['-sf', '127.0.0.1:10256/healthz'], { allowFail: true }).includes('"nodeEligible":true'), 30_000, 200)

@@ -200,7 +200,9 @@ test('validation: bad CIDRs name the field and value', () => {
     '"192.168.0.300/24"',
   );
   throwsConfig(() => resolveConfig({}, { nodeportAddresses: 'garbage' }), 'nodePortAddresses[0]', '"garbage"');
-  throwsConfig(() => resolveConfig(parseConfigText(HEAD + 'ipvs:\n  excludeCIDRs: ["x/8"]\n')), 'ipvs.excludeCIDRs[0]', '"x/8"');
+  throwsConfig(() => resolveConfig(parseConfigText(HEAD + 'mode: ipvs\nipvs:\n  excludeCIDRs: ["x/8"]\n')), 'ipvs.excludeCIDRs[0]', '"x/8"');
+  // upstream validates the ipvs section in ipvs mode only
+  assert.deepEqual(resolveConfig(parseConfigText(HEAD + 'ipvs:\n  excludeCIDRs: ["x/8"]\n')).ipvs.excludeCIDRs, []);
 });
 
 test('validation: unknown IPVS scheduler', () => {
@@ -302,8 +304,10 @@ test('detectLocalMode: invalid combinations are refused naming the field', () =>
   assert.deepEqual(resolveConfig({ detectLocalMode: 'ClusterCIDR' }).clusterCIDRs, []);
 });
 
-test('nodePortAddresses: "primary" mixed with CIDRs keeps both; a bad entry names its index', () => {
-  assert.deepEqual(resolveConfig({ nodePortAddresses: ['primary', '10.0.0.0/8'] }).nodePortAddresses, ['primary', '10.0.0.0/8']);
-  assert.deepEqual(resolveConfig({}, { nodeportAddresses: '10.0.0.0/8,primary' }).nodePortAddresses, ['10.0.0.0/8', 'primary']);
-  throwsConfig(() => resolveConfig({ nodePortAddresses: ['primary', 'nope'] }), 'nodePortAddresses[1]', 'nope');
+test('nodePortAddresses: "primary" alone or CIDRs, as upstream; a bad entry names its index', () => {
+  assert.deepEqual(resolveConfig({ nodePortAddresses: ['primary'] }).nodePortAddresses, ['primary']);
+  assert.deepEqual(resolveConfig({}, { nodeportAddresses: '10.0.0.0/8,192.168.0.0/16' }).nodePortAddresses, ['10.0.0.0/8', '192.168.0.0/16']);
+  throwsConfig(() => resolveConfig({ nodePortAddresses: ['primary', '10.0.0.0/8'] }), 'nodePortAddresses[0]', "can't use both 'primary' and CIDRs");
+  throwsConfig(() => resolveConfig({ nodePortAddresses: ['10.0.0.0/8', 'primary'] }), 'nodePortAddresses[1]', "can't use both 'primary' and CIDRs");
+  throwsConfig(() => resolveConfig({ nodePortAddresses: ['10.0.0.0/8', 'nope'] }), 'nodePortAddresses[1]', 'nope');
 });

@@ -89,9 +89,13 @@ test('config: conntrack defaults as upstream v1alpha1, oomScoreAdj -999; bad fie
   assert.equal(d.conntrack.udpTimeoutSec, 45);
   assert.equal(d.conntrack.udpStreamTimeoutSec, 120);
   assert.equal(d.conntrack.tcpBeLiberal, true);
-  assert.equal(d.oomScoreAdj, null);
+  // upstream v1alpha1 defaulting: a null oomScoreAdj (kubeadm writes one) is -999
+  assert.equal(d.oomScoreAdj, -999);
   assert.throws(() => resolveConfig({ mode: 'iptables', conntrack: { maxPerCore: -1 } } as any), ConfigError);
-  assert.throws(() => resolveConfig({ mode: 'iptables', conntrack: { bogus: 1 } } as any), ConfigError);
+  // lenient decoding, as upstream: an unknown field is a warning
+  const warned: string[] = [];
+  resolveConfig({ mode: 'iptables', conntrack: { bogus: 1 } } as any, {}, (w) => warned.push(w));
+  assert.match(warned.join('\n'), /^conntrack\.bogus: unknown field/);
 });
 
 test('conntrack settings: max from maxPerCore × cores with min; only the given timeouts', () => {
