@@ -101,10 +101,27 @@ test('--config with a negative syncPeriod', async () => {
   assertConfigError(await kproxy(['run', '--config', cfg, '--manifests', manifests]), 'iptables.syncPeriod', '"-1s"');
 });
 
-test('--config with an unknown field', async () => {
-  const cfg = join(dir, 'unknown.yaml');
-  writeFileSync(cfg, 'apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmodee: iptables\n');
-  assertConfigError(await kproxy(['run', '--config', cfg, '--manifests', manifests]), 'modee', 'unknown field');
+test('--config with a value of the wrong type (an unknown field is only a warning, as upstream)', async () => {
+  const cfg = join(dir, 'type.yaml');
+  writeFileSync(cfg, 'apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmodee: iptables\niptables:\n  masqueradeBit: fourteen\n');
+  assertConfigError(await kproxy(['run', '--config', cfg, '--manifests', manifests]), 'iptables.masqueradeBit', 'fourteen');
+});
+
+test('the bare command line (as upstream\'s DaemonSet starts kube-proxy): bad values exit 2', async () => {
+  assertConfigError(await kproxy(['--proxy-mode=bogus', `--manifests=${manifests}`]), 'mode', '"bogus"');
+  assertConfigError(await kproxy(['--iptables-masquerade-bit=32', `--manifests=${manifests}`]), 'iptables.masqueradeBit', '32');
+  assertConfigError(await kproxy(['--oom-score-adj', 'high', `--manifests=${manifests}`]), '--oom-score-adj', '"high"');
+});
+
+test('an unknown flag exits 2 naming it, before anything starts', async () => {
+  const cfg = join(dir, 'ok.yaml');
+  writeFileSync(cfg, 'apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n');
+  for (const args of [[`--config=${cfg}`, '--hostname-override=n1', '--no-such-flag'], ['run', '--alsologtostderr', `--config=${cfg}`]]) {
+    const r = await kproxy([...args, `--manifests=${manifests}`]);
+    assert.equal(r.code, 2, `exit code 2 expected; stderr: ${r.stderr}`);
+    assert.match(r.stderr, /KPROXY_FLAG_UNKNOWN: unknown flag: --(no-such-flag|alsologtostderr)/);
+    assertNothingTouched();
+  }
 });
 
 test('bad --cluster-cidr', async () => {
