@@ -40,7 +40,7 @@ export interface CommonOptions {
   invocation?: ProxyInvocation;
 }
 
-/** Loads --config, applies flags over it, validates: throws ConfigError before anything touches the host. */
+/** render and trace: loads --config, applies flags over it, validates: throws ConfigError before anything touches the host. */
 export function effectiveConfig(o: CommonOptions): ProxyConfig {
   const raw = o.config ? loadConfigFile(o.config) : {};
   const flags: ConfigFlags = {
@@ -57,7 +57,8 @@ export function effectiveConfig(o: CommonOptions): ProxyConfig {
     podBridgeInterface: o.podBridgeInterface,
     podInterfaceNamePrefix: o.podInterfaceNamePrefix,
   };
-  return resolveConfig(raw, flags);
+  // render/trace: warnings (an unknown field, a field that does not apply) go to stderr; stdout stays the payload
+  return resolveConfig(raw, flags, (w) => process.stderr.write(`kproxy: warning: ${w}\n`));
 }
 
 /** Node name as upstream: --hostname-override, then NODE_NAME, then the hostname, lower-cased. */
