@@ -126,9 +126,6 @@ export interface ParsedFlags {
   args: string[];
 }
 
-/** The exit status and message of a command line kproxy refuses (pflag's errors). */
-export class FlagError extends Error {}
-
 /** Go's strconv.ParseBool. */
 function parseGoBool(v: string): boolean | null {
   if (['1', 't', 'T', 'TRUE', 'true', 'True'].includes(v)) return true;

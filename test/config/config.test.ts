@@ -311,3 +311,12 @@ test('nodePortAddresses: "primary" alone or CIDRs, as upstream; a bad entry name
   throwsConfig(() => resolveConfig({ nodePortAddresses: ['10.0.0.0/8', 'primary'] }), 'nodePortAddresses[1]', "can't use both 'primary' and CIDRs");
   throwsConfig(() => resolveConfig({ nodePortAddresses: ['10.0.0.0/8', 'nope'] }), 'nodePortAddresses[1]', 'nope');
 });
+
+test('formatDuration prints Go\'s time.Duration.String(), and parseDuration reads it back (property)', async () => {
+  const { formatDuration } = await import('../../src/config/config.ts');
+  const fc = (await import('fast-check')).default;
+  for (const [msIn, text] of [[0, '0s'], [250, '250ms'], [1000, '1s'], [90_000, '1m30s'], [3_600_000, '1h0m0s'], [86_400_000, '24h0m0s'], [1500, '1.5s'], [-2000, '-2s']] as const) {
+    assert.equal(formatDuration(msIn), text);
+  }
+  fc.assert(fc.property(fc.integer({ min: -1e9, max: 1e9 }), (n) => parseDuration(formatDuration(n)) === n), { numRuns: 500 });
+});
