@@ -43,6 +43,13 @@ export interface SyncStats {
    * (kproxy_sync_excluded_services) and /debug.
    */
   excludedServices?: string[];
+  /**
+   * Rules per table, installed and written by this sync (the iptables mode: upstream's
+   * sync_proxy_rules_iptables_total / _iptables_last {table})
+   */
+  rulesByTable?: Record<string, { total: number; written: number }>;
+  /** stale-object deletions that failed in this sync and are retried (nftables: upstream's nftables_cleanup_failures_total) */
+  cleanupFailures?: number;
 }
 
 export interface Proxier {
