@@ -156,6 +156,8 @@ export const NETWORK_PROGRAMMING_BUCKETS = [0, ...linearBuckets(0.25, 0.25, 2), 
 
 /** iptables-restore failures: upstream's sync_proxy_rules_iptables_restore_failures_total */
 const RESTORE_FAILURE_CODES = new Set(['KPROXY_IPTABLES_RESTORE_FAILED', 'KPROXY_IPTABLES_RESTORE_TIMEOUT', 'KPROXY_IPVS_IPTABLES_FAILED']);
+/** nft -f failures (the nftables mode counts every failed sync; these say so without a mode) */
+const NFT_FAILURE_CODES = new Set(['KPROXY_NFT_APPLY', 'KPROXY_NFT_TIMEOUT']);
 
 const ipFamilyLabel = (family: 4 | 6) => (family === 6 ? 'IPv6' : 'IPv4');
 
@@ -337,7 +339,7 @@ export class Metrics {
       if (RESTORE_FAILURE_CODES.has(code)) this.restoreFailures?.inc(labels);
       // upstream counts every failed partial sync of the iptables proxier (it falls back to a full one)
       if (!f.full && (this.mode === 'iptables' || (this.mode === undefined && RESTORE_FAILURE_CODES.has(code)))) this.partialRestoreFailures?.inc(labels);
-      if (this.mode === 'nftables' || (this.mode === undefined && code.startsWith('KPROXY_NFT_'))) this.nftSyncFailures?.inc(labels);
+      if (this.mode === 'nftables' || (this.mode === undefined && NFT_FAILURE_CODES.has(code))) this.nftSyncFailures?.inc(labels);
       return;
     }
     this.lastTs.set(labels, (r.at + (f.durationMs ?? r.durationMs)) / 1000);
