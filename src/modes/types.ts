@@ -56,7 +56,7 @@ export interface Proxier {
   /**
    * Brings the host to the desired state of `input`. `changed` holds the service keys
    * ("ns/name") changed since the last successful sync; `full` asks for a complete rewrite
-   * (first sync, after a failure, periodic). Throws on failure, leaving the old rules.
+   * (first sync, after a failure, hourly). Throws on failure, leaving the old rules.
    */
   sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats>;
   /** the desired state last applied, as text (for /debug/rules) */
