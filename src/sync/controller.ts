@@ -412,8 +412,10 @@ export class ProxyController {
    * unreachable API server at start-up must not make the kubelet restart kproxy.
    */
   private queueSync(full = false): void {
-    if (this.synced) this.health.queuedUpdate();
-    for (const l of this.queuedListeners) l();
+    if (this.synced) {
+      this.health.queuedUpdate();
+      for (const l of this.queuedListeners) l();
+    }
     if (full) this.loop.requestFull();
     else this.loop.request();
   }
