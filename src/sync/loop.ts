@@ -183,10 +183,11 @@ export class SyncLoop {
     }
     if (this.stopped) return;
     if (this.status.pendingSince) this.schedule(this.delayForChange());
-    // The periodic sync, syncPeriod after this one (upstream's maxInterval); after a failure
-    // not before the back-off ends (an overdue sync would otherwise retry in a tight loop).
-    // Whether it is full is decided when it runs (hourly, or after a failure).
+    // The periodic sync, syncPeriod after this one ended (upstream's BoundedFrequencyRunner
+    // resets its maxInterval timer after each run, so a sync slower than syncPeriod is not
+    // followed by another at once); after a failure not before the back-off ends. Whether it
+    // is full is decided when it runs (hourly, or after a failure).
     const now2 = this.clock.now();
-    this.schedule(Math.max(0, this.opts.syncPeriodMs - (now2 - this.status.lastSyncAt), this.retryAt - now2));
+    this.schedule(Math.max(this.opts.syncPeriodMs, this.retryAt - now2));
   }
 }

@@ -190,6 +190,23 @@ test('the periodic sync comes syncPeriod after the last sync of any kind (change
   await h.loop.stop();
 });
 
+test('a sync slower than syncPeriod is not followed by a periodic one at once (upstream resets the timer after each run)', async () => {
+  const h = harness({ durationMs: 40_000 });
+  h.loop.start();
+  await h.clock.advance(0);
+  const t0 = h.clock.t;
+  await h.clock.advance(185_000);
+  assert.deepEqual(
+    h.records.map((r) => [r.start - t0, r.end - t0]),
+    [
+      [0, 40_000],
+      [70_000, 110_000],
+      [140_000, 180_000],
+    ],
+  );
+  await h.loop.stop();
+});
+
 test('fullSyncPeriodMs sets how often the forced full sync comes', async () => {
   const h = harness({ fullSyncPeriodMs: 90_000 });
   h.loop.start();
