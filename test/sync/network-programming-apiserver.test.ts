@@ -46,7 +46,8 @@ test('a slice update from the API server with a trigger time is observed once it
     assert.match(text, /^kubeproxy_network_programming_duration_seconds_count\{ip_family="IPv4"\} 1$/m);
     const sum = Number(/^kubeproxy_network_programming_duration_seconds_sum\{ip_family="IPv4"\} (\S+)$/m.exec(text)?.[1]);
     assert.ok(sum >= 0.8 && sum < 60, `latency ${sum}s`);
-    assert.match(text, /^kubeproxy_sync_proxy_rules_endpoint_changes_total 2$/m, 'the listed slice and its update');
+    // the listed slice and its update (a relist after a cut watch may deliver more)
+    assert.ok(Number(/^kubeproxy_sync_proxy_rules_endpoint_changes_total (\S+)$/m.exec(text)?.[1]) >= 2);
   } finally {
     await ctrl.stop();
     await server.close();
