@@ -83,6 +83,9 @@ export interface FamilySyncRecord {
   noLocalEndpoints?: { internal: number; external: number };
 }
 
+/** trigger times kept per family while its syncs fail (each is one histogram observation later) */
+const MAX_PENDING_TRIGGER_TIMES = 10_000;
+
 /** What one service-port view says about Local traffic policies without local endpoints. */
 export function countNoLocalEndpoints(view: NodeView | undefined): { internal: number; external: number } {
   let internal = 0;
@@ -479,7 +482,10 @@ export class ProxyController {
       for (const f of this.families) {
         const famStarted = Date.now();
         for (const k of f.tracker.apply()) f.changedSinceSuccess.add(k);
-        for (const t of f.tracker.endpoints.takeTriggerTimes()) if (t > this.trackerStartedAt) f.triggerTimes.push(t);
+        for (const t of f.tracker.endpoints.takeTriggerTimes()) {
+          // bounded while syncs keep failing: the oldest changes are the ones the SLO is about
+          if (t > this.trackerStartedAt && f.triggerTimes.length < MAX_PENDING_TRIGGER_TIMES) f.triggerTimes.push(t);
+        }
         const changed = new Set(f.changedSinceSuccess);
         for (const k of changed) changedAll.add(k);
         const famFull = full || f.failed;
