@@ -550,7 +550,9 @@ export class ProxyController {
       if (this.history.length > 50) this.history.shift();
       for (const l of this.listeners) l(rec);
       if (rec.ok) {
-        this.opts.log.info(
+        // the periodic partial sync with nothing to do is the common case: not worth a line at info
+        const quiet = !full && rec.changed.length === 0 && !rec.stats?.rulesWritten;
+        this.opts.log[quiet ? 'debug' : 'info'](
           { full, durationMs: rec.durationMs, changed: rec.changed.length, rulesWritten: rec.stats?.rulesWritten, rulesTotal: rec.stats?.rulesTotal },
           'synced',
         );
