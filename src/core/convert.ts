@@ -76,6 +76,23 @@ export type Report = (msg: string, obj: string, detail?: InvalidDetail) => void;
 export const LABEL_SERVICE_PROXY_NAME = 'service.kubernetes.io/service-proxy-name';
 export const LABEL_SERVICE_NAME = 'kubernetes.io/service-name';
 export const DEFAULT_AFFINITY_TIMEOUT = 10800;
+/** set by the EndpointSlice controller: when the change this slice carries was triggered */
+export const ANNOTATION_LAST_CHANGE_TRIGGER_TIME = 'endpoints.kubernetes.io/last-change-trigger-time';
+
+const RFC3339 = /^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$/;
+
+/**
+ * A slice's last-change-trigger-time in epoch ms, or null when absent or not RFC 3339 (upstream's
+ * getLastChangeTriggerTime parses it with time.RFC3339Nano and ignores a bad value).
+ */
+export function lastChangeTriggerTime(slice: K8sEndpointSlice): number | null {
+  const v = slice.metadata?.annotations?.[ANNOTATION_LAST_CHANGE_TRIGGER_TIME];
+  const m = typeof v === 'string' ? RFC3339.exec(v) : null;
+  if (!m) return null;
+  // Date.parse reads milliseconds only: cut the fraction to 3 digits
+  const t = Date.parse(`${m[1]}${(m[2] ?? '').slice(0, 4)}${m[3]}`);
+  return Number.isFinite(t) ? t : null;
+}
 
 // DNS-1123 subdomain (namespaces and names are stricter in practice; this is enough to keep
 // quotes, spaces and rule syntax out of comments and set names).

@@ -14,6 +14,7 @@ import type { IPFamily } from './ip.ts';
 import type { Endpoint, ProxyState, ServicePort } from './model.ts';
 import {
   endpointsOfSlices,
+  lastChangeTriggerTime,
   servicePortsOf,
   sliceServiceKey,
   type K8sEndpointSlice,
@@ -88,6 +89,13 @@ export class EndpointsChangeTracker {
   private readonly sliceService = new Map<string, string>();
   private readonly applied = new Map<string, Map<string, Endpoint[]>>();
   private readonly pending = new Map<string, Change<Endpoint[]>>();
+  /**
+   * The last-change-trigger-times of the pending changes, by service key: upstream's
+   * lastChangeTriggerTimes, from which network_programming_duration_seconds is measured once
+   * the sync that programs them succeeds. A change that turns out a no-op drops its times.
+   */
+  private readonly triggerTimes = new Map<string, number[]>();
+  private appliedTriggerTimes: number[] = [];
 
   constructor(
     private readonly family: IPFamily,
@@ -122,7 +130,26 @@ export class EndpointsChangeTracker {
     let pending = false;
     if (before !== undefined && before !== svcKey) pending = this.recompute(before);
     if (svcKey) pending = this.recompute(svcKey) || pending;
+    this.noteTriggerTime(valid, svcKey ?? before);
     return pending;
+  }
+
+  /**
+   * As upstream's EndpointSliceUpdate: a deleted slice's trigger time is that of its last
+   * update, not of the deletion, so a deletion drops the service's times instead.
+   */
+  private noteTriggerTime(valid: K8sEndpointSlice | null, svcKey: string | undefined): void {
+    if (svcKey === undefined || !this.pending.has(svcKey)) return;
+    const t = valid ? lastChangeTriggerTime(valid) : null;
+    if (!valid) this.triggerTimes.delete(svcKey);
+    else if (t !== null) this.triggerTimes.set(svcKey, [...(this.triggerTimes.get(svcKey) ?? []), t]);
+  }
+
+  /** The trigger times of the changes the last apply() applied (each returned once). */
+  takeTriggerTimes(): number[] {
+    const out = this.appliedTriggerTimes;
+    this.appliedTriggerTimes = [];
+    return out;
   }
 
   private recompute(svcKey: string): boolean {
@@ -135,6 +162,7 @@ export class EndpointsChangeTracker {
     change.current = endpointsOfSlices(slices, this.family, this.nodeName, this.report);
     if (isDeepStrictEqual(change.previous, change.current)) {
       this.pending.delete(svcKey);
+      this.triggerTimes.delete(svcKey);
       return false;
     }
     return true;
@@ -160,6 +188,8 @@ export class EndpointsChangeTracker {
       else this.applied.delete(svcKey);
       changed.add(svcKey);
     }
+    this.appliedTriggerTimes = [...this.triggerTimes.values()].flat();
+    this.triggerTimes.clear();
     this.pending.clear();
     return changed;
   }

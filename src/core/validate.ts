@@ -21,7 +21,7 @@
 // existing objects (ParseIPSloppy, decimal) and canonicalised before anything renders them.
 import { z } from 'zod';
 import { canonicalIP, ipFamily, parseCIDR } from './ip.ts';
-import type { K8sEndpointSlice, K8sService, Report } from './convert.ts';
+import { ANNOTATION_LAST_CHANGE_TRIGGER_TIME, type K8sEndpointSlice, type K8sService, type Report } from './convert.ts';
 
 const LABEL_SERVICE_NAME = 'kubernetes.io/service-name';
 
@@ -258,11 +258,23 @@ const endpointSchema = z.object({
   ),
 });
 
+/**
+ * Of a slice's annotations only upstream's `endpoints.kubernetes.io/last-change-trigger-time`
+ * is kept (network_programming_duration_seconds is measured from it). Any other annotation,
+ * or one that is not a short string, is dropped: annotations never make a slice invalid.
+ */
+const sliceAnnotations = z.unknown().transform((v): Record<string, string> | undefined => {
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) return undefined;
+  const t = (v as Record<string, unknown>)[ANNOTATION_LAST_CHANGE_TRIGGER_TIME];
+  return typeof t === 'string' && t.length <= 64 ? { [ANNOTATION_LAST_CHANGE_TRIGGER_TIME]: t } : undefined;
+});
+
 const sliceSchema = z.object({
   ...typeMeta,
   metadata: z.object({
     name: str(dns1123Subdomain),
     namespace: str(dns1123Label),
+    annotations: sliceAnnotations,
     // The service-name label says which Service the slice belongs to: without one naming a
     // possible Service, the slice cannot mean anything to a proxy.
     labels: labels.superRefine((l, ctx) => {

@@ -43,13 +43,20 @@ export interface SyncStats {
    * (kproxy_sync_excluded_services) and /debug.
    */
   excludedServices?: string[];
+  /**
+   * Rules per table, installed and written by this sync (the iptables mode: upstream's
+   * sync_proxy_rules_iptables_total / _iptables_last {table})
+   */
+  rulesByTable?: Record<string, { total: number; written: number }>;
+  /** stale-object deletions that failed in this sync and are retried (nftables: upstream's nftables_cleanup_failures_total) */
+  cleanupFailures?: number;
 }
 
 export interface Proxier {
   /**
    * Brings the host to the desired state of `input`. `changed` holds the service keys
    * ("ns/name") changed since the last successful sync; `full` asks for a complete rewrite
-   * (first sync, after a failure, periodic). Throws on failure, leaving the old rules.
+   * (first sync, after a failure, hourly). Throws on failure, leaving the old rules.
    */
   sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats>;
   /** the desired state last applied, as text (for /debug/rules) */

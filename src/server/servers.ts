@@ -2,7 +2,8 @@
 // debug endpoints (default 127.0.0.1:10249: rules and state are not for the network).
 import { createServer, type Server, type IncomingMessage, type ServerResponse } from 'node:http';
 import client from 'prom-client';
-import type { ProxyController, SyncRecord } from '../sync/controller.ts';
+import type { FamilySyncRecord, ProxyController, SyncRecord } from '../sync/controller.ts';
+import type { ObjectKind } from '../core/validate.ts';
 import type { Source } from '../sources/types.ts';
 import type { Logger } from '../log.ts';
 import type { UserspaceProxier } from '../dataplane/proxier.ts';
@@ -133,30 +134,145 @@ export interface ServerDeps {
   log: Logger;
 }
 
+/** prometheus.ExponentialBuckets(start, factor, count) */
+function exponentialBuckets(start: number, factor: number, count: number): number[] {
+  return Array.from({ length: count }, (_, i) => Number((start * factor ** i).toPrecision(12)));
+}
+
+/** prometheus.LinearBuckets(start, width, count) */
+function linearBuckets(start: number, width: number, count: number): number[] {
+  return Array.from({ length: count }, (_, i) => start + width * i);
+}
+
+/** upstream's sync latency buckets: ExponentialBuckets(0.001, 2, 15), 1 ms to 16.384 s */
+export const SYNC_DURATION_BUCKETS = exponentialBuckets(0.001, 2, 15);
+
+/**
+ * upstream's network programming buckets: MergeBuckets(LinearBuckets(0.25, 0.25, 2),
+ * LinearBuckets(1, 1, 59), LinearBuckets(60, 5, 12), LinearBuckets(120, 30, 7)); MergeBuckets
+ * starts from a 0 bucket (component-base/metrics/buckets.go).
+ */
+export const NETWORK_PROGRAMMING_BUCKETS = [0, ...linearBuckets(0.25, 0.25, 2), ...linearBuckets(1, 1, 59), ...linearBuckets(60, 5, 12), ...linearBuckets(120, 30, 7)];
+
+/** iptables-restore failures: upstream's sync_proxy_rules_iptables_restore_failures_total */
+const RESTORE_FAILURE_CODES = new Set(['KPROXY_IPTABLES_RESTORE_FAILED', 'KPROXY_IPTABLES_RESTORE_TIMEOUT', 'KPROXY_IPVS_IPTABLES_FAILED']);
+/** nft -f failures (the nftables mode counts every failed sync; these say so without a mode) */
+const NFT_FAILURE_CODES = new Set(['KPROXY_NFT_APPLY', 'KPROXY_NFT_TIMEOUT']);
+
+const ipFamilyLabel = (family: 4 | 6) => (family === 6 ? 'IPv6' : 'IPv4');
+
+/** The controller's side that the metrics read (ProxyController; a fake in tests). */
+export interface MetricsSource {
+  onSync(fn: (r: SyncRecord) => void): void;
+  onInvalid(fn: (kind: ObjectKind, source: string) => void): void;
+  onQueued(fn: () => void): void;
+  onChange(fn: (kind: 'service' | 'endpoints') => void): void;
+  pendingChanges(): { services: number; endpoints: number };
+  families: Array<{ family: 4 | 6; tracker: { state: { services: Map<string, unknown> } }; proxier: unknown }>;
+}
+
+export interface MetricsOptions {
+  /**
+   * The proxy mode: the mode-specific upstream metrics are registered as upstream's
+   * RegisterMetrics does (iptables: the iptables restore failures and rule counts; ipvs: the
+   * restore failures; nftables: the nftables failures). Absent: all of them (tests, docs).
+   */
+  mode?: string;
+  /** process_* and nodejs_* metrics of prom-client (default true) */
+  processMetrics?: boolean;
+}
+
+/**
+ * Every metric /metrics exports: upstream's (pkg/proxy/metrics/metrics.go: subsystem
+ * kubeproxy, the same names, types, label names and buckets; ip_family labels as upstream's
+ * dual-stack proxiers) and kproxy's own (kproxy_*).
+ */
 export class Metrics {
   readonly registry = new client.Registry();
-  private readonly duration = new client.Histogram({
-    name: 'kubeproxy_sync_proxy_rules_duration_seconds',
-    help: 'SyncProxyRules latency in seconds',
-    labelNames: ['full'],
-    buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
-    registers: [this.registry],
-  });
-  private readonly lastTs = new client.Gauge({ name: 'kubeproxy_sync_proxy_rules_last_timestamp_seconds', help: 'The last time proxy rules were successfully synced', registers: [this.registry] });
+  readonly mode?: string;
+  private readonly has = (...modes: string[]) => this.mode === undefined || modes.includes(this.mode);
+  private pending: () => { services: number; endpoints: number } = () => ({ services: 0, endpoints: 0 });
+
+  // ---- upstream's (kubeproxy_*) ----
+  private readonly duration = new client.Histogram({ name: 'kubeproxy_sync_proxy_rules_duration_seconds', help: 'SyncProxyRules latency in seconds', labelNames: ['ip_family'], buckets: SYNC_DURATION_BUCKETS, registers: [this.registry] });
+  // upstream registers these two for iptables and nftables only; every kproxy mode syncs full or partial
+  private readonly fullDuration = new client.Histogram({ name: 'kubeproxy_sync_full_proxy_rules_duration_seconds', help: 'SyncProxyRules latency in seconds for full resyncs', labelNames: ['ip_family'], buckets: SYNC_DURATION_BUCKETS, registers: [this.registry] });
+  private readonly partialDuration = new client.Histogram({ name: 'kubeproxy_sync_partial_proxy_rules_duration_seconds', help: 'SyncProxyRules latency in seconds for partial resyncs', labelNames: ['ip_family'], buckets: SYNC_DURATION_BUCKETS, registers: [this.registry] });
+  private readonly lastTs = new client.Gauge({ name: 'kubeproxy_sync_proxy_rules_last_timestamp_seconds', help: 'The last time proxy rules were successfully synced', labelNames: ['ip_family'], registers: [this.registry] });
+  private readonly lastQueuedTs = new client.Gauge({ name: 'kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds', help: 'The last time a sync of proxy rules was queued', labelNames: ['ip_family'], registers: [this.registry] });
+  private readonly programming = new client.Histogram({ name: 'kubeproxy_network_programming_duration_seconds', help: 'In Cluster Network Programming Latency in seconds', labelNames: ['ip_family'], buckets: NETWORK_PROGRAMMING_BUCKETS, registers: [this.registry] });
+  private readonly endpointChangesTotal = new client.Counter({ name: 'kubeproxy_sync_proxy_rules_endpoint_changes_total', help: 'Cumulative proxy rules Endpoint changes', registers: [this.registry] });
+  private readonly serviceChangesTotal = new client.Counter({ name: 'kubeproxy_sync_proxy_rules_service_changes_total', help: 'Cumulative proxy rules Service changes', registers: [this.registry] });
+  private readonly noLocal = new client.Gauge({ name: 'kubeproxy_sync_proxy_rules_no_local_endpoints_total', help: 'Number of services with a Local traffic policy and no endpoints', labelNames: ['ip_family', 'traffic_policy'], registers: [this.registry] });
+  readonly healthzTotal = new client.Counter({ name: 'kubeproxy_proxy_healthz_total', help: 'Cumulative proxy healthz HTTP status', labelNames: ['code'], registers: [this.registry] });
+  readonly livezTotal = new client.Counter({ name: 'kubeproxy_proxy_livez_total', help: 'Cumulative proxy livez HTTP status', labelNames: ['code'], registers: [this.registry] });
+  private readonly ctDeleted = new client.Counter({ name: 'kubeproxy_conntrack_reconciler_deleted_entries_total', help: 'Cumulative conntrack flows deleted by conntrack reconciler', labelNames: ['ip_family'], registers: [this.registry] });
+  private readonly ctDuration = new client.Histogram({ name: 'kubeproxy_conntrack_reconciler_sync_duration_seconds', help: 'ReconcileConntrackFlowsLatency latency in seconds', labelNames: ['ip_family'], buckets: SYNC_DURATION_BUCKETS, registers: [this.registry] });
+  private readonly restoreFailures?: client.Counter<'ip_family'>;
+  private readonly partialRestoreFailures?: client.Counter<'ip_family'>;
+  private readonly iptablesTotal?: client.Gauge<'ip_family' | 'table'>;
+  private readonly iptablesLast?: client.Gauge<'ip_family' | 'table'>;
+  private readonly nftSyncFailures?: client.Counter<'ip_family'>;
+  private readonly nftCleanupFailures?: client.Counter<'ip_family'>;
+
+  // ---- kproxy's own (kproxy_*) ----
   private readonly failures = new client.Counter({ name: 'kproxy_sync_failures_total', help: 'Syncs that failed (the previous rules stayed in place)', registers: [this.registry] });
   private readonly written = new client.Gauge({ name: 'kproxy_sync_rules_written', help: 'Rules or objects written by the last sync', registers: [this.registry] });
   private readonly total = new client.Gauge({ name: 'kproxy_rules_total', help: 'Rules or objects kproxy believes are installed', registers: [this.registry] });
   private readonly services = new client.Gauge({ name: 'kproxy_service_ports', help: 'Service ports known to kproxy', registers: [this.registry] });
   private readonly invalid = new client.Counter({ name: 'kproxy_invalid_objects_total', help: 'API objects refused at validation and skipped (every refused add or update counts)', labelNames: ['kind', 'source'], registers: [this.registry] });
-
   private readonly excluded = new client.Gauge({ name: 'kproxy_sync_excluded_services', help: 'Services left out of the last sync because the kernel refused their part of an atomic transaction', registers: [this.registry] });
   private readonly rejected = new client.Counter({ name: 'kproxy_sync_rejected_objects_total', help: 'Objects (set entries, virtual servers) the kernel refused and the sync left out', registers: [this.registry] });
 
-  private readonly ctDeleted = new client.Counter({ name: 'kubeproxy_conntrack_reconciler_deleted_entries_total', help: 'Cumulative stale UDP/SCTP conntrack entries deleted after syncs', labelNames: ['ip_family'], registers: [this.registry] });
-  private readonly ctDuration = new client.Histogram({ name: 'kubeproxy_conntrack_reconciler_sync_duration_seconds', help: 'Time spent clearing stale conntrack entries after a sync', labelNames: ['ip_family'], buckets: [0.001, 0.01, 0.05, 0.1, 0.5, 1, 5], registers: [this.registry] });
+  constructor(opts: MetricsOptions = {}) {
+    this.mode = opts.mode;
+    const registers = [this.registry];
+    // Read at scrape time (upstream sets them on every change and sync).
+    const metrics = this;
+    new client.Gauge({
+      name: 'kubeproxy_sync_proxy_rules_endpoint_changes_pending', help: 'Pending proxy rules Endpoint changes', registers,
+      collect() { this.set(metrics.pending().endpoints); },
+    });
+    new client.Gauge({
+      name: 'kubeproxy_sync_proxy_rules_service_changes_pending', help: 'Pending proxy rules Service changes', registers,
+      collect() { this.set(metrics.pending().services); },
+    });
+    if (this.has('iptables', 'ipvs')) {
+      this.restoreFailures = new client.Counter({ name: 'kubeproxy_sync_proxy_rules_iptables_restore_failures_total', help: 'Cumulative proxy iptables restore failures', labelNames: ['ip_family'], registers });
+    }
+    if (this.has('iptables')) {
+      this.partialRestoreFailures = new client.Counter({ name: 'kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total', help: 'Cumulative proxy iptables partial restore failures', labelNames: ['ip_family'], registers });
+      this.iptablesTotal = new client.Gauge({ name: 'kubeproxy_sync_proxy_rules_iptables_total', help: 'Total number of iptables rules owned by kube-proxy', labelNames: ['ip_family', 'table'], registers });
+      this.iptablesLast = new client.Gauge({ name: 'kubeproxy_sync_proxy_rules_iptables_last', help: 'Number of iptables rules written by kube-proxy in last sync', labelNames: ['ip_family', 'table'], registers });
+    }
+    if (this.has('nftables')) {
+      this.nftSyncFailures = new client.Counter({ name: 'kubeproxy_sync_proxy_rules_nftables_sync_failures_total', help: 'Cumulative proxy nftables sync failures', labelNames: ['ip_family'], registers });
+      this.nftCleanupFailures = new client.Counter({ name: 'kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total', help: 'Cumulative proxy nftables cleanup failures', labelNames: ['ip_family'], registers });
+    }
+    if (opts.processMetrics !== false) client.collectDefaultMetrics({ register: this.registry });
+  }
+
+  /** Feeds the metrics from a controller: syncs, invalid objects, queued syncs, changes. */
+  attach(ctrl: MetricsSource): void {
+    ctrl.onSync((r) => this.record(r, ctrl.families.reduce((n, f) => n + f.tracker.state.services.size, 0)));
+    ctrl.onInvalid((kind, source) => this.countInvalid(kind, source));
+    ctrl.onQueued(() => this.queued(ctrl.families.map((f) => f.family)));
+    ctrl.onChange((kind) => this.countChange(kind));
+    this.pending = () => ctrl.pendingChanges();
+  }
 
   countInvalid(kind: string, source: string): void {
     this.invalid.inc({ kind, source });
+  }
+
+  /** a Service or EndpointSlice event reached the trackers (counted whether it changes anything or not, as upstream) */
+  countChange(kind: 'service' | 'endpoints'): void {
+    (kind === 'service' ? this.serviceChangesTotal : this.endpointChangesTotal).inc();
+  }
+
+  /** a sync was queued for these families */
+  queued(families: Array<4 | 6>, at = Date.now()): void {
+    for (const f of families) this.lastQueuedTs.set({ ip_family: ipFamilyLabel(f) }, at / 1000);
   }
 
   private readonly usSeen = new Map<string, { accepted: number; failed: number }>();
@@ -192,24 +308,56 @@ export class Metrics {
   }
 
   record(r: SyncRecord, servicePorts: number): void {
-    // per family: a family that synced cleared its flows even when the other failed
-    for (const f of r.families ?? []) {
-      if (!f.conntrack) continue;
-      const labels = { ip_family: f.family === 6 ? 'IPv6' : 'IPv4' };
-      this.ctDeleted.inc(labels, f.conntrack.deleted);
-      this.ctDuration.observe(labels, f.conntrack.durationMs / 1000);
-    }
+    // per family, as upstream's per-family proxiers: a family that synced counts even when the other failed
+    for (const f of r.families ?? []) this.recordFamily(r, f);
     if (!r.ok) {
       this.failures.inc();
       return;
     }
-    this.duration.observe({ full: String(r.full) }, r.durationMs / 1000);
-    this.lastTs.set(r.at / 1000);
     this.written.set(r.stats?.rulesWritten ?? 0);
     this.total.set(r.stats?.rulesTotal ?? 0);
     this.services.set(servicePorts);
     this.excluded.set(r.stats?.excludedServices?.length ?? 0);
     if (r.stats?.rejected) this.rejected.inc(r.stats.rejected);
+  }
+
+  private recordFamily(r: SyncRecord, f: FamilySyncRecord): void {
+    const ip_family = ipFamilyLabel(f.family);
+    const labels = { ip_family };
+    // Upstream observes the latency of failed syncs too (a deferred Observe).
+    if (f.durationMs !== undefined) {
+      const s = f.durationMs / 1000;
+      this.duration.observe(labels, s);
+      (f.full ? this.fullDuration : this.partialDuration).observe(labels, s);
+    }
+    if (f.conntrack) {
+      this.ctDeleted.inc(labels, f.conntrack.deleted);
+      this.ctDuration.observe(labels, f.conntrack.durationMs / 1000);
+    }
+    if (!f.ok) {
+      const code = f.errorCode ?? '';
+      if (RESTORE_FAILURE_CODES.has(code)) this.restoreFailures?.inc(labels);
+      // upstream counts every failed partial sync of the iptables proxier (it falls back to a full one)
+      if (!f.full && (this.mode === 'iptables' || (this.mode === undefined && RESTORE_FAILURE_CODES.has(code)))) this.partialRestoreFailures?.inc(labels);
+      if (this.mode === 'nftables' || (this.mode === undefined && NFT_FAILURE_CODES.has(code))) this.nftSyncFailures?.inc(labels);
+      return;
+    }
+    this.lastTs.set(labels, (r.at + (f.durationMs ?? r.durationMs)) / 1000);
+    for (const s of f.networkProgrammingSeconds ?? []) this.programming.observe(labels, s);
+    if (f.noLocalEndpoints) {
+      this.noLocal.set({ ip_family, traffic_policy: 'internal' }, f.noLocalEndpoints.internal);
+      this.noLocal.set({ ip_family, traffic_policy: 'external' }, f.noLocalEndpoints.external);
+    }
+    for (const [table, n] of Object.entries(f.stats?.rulesByTable ?? {})) {
+      this.iptablesTotal?.set({ ip_family, table }, n.total);
+      this.iptablesLast?.set({ ip_family, table }, n.written);
+    }
+    if (f.stats?.cleanupFailures) this.nftCleanupFailures?.inc(labels, f.stats.cleanupFailures);
+  }
+
+  /** every metric name this registry exports (the dashboard test checks its queries against it) */
+  async names(): Promise<string[]> {
+    return (await this.registry.getMetricsAsJSON()).map((m) => m.name);
   }
 }
 
@@ -221,9 +369,8 @@ export interface RunningServers {
 }
 
 export async function startServers(deps: ServerDeps, healthzAddr: string, metricsAddr: string): Promise<RunningServers> {
-  const metrics = new Metrics();
-  deps.ctrl.onSync((r) => metrics.record(r, deps.ctrl.families.reduce((n, f) => n + f.tracker.state.services.size, 0)));
-  deps.ctrl.onInvalid((kind, source) => metrics.countInvalid(kind, source));
+  const metrics = new Metrics({ mode: deps.mode });
+  metrics.attach(deps.ctrl);
   const servers: Server[] = [];
 
   const json = (res: ServerResponse, code: number, body: unknown) => {
@@ -233,8 +380,7 @@ export async function startServers(deps: ServerDeps, healthzAddr: string, metric
 
   // The public health server: upstream's /healthz (readiness: synced, nothing late, node
   // eligible) and /livez (liveness: nothing late), small fixed bodies, counted as upstream.
-  const healthzTotal = new client.Counter({ name: 'kubeproxy_proxy_healthz_total', help: 'Cumulative proxy healthz HTTP status', labelNames: ['code'], registers: [metrics.registry] });
-  const livezTotal = new client.Counter({ name: 'kubeproxy_proxy_livez_total', help: 'Cumulative proxy livez HTTP status', labelNames: ['code'], registers: [metrics.registry] });
+  const { healthzTotal, livezTotal } = metrics;
   const healthPath = (req: IncomingMessage) => (req.url ?? '/').split('?')[0];
   const answerHealth = (res: ServerResponse, kind: 'healthz' | 'livez', count: boolean) => {
     const { code, body } = publicHealthBody(deps.ctrl.health.verdict(), kind);

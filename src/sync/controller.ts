@@ -63,10 +63,40 @@ export interface FamilySyncRecord {
   family: 4 | 6;
   ok: boolean;
   full: boolean;
+  /** how long this family's part took (its proxier's sync and the conntrack cleanup) */
+  durationMs?: number;
   stats?: SyncStats;
   error?: string;
+  /** the failure's KPROXY_* code, when it has one (which metric counts it) */
+  errorCode?: string;
   /** stale UDP/SCTP conntrack entries cleared after the sync, and how long it took */
   conntrack?: { deleted: number; failed: number; durationMs: number };
+  /**
+   * Network programming latencies this sync completed, in seconds: from each EndpointSlice
+   * change's last-change-trigger-time to the end of the sync that programmed it.
+   */
+  networkProgrammingSeconds?: number[];
+  /**
+   * Service ports with endpoints but none usable for a Local traffic policy (upstream's
+   * sync_proxy_rules_no_local_endpoints_total): internal (iTP Local), external (eTP Local)
+   */
+  noLocalEndpoints?: { internal: number; external: number };
+}
+
+/** trigger times kept per family while its syncs fail (each is one histogram observation later) */
+const MAX_PENDING_TRIGGER_TIMES = 10_000;
+
+/** What one service-port view says about Local traffic policies without local endpoints. */
+export function countNoLocalEndpoints(view: NodeView | undefined): { internal: number; external: number } {
+  let internal = 0;
+  let external = 0;
+  for (const p of view?.ports.values() ?? []) {
+    // upstream counts only ports that have endpoints somewhere (else the service rejects)
+    if (!p.hasAnyEndpoints) continue;
+    if (!p.hasInternalEndpoints) internal++;
+    if (!p.hasExternalEndpoints) external++;
+  }
+  return { internal, external };
 }
 
 /** One IP family's half of the controller: its tracker and its proxier (upstream's metaproxier halves). */
@@ -80,6 +110,8 @@ export interface FamilyRuntime {
   failed: boolean;
   /** the node view of this family's last successful sync (stale flows are relative to it) */
   lastView?: NodeView;
+  /** trigger times (epoch ms) of endpoint changes applied but not yet programmed by a successful sync */
+  triggerTimes: number[];
 }
 
 /** A family that does not run, and why (reported once at start: KPROXY_FAMILY_UNAVAILABLE). */
@@ -154,12 +186,20 @@ export class ProxyController {
   /** what /healthz and /livez answer from (upstream's ProxyHealthServer) */
   readonly health: ProxyHealth;
   private readonly listeners: Array<(r: SyncRecord) => void> = [];
+  private readonly queuedListeners: Array<() => void> = [];
+  private readonly changeListeners: Array<(kind: 'service' | 'endpoints') => void> = [];
+  /** wall clock (trigger times are wall-clock times from the API server) */
+  private readonly now: () => number;
+  /** trigger times before this are ignored, as upstream's trackerStartTime (a restart is not a programming delay) */
+  private readonly trackerStartedAt: number;
   private readonly invalidListeners: Array<(kind: ObjectKind, source: string) => void> = [];
   /** objects skipped as invalid since start, by kind */
   readonly invalidCounts: Record<ObjectKind, number> = { Service: 0, EndpointSlice: 0, Node: 0 };
 
   constructor(private readonly opts: ControllerOptions) {
     const log = opts.log;
+    this.now = opts.now ?? Date.now;
+    this.trackerStartedAt = this.now();
     this.health = new ProxyHealth({ healthTimeoutMs: opts.healthTimeoutMs ?? 2 * opts.config.syncPeriodMs, now: opts.now });
     // Invalid objects: the tracker's boundary validates, rate-limits the warnings (one per
     // object and field per 5 minutes) and calls onInvalid for every skip, which feeds
@@ -191,6 +231,7 @@ export class ProxyController {
       proxier: null,
       changedSinceSuccess: new Set<string>(),
       failed: false,
+      triggerTimes: [],
     }));
     this.loop = new SyncLoop({
       minSyncPeriodMs: opts.config.minSyncPeriodMs,
@@ -205,6 +246,22 @@ export class ProxyController {
 
   onSync(fn: (r: SyncRecord) => void): void {
     this.listeners.push(fn);
+  }
+
+  /** Called whenever a sync is queued (upstream's sync_proxy_rules_last_queued_timestamp_seconds). */
+  onQueued(fn: () => void): void {
+    this.queuedListeners.push(fn);
+  }
+
+  /** Called for every Service or EndpointSlice event, changing or not (upstream's *_changes_total). */
+  onChange(fn: (kind: 'service' | 'endpoints') => void): void {
+    this.changeListeners.push(fn);
+  }
+
+  /** Service and endpoint changes waiting for a sync (the primary family's trackers). */
+  pendingChanges(): { services: number; endpoints: number } {
+    const t = this.families[0]?.tracker;
+    return { services: t?.services.pendingCount() ?? 0, endpoints: t?.endpoints.pendingCount() ?? 0 };
   }
 
   /** Called for every object skipped as invalid, with its kind and the source's name. */
@@ -318,11 +375,13 @@ export class ProxyController {
     log.info({ families: this.families.map((f) => `IPv${f.family}`) }, 'IP families served');
     await this.opts.source.start({
       onService: (o, n) => {
+        for (const l of this.changeListeners) l('service');
         let pending = false;
         for (const f of this.families) if (f.tracker.services.update(o, n)) pending = true;
         if (pending) this.queueSync();
       },
       onEndpointSlice: (o, n) => {
+        for (const l of this.changeListeners) l('endpoints');
         let pending = false;
         for (const f of this.families) if (f.tracker.endpoints.update(o, n)) pending = true;
         if (pending) this.queueSync();
@@ -344,6 +403,7 @@ export class ProxyController {
         this.synced = true;
         log.info('sources synced; starting the sync loop');
         this.health.queuedUpdate(); // the first sync is pending from now: /livez measures it from here
+        for (const l of this.queuedListeners) l(); // as upstream's SyncLoop: "synthesize last change queued"
         this.loop.start();
       },
     });
@@ -355,7 +415,10 @@ export class ProxyController {
    * unreachable API server at start-up must not make the kubelet restart kproxy.
    */
   private queueSync(full = false): void {
-    if (this.synced) this.health.queuedUpdate();
+    if (this.synced) {
+      this.health.queuedUpdate();
+      for (const l of this.queuedListeners) l();
+    }
     if (full) this.loop.requestFull();
     else this.loop.request();
   }
@@ -417,7 +480,12 @@ export class ProxyController {
     try {
       if (!this.families.some((f) => f.proxier)) throw new Error('proxier not created');
       for (const f of this.families) {
+        const famStarted = Date.now();
         for (const k of f.tracker.apply()) f.changedSinceSuccess.add(k);
+        for (const t of f.tracker.endpoints.takeTriggerTimes()) {
+          // bounded while syncs keep failing: the oldest changes are the ones the SLO is about
+          if (t > this.trackerStartedAt && f.triggerTimes.length < MAX_PENDING_TRIGGER_TIMES) f.triggerTimes.push(t);
+        }
         const changed = new Set(f.changedSinceSuccess);
         for (const k of changed) changedAll.add(k);
         const famFull = full || f.failed;
@@ -428,14 +496,28 @@ export class ProxyController {
           f.lastView = input.view;
           f.changedSinceSuccess.clear();
           f.failed = false;
+          // The changes are in the kernel now: their programming latency ends here (kept over
+          // failed syncs, which upstream loses, until the sync that programs them).
+          const programmedAt = this.now();
+          const latencies = f.triggerTimes.map((t) => Math.max(0, programmedAt - t) / 1000);
+          f.triggerTimes = [];
           // Stale UDP/SCTP flows: the cleaner logs its failures and never fails the sync.
           const flows = input.view?.staleFlows ?? [];
           const ct = flows.length && this.opts.conntrack ? await this.opts.conntrack.clean(f.family, flows).catch(() => undefined) : undefined;
-          rec.families!.push({ family: f.family, ok: true, full: famFull, stats, ...(ct ? { conntrack: ct } : {}) });
+          rec.families!.push({
+            family: f.family, ok: true, full: famFull, durationMs: Date.now() - famStarted, stats,
+            ...(ct ? { conntrack: ct } : {}),
+            ...(latencies.length ? { networkProgrammingSeconds: latencies } : {}),
+            noLocalEndpoints: countNoLocalEndpoints(input.view),
+          });
         } catch (e) {
           f.failed = true;
           errors.push({ family: f.family, err: e as Error });
-          rec.families!.push({ family: f.family, ok: false, full: famFull, error: (e as Error).message });
+          const code = (e as { code?: unknown }).code;
+          rec.families!.push({
+            family: f.family, ok: false, full: famFull, durationMs: Date.now() - famStarted, error: (e as Error).message,
+            ...(typeof code === 'string' ? { errorCode: code } : {}),
+          });
         }
       }
       const ok = rec.families!.filter((r) => r.ok && r.stats);
@@ -468,7 +550,9 @@ export class ProxyController {
       if (this.history.length > 50) this.history.shift();
       for (const l of this.listeners) l(rec);
       if (rec.ok) {
-        this.opts.log.info(
+        // the periodic partial sync with nothing to do is the common case: not worth a line at info
+        const quiet = !full && rec.changed.length === 0 && !rec.stats?.rulesWritten;
+        this.opts.log[quiet ? 'debug' : 'info'](
           { full, durationMs: rec.durationMs, changed: rec.changed.length, rulesWritten: rec.stats?.rulesWritten, rulesTotal: rec.stats?.rulesTotal },
           'synced',
         );

@@ -1,7 +1,10 @@
-// The sync loop: the single writer. Bursts of changes are coalesced (no two syncs closer
-// than minSyncPeriod), a full sync runs at least every syncPeriod, a failed sync is retried
-// with exponential back-off, and the sync after a failure is a full one (the kernel may hold
-// anything after a failed write). Time is injected so tests can drive it.
+// The sync loop: the single writer. As upstream's proxiers (pkg/proxy/iptables and nftables
+// proxier.go with their BoundedFrequencyRunner): bursts of changes are coalesced (no two syncs
+// closer than minSyncPeriod); a sync runs at least every syncPeriod, and it is a partial one
+// (the proxiers write only what changed: nothing when nothing did); a full sync is forced once
+// an hour (upstream's proxyutil.FullSyncPeriod) and after any failure (the kernel may hold
+// anything after a failed write). A failed sync is retried with exponential back-off (upstream
+// waits a whole syncPeriod). Time is injected so tests can drive it.
 
 export interface Clock {
   now(): number;
@@ -19,9 +22,15 @@ export const realClock: Clock = {
   clearTimeout: (h) => clearTimeout(h as NodeJS.Timeout),
 };
 
+/** Upstream's proxyutil.FullSyncPeriod: a full resync at least this often. */
+export const FULL_SYNC_PERIOD_MS = 60 * 60 * 1000;
+
 export interface SyncLoopOptions {
   minSyncPeriodMs: number;
+  /** a (partial) sync runs at least this long after the previous one */
   syncPeriodMs: number;
+  /** a full sync runs at least this long after the previous full one (default FULL_SYNC_PERIOD_MS) */
+  fullSyncPeriodMs?: number;
   /** performs one sync; throws on failure */
   sync: (full: boolean) => Promise<void>;
   clock?: Clock;
@@ -139,7 +148,7 @@ export class SyncLoop {
       return;
     }
     const now = this.clock.now();
-    const full = this.needFull || now - this.status.lastFullSyncAt >= this.opts.syncPeriodMs;
+    const full = this.needFull || now - this.status.lastFullSyncAt >= (this.opts.fullSyncPeriodMs ?? FULL_SYNC_PERIOD_MS);
     this.needFull = false;
     this.status.pendingSince = 0;
     this.status.lastSyncAt = now;
@@ -174,10 +183,11 @@ export class SyncLoop {
     }
     if (this.stopped) return;
     if (this.status.pendingSince) this.schedule(this.delayForChange());
-    // The periodic full sync; after a failure not before the back-off ends (an overdue full
-    // sync would otherwise retry at once, in a tight loop).
+    // The periodic sync, syncPeriod after this one ended (upstream's BoundedFrequencyRunner
+    // resets its maxInterval timer after each run, so a sync slower than syncPeriod is not
+    // followed by another at once); after a failure not before the back-off ends. Whether it
+    // is full is decided when it runs (hourly, or after a failure).
     const now2 = this.clock.now();
-    const sinceFull = now2 - this.status.lastFullSyncAt;
-    this.schedule(Math.max(0, this.opts.syncPeriodMs - sinceFull, this.retryAt - now2));
+    this.schedule(Math.max(this.opts.syncPeriodMs, this.retryAt - now2));
   }
 }

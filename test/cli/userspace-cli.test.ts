@@ -80,7 +80,7 @@ test('userspace mode through the CLI: every ready endpoint gets traffic, an adde
   assert.match(status, /mode: +userspace/);
   assert.match(status, /recent syncs:\n +\S+ (full|partial)/);
   const metrics = ns.exec('curl', ['-sf', '127.0.0.1:10249/metrics']);
-  assert.match(metrics, /kubeproxy_sync_proxy_rules_last_timestamp_seconds \d/);
+  assert.match(metrics, /kubeproxy_sync_proxy_rules_last_timestamp_seconds\{ip_family="IPv4"\} \d/);
   assert.match(metrics, /kproxy_userspace_connections_accepted_total\{service_port="t\/web:http",protocol="TCP"\} \d+/);
 });
 

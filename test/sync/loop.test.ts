@@ -1,8 +1,8 @@
 // Unit tests for src/sync/loop.ts driven by an injected fake clock: coalescing, the first sync
-// full, periodic full syncs, back-off after failures (and a full sync after one), no overlap.
+// full, periodic partial syncs with an hourly full one, back-off after failures (and a full sync after one), no overlap.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { SyncLoop, type Clock, type SyncLoopOptions } from '../../src/sync/loop.ts';
+import { FULL_SYNC_PERIOD_MS, SyncLoop, type Clock, type SyncLoopOptions } from '../../src/sync/loop.ts';
 
 /** Lets promise continuations and the loop's async steps run. */
 async function flush(): Promise<void> {
@@ -143,32 +143,80 @@ test('a request right after a sync waits for minSyncPeriod', async () => {
   await h.loop.stop();
 });
 
-test('a full sync runs every syncPeriod with no changes, and after partial ones', async () => {
+test('with no changes a partial sync runs every syncPeriod; a full one only hourly (upstream FullSyncPeriod)', async () => {
   const h = harness();
   h.loop.start();
   await h.clock.advance(0);
   const t0 = h.clock.t;
   await h.clock.advance(95_000);
+  // The old loop made every periodic sync a full one: [30_000, true], ...
   assert.deepEqual(
     h.records.map((r) => [r.start - t0, r.full]),
     [
       [0, true],
-      [30_000, true],
-      [60_000, true],
-      [90_000, true],
+      [30_000, false],
+      [60_000, false],
+      [90_000, false],
     ],
   );
-  // partial syncs in between do not postpone the periodic full one
+  // an hour after the first full sync, the periodic sync is a full one, and only that one
+  await h.clock.advance(FULL_SYNC_PERIOD_MS - 95_000 + 30_000);
+  const full = h.records.filter((r) => r.full).map((r) => r.start - t0);
+  assert.deepEqual(full, [0, FULL_SYNC_PERIOD_MS]);
+  assert.equal(h.records.length, 1 + FULL_SYNC_PERIOD_MS / 30_000 + 1);
+  assert.equal(h.loop.status.lastFullSyncAt - t0, FULL_SYNC_PERIOD_MS);
+  await h.loop.stop();
+});
+
+test('the periodic sync comes syncPeriod after the last sync of any kind (changes postpone it)', async () => {
+  const h = harness();
+  h.loop.start();
+  await h.clock.advance(0);
+  const t0 = h.clock.t;
+  await h.clock.advance(5000);
   h.loop.request();
   await h.clock.advance(2000);
   h.loop.request();
-  await h.clock.advance(30_000);
-  const after = h.records.filter((r) => r.start > t0 + 90_000).map((r) => [r.start - t0, r.full]);
-  assert.deepEqual(after, [
-    [95_000, false],
-    [97_000, false],
-    [120_000, true],
-  ]);
+  await h.clock.advance(40_000);
+  assert.deepEqual(
+    h.records.map((r) => [r.start - t0, r.full]),
+    [
+      [0, true],
+      [5000, false],
+      [7000, false],
+      [37_000, false],
+    ],
+  );
+  await h.loop.stop();
+});
+
+test('a sync slower than syncPeriod is not followed by a periodic one at once (upstream resets the timer after each run)', async () => {
+  const h = harness({ durationMs: 40_000 });
+  h.loop.start();
+  await h.clock.advance(0);
+  const t0 = h.clock.t;
+  await h.clock.advance(185_000);
+  assert.deepEqual(
+    h.records.map((r) => [r.start - t0, r.end - t0]),
+    [
+      [0, 40_000],
+      [70_000, 110_000],
+      [140_000, 180_000],
+    ],
+  );
+  await h.loop.stop();
+});
+
+test('fullSyncPeriodMs sets how often the forced full sync comes', async () => {
+  const h = harness({ fullSyncPeriodMs: 90_000 });
+  h.loop.start();
+  await h.clock.advance(0);
+  const t0 = h.clock.t;
+  await h.clock.advance(185_000);
+  assert.deepEqual(
+    h.records.filter((r) => r.full).map((r) => r.start - t0),
+    [0, 90_000, 180_000],
+  );
   await h.loop.stop();
 });
 

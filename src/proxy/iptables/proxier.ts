@@ -224,7 +224,9 @@ export class IptablesProxier implements Proxier {
         (plan.skippedChains ? `, ${plan.skippedChains} unchanged chains left out` : '') +
         (plan.deletedChains.length ? `, deleted ${plan.deletedChains.join(' ')}` : '');
       this.deps.log.debug({ family, full: plan.full, natRulesWritten: plan.natRulesWritten, natRulesTotal: plan.natRulesTotal }, diff);
-      return { rulesWritten: plan.natRulesWritten, rulesTotal: plan.natRulesTotal, diff };
+      // the filter table is written whole by every sync that writes anything
+      const rulesByTable = { nat: { total: plan.natRulesTotal, written: plan.natRulesWritten }, filter: { total: plan.filterRules, written: plan.payload ? plan.filterRules : 0 } };
+      return { rulesWritten: plan.natRulesWritten, rulesTotal: plan.natRulesTotal, diff, rulesByTable };
     } catch (e) {
       // The change history is consumed: only a full sync can be trusted next.
       fs.sync.fail();

@@ -31,6 +31,8 @@ export class NftProxier implements Proxier {
   private readonly delayMs: number;
   private applied: Ruleset | null = null;
   private needFull = true;
+  /** failed stale-chain deletions since the last successful sync (nftables_cleanup_failures_total) */
+  private cleanupFailures = 0;
   private baseChainsRecreated = false;
   /** retired chain → when it was flushed */
   private readonly staleChains = new Map<string, number>();
@@ -80,6 +82,7 @@ export class NftProxier implements Proxier {
       // They will be found again by the next full sync's listing and retried.
       this.log.warn({ err: (e as Error).message, chains: due.length }, coded('KPROXY_NFT_STALE_CHAINS', 'could not delete retired chains; will retry'));
       this.needFull = true;
+      this.cleanupFailures++;
     }
   }
 
@@ -158,7 +161,9 @@ export class NftProxier implements Proxier {
     this.applied = desired;
     this.appliedParts = { options, fragments: this.planner.fragments() };
     this.log.debug({ ops: tx.ops }, tx.summary);
-    return { rulesWritten: tx.ops, rulesTotal: countObjects(desired), diff: tx.summary };
+    const cleanupFailures = this.cleanupFailures;
+    this.cleanupFailures = 0;
+    return { rulesWritten: tx.ops, rulesTotal: countObjects(desired), diff: tx.summary, ...(cleanupFailures ? { cleanupFailures } : {}) };
   }
 
   dump(): string {
