@@ -40,6 +40,7 @@ export const IPTABLES_OWNED: OwnedChains = {
     filter: ['KUBE-SERVICES', 'KUBE-EXTERNAL-SERVICES', 'KUBE-FORWARD', 'KUBE-NODEPORTS', 'KUBE-PROXY-FIREWALL', CANARY],
     mangle: [CANARY],
   },
+  // the planner's per-service chains (modes/iptables/names.ts isServiceChainName; tested to agree)
   prefixes: { nat: ['KUBE-SVC-', 'KUBE-SVL-', 'KUBE-SEP-', 'KUBE-FW-', 'KUBE-EXT-'] },
 };
 
