@@ -11,7 +11,7 @@ import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ChildProcess } from 'node:child_process';
-import { Netns, uniqueName, vethPair, waitFor, repoRoot } from '../support/netns.ts';
+import { Netns, sh, uniqueName, vethPair, waitFor, repoRoot } from '../support/netns.ts';
 
 const tag = uniqueName('kpt-own');
 const node = new Netns(`${tag}-n`);
@@ -88,6 +88,12 @@ function kproxyChains(): string[] {
     .map((l) => l.slice(1).split(' ')[0])
     .filter((c) => !['KUBE-KUBELET-CANARY', 'KUBE-ROUTER-INPUT', 'KUBE-FIREWALL'].includes(c));
 }
+
+// last resort if the process dies without `after`: the namespaces (and all state in them) go
+process.once('exit', () => {
+  for (const ns of [node, peer]) sh('ip', ['netns', 'del', ns.name], { allowFail: true });
+  rmSync(dir, { recursive: true, force: true });
+});
 
 before(() => {
   Netns.create(node.name);
