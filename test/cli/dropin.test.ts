@@ -239,7 +239,11 @@ function addForeignChains(): void {
   node.exec('iptables', ['-w', '5', '-I', 'INPUT', '-m', 'comment', '--comment', 'kube-router netpol', '-j', 'KUBE-ROUTER-INPUT']);
 }
 
+/** the host's own values of those sysctls, which kproxy in its namespace must leave alone */
+const hostSysctls: Record<string, string> = {};
+
 before(async () => {
+  for (const key of Object.keys(CONNTRACK_SYSCTLS)) hostSysctls[key] = sh('sysctl', ['-n', key], { allowFail: true }).trim();
   for (const ns of namespaces) Netns.create(ns.name);
   vethPair(node, 'to-pods', '10.180.0.254/16', pods, 'eth0', `${POD1}/16`);
   pods.exec('ip', ['addr', 'add', `${POD2}/16`, 'dev', 'eth0']);
@@ -346,6 +350,7 @@ test('the conntrack sysctls and oom_score_adj are set as the file says', () => {
   assert.equal(oom, String(OOM_SCORE_ADJ), `oom_score_adj of kproxy (pid ${kproxy!.pid})`);
   for (const [key, want] of Object.entries(CONNTRACK_SYSCTLS)) {
     assert.equal(node.exec('sysctl', ['-n', key]).trim(), want, key);
+    assert.equal(sh('sysctl', ['-n', key], { allowFail: true }).trim(), hostSysctls[key], `${key} of the host is untouched`);
   }
 });
 
