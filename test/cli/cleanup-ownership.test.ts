@@ -60,6 +60,14 @@ function addIpvsLeftovers(): void {
   // a veth stands in for the dummy device: this host's kernel may have no dummy module, and
   // cleanup removes kube-ipvs0 by name whatever its type
   node.exec('ip', ['link', 'add', 'kube-ipvs0', 'type', 'veth', 'peer', 'name', 'kipvs0-peer']);
+  // its iptables chains and jumps (upstream's ipvs iptablesJumpChain), both families
+  for (const ipt of ['iptables', 'ip6tables']) {
+    node.exec(ipt, ['-w', '5', '-t', 'nat', '-N', 'KUBE-LOAD-BALANCER']);
+    node.exec(ipt, ['-w', '5', '-t', 'nat', '-N', 'KUBE-NODE-PORT']);
+    node.exec(ipt, ['-w', '5', '-t', 'nat', '-A', 'KUBE-LOAD-BALANCER', '-j', 'KUBE-NODE-PORT']);
+    node.exec(ipt, ['-w', '5', '-t', 'filter', '-N', 'KUBE-IPVS-FILTER']);
+    node.exec(ipt, ['-w', '5', '-t', 'filter', '-I', 'INPUT', '-m', 'comment', '--comment', 'kubernetes ipvs access filter', '-j', 'KUBE-IPVS-FILTER']);
+  }
 }
 
 function rules(): string {
@@ -138,7 +146,7 @@ test('another program\'s chains, ipset and nft table survive a mode switch and k
   try {
     assertForeignIntact('after the switch to nftables');
     assert.deepEqual(kproxyChains(), [], `the iptables mode's chains are gone at the switch:\n${rules()}`);
-    assert.doesNotMatch(rules(), /-j KUBE-(SERVICES|POSTROUTING|NODEPORTS|FORWARD|EXTERNAL-SERVICES|PROXY-FIREWALL)\b/, 'and the jumps to them');
+    assert.doesNotMatch(rules(), /-j KUBE-(SERVICES|POSTROUTING|NODEPORTS|FORWARD|EXTERNAL-SERVICES|PROXY-FIREWALL|IPVS-FILTER)\b/, 'and the jumps to them');
     assert.doesNotMatch(node.exec('ipset', ['list', '-n']), /^KUBE-/m, 'the ipvs mode\'s ipsets are gone at the switch');
     assert.equal(node.exec('ip', ['link', 'show', 'kube-ipvs0'], { allowFail: true }), '', 'kube-ipvs0 is gone');
     assert.match(node.exec('nft', ['list', 'tables']), /^table ip kube-proxy$/m);
@@ -161,7 +169,7 @@ test('another program\'s chains, ipset and nft table survive a mode switch and k
   cleanup();
   assertForeignIntact('after kproxy cleanup');
   assert.deepEqual(kproxyChains(), [], `kproxy cleanup left chains:\n${rules()}`);
-  assert.doesNotMatch(rules(), /-j (KUBE-(SERVICES|POSTROUTING|NODEPORTS|FORWARD|EXTERNAL-SERVICES|PROXY-FIREWALL)|KPROXY-USERSPACE-\S+)\b/, 'no jump to a removed chain');
+  assert.doesNotMatch(rules(), /-j (KUBE-(SERVICES|POSTROUTING|NODEPORTS|FORWARD|EXTERNAL-SERVICES|PROXY-FIREWALL|IPVS-FILTER)|KPROXY-USERSPACE-\S+)\b/, 'no jump to a removed chain');
   assert.doesNotMatch(node.exec('nft', ['list', 'tables']), /kube-proxy/, 'both kube-proxy nft tables are gone');
   assert.doesNotMatch(node.exec('ipset', ['list', '-n']), /^KUBE-/m, 'the ipvs mode\'s ipsets are gone');
   assert.equal(node.exec('ip', ['link', 'show', 'kube-ipvs0'], { allowFail: true }), '', 'kube-ipvs0 is gone');
