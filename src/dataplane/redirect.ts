@@ -4,7 +4,7 @@
 // -C/-I because restore cannot add a rule to PREROUTING without flushing it.
 import { ExecError, type CommandRunner } from '../exec/runner.ts';
 import { IptablesExecutor } from '../iptables/exec.ts';
-import { readSave } from '../iptables/save.ts';
+import { ownedCleanup, type OwnedChains } from '../iptables/ownership.ts';
 import type { Logger } from '../log.ts';
 import { JUMP_SOURCES, jumpRuleSpec } from '../modes/userspace/plan.ts';
 
@@ -17,23 +17,15 @@ export async function applyRedirects(runner: CommandRunner, family: 4 | 6, paylo
   for (const chain of JUMP_SOURCES) await exec.ensureRulePrepended('nat', chain, jumpRuleSpec());
 }
 
-const OUR_CHAIN = /^KPROXY-USERSPACE-[A-Z0-9-]+$/;
+/** kproxy's own chains (src/iptables/ownership.ts: removed with the jumps to them from the built-in chains) */
+const USERSPACE_OWNED: OwnedChains = { chains: {}, prefixes: { nat: ['KPROXY-USERSPACE-'] } };
 
 /**
- * The restore payload that removes our chains and every jump to them, from an
- * `iptables-save -t nat` dump; null when there is nothing of ours.
+ * The restore payload that removes our chains and every jump to them from the built-in
+ * chains, from an `iptables-save -t nat` dump; null when there is nothing of ours.
  */
 export function removalPayload(saved: string): string | null {
-  const nat = readSave(saved).get('nat');
-  const chains = (nat?.chains ?? []).filter((c) => OUR_CHAIN.test(c));
-  const jumps: string[] = [];
-  for (const r of nat?.rules ?? []) {
-    if (r.op === '-A' && r.rest && !OUR_CHAIN.test(r.chain) && /(^| )-j KPROXY-USERSPACE-[A-Z0-9-]+( |$)/.test(r.rest)) {
-      jumps.push(`-D ${r.chain} ${r.rest}`);
-    }
-  }
-  if (chains.length === 0 && jumps.length === 0) return null;
-  return ['*nat', ...chains.map((c) => `:${c} - [0:0]`), ...jumps, ...chains.map((c) => `-X ${c}`), 'COMMIT', ''].join('\n');
+  return ownedCleanup(saved, USERSPACE_OWNED).payload || null;
 }
 
 /**

@@ -7,8 +7,9 @@
 // `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`: objects that
 // belong to another proxy, and the slices of headless services, never reach us (the change
 // trackers skip headless services anyway).
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { KubeConfig } from '@kubernetes/client-node';
+import { parse as parseYaml } from 'yaml';
 import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
 import type { Logger } from '../log.ts';
 import type { K8sNode, Source, SourceHandler, SourceHealth } from './types.ts';
@@ -54,6 +55,7 @@ export function loadKubeConfig(opts: { kubeconfig?: string; inClusterPathPrefix?
     }
     try {
       kc.loadFromFile(opts.kubeconfig);
+      honourTokenFile(kc, readFileSync(opts.kubeconfig, 'utf8'));
     } catch (err) {
       throw new KubernetesSourceError('KPROXY_SOURCE_KUBECONFIG', `cannot load kubeconfig ${opts.kubeconfig}: ${(err as Error).message}; fix the file`);
     }
@@ -79,6 +81,22 @@ export function loadKubeConfig(opts: { kubeconfig?: string; inClusterPathPrefix?
   }
   kc.loadFromCluster(prefix);
   return kc;
+}
+
+/**
+ * client-go spells a user's token file `tokenFile` (kubeadm's kube-proxy kubeconfig.conf
+ * points it at the service account token); client-node only reads `token-file`, once. Such a
+ * user gets client-node's file authenticator, which re-reads the file as the kubelet rotates
+ * the token, as client-go does.
+ */
+function honourTokenFile(kc: KubeConfig, text: string): void {
+  const raw = parseYaml(text) as { users?: Array<{ name?: string; user?: { tokenFile?: unknown; token?: unknown } }> } | null;
+  for (const u of raw?.users ?? []) {
+    const file = u?.user?.tokenFile;
+    if (typeof file !== 'string' || !file || u.user?.token) continue;
+    const user = kc.users.find((x) => x.name === u.name) as { token?: string; authProvider?: unknown } | undefined;
+    if (user && !user.token && !user.authProvider) user.authProvider = { name: 'tokenFile', config: { tokenFile: file } };
+  }
 }
 
 export interface KubernetesSource extends Source {

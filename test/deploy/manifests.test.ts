@@ -4,11 +4,13 @@
 // documents, the RBAC policy, the config kproxy will load), and the Dockerfile's facts.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { builtinModules } from 'node:module';
 import { dirname, join, posix, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseAllDocuments } from 'yaml';
+import { parse as parseYaml, parseAllDocuments } from 'yaml';
 import * as k8s from '@kubernetes/client-node';
 import { ConfigMap, ServiceAccount } from 'kubernetes-models/v1';
 import { ClusterRole, ClusterRoleBinding } from 'kubernetes-models/rbac.authorization.k8s.io/v1';
@@ -17,6 +19,7 @@ import { IPVS_SCHEDULERS, MODES, parseConfigText, resolveConfig } from '../../sr
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 const MANIFEST = join(ROOT, 'deploy/kproxy.yaml');
+const CONFIGMAP = join(ROOT, 'deploy/kube-proxy-configmap.yaml');
 const DOCKERFILE = join(ROOT, 'deploy/Dockerfile');
 const DOCKERIGNORE = join(ROOT, 'deploy/Dockerfile.dockerignore');
 
@@ -36,7 +39,7 @@ function loadManifest(path = MANIFEST): Obj[] {
   });
 }
 
-function find(docs: Obj[], kind: string, name = 'kproxy'): Obj {
+function find(docs: Obj[], kind: string, name: string): Obj {
   const matches = docs.filter((d) => d.kind === kind && d.metadata?.name === name);
   assert.equal(matches.length, 1, `want exactly one ${kind}/${name}, found ${matches.length}`);
   return matches[0];
@@ -94,8 +97,10 @@ function validateDocument(obj: Obj): void {
 // ---------------------------------------------------------------------------------------------
 // Policy: what the ClusterRole may grant
 
-const WANTED_GRANTS = ['/nodes:list', '/nodes:watch', '/services:list', '/services:watch',
-  'discovery.k8s.io/endpointslices:list', 'discovery.k8s.io/endpointslices:watch'];
+// What a kube-proxy does (upstream's system:node-proxier, less Endpoints and event updates).
+const WANTED_GRANTS = ['/nodes:get', '/nodes:list', '/nodes:watch', '/services:list', '/services:watch',
+  'discovery.k8s.io/endpointslices:list', 'discovery.k8s.io/endpointslices:watch',
+  '/events:create', '/events:patch', 'events.k8s.io/events:create', 'events.k8s.io/events:patch'];
 
 /** Every (group, resource, verb) the role grants, or a problem for anything not expressible so. */
 function grantsOf(role: Obj): { grants: string[]; problems: string[] } {
@@ -113,7 +118,7 @@ function grantsOf(role: Obj): { grants: string[]; problems: string[] } {
   return { grants: [...grants].sort(), problems };
 }
 
-function assertOnlyListWatch(role: Obj): void {
+function assertLeastPrivilege(role: Obj): void {
   const { grants, problems } = grantsOf(role);
   assert.deepEqual(problems, []);
   assert.deepEqual(grants, [...WANTED_GRANTS].sort());
@@ -184,47 +189,68 @@ function runtimePackages(file: string): string[] {
 
 // ---------------------------------------------------------------------------------------------
 
-describe('deploy/kproxy.yaml', () => {
-  const docs = loadManifest();
+// kubeadm's kube-proxy DaemonSet (cmd/kubeadm/app/phases/addons/proxy/manifests.go): the
+// command, and the pod facts a drop-in must share with it.
+const KUBEADM_COMMAND = ['/usr/local/bin/kube-proxy', '--config=/var/lib/kube-proxy/config.conf', '--hostname-override=$(NODE_NAME)'];
+/** the top-level fields kubeadm writes into config.conf (v1alpha1, every one, zero values included) */
+const KUBEADM_CONFIG_FIELDS = ['apiVersion', 'bindAddress', 'bindAddressHardFail', 'clientConnection', 'clusterCIDR', 'configSyncPeriod',
+  'conntrack', 'detectLocal', 'detectLocalMode', 'enableProfiling', 'healthzBindAddress', 'hostnameOverride', 'iptables', 'ipvs', 'kind',
+  'logging', 'metricsBindAddress', 'mode', 'nftables', 'nodePortAddresses', 'oomScoreAdj', 'portRange', 'showHiddenMetricsForVersion', 'winkernel'];
 
-  test('holds the ServiceAccount, ClusterRole, ClusterRoleBinding, ConfigMap and DaemonSet', () => {
-    assert.deepEqual(docs.map(kindKey).sort(), Object.keys(KINDS).sort());
-    for (const d of docs) {
+describe('deploy/kproxy.yaml and deploy/kube-proxy-configmap.yaml', () => {
+  const docs = loadManifest();
+  const cmDocs = loadManifest(CONFIGMAP);
+  const all = [...docs, ...cmDocs];
+  const cm = find(cmDocs, 'ConfigMap', 'kube-proxy');
+
+  test('kproxy.yaml holds the ServiceAccount, ClusterRole, ClusterRoleBinding and DaemonSet; the ConfigMap is apart', () => {
+    assert.deepEqual(docs.map(kindKey).sort(), Object.keys(KINDS).filter((k) => k !== 'v1/ConfigMap').sort());
+    // applying kproxy.yaml on a kubeadm cluster must not overwrite kubeadm's ConfigMap kube-proxy
+    assert.deepEqual(cmDocs.map(kindKey), ['v1/ConfigMap']);
+    for (const d of all) {
       if (d.kind.startsWith('Cluster')) assert.equal(d.metadata.namespace, undefined, `${d.kind} is cluster-scoped`);
       else assert.equal(d.metadata.namespace, 'kube-system', `${d.kind} namespace`);
     }
   });
 
-  for (const [i, d] of docs.entries()) {
+  for (const [i, d] of all.entries()) {
     test(`document ${i} (${d.kind}/${d.metadata?.name}) passes the Kubernetes schema and has no unknown field`, () => {
       validateDocument(d);
     });
   }
 
-  test('the ClusterRole grants exactly list and watch on services, nodes and endpointslices', () => {
-    assertOnlyListWatch(find(docs, 'ClusterRole'));
+  test('the ClusterRole grants what a kube-proxy needs and nothing else', () => {
+    assertLeastPrivilege(find(docs, 'ClusterRole', 'kproxy:node-proxier'));
   });
 
-  test('the binding ties that ClusterRole to the ServiceAccount the DaemonSet runs as', () => {
-    const binding = find(docs, 'ClusterRoleBinding');
-    const sa = find(docs, 'ServiceAccount');
-    const ds = find(docs, 'DaemonSet');
-    assert.deepEqual(binding.roleRef, { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: find(docs, 'ClusterRole').metadata.name });
+  test('the binding ties that ClusterRole to kube-proxy\'s ServiceAccount, which the DaemonSet runs as', () => {
+    const binding = find(docs, 'ClusterRoleBinding', 'kproxy:node-proxier');
+    const sa = find(docs, 'ServiceAccount', 'kube-proxy');
+    const ds = find(docs, 'DaemonSet', 'kproxy');
+    assert.deepEqual(binding.roleRef, { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: 'kproxy:node-proxier' });
     assert.deepEqual(binding.subjects, [{ kind: 'ServiceAccount', name: sa.metadata.name, namespace: sa.metadata.namespace }]);
-    assert.equal(ds.spec.template.spec.serviceAccountName, sa.metadata.name);
+    assert.equal(ds.spec.template.spec.serviceAccountName, 'kube-proxy');
   });
 
   describe('DaemonSet', () => {
-    const ds = find(docs, 'DaemonSet');
+    const ds = find(docs, 'DaemonSet', 'kproxy');
     const pod = ds.spec.template.spec;
     const [container] = pod.containers;
 
-    test('runs one privileged container in the host network, on every node, as node-critical', () => {
+    test('starts kproxy with kubeadm\'s kube-proxy command, word for word', () => {
+      assert.deepEqual(container.command, KUBEADM_COMMAND);
+      assert.equal(container.args, undefined);
+    });
+
+    test('runs one privileged container in the host network, on every Linux node, as node-critical (as kubeadm\'s)', () => {
       assert.equal(pod.containers.length, 1);
+      assert.equal(container.name, 'kube-proxy');
       assert.equal(pod.hostNetwork, true);
-      assert.equal(pod.dnsPolicy, 'ClusterFirstWithHostNet');
+      // no cluster DNS: the proxy that makes the DNS Service reachable cannot depend on it
+      assert.equal(pod.dnsPolicy, undefined);
       assert.equal(pod.priorityClassName, 'system-node-critical');
       assert.deepEqual(pod.tolerations, [{ operator: 'Exists' }]);
+      assert.deepEqual(pod.nodeSelector, { 'kubernetes.io/os': 'linux' });
       assert.equal(container.securityContext.privileged, true);
       assert.equal(container.image, 'kproxy:0.1.0');
       assert.deepEqual(container.resources.requests, { cpu: '100m', memory: '64Mi' });
@@ -237,58 +263,68 @@ describe('deploy/kproxy.yaml', () => {
       }
     });
 
-    test('gets its node name from spec.nodeName and passes it as --hostname-override', () => {
+    test('gets its node name from spec.nodeName for --hostname-override', () => {
       const env = (container.env as Obj[]).find((e) => e.name === 'NODE_NAME');
       assert.deepEqual(env?.valueFrom, { fieldRef: { apiVersion: 'v1', fieldPath: 'spec.nodeName' } });
-      assert.ok(container.args.includes('--hostname-override=$(NODE_NAME)'), `args: ${container.args}`);
-      // `command` would replace the image's ENTRYPOINT (tini -- node /app/bin/kproxy.js).
-      assert.equal(container.command, undefined);
-      assert.equal(container.args[0], 'run');
+      assert.ok(container.command.includes('--hostname-override=$(NODE_NAME)'));
     });
 
-    test('mounts /lib/modules read-only and /run/xtables.lock from the host', () => {
+    test('mounts kubeadm\'s volumes: the ConfigMap kube-proxy, /run/xtables.lock and /lib/modules read-only', () => {
       const volumes = new Map((pod.volumes as Obj[]).map((v) => [v.name, v]));
       const mountOf = (path: string) => (container.volumeMounts as Obj[]).find((m) => m.mountPath === path);
+      assert.deepEqual(volumes.get(mountOf('/var/lib/kube-proxy')!.name)?.configMap, { name: 'kube-proxy' });
       const modules = mountOf('/lib/modules');
       assert.equal(modules?.readOnly, true);
       assert.deepEqual(volumes.get(modules!.name)?.hostPath, { path: '/lib/modules' });
       const lock = mountOf('/run/xtables.lock');
       assert.ok(lock && !lock.readOnly, 'xtables.lock must be writable: iptables takes a lock on it');
       assert.deepEqual(volumes.get(lock.name)?.hostPath, { path: '/run/xtables.lock', type: 'FileOrCreate' });
+      assert.deepEqual([...volumes.keys()].sort(), ['kube-proxy', 'lib-modules', 'xtables-lock']);
       for (const m of container.volumeMounts as Obj[]) assert.ok(volumes.has(m.name), `mount ${m.name} has no volume`);
     });
 
-    test('reads its config from the ConfigMap, at the path the image and args name', () => {
-      const configArg = (container.args as string[]).find((a) => a.startsWith('--config='))!.slice('--config='.length);
+    test('--config and the config\'s kubeconfig are keys of the ConfigMap, at the mounted path; the image CMD agrees', () => {
+      const configArg = (container.command as string[]).find((a) => a.startsWith('--config='))!.slice('--config='.length);
       const mount = (container.volumeMounts as Obj[]).find((m) => configArg.startsWith(m.mountPath + '/'));
       assert.ok(mount, `no volume mounted over ${configArg}`);
       const volume = (pod.volumes as Obj[]).find((v) => v.name === mount.name);
-      const cm = find(docs, 'ConfigMap', volume?.configMap?.name);
+      assert.equal(volume?.configMap?.name, cm.metadata.name);
       assert.ok(posix.basename(configArg) in cm.data, `ConfigMap has no key ${posix.basename(configArg)}`);
+      const cfg = resolveConfig(parseConfigText(cm.data[posix.basename(configArg)]));
+      assert.equal(posix.dirname(cfg.kubeconfig), mount.mountPath);
+      assert.ok(posix.basename(cfg.kubeconfig) in cm.data, `ConfigMap has no key ${posix.basename(cfg.kubeconfig)}`);
       const cmd = execForm(parseDockerfile(readFileSync(DOCKERFILE, 'utf8')).find((i) => i.op === 'CMD'));
-      assert.equal(cmd[cmd.indexOf('--config') + 1], configArg, 'image CMD and DaemonSet args disagree');
+      assert.deepEqual(cmd, [`--config=${configArg}`], 'image CMD and DaemonSet command disagree');
     });
 
     test('probes /livez (liveness) and /healthz (readiness) on the healthz port the config binds', () => {
       assert.deepEqual(container.livenessProbe.httpGet, { path: '/livez', port: 10256 });
       assert.deepEqual(container.readinessProbe.httpGet, { path: '/healthz', port: 10256 });
-      const cfg = resolveConfig(parseConfigText(find(docs, 'ConfigMap').data['config.conf']));
+      const cfg = resolveConfig(parseConfigText(cm.data['config.conf']));
       assert.equal(Number(cfg.healthzBindAddress.split(':').pop()), 10256);
     });
   });
 
-  describe('ConfigMap config.conf', () => {
-    const text: string = find(docs, 'ConfigMap').data['config.conf'];
+  describe('ConfigMap kube-proxy', () => {
+    const text: string = cm.data['config.conf'];
 
-    test('parses and validates as a KubeProxyConfiguration in iptables mode', () => {
+    test('config.conf is a kubeadm-generated KubeProxyConfiguration: every field kubeadm writes, and only those', () => {
       const raw = parseConfigText(text);
       assert.equal(raw.apiVersion, 'kubeproxy.config.k8s.io/v1alpha1');
       assert.equal(raw.kind, 'KubeProxyConfiguration');
-      const cfg = resolveConfig(raw);
+      assert.deepEqual(Object.keys(raw).sort(), [...KUBEADM_CONFIG_FIELDS].sort());
+    });
+
+    test('config.conf resolves to upstream\'s defaults from kubeadm\'s zero values, in iptables mode', () => {
+      const cfg = resolveConfig(parseConfigText(text));
       assert.equal(cfg.mode, 'iptables');
       assert.deepEqual(cfg.clusterCIDRs, ['10.244.0.0/16']);
       assert.equal(cfg.metricsBindAddress, '127.0.0.1:10249');
       assert.equal(cfg.healthzBindAddress, '0.0.0.0:10256');
+      assert.equal(cfg.syncPeriodMs, 30_000);
+      assert.equal(cfg.minSyncPeriodMs, 1_000);
+      assert.equal(cfg.masqueradeBit, 14);
+      assert.equal(cfg.kubeconfig, '/var/lib/kube-proxy/kubeconfig.conf');
     });
 
     test('spells out kproxy\'s defaults, so editing a value changes exactly that', () => {
@@ -298,13 +334,24 @@ describe('deploy/kproxy.yaml', () => {
       assert.deepEqual(effective(resolveConfig(raw)), effective(resolveConfig({ mode: raw.mode, clusterCIDR: raw.clusterCIDR })));
     });
 
+    test('kubeconfig.conf is kubeadm\'s: the service account\'s CA and token files', () => {
+      const kc = parseYaml(cm.data['kubeconfig.conf']) as Obj;
+      assert.equal(kc.kind, 'Config');
+      const ctx = (kc.contexts as Obj[]).find((c) => c.name === kc['current-context'])!.context;
+      const cluster = (kc.clusters as Obj[]).find((c) => c.name === ctx.cluster)!.cluster;
+      const user = (kc.users as Obj[]).find((u) => u.name === ctx.user)!.user;
+      assert.equal(cluster['certificate-authority'], '/var/run/secrets/kubernetes.io/serviceaccount/ca.crt');
+      assert.match(cluster.server, /^https:\/\//);
+      assert.deepEqual(user, { tokenFile: '/var/run/secrets/kubernetes.io/serviceaccount/token' });
+    });
+
     test('switching mode or IPVS scheduler by editing it stays valid (docs/deploy.md)', () => {
       for (const mode of MODES) {
         const edited = text.replace(/^mode: iptables$/m, `mode: ${mode}`);
         assert.equal(resolveConfig(parseConfigText(edited)).mode, mode);
       }
       for (const scheduler of IPVS_SCHEDULERS) {
-        const edited = text.replace(/^mode: iptables$/m, 'mode: ipvs').replace(/^( +)scheduler: rr$/m, `$1scheduler: ${scheduler}`);
+        const edited = text.replace(/^mode: iptables$/m, 'mode: ipvs').replace(/^( +)scheduler: ""$/m, `$1scheduler: ${scheduler}`);
         const cfg = resolveConfig(parseConfigText(edited));
         assert.deepEqual([cfg.mode, cfg.ipvs.scheduler], ['ipvs', scheduler]);
       }
@@ -317,7 +364,7 @@ describe('deploy/kproxy.yaml', () => {
   });
 
   describe('validation can fail', () => {
-    const pristine = () => structuredClone(find(docs, 'DaemonSet'));
+    const pristine = () => structuredClone(find(docs, 'DaemonSet', 'kproxy'));
 
     test('kubernetes-models rejects a DaemonSet with a wrongly typed or out-of-enum field', () => {
       const bad = pristine();
@@ -343,17 +390,20 @@ describe('deploy/kproxy.yaml', () => {
         e.message.includes('DaemonSet.spec.template.spec.containers[0].livenessProbe.httpGet.paht'));
     });
 
-    test('the RBAC policy check rejects a role that also grants get, a wildcard, or events', () => {
-      const role = find(docs, 'ClusterRole');
-      const withGet = structuredClone(role);
-      withGet.rules[0].verbs.push('get');
-      assert.throws(() => assertOnlyListWatch(withGet));
-      const withEvents = structuredClone(role);
-      withEvents.rules.push({ apiGroups: ['', 'events.k8s.io'], resources: ['events'], verbs: ['create', 'patch'] });
-      assert.throws(() => assertOnlyListWatch(withEvents));
+    test('the RBAC policy check rejects a role that also grants more: update, delete, a wildcard, endpoints', () => {
+      const role = find(docs, 'ClusterRole', 'kproxy:node-proxier');
+      const withUpdate = structuredClone(role);
+      withUpdate.rules[3].verbs.push('update');
+      assert.throws(() => assertLeastPrivilege(withUpdate));
+      const withDelete = structuredClone(role);
+      withDelete.rules[0].verbs.push('delete');
+      assert.throws(() => assertLeastPrivilege(withDelete));
+      const withEndpoints = structuredClone(role);
+      withEndpoints.rules.push({ apiGroups: [''], resources: ['endpoints'], verbs: ['list', 'watch'] });
+      assert.throws(() => assertLeastPrivilege(withEndpoints));
       const wildcard = structuredClone(role);
       wildcard.rules[1].resources = ['*'];
-      assert.throws(() => assertOnlyListWatch(wildcard), /wildcard/);
+      assert.throws(() => assertLeastPrivilege(wildcard), /wildcard/);
     });
   });
 });
@@ -390,16 +440,35 @@ describe('deploy/Dockerfile', () => {
     assert.ok(copySrc > npmCi && copyBin > npmCi, 'sources are copied after npm ci (layer caching)');
   });
 
-  test('ENTRYPOINT runs bin/kproxy.js from where it was copied, CMD runs with the config file', () => {
-    // tini first: PID 1 must reap the orphans of a process group killed at its time limit
-    assert.deepEqual(execForm(ins.find((i) => i.op === 'ENTRYPOINT')), ['/usr/bin/tini', '--', 'node', '/app/bin/kproxy.js']);
-    assert.match(ins.find((i) => i.op === 'RUN' && /apt-get install/.test(i.args))!.args, /\btini\b/);
-    assert.deepEqual(execForm(ins.find((i) => i.op === 'CMD')), ['run', '--config', '/var/lib/kproxy/config.conf']);
+  test('the image\'s /usr/local/bin/kube-proxy (the ENTRYPOINT) is bin/kube-proxy, which runs bin/kproxy.js', () => {
+    assert.deepEqual(execForm(ins.find((i) => i.op === 'ENTRYPOINT')), ['/usr/local/bin/kube-proxy']);
+    assert.deepEqual(execForm(ins.find((i) => i.op === 'CMD')), ['--config=/var/lib/kube-proxy/config.conf']);
     const workdir = ins.filter((i) => i.op === 'WORKDIR').at(-1)?.args;
     const copyBin = ins.find((i) => i.op === 'COPY' && /^bin\/? /.test(i.args))!;
     const dest = posix.resolve(workdir ?? '/', copyBin.args.split(' ')[1]);
-    assert.equal(posix.join(dest, 'kproxy.js'), '/app/bin/kproxy.js');
-    assert.ok(existsSync(join(ROOT, 'bin/kproxy.js')));
+    assert.equal(dest, '/app/bin');
+    const link = runs.find((r) => r.includes('/usr/local/bin/kube-proxy'));
+    assert.ok(link?.includes(`ln -s ${dest}/kube-proxy /usr/local/bin/kube-proxy`), `no kube-proxy link: ${link}`);
+    assert.ok(link?.includes(`ln -s ${dest}/kube-proxy /usr/local/bin/kproxy`));
+    // tini first when PID 1: it must reap the orphans of a process group killed at its time limit
+    assert.match(ins.find((i) => i.op === 'RUN' && /apt-get install/.test(i.args))!.args, /\btini\b/);
+    const wrapper = readFileSync(join(ROOT, 'bin/kube-proxy'), 'utf8');
+    assert.match(wrapper, /exec \/usr\/bin\/tini -- node "\$here\/kproxy\.js" "\$@"/);
+    assert.ok((statSync(join(ROOT, 'bin/kube-proxy')).mode & 0o111) !== 0, 'bin/kube-proxy is executable');
+  });
+
+  test('bin/kube-proxy, reached through a symlink as in the image, runs kproxy with its arguments', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'kp-link-'));
+    try {
+      symlinkSync(join(ROOT, 'bin/kube-proxy'), join(dir, 'kube-proxy'));
+      const help = execFileSync(join(dir, 'kube-proxy'), ['--help'], { encoding: 'utf8' });
+      assert.match(help, /^Usage: kproxy /);
+      const r = spawnSync(join(dir, 'kube-proxy'), ['render', '--mode', 'bogus', '--manifests', join(ROOT, 'examples/manifests')], { encoding: 'utf8' });
+      assert.equal(r.status, 2);
+      assert.match(r.stderr, /KPROXY_CONFIG_INVALID: mode: unknown mode "bogus"/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   test('every COPY source exists and is not excluded by the ignore file', () => {

@@ -299,7 +299,8 @@ ipvs_residue() {   # prints what the ipvs mode left (empty = nothing)
   [ -n "$sets" ] && echo "ipsets: $sets"
 }
 iptables_svc_chains() { iptables-save -t nat 2>/dev/null | grep -E '^:KUBE-(SVC|SEP)-' | tr '\n' ' '; }
-kube_iptables() { iptables-save 2>/dev/null | grep -E 'KUBE-|KPROXY-' | head -n 8 | tr '\n' ' '; }
+# KUBE-FIREWALL is the kubelet's chain (the iptables mode duplicates it, as upstream): cleanup keeps it
+kube_iptables() { iptables-save 2>/dev/null | grep -E 'KUBE-|KPROXY-' | grep -v 'KUBE-FIREWALL' | head -n 8 | tr '\n' ' '; }
 nft_table() { nft list tables 2>/dev/null | grep -x 'table ip kube-proxy'; }
 
 # ---------------------------------------------------------------- checks

@@ -126,26 +126,3 @@ export function withMissingJumps(text: string, saved: string): string {
   }
   return out;
 }
-
-/**
- * iptables-restore script that removes the mode's jumps and chains present in `saved`:
- * declaring a chain flushes it, then jumps are deleted and chains removed. Empty when
- * nothing of ours is there.
- */
-export function cleanupScript(saved: string): string {
-  const tables = savedTables(saved);
-  const out: string[] = [];
-  for (const [table, ours] of [['nat', NAT_CHAINS], ['filter', FILTER_CHAINS]] as Array<[string, string[]]>) {
-    const t = tables.get(table);
-    if (!t) continue;
-    const present = ours.filter((c) => t.chains.has(c));
-    const jumps: string[] = [];
-    for (const j of JUMPS.filter((x) => x.table === table)) {
-      const rule = jumpRule(j);
-      for (const r of t.rules) if (r === rule) jumps.push(rule.replace(/^-A /, '-D '));
-    }
-    if (!present.length && !jumps.length) continue;
-    out.push(`*${table}`, ...present.map((c) => `:${c} - [0:0]`), ...jumps, ...present.map((c) => `-X ${c}`), 'COMMIT');
-  }
-  return out.length ? out.join('\n') + '\n' : '';
-}

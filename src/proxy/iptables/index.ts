@@ -2,9 +2,9 @@
 // applied atomically with iptables-restore, partial syncs as upstream kube-proxy.
 import type { CommandRunner } from '../../exec/runner.ts';
 import { ExecError } from '../../exec/runner.ts';
-import { IptablesExecutor, binaries, type Table } from '../../iptables/exec.ts';
-import { readSave } from '../../iptables/save.ts';
-import { splitRuleArgs } from '../../iptables/tokenize.ts';
+import { IptablesExecutor, binaries } from '../../iptables/exec.ts';
+import { KUBE_PROXY_OWNED } from '../../iptables/ownership.ts';
+import { removeOwnedChains } from '../../iptables/cleanup.ts';
 import { procSysctl } from '../../exec/sysctl.ts';
 import type { Logger } from '../../log.ts';
 import type { ConformanceAdapter } from '../../conformance/case.ts';
@@ -72,36 +72,12 @@ async function createProxier(deps: ModeDeps): Promise<Proxier> {
 }
 
 /**
- * Removes every KUBE-* chain of nat, filter and mangle, both families, and every rule
- * elsewhere that jumps into one. Idempotent; a missing binary or table is skipped.
+ * Removes the iptables mode's chains (src/iptables/ownership.ts: what upstream kube-proxy's
+ * CleanupLeftovers removes, never another program's chains), both families. Idempotent; a
+ * missing binary or table is skipped.
  */
 export async function cleanup(runner: CommandRunner, log: Logger): Promise<void> {
-  for (const family of [4, 6] as const) {
-    const exec = new IptablesExecutor(runner, family);
-    for (const table of ['nat', 'filter', 'mangle'] as Table[]) {
-      let text: string;
-      try {
-        text = await exec.save(table);
-      } catch (e) {
-        log.debug({ family, table, err: (e as Error).message }, 'iptables cleanup: table not readable, skipped');
-        continue;
-      }
-      const saved = readSave(text).get(table);
-      const kubeChains = (saved?.chains ?? []).filter((c) => c.startsWith('KUBE-'));
-      for (const r of saved?.rules ?? []) {
-        if (r.op === '-A' && r.rest && !r.chain.startsWith('KUBE-') && / -j KUBE-\S+/.test(` ${r.rest}`)) {
-          await exec.deleteRule(table, r.chain, splitRuleArgs(r.rest));
-        }
-      }
-      if (!kubeChains.length) continue;
-      const payload = [`*${table}`, ...kubeChains.map((c) => `:${c} - [0:0]`), ...kubeChains.map((c) => `-X ${c}`), 'COMMIT', ''].join('\n');
-      try {
-        await exec.restore(payload);
-      } catch (e) {
-        log.warn({ family, table, err: (e as Error).message }, 'iptables cleanup: could not remove chains');
-      }
-    }
-  }
+  await removeOwnedChains(runner, log, KUBE_PROXY_OWNED, 'iptables');
 }
 
 async function localAddresses(runner: CommandRunner): Promise<string[]> {

@@ -5,13 +5,13 @@
 import type { Logger } from '../../log.ts';
 import { ExecError, type CommandRunner } from '../../exec/runner.ts';
 import { Ipvsadm } from '../../exec/ipvs.ts';
-import { IptablesExecutor } from '../../iptables/exec.ts';
+import { removeOwnedChains } from '../../iptables/cleanup.ts';
+import { KUBE_PROXY_OWNED } from '../../iptables/ownership.ts';
 import { IPSetExec } from '../../exec/ipset.ts';
 import { Links } from '../../exec/links.ts';
 import { canonicalIP, ipFamily } from '../../core/ip.ts';
-import { allSetNames, DUMMY_DEVICE, FILTER_CHAINS, JUMPS, NAT_CHAINS } from '../../modes/ipvs/names.ts';
+import { allSetNames, DUMMY_DEVICE } from '../../modes/ipvs/names.ts';
 import { ownershipPredicate } from '../../modes/ipvs/diff.ts';
-import { cleanupScript } from '../../modes/ipvs/iptables-rules.ts';
 import { vsDeleteLine } from '../../modes/ipvs/ipvs-model.ts';
 import type { IPSetTable } from '../../modes/ipvs/ipsets.ts';
 
@@ -74,22 +74,12 @@ export async function cleanupIpvs(runner: CommandRunner, log: Logger): Promise<v
     if (!missingTool(e) && !ipvsAbsent(e)) problems.push((e as Error).message);
   }
 
-  for (const family of [4, 6] as const) {
-    const ipt = new IptablesExecutor(runner, family);
-    try {
-      const script = cleanupScript(await ipt.saveAll());
-      if (script) {
-        // one atomic restore; if something else still uses a chain of ours, fall back to
-        // command by command so that everything removable is removed
-        await ipt.restoreOwned(script, 'KPROXY_IPVS_IPTABLES_FAILED').catch(async () => {
-          for (const j of JUMPS) await ipt.deleteRuleCopies(j.table, j.from, ['-m', 'comment', '--comment', j.comment, '-j', j.to]);
-          await ipt.deleteChains('nat', NAT_CHAINS);
-          await ipt.deleteChains('filter', FILTER_CHAINS);
-        });
-      }
-    } catch (e) {
-      if (!missingTool(e)) problems.push((e as Error).message);
-    }
+  // its chains and the jumps to them (upstream's cleanupIptablesLeftovers), never another
+  // program's: src/iptables/ownership.ts
+  try {
+    await removeOwnedChains(runner, log, KUBE_PROXY_OWNED, 'ipvs');
+  } catch (e) {
+    problems.push((e as Error).message);
   }
 
   try {
