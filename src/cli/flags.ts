@@ -53,7 +53,7 @@ export const FLAGS: FlagSpec[] = [
   S('help', 'bool', 'always', 'help for kproxy', { short: 'h' }),
   S('feature-gates', 'mapStringBool', 'config', 'A set of key=value pairs that describe feature gates for alpha/experimental features. This parameter is ignored if a config file is specified by --config.'),
   S('kubeconfig', 'string', 'config', 'Path to kubeconfig file with authorization information (the master location can be overridden by the master flag).'),
-  S('master', 'string', 'always', 'The address of the Kubernetes API server (overrides any value in kubeconfig)', { note: 'not supported by kproxy; set the server in the kubeconfig file' }),
+  S('master', 'string', 'always', 'The address of the Kubernetes API server (overrides any value in kubeconfig)'),
   S('kube-api-content-type', 'string', 'config', 'Content type of requests sent to apiserver.', { dflt: 'application/vnd.kubernetes.protobuf' }),
   S('kube-api-burst', 'int32', 'config', 'Burst to use while talking with kubernetes apiserver', { dflt: '10' }),
   S('kube-api-qps', 'float32', 'config', 'QPS to use while talking with kubernetes apiserver', { dflt: '5' }),
@@ -255,6 +255,8 @@ export interface ProxyInvocation {
   cleanup: boolean;
   initOnly: boolean;
   manifests?: string;
+  /** --master: the API server URL, over the kubeconfig's (applies with or without --config) */
+  master?: string;
   /** pino level: --log-level, else from -v / logging.verbosity */
   logLevel: string;
 }
@@ -396,6 +398,7 @@ export function proxyInvocation(p: ParsedFlags, fileRaw: RawConfig | undefined):
     cleanup: get<boolean>(p, 'cleanup') ?? false,
     initOnly: get<boolean>(p, 'init-only') ?? false,
     manifests: get<string>(p, 'manifests'),
+    master: get<string>(p, 'master') || undefined,
     logLevel,
   };
 }

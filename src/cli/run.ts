@@ -20,13 +20,14 @@ import { watchConfigFile, CONFIG_CHANGED_MESSAGE } from './config-watch.ts';
 
 export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {
   if (o.manifests) return new ManifestsSource({ dir: o.manifests, nodeName, log: log.child({ source: 'manifests' }) });
-  if (cfg.kubeconfig || process.env.KUBERNETES_SERVICE_HOST) {
+  const master = o.invocation?.master;
+  if (cfg.kubeconfig || master || process.env.KUBERNETES_SERVICE_HOST) {
     // Loaded only when needed: @kubernetes/client-node is ~1000 modules, seconds of start-up
     // on a small node (minutes in the software-emulated IPVS test VM) that --manifests never uses.
     const { createKubernetesSource } = await import('../sources/kubernetes.ts');
-    return createKubernetesSource({ kubeconfig: cfg.kubeconfig || undefined, nodeName, log: log.child({ source: 'kubernetes' }) });
+    return createKubernetesSource({ kubeconfig: cfg.kubeconfig || undefined, master, nodeName, log: log.child({ source: 'kubernetes' }) });
   }
-  throw kproxyError('KPROXY_NO_SOURCE', 'nothing to watch; give --manifests DIR (no cluster) or --kubeconfig FILE, or run in a cluster');
+  throw kproxyError('KPROXY_NO_SOURCE', 'nothing to watch; give --manifests DIR (no cluster), --kubeconfig FILE or --master URL, or run in a cluster');
 }
 
 export async function runCommand(o: CommonOptions): Promise<void> {

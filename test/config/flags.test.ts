@@ -192,7 +192,6 @@ test('the table and the help cover every flag of upstream\'s options.go', () => 
 
 test('flags kproxy cannot honour are accepted with a one-line warning each', () => {
   const cases: Array<[string[], RegExp]> = [
-    [['--master=https://10.0.0.1:6443'], /^--master: not supported by kproxy/],
     [['--windows-service'], /^--windows-service: Windows only/],
     [['--vmodule=proxier=4'], /^--vmodule: ignored/],
     [['--log-text-split-stream'], /^--log-text-split-stream: ignored/],
@@ -209,6 +208,23 @@ test('flags kproxy cannot honour are accepted with a one-line warning each', () 
   }
   // a boolean note flag set to false says nothing
   assert.deepEqual(inv('--windows-service=false').warnings, []);
+});
+
+test('--master is honoured (no warning), with or without --config', () => {
+  const a = inv('--master=https://10.0.0.1:6443');
+  assert.equal(a.master, 'https://10.0.0.1:6443');
+  assert.deepEqual(a.warnings, []);
+  assert.equal(inv().master, undefined);
+  const dir = mkdtempSync(join(tmpdir(), 'kpt-master-'));
+  try {
+    const file = join(dir, 'c.yaml');
+    writeFileSync(file, 'apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n');
+    const b = inv(`--config=${file}`, '--master=http://127.0.0.1:8080');
+    assert.equal(b.master, 'http://127.0.0.1:8080');
+    assert.ok(!b.warnings.some((w) => w.includes('--master')), JSON.stringify(b.warnings));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test('bad command lines are refused naming the flag (exit 2 in the CLI)', () => {
