@@ -32,7 +32,7 @@ export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName:
 
 export async function runCommand(o: CommonOptions): Promise<void> {
   const cfg = o.invocation?.cfg ?? effectiveConfig(o);
-  const log = createLogger({ level: o.logLevel });
+  const log = createLogger({ level: o.logLevel, format: o.invocation?.logFormat });
   for (const w of o.invocation?.warnings ?? []) log.warn(w);
   if (o.cleanup) {
     await cleanupAll(hostRunner, log);
