@@ -10,6 +10,7 @@
 // - validation errors name the field and the value, and nothing touches the host before.
 // A field that exists upstream but does nothing here (winkernel, a protobuf content type,
 // profiling, ...) gets a one-line warning. Pure: planners import the types and defaults.
+import { KNOWN_FEATURE_GATES, KUBE_PROXY_GATES } from './feature-gates.ts';
 import { parse as parseYAML } from 'yaml';
 import { parseCIDR, canonicalIP, isIPv4 } from '../core/ip.ts';
 import { KproxyError } from '../errors.ts';
@@ -515,6 +516,11 @@ function notApplicableWarnings(raw: RawConfig, mode: ModeName, warn: ConfigWarn)
     warn('logging.vmodule: ignored; kproxy has one log level (logging.verbosity, -v)');
   }
   const gates = Object.keys(raw.featureGates ?? {});
+  // upstream featuregate.SetFromMap: an unknown name fails the start
+  const unknown = gates.filter((g) => !KNOWN_FEATURE_GATES.has(g));
+  if (unknown.length) {
+    throw new ConfigError('featureGates', `unrecognized feature gate: ${unknown.join(', ')}; remove it or fix its spelling (gates that affect kube-proxy: ${KUBE_PROXY_GATES.join(', ')})`);
+  }
   if (gates.length) warn(`featureGates: ${gates.join(', ')} ignored; kproxy has no feature gates (every feature it has is on)`);
   if (raw.udpIdleTimeout !== undefined && ms(raw.udpIdleTimeout) !== 0 && mode !== 'userspace') warn('udpIdleTimeout: used by the userspace mode only; ignored in ' + mode + ' mode');
 }

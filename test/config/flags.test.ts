@@ -140,7 +140,7 @@ const FLAG_TABLE: Array<[string[], string, unknown]> = [
   [['--healthz-port=0'], 'healthzBindAddress', ''],
   [['--healthz-bind-address=127.0.0.2', '--healthz-port=20256'], 'healthzBindAddress', '127.0.0.2:20256'],
   [['--metrics-port=0'], 'metricsBindAddress', ''],
-  [['--feature-gates=A=true,B=false', '--feature-gates=C=t'], 'featureGates', { A: true, B: false, C: true }],
+  [['--feature-gates=NFTablesProxyMode=true,TopologyAwareHints=false', '--feature-gates=AllAlpha=t'], 'featureGates', { NFTablesProxyMode: true, TopologyAwareHints: false, AllAlpha: true }],
   [['-v=4'], 'logging.verbosity', 4],
   [['-v', '3'], 'logging.verbosity', 3],
   [['-v5'], 'logging.verbosity', 5],
@@ -199,7 +199,7 @@ test('flags kproxy cannot honour are accepted with a one-line warning each', () 
     [['--proxy-port-range=30000-31000'], /^--proxy-port-range: deprecated/],
     [['--profiling'], /^enableProfiling: ignored/],
     [['--kube-api-qps=50'], /^clientConnection\.qps\/burst: accepted, not used/],
-    [['--feature-gates=Foo=true'], /^featureGates: Foo ignored/],
+    [['--feature-gates=KubeProxyDrainingTerminatingNodes=true'], /^featureGates: KubeProxyDrainingTerminatingNodes ignored/],
   ];
   for (const [args, re] of cases) {
     const { warnings } = inv(...args);
@@ -243,6 +243,9 @@ test('bad command lines are refused naming the flag (exit 2 in the CLI)', () => 
   refused(['--bind-address=10.0.0.1:80'], 'KPROXY_CONFIG_INVALID', '--bind-address', '"10.0.0.1:80"');
   refused(['--healthz-bind-address=localhost:10256'], 'KPROXY_CONFIG_INVALID', '--healthz-bind-address', '"localhost:10256"');
   refused(['--feature-gates=A'], 'KPROXY_CONFIG_INVALID', '--feature-gates', '"A"');
+  // upstream featuregate.SetFromMap: an unknown gate fails the start, a known one is accepted
+  refused(['--feature-gates=Foo=true,NFTablesProxyMode=true'], 'KPROXY_CONFIG_INVALID', 'featureGates: unrecognized feature gate: Foo', 'ServiceTrafficDistribution');
+  refused(['--feature-gates=nftablesProxyMode=true'], 'KPROXY_CONFIG_INVALID', 'unrecognized feature gate: nftablesProxyMode');
   refused(['-v=-1'], 'KPROXY_CONFIG_INVALID', '--v', '"-1"');
   refused(['--version=maybe'], 'KPROXY_CONFIG_INVALID', '--version', '"maybe"');
   // values that parse but fail upstream's validation name the configuration field
