@@ -11,7 +11,7 @@ import { cleanupAll } from './cleanup.ts';
 import { installProcessGuards } from './guards.ts';
 import type { Source } from '../sources/types.ts';
 import type { Logger } from '../log.ts';
-import type { ProxyConfig } from '../config/config.ts';
+import { detectLocalNotice, type ProxyConfig } from '../config/config.ts';
 import { kproxyError } from '../errors.ts';
 import { availableParallelism } from 'node:os';
 import { procSysctl } from '../exec/sysctl.ts';
@@ -64,6 +64,8 @@ export async function runCommand(o: CommonOptions): Promise<void> {
   await applyStartSettings({ conntrack: cfg.mode === 'userspace' ? null : cfg.conntrack, oomScoreAdj: cfg.oomScoreAdj, cpus: availableParallelism(), sysctl: procSysctl(), proc: procSysctl('/proc'), log });
   const conntrack = cfg.mode === 'userspace' ? undefined : conntrackCleaner(hostRunner, log);
   const ctrl = new ProxyController({ config: cfg, nodeName, mode, allModes: modes, source, sourceName: o.manifests ? 'manifests' : 'kubernetes', runner: hostRunner, log, conntrack });
+  const localNotice = detectLocalNotice(cfg, ctrl.families[0]?.family);
+  if (localNotice) log.info(localNotice.fields, localNotice.msg);
   // Health first: while the source waits for its first list, /healthz must answer (503).
   const servers = await startServers(
     { ctrl, source, mode: cfg.mode, log },

@@ -730,3 +730,19 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
 export function masqueradeMark(bit: number): string {
   return '0x' + (1 << bit >>> 0).toString(16).padStart(8, '0');
 }
+
+/**
+ * upstream server_linux.go getLocalDetectors: with detectLocalMode ClusterCIDR and no cluster
+ * CIDR of the primary IP family, traffic from local pods cannot be recognised in that family
+ * (a no-op detector: nothing is "local"); upstream logs it at info level, once at start, with
+ * this text. null when the mode is another or a CIDR of the family is set. The userspace mode
+ * detects no local traffic, so it gets no notice.
+ */
+export function detectLocalNotice(cfg: Pick<ProxyConfig, 'mode' | 'detectLocalMode' | 'clusterCIDRs'>, primaryFamily: 4 | 6 | undefined): { msg: string; fields: { ipFamily: string; clusterCIDRs: string[] } } | null {
+  if (cfg.mode === 'userspace' || cfg.detectLocalMode !== 'ClusterCIDR' || primaryFamily === undefined) return null;
+  if (cfg.clusterCIDRs.some((c) => (c.includes(':') ? 6 : 4) === primaryFamily)) return null;
+  return {
+    msg: 'Detect-local-mode set to ClusterCIDR, but no cluster CIDR specified for primary IP family',
+    fields: { ipFamily: `IPv${primaryFamily}`, clusterCIDRs: cfg.clusterCIDRs },
+  };
+}
