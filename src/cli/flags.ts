@@ -53,7 +53,7 @@ export const FLAGS: FlagSpec[] = [
   S('help', 'bool', 'always', 'help for kproxy', { short: 'h' }),
   S('feature-gates', 'mapStringBool', 'config', 'A set of key=value pairs that describe feature gates for alpha/experimental features. This parameter is ignored if a config file is specified by --config.'),
   S('kubeconfig', 'string', 'config', 'Path to kubeconfig file with authorization information (the master location can be overridden by the master flag).'),
-  S('master', 'string', 'always', 'The address of the Kubernetes API server (overrides any value in kubeconfig)', { note: 'not supported by kproxy; set the server in the kubeconfig file' }),
+  S('master', 'string', 'always', 'The address of the Kubernetes API server (overrides any value in kubeconfig)'),
   S('kube-api-content-type', 'string', 'config', 'Content type of requests sent to apiserver.', { dflt: 'application/vnd.kubernetes.protobuf' }),
   S('kube-api-burst', 'int32', 'config', 'Burst to use while talking with kubernetes apiserver', { dflt: '10' }),
   S('kube-api-qps', 'float32', 'config', 'QPS to use while talking with kubernetes apiserver', { dflt: '5' }),
@@ -101,7 +101,7 @@ export const FLAGS: FlagSpec[] = [
   // logging (k8s.io/component-base/logs/api/v1 AddFlags)
   S('v', 'level', 'logging', 'number for the log level verbosity (0: info; 2-4: debug; 5 and more: trace)', { short: 'v', dflt: '0' }),
   S('vmodule', 'string', 'logging', 'comma-separated list of pattern=N settings for file-filtered logging (only works for text log format)', { note: 'ignored; kproxy has one log level (-v)' }),
-  S('logging-format', 'string', 'logging', 'Sets the log format. Permitted formats: "json", "text". (kproxy writes JSON lines either way.)', { dflt: 'text' }),
+  S('logging-format', 'string', 'logging', 'Sets the log format. Permitted formats: "json", "text". (kproxy: "json" when neither this flag nor logging.format is set; upstream\'s default is "text")', { dflt: 'json' }),
   S('log-flush-frequency', 'duration', 'logging', 'Maximum number of seconds between log flushes', { dflt: '5s' }),
   S('log-json-info-buffer-size', 'string', 'logging', '[Alpha] In JSON format with split output streams, the info messages can be buffered for a while to increase performance.', { note: 'ignored; kproxy does not buffer its log' }),
   S('log-json-split-stream', 'bool', 'logging', '[Alpha] In JSON format, write error messages to stderr and info messages to stdout.', { note: 'ignored; kproxy writes every log line to stdout' }),
@@ -255,8 +255,15 @@ export interface ProxyInvocation {
   cleanup: boolean;
   initOnly: boolean;
   manifests?: string;
+  /** --master: the API server URL, over the kubeconfig's (applies with or without --config) */
+  master?: string;
   /** pino level: --log-level, else from -v / logging.verbosity */
   logLevel: string;
+  /**
+   * log line format: `text` (klog-like) or `json` when --logging-format or the file's
+   * logging.format says so; JSON when neither does (kproxy's default; upstream's is text)
+   */
+  logFormat: 'json' | 'text';
 }
 
 /** klog verbosity → pino level: V(0..1) info, V(2..4) debug, V(5+) trace. */
@@ -388,6 +395,7 @@ export function proxyInvocation(p: ParsedFlags, fileRaw: RawConfig | undefined):
   }
   const cfg = resolveConfig(raw, flags, warn);
   const logLevel = get<string>(p, 'log-level') ?? levelForVerbosity(cfg.logging.verbosity);
+  const formatGiven = typeof raw.logging === 'object' && raw.logging !== null && !!raw.logging.format;
   return {
     cfg,
     warnings,
@@ -396,7 +404,9 @@ export function proxyInvocation(p: ParsedFlags, fileRaw: RawConfig | undefined):
     cleanup: get<boolean>(p, 'cleanup') ?? false,
     initOnly: get<boolean>(p, 'init-only') ?? false,
     manifests: get<string>(p, 'manifests'),
+    master: get<string>(p, 'master') || undefined,
     logLevel,
+    logFormat: formatGiven ? cfg.logging.format : 'json',
   };
 }
 

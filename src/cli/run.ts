@@ -11,7 +11,7 @@ import { cleanupAll } from './cleanup.ts';
 import { installProcessGuards } from './guards.ts';
 import type { Source } from '../sources/types.ts';
 import type { Logger } from '../log.ts';
-import type { ProxyConfig } from '../config/config.ts';
+import { detectLocalNotice, type ProxyConfig } from '../config/config.ts';
 import { kproxyError } from '../errors.ts';
 import { availableParallelism } from 'node:os';
 import { procSysctl } from '../exec/sysctl.ts';
@@ -20,18 +20,19 @@ import { watchConfigFile, CONFIG_CHANGED_MESSAGE } from './config-watch.ts';
 
 export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {
   if (o.manifests) return new ManifestsSource({ dir: o.manifests, nodeName, log: log.child({ source: 'manifests' }) });
-  if (cfg.kubeconfig || process.env.KUBERNETES_SERVICE_HOST) {
+  const master = o.invocation?.master;
+  if (cfg.kubeconfig || master || process.env.KUBERNETES_SERVICE_HOST) {
     // Loaded only when needed: @kubernetes/client-node is ~1000 modules, seconds of start-up
     // on a small node (minutes in the software-emulated IPVS test VM) that --manifests never uses.
     const { createKubernetesSource } = await import('../sources/kubernetes.ts');
-    return createKubernetesSource({ kubeconfig: cfg.kubeconfig || undefined, nodeName, log: log.child({ source: 'kubernetes' }) });
+    return createKubernetesSource({ kubeconfig: cfg.kubeconfig || undefined, master, nodeName, log: log.child({ source: 'kubernetes' }) });
   }
-  throw kproxyError('KPROXY_NO_SOURCE', 'nothing to watch; give --manifests DIR (no cluster) or --kubeconfig FILE, or run in a cluster');
+  throw kproxyError('KPROXY_NO_SOURCE', 'nothing to watch; give --manifests DIR (no cluster), --kubeconfig FILE or --master URL, or run in a cluster');
 }
 
 export async function runCommand(o: CommonOptions): Promise<void> {
   const cfg = o.invocation?.cfg ?? effectiveConfig(o);
-  const log = createLogger({ level: o.logLevel });
+  const log = createLogger({ level: o.logLevel, format: o.invocation?.logFormat });
   for (const w of o.invocation?.warnings ?? []) log.warn(w);
   if (o.cleanup) {
     await cleanupAll(hostRunner, log);
@@ -63,6 +64,8 @@ export async function runCommand(o: CommonOptions): Promise<void> {
   await applyStartSettings({ conntrack: cfg.mode === 'userspace' ? null : cfg.conntrack, oomScoreAdj: cfg.oomScoreAdj, cpus: availableParallelism(), sysctl: procSysctl(), proc: procSysctl('/proc'), log });
   const conntrack = cfg.mode === 'userspace' ? undefined : conntrackCleaner(hostRunner, log);
   const ctrl = new ProxyController({ config: cfg, nodeName, mode, allModes: modes, source, sourceName: o.manifests ? 'manifests' : 'kubernetes', runner: hostRunner, log, conntrack });
+  const localNotice = detectLocalNotice(cfg, ctrl.families[0]?.family);
+  if (localNotice) log.info(localNotice.fields, localNotice.msg);
   // Health first: while the source waits for its first list, /healthz must answer (503).
   const servers = await startServers(
     { ctrl, source, mode: cfg.mode, log },

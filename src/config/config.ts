@@ -10,6 +10,7 @@
 // - validation errors name the field and the value, and nothing touches the host before.
 // A field that exists upstream but does nothing here (winkernel, a protobuf content type,
 // profiling, ...) gets a one-line warning. Pure: planners import the types and defaults.
+import { KNOWN_FEATURE_GATES, KUBE_PROXY_GATES } from './feature-gates.ts';
 import { parse as parseYAML } from 'yaml';
 import { parseCIDR, canonicalIP, isIPv4 } from '../core/ip.ts';
 import { KproxyError } from '../errors.ts';
@@ -515,6 +516,11 @@ function notApplicableWarnings(raw: RawConfig, mode: ModeName, warn: ConfigWarn)
     warn('logging.vmodule: ignored; kproxy has one log level (logging.verbosity, -v)');
   }
   const gates = Object.keys(raw.featureGates ?? {});
+  // upstream featuregate.SetFromMap: an unknown name fails the start
+  const unknown = gates.filter((g) => !KNOWN_FEATURE_GATES.has(g));
+  if (unknown.length) {
+    throw new ConfigError('featureGates', `unrecognized feature gate: ${unknown.join(', ')}; remove it or fix its spelling (gates that affect kube-proxy: ${KUBE_PROXY_GATES.join(', ')})`);
+  }
   if (gates.length) warn(`featureGates: ${gates.join(', ')} ignored; kproxy has no feature gates (every feature it has is on)`);
   if (raw.udpIdleTimeout !== undefined && ms(raw.udpIdleTimeout) !== 0 && mode !== 'userspace') warn('udpIdleTimeout: used by the userspace mode only; ignored in ' + mode + ' mode');
 }
@@ -723,4 +729,20 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
 /** Upstream prints the mark as %#08x of 1<<bit: "0x00004000" for bit 14. */
 export function masqueradeMark(bit: number): string {
   return '0x' + (1 << bit >>> 0).toString(16).padStart(8, '0');
+}
+
+/**
+ * upstream server_linux.go getLocalDetectors: with detectLocalMode ClusterCIDR and no cluster
+ * CIDR of the primary IP family, traffic from local pods cannot be recognised in that family
+ * (a no-op detector: nothing is "local"); upstream logs it at info level, once at start, with
+ * this text. null when the mode is another or a CIDR of the family is set. The userspace mode
+ * detects no local traffic, so it gets no notice.
+ */
+export function detectLocalNotice(cfg: Pick<ProxyConfig, 'mode' | 'detectLocalMode' | 'clusterCIDRs'>, primaryFamily: 4 | 6 | undefined): { msg: string; fields: { ipFamily: string; clusterCIDRs: string[] } } | null {
+  if (cfg.mode === 'userspace' || cfg.detectLocalMode !== 'ClusterCIDR' || primaryFamily === undefined) return null;
+  if (cfg.clusterCIDRs.some((c) => (c.includes(':') ? 6 : 4) === primaryFamily)) return null;
+  return {
+    msg: 'Detect-local-mode set to ClusterCIDR, but no cluster CIDR specified for primary IP family',
+    fields: { ipFamily: `IPv${primaryFamily}`, clusterCIDRs: cfg.clusterCIDRs },
+  };
 }

@@ -27,6 +27,11 @@ const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
 export interface KubernetesSourceOptions {
   /** kubeconfig file; when absent, the in-cluster configuration is used */
   kubeconfig?: string;
+  /**
+   * --master: the API server URL; overrides the kubeconfig's cluster server, or alone (no
+   * kubeconfig) is the whole client configuration, as upstream (no credentials, no in-cluster).
+   */
+  master?: string;
   /** this node's name: its Node object is watched (labels, addresses) */
   nodeName: string;
   log: Logger;
@@ -47,8 +52,20 @@ export class KubernetesSourceError extends KproxyError {}
  * The client configuration: the kubeconfig file when given, else the in-cluster service
  * account (KUBERNETES_SERVICE_HOST/PORT + token + CA). Throws KubernetesSourceError.
  */
-export function loadKubeConfig(opts: { kubeconfig?: string; inClusterPathPrefix?: string }): KubeConfig {
+export function loadKubeConfig(opts: { kubeconfig?: string; master?: string; inClusterPathPrefix?: string }): KubeConfig {
   const kc = new KubeConfig();
+  const master = opts.master ? masterURL(opts.master) : undefined;
+  if (master && !opts.kubeconfig) {
+    // upstream createClient: --master without --kubeconfig is a bare rest.Config{Host}: no
+    // credentials, no TLS client certificate, system CAs for https
+    kc.loadFromOptions({
+      clusters: [{ name: 'master', server: master, skipTLSVerify: master.startsWith('http:') }],
+      users: [{ name: 'master' }],
+      contexts: [{ name: 'master', cluster: 'master', user: 'master' }],
+      currentContext: 'master',
+    });
+    return kc;
+  }
   if (opts.kubeconfig) {
     if (!existsSync(opts.kubeconfig)) {
       throw new KubernetesSourceError('KPROXY_SOURCE_KUBECONFIG', `kubeconfig ${opts.kubeconfig} does not exist; pass the path of a readable kubeconfig file`);
@@ -59,7 +76,14 @@ export function loadKubeConfig(opts: { kubeconfig?: string; inClusterPathPrefix?
     } catch (err) {
       throw new KubernetesSourceError('KPROXY_SOURCE_KUBECONFIG', `cannot load kubeconfig ${opts.kubeconfig}: ${(err as Error).message}; fix the file`);
     }
-    const cluster = kc.getCurrentCluster();
+    let cluster = kc.getCurrentCluster();
+    if (master && cluster) {
+      // upstream ConfigOverrides{ClusterInfo: {Server: master}}: the flag wins over the file
+      const name = cluster.name;
+      const overridden = { ...cluster, server: master, skipTLSVerify: cluster.skipTLSVerify || master.startsWith('http:') };
+      kc.clusters = kc.clusters.map((c) => (c.name === name ? overridden : c));
+      cluster = kc.getCurrentCluster();
+    }
     if (!cluster?.server) {
       throw new KubernetesSourceError('KPROXY_SOURCE_KUBECONFIG', `kubeconfig ${opts.kubeconfig} has no current context with a cluster server; set current-context`);
     }
@@ -97,6 +121,24 @@ function honourTokenFile(kc: KubeConfig, text: string): void {
     const user = kc.users.find((x) => x.name === u.name) as { token?: string; authProvider?: unknown } | undefined;
     if (user && !user.token && !user.authProvider) user.authProvider = { name: 'tokenFile', config: { tokenFile: file } };
   }
+}
+
+/**
+ * --master as a URL: upstream accepts a bare host[:port] (http, as rest.DefaultServerURL) and
+ * a URL. Throws KPROXY_SOURCE_KUBECONFIG on anything else.
+ */
+export function masterURL(master: string): string {
+  const withScheme = /^[a-z][a-z0-9+.-]*:\/\//i.test(master) ? master : `http://${master}`;
+  let u: URL;
+  try {
+    u = new URL(withScheme);
+  } catch {
+    throw new KubernetesSourceError('KPROXY_SOURCE_KUBECONFIG', `--master ${JSON.stringify(master)} is not a URL; pass the API server as https://HOST:PORT or http://HOST:PORT`);
+  }
+  if ((u.protocol !== 'http:' && u.protocol !== 'https:') || !u.hostname) {
+    throw new KubernetesSourceError('KPROXY_SOURCE_KUBECONFIG', `--master ${JSON.stringify(master)} is not an http(s) URL; pass the API server as https://HOST:PORT or http://HOST:PORT`);
+  }
+  return withScheme.replace(/\/+$/, '');
 }
 
 export interface KubernetesSource extends Source {

@@ -140,7 +140,7 @@ const FLAG_TABLE: Array<[string[], string, unknown]> = [
   [['--healthz-port=0'], 'healthzBindAddress', ''],
   [['--healthz-bind-address=127.0.0.2', '--healthz-port=20256'], 'healthzBindAddress', '127.0.0.2:20256'],
   [['--metrics-port=0'], 'metricsBindAddress', ''],
-  [['--feature-gates=A=true,B=false', '--feature-gates=C=t'], 'featureGates', { A: true, B: false, C: true }],
+  [['--feature-gates=NFTablesProxyMode=true,TopologyAwareHints=false', '--feature-gates=AllAlpha=t'], 'featureGates', { NFTablesProxyMode: true, TopologyAwareHints: false, AllAlpha: true }],
   [['-v=4'], 'logging.verbosity', 4],
   [['-v', '3'], 'logging.verbosity', 3],
   [['-v5'], 'logging.verbosity', 5],
@@ -192,7 +192,6 @@ test('the table and the help cover every flag of upstream\'s options.go', () => 
 
 test('flags kproxy cannot honour are accepted with a one-line warning each', () => {
   const cases: Array<[string[], RegExp]> = [
-    [['--master=https://10.0.0.1:6443'], /^--master: not supported by kproxy/],
     [['--windows-service'], /^--windows-service: Windows only/],
     [['--vmodule=proxier=4'], /^--vmodule: ignored/],
     [['--log-text-split-stream'], /^--log-text-split-stream: ignored/],
@@ -200,7 +199,7 @@ test('flags kproxy cannot honour are accepted with a one-line warning each', () 
     [['--proxy-port-range=30000-31000'], /^--proxy-port-range: deprecated/],
     [['--profiling'], /^enableProfiling: ignored/],
     [['--kube-api-qps=50'], /^clientConnection\.qps\/burst: accepted, not used/],
-    [['--feature-gates=Foo=true'], /^featureGates: Foo ignored/],
+    [['--feature-gates=KubeProxyDrainingTerminatingNodes=true'], /^featureGates: KubeProxyDrainingTerminatingNodes ignored/],
   ];
   for (const [args, re] of cases) {
     const { warnings } = inv(...args);
@@ -209,6 +208,23 @@ test('flags kproxy cannot honour are accepted with a one-line warning each', () 
   }
   // a boolean note flag set to false says nothing
   assert.deepEqual(inv('--windows-service=false').warnings, []);
+});
+
+test('--master is honoured (no warning), with or without --config', () => {
+  const a = inv('--master=https://10.0.0.1:6443');
+  assert.equal(a.master, 'https://10.0.0.1:6443');
+  assert.deepEqual(a.warnings, []);
+  assert.equal(inv().master, undefined);
+  const dir = mkdtempSync(join(tmpdir(), 'kpt-master-'));
+  try {
+    const file = join(dir, 'c.yaml');
+    writeFileSync(file, 'apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n');
+    const b = inv(`--config=${file}`, '--master=http://127.0.0.1:8080');
+    assert.equal(b.master, 'http://127.0.0.1:8080');
+    assert.ok(!b.warnings.some((w) => w.includes('--master')), JSON.stringify(b.warnings));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test('bad command lines are refused naming the flag (exit 2 in the CLI)', () => {
@@ -227,6 +243,9 @@ test('bad command lines are refused naming the flag (exit 2 in the CLI)', () => 
   refused(['--bind-address=10.0.0.1:80'], 'KPROXY_CONFIG_INVALID', '--bind-address', '"10.0.0.1:80"');
   refused(['--healthz-bind-address=localhost:10256'], 'KPROXY_CONFIG_INVALID', '--healthz-bind-address', '"localhost:10256"');
   refused(['--feature-gates=A'], 'KPROXY_CONFIG_INVALID', '--feature-gates', '"A"');
+  // upstream featuregate.SetFromMap: an unknown gate fails the start, a known one is accepted
+  refused(['--feature-gates=Foo=true,NFTablesProxyMode=true'], 'KPROXY_CONFIG_INVALID', 'featureGates: unrecognized feature gate: Foo', 'ServiceTrafficDistribution');
+  refused(['--feature-gates=nftablesProxyMode=true'], 'KPROXY_CONFIG_INVALID', 'unrecognized feature gate: nftablesProxyMode');
   refused(['-v=-1'], 'KPROXY_CONFIG_INVALID', '--v', '"-1"');
   refused(['--version=maybe'], 'KPROXY_CONFIG_INVALID', '--version', '"maybe"');
   // values that parse but fail upstream's validation name the configuration field

@@ -1,9 +1,9 @@
 // The Kubernetes API source against the test API server: real client-node code, real HTTP(S).
 import { test, describe, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { createKubernetesSource, loadKubeConfig, KubernetesSourceError, type KubernetesSource } from '../../src/sources/kubernetes.ts';
+import { createKubernetesSource, loadKubeConfig, masterURL, KubernetesSourceError, type KubernetesSource } from '../../src/sources/kubernetes.ts';
 import { backoffDelay, isUnreachable, resolveBackoff } from '../../src/sources/k8s-informer.ts';
 import { silentLogger } from '../../src/log.ts';
 import { TestApiServer, tempDir, type TestApiServerOptions } from '../support/apiserver.ts';
@@ -402,6 +402,57 @@ describe('kubernetes source: configuration', () => {
       else process.env.KUBERNETES_SERVICE_HOST = saved.host;
       if (saved.port === undefined) delete process.env.KUBERNETES_SERVICE_PORT;
       else process.env.KUBERNETES_SERVICE_PORT = saved.port;
+    }
+  });
+
+  test('--master overrides the kubeconfig server (a kubeconfig at a wrong port serves through --master)', async () => {
+    const server = await TestApiServer.start({ tls: true, token: 'master-token' });
+    const dead = await TestApiServer.start({ tls: true, token: 'master-token' });
+    const deadPort = dead.port;
+    await dead.close(); // nothing listens there any more
+    let source: KubernetesSource | undefined;
+    try {
+      seedBasic(server);
+      // the kubeconfig's CA and token stay in use; only the server URL is replaced
+      const kc = server.writeKubeconfig(join(tmp.dir, 'kubeconfig-wrong-port'));
+      writeFileSync(kc, readFileSync(kc, 'utf8').replace(`127.0.0.1:${server.port}`, `127.0.0.1:${deadPort}`));
+      assert.match(loadKubeConfig({ kubeconfig: kc }).getCurrentCluster()!.server, new RegExp(`:${deadPort}$`));
+      source = createKubernetesSource({ kubeconfig: kc, master: server.url, nodeName: NODE, log: silentLogger(), backoff: FAST });
+      assert.equal(source.server, server.url);
+      const rec = new Recorder();
+      await source.start(rec);
+      await waitFor(() => rec.syncedCalls === 1, 'synced through --master');
+      assert.deepEqual([...Recorder.replay(rec.services).keys()].sort(), ['default/api', 'default/web']);
+      assert.ok(server.requests.length > 0);
+    } finally {
+      await source?.stop();
+      await server.close();
+    }
+  });
+
+  test('--master alone (no kubeconfig, not in a cluster): plain http to the server, as upstream', async () => {
+    const server = await TestApiServer.start();
+    const saved = process.env.KUBERNETES_SERVICE_HOST;
+    delete process.env.KUBERNETES_SERVICE_HOST;
+    let source: KubernetesSource | undefined;
+    try {
+      seedBasic(server);
+      // a bare host:port is http, as client-go's default scheme
+      assert.equal(masterURL(`127.0.0.1:${server.port}`), server.url);
+      assert.equal(masterURL(`${server.url}/`), server.url);
+      assert.throws(() => masterURL('ftp://x'), /KPROXY_SOURCE_KUBECONFIG: --master "ftp:\/\/x" is not an http\(s\) URL/);
+      assert.throws(() => masterURL('http://'), /KPROXY_SOURCE_KUBECONFIG/);
+      source = createKubernetesSource({ master: `127.0.0.1:${server.port}`, nodeName: NODE, log: silentLogger(), backoff: FAST });
+      assert.equal(source.server, server.url);
+      const rec = new Recorder();
+      await source.start(rec);
+      await waitFor(() => rec.syncedCalls === 1, 'synced through --master alone');
+      assert.equal(Recorder.replay(rec.services).size, 2);
+      assert.ok(server.requests.every((r) => r.method === 'GET'));
+    } finally {
+      await source?.stop();
+      await server.close();
+      if (saved !== undefined) process.env.KUBERNETES_SERVICE_HOST = saved;
     }
   });
 
