@@ -17,6 +17,8 @@ export class IptablesSyncState {
   /** "table/chain" → digest of the content last applied; null until a full sync */
   chainDigests: Map<string, string> | null = null;
   readonly skipUnchangedChains: boolean;
+  /** full syncs larger than this many nat lines are applied in chunks (0: never; see plan.ts) */
+  chunkLines = 0;
 
   constructor(o: { skipUnchangedChains?: boolean } = {}) {
     this.skipUnchangedChains = o.skipUnchangedChains ?? false;
@@ -33,6 +35,7 @@ export class IptablesSyncState {
     const digests = {
       recordDigests: this.skipUnchangedChains,
       lastChainDigests: this.skipUnchangedChains && !doFull ? (this.chainDigests ?? undefined) : undefined,
+      chunkLines: this.chunkLines,
     };
     let plan = planIptables({ state, opts, full: doFull, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale: true, ...digests });
     if (plan.largeClusterMode && skipCleanup) {
