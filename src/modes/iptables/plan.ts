@@ -55,6 +55,8 @@ export interface Plan {
   /** every per-service nat chain the rules need (installed or written now) */
   activeNatChains: Set<string>;
   deletedChains: string[];
+  /** every installed service chain that is not active is in deletedChains (installedNatChains given, deleteStale not false) */
+  staleDeletion: boolean;
   /** service ports whose chains were written */
   writtenServices: number;
   largeClusterMode: boolean;
@@ -457,6 +459,7 @@ export function planIptables(req: PlanRequest): Plan {
     filterRules: filterCount,
     activeNatChains: active,
     deletedChains,
+    staleDeletion: req.installedNatChains !== undefined && req.deleteStale !== false,
     writtenServices,
     largeClusterMode,
     chainDigests,
