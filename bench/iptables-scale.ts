@@ -87,6 +87,8 @@ export interface ScaleRow {
   coldRules: number;
   changeMs?: number;
   changeAll: number[];
+  /** time inside iptables-restore of each change */
+  changeRestoreMs: number[];
   load: string;
   error?: string;
 }
@@ -130,7 +132,7 @@ export async function iptablesScale(o: ScaleOptions, log: (l: string) => void): 
       for (const backend of o.backends) {
         const rename = backend === 'legacy' ? LEGACY_IPTABLES : {};
         const restore = backend === 'legacy' ? 'iptables-legacy-restore' : 'iptables-restore';
-        const row: ScaleRow = { n, backend, rules: natRules, rawFlushMs: NaN, coldMs: NaN, coldRestores: 0, coldRules: 0, changeAll: [], load: loadavg().map((x) => x.toFixed(1)).join(' ') };
+        const row: ScaleRow = { n, backend, rules: natRules, rawFlushMs: NaN, coldMs: NaN, coldRestores: 0, coldRules: 0, changeAll: [], changeRestoreMs: [], load: loadavg().map((x) => x.toFixed(1)).join(' ') };
         // The raw reference: a flushing restore of the whole payload into an empty namespace.
         let ns = await nss.create('raw');
         try {
@@ -164,9 +166,13 @@ export async function iptablesScale(o: ScaleOptions, log: (l: string) => void): 
               const i = Math.floor(((k + 0.5) / o.changes) * n) % n;
               if (!w.canChange(i)) break;
               const changed = w.addEndpoint(i);
+              runner.take();
               const t1 = performance.now();
               await p.sync(w.input(), changed, false);
               row.changeAll.push(performance.now() - t1);
+              const ran = runner.take();
+              row.changeRestoreMs.push(ran.filter((r) => r.cmd.endsWith('-restore')).reduce((a, r) => a + r.ms, 0));
+              log(`  change ${k}: ${fmtMs(row.changeAll[k])}: ${ran.map((r) => `${r.cmd} ${r.args.filter((a) => a.startsWith('-') && a !== '-w').join(' ')} ${fmtMs(r.ms)}`).join('; ')}`);
             }
             if (row.changeAll.length) row.changeMs = median(row.changeAll);
             log(`N=${n} ${backend}: one-service change ${row.changeAll.map((x) => fmtMs(x)).join(', ')}`);
@@ -191,13 +197,13 @@ const cell = (ms: number | undefined) => (ms === undefined ? '–' : ms === Numb
 
 export function scaleTable(rows: ScaleRow[], backend: Backend): string {
   const out = [
-    `| services (N) | nat rules | raw flushing restore | raw --noflush restore (one payload) | kproxy first sync (restores) | ratio to raw flushing | one-service change (median) | load |`,
-    '|---:|---:|---:|---:|---:|---:|---:|---|',
+    `| services (N) | nat rules | raw flushing restore | raw --noflush restore (one payload) | kproxy first sync (restores) | ratio to raw flushing | one-service change (median) | of which iptables-restore | load |`,
+    '|---:|---:|---:|---:|---:|---:|---:|---:|---|',
   ];
   for (const r of rows.filter((x) => x.backend === backend)) {
     const ratio = r.error ? '–' : (r.coldMs / r.rawFlushMs).toFixed(2) + '×';
     const cold = r.error ? `failed after ${cell(r.coldMs)}` : `${cell(r.coldMs)} (${r.coldRestores})`;
-    out.push(`| ${r.n.toLocaleString('en-US')} | ${r.rules.toLocaleString('en-US')} | ${cell(r.rawFlushMs)} | ${cell(r.rawNoflushMs)} | ${cold} | ${ratio} | ${cell(r.changeMs)} | ${r.load} |`);
+    out.push(`| ${r.n.toLocaleString('en-US')} | ${r.rules.toLocaleString('en-US')} | ${cell(r.rawFlushMs)} | ${cell(r.rawNoflushMs)} | ${cold} | ${ratio} | ${cell(r.changeMs)} | ${r.changeRestoreMs.length ? cell(median(r.changeRestoreMs)) : '–'} | ${r.load} |`);
   }
   return out.join('\n');
 }

@@ -111,8 +111,10 @@ interface FamilyState {
 /**
  * Lines per restore when a full sync is applied in chunks (plan.ts chunkedPayloads): with
  * the nf_tables backend one `--noflush` transaction is quadratic in its size, chunks of a
- * few thousand lines keep it linear. Measured on the bench machine (docs/benchmarks.md,
- * "iptables at scale"): 2,000 lines per chunk was the fastest of 1k–20k at 10,000 services.
+ * few thousand lines keep it linear. Measured on the bench machine at 10,000 services
+ * (docs/benchmarks.md, "iptables at scale"): 5,000 lines per chunk (53 restores) beat 2,000
+ * (128 restores: each pays the process start and the chain-cache fetch) and 10,000 (the
+ * quadratic cost inside one transaction is back).
  */
 export const DEFAULT_CHUNK_LINES = 5_000;
 
