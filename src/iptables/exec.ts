@@ -9,6 +9,8 @@ import type { Family, Table } from './save.ts';
 
 export type { Family, Table };
 
+export type IptablesBackend = 'nf_tables' | 'legacy' | 'unknown';
+
 const WAIT = ['-w', '5'];
 const TIMEOUT_MS = 60_000;
 const RESTORE_MS_PER_1000_LINES = 3_000;
@@ -134,6 +136,20 @@ export class IptablesExecutor {
     const r = await this.runner.run(this.bin.save, [], { timeoutMs: TIMEOUT_MS });
     if (r.code !== 0) throw new ExecError('KPROXY_IPTABLES_SAVE_FAILED', `${this.bin.save} exited ${r.code}: ${r.stderr.trim()}`, r);
     return r.stdout;
+  }
+
+  /**
+   * Which kernel backend this family's iptables binaries use, from `iptables --version`
+   * ("iptables v1.8.9 (nf_tables)" or "(legacy)"); 'unknown' when it does not say.
+   */
+  async backend(): Promise<IptablesBackend> {
+    try {
+      const r = await this.runner.run(this.bin.iptables, ['--version'], { timeoutMs: 10_000 });
+      const text = r.stdout + r.stderr;
+      return /\(nf_tables\)/.test(text) ? 'nf_tables' : /\(legacy\)/.test(text) ? 'legacy' : 'unknown';
+    } catch {
+      return 'unknown';
+    }
   }
 
   private run(args: string[]): Promise<RunResult> {

@@ -40,6 +40,11 @@ export interface PlanRequest {
   lastChainDigests?: ReadonlyMap<string, string>;
   /** compute `Plan.chainDigests` for the chains written */
   recordDigests?: boolean;
+  /**
+   * Full syncs only: split the payload into `Plan.chunks` of about this many lines, each
+   * holding whole services (kproxy, not upstream; see chunkedPayloads). Unset or 0: one payload.
+   */
+  chunkLines?: number;
 }
 
 export interface Plan {
@@ -50,6 +55,8 @@ export interface Plan {
   /** every per-service nat chain the rules need (installed or written now) */
   activeNatChains: Set<string>;
   deletedChains: string[];
+  /** every installed service chain that is not active is in deletedChains (installedNatChains given, deleteStale not false) */
+  staleDeletion: boolean;
   /** service ports whose chains were written */
   writtenServices: number;
   largeClusterMode: boolean;
@@ -59,6 +66,12 @@ export interface Plan {
   skippedChains: number;
   /** kernel settings this ruleset needs, applied by the proxier before the restore */
   sysctls: Array<{ name: string; value: string }>;
+  /**
+   * With chunkLines on a full sync whose payload is larger: the restore payloads to apply
+   * in order, one iptables-restore each, instead of `payload` (which is then ''). Their
+   * union is exactly `payload`'s content. Otherwise undefined.
+   */
+  chunks?: string[];
 }
 
 /** the sysctl localhost NodePorts need: packets to 127.0.0.0/8 may be DNATed and routed off lo */
@@ -334,6 +347,8 @@ export function planIptables(req: PlanRequest): Plan {
   const largeClusterMode = ctx.largeClusterMode;
   let writtenServices = 0;
   let skippedRules = 0;
+  /** natServiceUnits index where each written service's units start */
+  const serviceStarts: number[] = [];
 
   for (const sp of services) {
     const b = serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx);
@@ -343,6 +358,7 @@ export function planIptables(req: PlanRequest): Plan {
     // Unchanged services' chains are already installed: count their rules, don't write them.
     if (req.full || !req.changed || req.changed.has(sp.serviceKey)) {
       writtenServices++;
+      serviceStarts.push(natServiceUnits.length);
       for (const u of b.units) natServiceUnits.push(u);
     } else {
       skippedRules += b.rules.length;
@@ -421,7 +437,12 @@ export function planIptables(req: PlanRequest): Plan {
     out.push('COMMIT');
     return out.join('\n') + '\n';
   };
-  const payload = section('filter', filterUnits, []) + section('nat', natUnits, deletedChains);
+  const natLines = natRulesWritten + natUnits.length + deletedChains.length * 2;
+  const chunked = req.full && req.chunkLines ? natLines > req.chunkLines : false;
+  const chunks = chunked
+    ? chunkedPayloads(natUnits, natServiceUnits, serviceStarts, req.chunkLines!, section('filter', filterUnits, []), deletedChains)
+    : undefined;
+  const payload = chunks ? '' : section('filter', filterUnits, []) + section('nat', natUnits, deletedChains);
   // upstream iptables NewProxier: route_localnet=1 lets 127.0.0.1:NodePort be DNATed to a
   // pod; needed only when localhost NodePorts are served (IPv4, localhostNodePorts, the
   // NodePort addresses include 127.0.0.1) and some service has a NodePort. The
@@ -438,11 +459,75 @@ export function planIptables(req: PlanRequest): Plan {
     filterRules: filterCount,
     activeNatChains: active,
     deletedChains,
+    staleDeletion: req.installedNatChains !== undefined && req.deleteStale !== false,
     writtenServices,
     largeClusterMode,
     chainDigests,
     skippedChains,
+    chunks,
   };
+}
+
+/** dispatch chains: rewritten in the last chunk, once every chain they jump to exists */
+const DISPATCH_CHAINS = new Set([KUBE_SERVICES, KUBE_NODEPORTS]);
+
+/**
+ * A full sync's payload as several restores (kproxy, not upstream). iptables-nft-restore
+ * --noflush is quadratic in the size of one transaction (one 10,000-service payload takes
+ * minutes; see docs/benchmarks.md "iptables at scale"), while many restores of a few
+ * thousand lines each stay linear. Each chunk is its own atomic transaction that holds whole
+ * services, so traffic never sees half a service:
+ * 1. leaf chunks: KUBE-MARK-MASQ and KUBE-POSTROUTING first, then the services' own chains
+ *    (KUBE-SVC/SVL/EXT/FW/SEP), a group of whole services per chunk; nothing jumps into a
+ *    new chain yet, and an existing chain is replaced with its whole service's chains at once;
+ * 2. the last chunk: the filter table, nat KUBE-SERVICES and KUBE-NODEPORTS (the dispatch
+ *    rules), and the stale chains' flush and deletion (after nothing jumps to them any more).
+ * --noflush semantics are kept: only the chains kproxy declares are flushed.
+ */
+function chunkedPayloads(
+  natUnits: ChainUnit[],
+  serviceUnits: ChainUnit[],
+  serviceStarts: number[],
+  maxLines: number,
+  filterSection: string,
+  deleted: string[],
+): string[] {
+  const chunks: string[] = [];
+  let lines: string[] = [];
+  let decls: string[] = [];
+  const flush = () => {
+    if (!decls.length && !lines.length) return;
+    chunks.push(['*nat', ...decls, ...lines, 'COMMIT', ''].join('\n'));
+    decls = [];
+    lines = [];
+  };
+  const add = (u: ChainUnit) => {
+    if (u.declare) decls.push(chainLine(u.name));
+    for (const r of u.rules) lines.push(r);
+  };
+  const service = new Set(serviceUnits);
+  const dispatch: ChainUnit[] = [];
+  for (const u of natUnits) {
+    if (service.has(u)) continue;
+    if (DISPATCH_CHAINS.has(u.name)) dispatch.push(u);
+    else add(u);
+  }
+  for (let s = 0; s < serviceStarts.length; s++) {
+    const end = s + 1 < serviceStarts.length ? serviceStarts[s + 1] : serviceUnits.length;
+    let n = 0;
+    for (let i = serviceStarts[s]; i < end; i++) n += 1 + serviceUnits[i].rules.length;
+    if (decls.length + lines.length && decls.length + lines.length + n > maxLines) flush();
+    for (let i = serviceStarts[s]; i < end; i++) add(serviceUnits[i]);
+  }
+  flush();
+  const last = ['*nat'];
+  for (const u of dispatch) if (u.declare) last.push(chainLine(u.name));
+  for (const c of deleted) last.push(chainLine(c));
+  for (const u of dispatch) for (const r of u.rules) last.push(r);
+  for (const c of deleted) last.push(`-X ${c}`);
+  last.push('COMMIT', '');
+  chunks.push(filterSection + last.join('\n'));
+  return chunks;
 }
 
 function isLoopbackIP(ip: string): boolean {

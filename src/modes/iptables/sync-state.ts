@@ -17,6 +17,8 @@ export class IptablesSyncState {
   /** "table/chain" → digest of the content last applied; null until a full sync */
   chainDigests: Map<string, string> | null = null;
   readonly skipUnchangedChains: boolean;
+  /** full syncs larger than this many nat lines are applied in chunks (0: never; see plan.ts) */
+  chunkLines = 0;
 
   constructor(o: { skipUnchangedChains?: boolean } = {}) {
     this.skipUnchangedChains = o.skipUnchangedChains ?? false;
@@ -33,6 +35,7 @@ export class IptablesSyncState {
     const digests = {
       recordDigests: this.skipUnchangedChains,
       lastChainDigests: this.skipUnchangedChains && !doFull ? (this.chainDigests ?? undefined) : undefined,
+      chunkLines: this.chunkLines,
     };
     let plan = planIptables({ state, opts, full: doFull, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale: true, ...digests });
     if (plan.largeClusterMode && skipCleanup) {
@@ -56,10 +59,16 @@ export class IptablesSyncState {
       for (const [k, v] of plan.chainDigests) d.set(k, v);
       this.chainDigests = d;
     }
-    const installed = new Set(this.installedNatChains ?? []);
-    for (const c of plan.deletedChains) installed.delete(c);
-    for (const c of plan.activeNatChains) installed.add(c);
-    this.installedNatChains = installed;
+    // Stale-chain deletion ran (every installed service chain that is not active was
+    // deleted): what is installed is what is active. Otherwise (deferred in large-cluster
+    // mode) the stale ones stay. Either way no copy of a set of 70k names per sync.
+    if (plan.staleDeletion || !this.installedNatChains) {
+      this.installedNatChains = plan.staleDeletion ? plan.activeNatChains : new Set(plan.activeNatChains);
+    } else {
+      const installed = this.installedNatChains;
+      for (const c of plan.deletedChains) installed.delete(c);
+      for (const c of plan.activeNatChains) installed.add(c);
+    }
     this.needFullSync = false;
     if (this.pendingCleanupMs !== null) this.lastCleanupMs = this.pendingCleanupMs;
     this.pendingCleanupMs = null;

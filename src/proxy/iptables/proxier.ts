@@ -9,7 +9,7 @@
 import { SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { ensureSysctl, type Sysctl } from '../../exec/sysctl.ts';
-import { IptablesExecutor, RestoreError, type Table } from '../../iptables/exec.ts';
+import { IptablesExecutor, RestoreError, type IptablesBackend, type Table } from '../../iptables/exec.ts';
 import { appendedArgs, chainsFromSave, readSave } from '../../iptables/save.ts';
 import { quoteArg } from '../../iptables/tokenize.ts';
 import type { Logger } from '../../log.ts';
@@ -104,6 +104,27 @@ interface FamilyState {
   last?: { input: PlanInput; opts: IptablesOptions };
   /** Services iptables-restore refused, left out until they change (modes/isolation.ts) */
   exclusions: ServiceExclusions;
+  /** the binaries' backend, probed at the first full sync */
+  backend?: IptablesBackend;
+}
+
+/**
+ * Lines per restore when a full sync is applied in chunks (plan.ts chunkedPayloads): with
+ * the nf_tables backend one `--noflush` transaction is quadratic in its size, chunks of a
+ * few thousand lines keep it linear. Measured on the bench machine at 10,000 services
+ * (docs/benchmarks.md, "iptables at scale"): 5,000 lines per chunk (53 restores) beat 2,000
+ * (128 restores: each pays the process start and the chain-cache fetch) and 10,000 (the
+ * quadratic cost inside one transaction is back).
+ */
+export const DEFAULT_CHUNK_LINES = 5_000;
+
+/**
+ * Chunk size for a backend: nf_tables (and an unknown one) chunks; legacy does not, as
+ * x_tables replaces the whole table at every commit, so chunks would make it quadratic.
+ */
+export function chunkLinesFor(backend: IptablesBackend, override?: number): number {
+  if (override !== undefined) return override;
+  return backend === 'legacy' ? 0 : DEFAULT_CHUNK_LINES;
 }
 
 /** The service restore payload a sync attempt was refused, with what it was planned from. */
@@ -122,6 +143,8 @@ export interface IptablesProxierDeps {
   now?: () => number;
   /** where the kernel settings the plan asks for (route_localnet) go; none: not applied (unit tests) */
   sysctl?: Sysctl;
+  /** lines per chunk of a full sync (0: one restore); default: chunkLinesFor(the probed backend) */
+  chunkLines?: number;
 }
 
 export class IptablesProxier implements Proxier {
@@ -202,18 +225,22 @@ export class IptablesProxier implements Proxier {
         }
       }
       if (doFull) {
+        fs.backend ??= await fs.exec.backend();
+        fs.sync.chunkLines = chunkLinesFor(fs.backend, this.deps.chunkLines);
         await this.ensureJumps(fs.exec);
         fs.sync.installedNatChains = chainsFromSave(await fs.exec.save('nat'), 'nat');
       }
       const plan = fs.sync.plan(input.state, opts, changed, doFull, this.now(), syncPeriodMs);
       // Before the restore: the localhost NodePort rules need route_localnet to work.
       if (this.deps.sysctl) for (const { name, value } of plan.sysctls) await ensureSysctl(this.deps.sysctl, name, value);
-      // Nothing differs from what is installed: no restore at all.
-      if (plan.payload) {
+      // Nothing differs from what is installed: no restore at all. A chunked full sync is
+      // several restores (leaf chains first, the dispatch rules last), each atomic.
+      const payloads = plan.chunks ?? (plan.payload ? [plan.payload] : []);
+      for (const payload of payloads) {
         try {
-          await fs.exec.restore(plan.payload);
+          await fs.exec.restore(payload);
         } catch (e) {
-          if (e instanceof RestoreError) refusal.last = { error: e, payload: plan.payload, state: input.state, opts };
+          if (e instanceof RestoreError) refusal.last = { error: e, payload, state: input.state, opts };
           throw e;
         }
       }
@@ -222,6 +249,7 @@ export class IptablesProxier implements Proxier {
       const kind = plan.full ? 'full' : 'partial';
       const diff = `${kind} sync (IPv${family}): ${plan.writtenServices} service ports written, ${plan.natRulesWritten} of ${plan.natRulesTotal} nat rules, ${plan.filterRules} filter rules` +
         (plan.skippedChains ? `, ${plan.skippedChains} unchanged chains left out` : '') +
+        (plan.chunks ? `, in ${plan.chunks.length} restores` : '') +
         (plan.deletedChains.length ? `, deleted ${plan.deletedChains.join(' ')}` : '');
       this.deps.log.debug({ family, full: plan.full, natRulesWritten: plan.natRulesWritten, natRulesTotal: plan.natRulesTotal }, diff);
       // the filter table is written whole by every sync that writes anything

@@ -1,0 +1,247 @@
+// The iptables mode at scale, side by side with the raw reference in one run (issue 10):
+// - cold start: kproxy's first full sync (IptablesProxier.sync, chunked on nf_tables) into an
+//   empty kpb-* namespace, next to a raw *flushing* iptables-restore of the same rendered
+//   ruleset (`iptables-restore -w 5 --counters`, no --noflush) into another empty namespace,
+//   and, for the record, the raw `--noflush` restore of that one payload (what kproxy did
+//   before chunking) where it finishes within the limit;
+// - one-Service change: one endpoint added to one service, then IptablesProxier.sync of that
+//   service (partial sync), in the namespace the cold start filled; median of --changes.
+// Per backend: nf_tables (iptables-restore) and legacy (iptables-legacy-restore, via the
+// binary renaming bench/netns.ts does, as update-alternatives would on a node).
+//
+//   sudo node --import tsx bench/iptables-scale.ts [--sizes 100,1000,10000] [--backends nf_tables,legacy]
+//        [--endpoints 5] [--changes 5] [--chunk-lines 5000] [--timeout 600] [--no-noflush-ref]
+//
+// Prints one markdown table per backend. The machine is shared: medians, and the load average
+// is printed with each table. 50,000 services: ClusterIP services above 35,535 (no node
+// port left), and no room for extra endpoints, so no change is measured there.
+import { loadavg } from 'node:os';
+import { resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
+import { ProxyStateTracker } from '../src/core/tracker.ts';
+import { silentLogger } from '../src/log.ts';
+import type { PlanInput } from '../src/modes/types.ts';
+import { getMode } from '../src/proxy/registry.ts';
+import { IptablesProxier } from '../src/proxy/iptables/proxier.ts';
+import { LEGACY_IPTABLES, Namespaces, TimedRunner } from './netns.ts';
+import { fmtMs } from './report.ts';
+import { benchConfig, MAX_NODE_PORT_SERVICES, NODE, serviceObject, sliceObject } from './workload.ts';
+
+type Backend = 'nf_tables' | 'legacy';
+
+/** N services × E endpoints; services past the node-port range are ClusterIP only. */
+class ScaleWorkload {
+  readonly tracker = new ProxyStateTracker(4, NODE.nodeName);
+  readonly keys: Set<string>;
+  readonly stride: number;
+  private readonly counts: number[];
+  readonly config = benchConfig('iptables');
+
+  constructor(readonly n: number, readonly e: number) {
+    // Endpoint addresses come from 10.180.0.0/14 (endpointIPOf): N × stride must fit.
+    this.stride = Math.min(e + 4, Math.floor((4 * 65_536 - 2) / n));
+    if (this.stride < e) throw new Error(`KPROXY_BENCH_SIZE: ${n} services × ${e} endpoints do not fit 10.180.0.0/14`);
+    this.counts = new Array<number>(n).fill(e);
+    for (let i = 0; i < n; i++) {
+      const s = serviceObject(i);
+      if (i >= MAX_NODE_PORT_SERVICES) {
+        s.spec!.type = 'ClusterIP';
+        for (const p of s.spec!.ports ?? []) delete p.nodePort;
+      }
+      this.tracker.services.update(null, s);
+      this.tracker.endpoints.update(null, sliceObject(i, e, this.stride));
+    }
+    this.keys = this.tracker.apply();
+  }
+
+  input(): PlanInput {
+    return { state: this.tracker.state, config: this.config, node: NODE };
+  }
+
+  canChange(i: number): boolean {
+    return this.counts[i] < this.stride;
+  }
+
+  addEndpoint(i: number): Set<string> {
+    const before = sliceObject(i, this.counts[i], this.stride);
+    this.counts[i]++;
+    this.tracker.endpoints.update(before, sliceObject(i, this.counts[i], this.stride));
+    return this.tracker.apply();
+  }
+}
+
+const median = (xs: number[]): number => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length ? (s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2) : NaN;
+};
+
+export interface ScaleRow {
+  n: number;
+  backend: Backend;
+  rules: number;
+  rawFlushMs: number;
+  rawNoflushMs?: number;
+  coldMs: number;
+  coldRestores: number;
+  coldRules: number;
+  changeMs?: number;
+  changeAll: number[];
+  /** time inside iptables-restore of each change */
+  changeRestoreMs: number[];
+  load: string;
+  error?: string;
+}
+
+export interface ScaleOptions {
+  sizes: number[];
+  backends: Backend[];
+  endpoints: number;
+  changes: number;
+  chunkLines?: number;
+  timeoutS: number;
+  noflushRef: boolean;
+}
+
+async function timed(runner: TimedRunner, cmd: string, args: string[], input: string, timeoutMs: number): Promise<number> {
+  const t0 = performance.now();
+  const r = await runner.run(cmd, args, { input, timeoutMs });
+  const ms = performance.now() - t0;
+  if (r.code !== 0) return ms >= timeoutMs - 100 ? Number.POSITIVE_INFINITY : Number.NaN;
+  return ms;
+}
+
+async function countRules(runner: TimedRunner): Promise<number> {
+  const r = await runner.run('iptables-save', ['-t', 'nat'], { timeoutMs: 600_000 });
+  let n = 0;
+  for (const l of r.stdout.split('\n')) if (l.startsWith('-A KUBE-')) n++;
+  return n;
+}
+
+export async function iptablesScale(o: ScaleOptions, log: (l: string) => void): Promise<ScaleRow[]> {
+  if (process.getuid?.() !== 0) throw new Error('KPROXY_BENCH_ROOT: run as root (rules are written in kpb-* namespaces)');
+  const nss = new Namespaces(`${process.pid}i`);
+  const rows: ScaleRow[] = [];
+  const timeoutMs = o.timeoutS * 1000;
+  try {
+    for (const n of o.sizes) {
+      const w = new ScaleWorkload(n, o.endpoints);
+      const payload = getMode('iptables').render(w.input());
+      let natRules = 0;
+      for (let i = payload.indexOf('\n-A KUBE-', payload.indexOf('*nat')); i >= 0; i = payload.indexOf('\n-A KUBE-', i + 1)) natRules++;
+      for (const backend of o.backends) {
+        const rename = backend === 'legacy' ? LEGACY_IPTABLES : {};
+        const restore = backend === 'legacy' ? 'iptables-legacy-restore' : 'iptables-restore';
+        const row: ScaleRow = { n, backend, rules: natRules, rawFlushMs: NaN, coldMs: NaN, coldRestores: 0, coldRules: 0, changeAll: [], changeRestoreMs: [], load: loadavg().map((x) => x.toFixed(1)).join(' ') };
+        // The raw reference: a flushing restore of the whole payload into an empty namespace.
+        let ns = await nss.create('raw');
+        try {
+          row.rawFlushMs = await timed(new TimedRunner(ns), restore, ['-w', '5', '--counters'], payload, timeoutMs);
+        } finally {
+          await nss.delete(ns);
+        }
+        log(`N=${n} ${backend}: raw flushing restore ${fmtMs(row.rawFlushMs)}`);
+        if (o.noflushRef) {
+          ns = await nss.create('nf');
+          try {
+            row.rawNoflushMs = await timed(new TimedRunner(ns), restore, ['-w', '5', '--noflush', '--counters'], payload, timeoutMs);
+          } finally {
+            await nss.delete(ns);
+          }
+          log(`N=${n} ${backend}: raw --noflush restore ${fmtMs(row.rawNoflushMs)}`);
+        }
+        // kproxy: the first full sync, then one-service changes, in one namespace.
+        ns = await nss.create('kp');
+        try {
+          const runner = new TimedRunner(ns, rename, timeoutMs);
+          const p = new IptablesProxier({ runner, log: silentLogger(), config: w.config, chunkLines: o.chunkLines });
+          const t0 = performance.now();
+          try {
+            await p.sync(w.input(), w.keys, true);
+            row.coldMs = performance.now() - t0;
+            row.coldRestores = runner.records.filter((r) => r.cmd === 'iptables-restore').length;
+            row.coldRules = await countRules(runner);
+            log(`N=${n} ${backend}: kproxy first sync ${fmtMs(row.coldMs)} in ${row.coldRestores} restores, ${row.coldRules} nat rules in the kernel (payload ${natRules})`);
+            for (let k = 0; k < o.changes; k++) {
+              const i = Math.floor(((k + 0.5) / o.changes) * n) % n;
+              if (!w.canChange(i)) break;
+              const changed = w.addEndpoint(i);
+              runner.take();
+              const t1 = performance.now();
+              await p.sync(w.input(), changed, false);
+              row.changeAll.push(performance.now() - t1);
+              const ran = runner.take();
+              row.changeRestoreMs.push(ran.filter((r) => r.cmd.endsWith('-restore')).reduce((a, r) => a + r.ms, 0));
+              log(`  change ${k}: ${fmtMs(row.changeAll[k])}: ${ran.map((r) => `${r.cmd} ${r.args.filter((a) => a.startsWith('-') && a !== '-w').join(' ')} ${fmtMs(r.ms)}`).join('; ')}`);
+            }
+            if (row.changeAll.length) row.changeMs = median(row.changeAll);
+            log(`N=${n} ${backend}: one-service change ${row.changeAll.map((x) => fmtMs(x)).join(', ')}`);
+          } catch (e) {
+            row.error = (e as Error).message.split('\n')[0].slice(0, 200);
+            row.coldMs = performance.now() - t0;
+            log(`N=${n} ${backend}: failed: ${row.error}`);
+          }
+        } finally {
+          await nss.delete(ns);
+        }
+        rows.push(row);
+      }
+    }
+  } finally {
+    await nss.deleteAll();
+  }
+  return rows;
+}
+
+const cell = (ms: number | undefined) => (ms === undefined ? '–' : ms === Number.POSITIVE_INFINITY ? 'timeout' : Number.isNaN(ms) ? 'failed' : fmtMs(ms));
+
+export function scaleTable(rows: ScaleRow[], backend: Backend): string {
+  const out = [
+    `| services (N) | nat rules | raw flushing restore | raw --noflush restore (one payload) | kproxy first sync (restores) | ratio to raw flushing | one-service change (median) | of which iptables-restore | load |`,
+    '|---:|---:|---:|---:|---:|---:|---:|---:|---|',
+  ];
+  for (const r of rows.filter((x) => x.backend === backend)) {
+    const ratio = r.error ? '–' : (r.coldMs / r.rawFlushMs).toFixed(2) + '×';
+    const cold = r.error ? `failed after ${cell(r.coldMs)}` : `${cell(r.coldMs)} (${r.coldRestores})`;
+    out.push(`| ${r.n.toLocaleString('en-US')} | ${r.rules.toLocaleString('en-US')} | ${cell(r.rawFlushMs)} | ${cell(r.rawNoflushMs)} | ${cold} | ${ratio} | ${cell(r.changeMs)} | ${r.changeRestoreMs.length ? cell(median(r.changeRestoreMs)) : '–'} | ${r.load} |`);
+  }
+  return out.join('\n');
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      sizes: { type: 'string', default: '100,1000,10000' },
+      backends: { type: 'string', default: 'nf_tables,legacy' },
+      endpoints: { type: 'string', default: '5' },
+      changes: { type: 'string', default: '5' },
+      'chunk-lines': { type: 'string' },
+      timeout: { type: 'string', default: '600' },
+      'no-noflush-ref': { type: 'boolean', default: false },
+    },
+  });
+  const sizes = values.sizes!.split(',').map(Number);
+  if (sizes.some((n) => !Number.isInteger(n) || n < 1)) throw new Error('KPROXY_BENCH_ARGS: --sizes wants positive integers');
+  const backends = values.backends!.split(',') as Backend[];
+  if (backends.some((b) => b !== 'nf_tables' && b !== 'legacy')) throw new Error('KPROXY_BENCH_ARGS: --backends is nf_tables and/or legacy');
+  const rows = await iptablesScale(
+    {
+      sizes,
+      backends,
+      endpoints: Number(values.endpoints),
+      changes: Number(values.changes),
+      chunkLines: values['chunk-lines'] === undefined ? undefined : Number(values['chunk-lines']),
+      timeoutS: Number(values.timeout),
+      noflushRef: !values['no-noflush-ref'],
+    },
+    (l) => process.stderr.write(l + '\n'),
+  );
+  for (const b of backends) process.stdout.write(`\n${b}:\n\n${scaleTable(rows, b)}\n`);
+}
+
+if (process.argv[1] && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
+  main().catch((e: Error) => {
+    process.stderr.write(`${e.message}\n`);
+    process.exitCode = 1;
+  });
+}

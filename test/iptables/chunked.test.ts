@@ -1,0 +1,274 @@
+// Full syncs applied in chunks (plan.ts chunkedPayloads; the nf_tables backend's default):
+// - the kernel after a chunked full sync equals the kernel after a one-payload full sync, in
+//   both families, over 40 seeded random changes where every third sync is a forced full
+//   sync over the previous state (stale chains, changed services) and the rest are partial;
+// - between two chunks, every service reachable from KUBE-SERVICES / KUBE-NODEPORTS is
+//   entirely its old or entirely its new version (traffic never sees half a service), and on
+//   a cold start nothing is reachable before the last chunk;
+// - leaf chains first, the dispatch rules and stale-chain deletions in the last chunk, each
+//   chunk a restore of its own, at most about chunkLines lines, whole services;
+// - the backend decides: legacy is never chunked, nf_tables is by default;
+// - a refused line in a middle chunk still excludes only its Service.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { CommandRunner, RunOptions, RunResult } from '../../src/exec/runner.ts';
+import { FakeIptables } from '../../src/iptables/fake.ts';
+import { silentLogger } from '../../src/log.ts';
+import { DEFAULT_FACTS, optionsFromConfig } from '../../src/modes/iptables/options.ts';
+import { planIptables } from '../../src/modes/iptables/plan.ts';
+import { chunkLinesFor, DEFAULT_CHUNK_LINES, IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
+import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
+
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function kernelState(k: FakeIptables): string {
+  const out: string[] = [];
+  for (const table of ['filter', 'nat']) {
+    for (const c of k.chains(table).sort()) out.push(`${table} :${c}`, ...k.rules(table, c).map((r) => `${table} -A ${c} ${r}`));
+  }
+  return out.join('\n');
+}
+
+/** The nat chains reachable from `chain` (its own service's chains), with their rules. */
+function closure(k: FakeIptables, chain: string): string {
+  const seen = new Set<string>();
+  const out: string[] = [];
+  const walk = (c: string) => {
+    if (seen.has(c) || !/^KUBE-(SVC|SVL|EXT|FW|SEP)-/.test(c)) return;
+    seen.add(c);
+    if (!k.chains('nat').includes(c)) {
+      out.push(`${c}: MISSING`);
+      return;
+    }
+    const rules = k.rules('nat', c);
+    out.push(`${c}: ${rules.join(' | ')}`);
+    for (const r of rules) {
+      const m = / -j (\S+)/.exec(` ${r}`);
+      if (m) walk(m[1]);
+    }
+  };
+  walk(chain);
+  return out.join('\n');
+}
+
+/** Every service entry point: target of a nat KUBE-SERVICES / KUBE-NODEPORTS rule → its closure. */
+function reachable(k: FakeIptables): Map<string, string> {
+  const out = new Map<string, string>();
+  for (const top of ['KUBE-SERVICES', 'KUBE-NODEPORTS']) {
+    if (!k.chains('nat').includes(top)) continue;
+    for (const r of k.rules('nat', top)) {
+      const m = / -j (KUBE-(?:SVC|SVL|EXT|FW)-\S+)/.exec(` ${r}`);
+      if (m) out.set(m[1], closure(k, m[1]));
+    }
+  }
+  return out;
+}
+
+/** A runner around a fake that snapshots what traffic could reach after every restore. */
+class Watching implements CommandRunner {
+  snapshots: Array<Map<string, string>> = [];
+  restores: string[] = [];
+  constructor(readonly k: FakeIptables) {}
+  async run(cmd: string, args: string[], opts?: RunOptions): Promise<RunResult> {
+    const r = await this.k.run(cmd, args, opts);
+    if (cmd.endsWith('-restore') && r.code === 0 && opts?.input?.includes('*nat')) {
+      this.restores.push(opts.input);
+      this.snapshots.push(reachable(this.k));
+    }
+    return r;
+  }
+}
+
+interface Model {
+  exists: boolean;
+  port: number;
+  type: 'ClusterIP' | 'NodePort' | 'LoadBalancer';
+  etp: 'Local' | 'Cluster';
+  eps: number[];
+  svcObj: K8sService | null;
+  sliceObj: K8sEndpointSlice | null;
+}
+
+for (const family of [4, 6] as const) {
+  const ip = (kind: 'cluster' | 'lb' | 'ep', i: number) =>
+    family === 4
+      ? { cluster: `172.30.1.${i + 1}`, lb: `1.2.3.${i + 1}`, ep: `10.180.${i >> 8}.${i & 255}` }[kind]
+      : { cluster: `fd00:172:30::${(i + 1).toString(16)}`, lb: `fd00:1:2:3::${(i + 1).toString(16)}`, ep: `fd00:10:180::${i.toString(16)}` }[kind];
+
+  test(`IPv${family}: chunked full syncs leave the kernel as one-payload full syncs; no half service is ever reachable`, async () => {
+    const random = rng(20261203 + family);
+    const pick = <T>(xs: T[]): T => xs[Math.floor(random() * xs.length)];
+    const config = testConfig();
+    const k = new FakeIptables(family);
+    const w = new Watching(k);
+    // 40 lines per chunk: the 14 services below make several chunks per full sync.
+    const p = new IptablesProxier({ runner: w, log: silentLogger(), config, chunkLines: 40 });
+    const t = tracker(family);
+    const N = 14;
+    const models: Model[] = [];
+    let nextEp = 1;
+    const put = (i: number) => {
+      const m = models[i];
+      const s = m.exists
+        ? svc(`ns${i}`, `svc${i}`, {
+            clusterIP: ip('cluster', i),
+            port: m.port,
+            type: m.type,
+            nodePort: m.type === 'ClusterIP' ? undefined : 30000 + i,
+            etp: m.type === 'ClusterIP' ? undefined : m.etp,
+            lbIPs: m.type === 'LoadBalancer' ? [ip('lb', i)] : undefined,
+            sourceRanges: m.type === 'LoadBalancer' && i % 2 ? [family === 4 ? '203.0.113.0/25' : 'fd00:203::/64'] : undefined,
+          })
+        : null;
+      const e = m.exists && m.eps.length
+        ? slice(`ns${i}`, `svc${i}`, `svc${i}-1`, m.eps.map((n) => ({ ip: ip('ep', n), nodeName: n % 3 === 0 ? 'test-node' : 'other' })), [{ port: 8080 }], family)
+        : null;
+      if (m.svcObj || s) t.services.update(m.svcObj, s);
+      if (m.sliceObj || e) t.endpoints.update(m.sliceObj, e);
+      m.svcObj = s;
+      m.sliceObj = e;
+    };
+    for (let i = 0; i < N; i++) {
+      models.push({ exists: i < 11, port: 80, type: pick(['ClusterIP', 'NodePort', 'LoadBalancer']), etp: 'Cluster', eps: [nextEp++, nextEp++, nextEp++], svcObj: null, sliceObj: null });
+      put(i);
+    }
+    const input = () => planInput(t, config, family, [family === 4 ? '192.168.0.2' : 'fd00:192::2']);
+
+    // Cold start: several restores; nothing reachable before the last one.
+    await p.sync(input(), t.apply(), true);
+    assert.ok(w.restores.length >= 4, `${w.restores.length} restores`);
+    for (const snap of w.snapshots.slice(0, -1)) assert.equal(snap.size, 0, 'a service reachable before the dispatch chunk');
+    assert.ok(w.snapshots.at(-1)!.size > 0);
+    let chunkedFullSyncs = 1;
+
+    const kinds = ['endpoint-add', 'endpoint-remove', 'service-add', 'service-remove', 'port', 'policy', 'type'] as const;
+    for (let step = 0; step < 40; step++) {
+      // Several changes at once, so a forced full sync rewrites many services and drops chains.
+      for (let c = 0; c < 3; c++) {
+        const kind = pick([...kinds]);
+        const i = Math.floor(random() * N);
+        const m = models[i];
+        if (kind === 'endpoint-add') m.eps.push(nextEp++);
+        else if (kind === 'endpoint-remove') m.eps.splice(Math.floor(random() * m.eps.length), 1);
+        else if (kind === 'service-add') m.exists = true;
+        else if (kind === 'service-remove') m.exists = false;
+        else if (kind === 'port') m.port = m.port === 80 ? 81 : 80;
+        else if (kind === 'policy') m.etp = m.etp === 'Local' ? 'Cluster' : 'Local';
+        else m.type = pick(['ClusterIP', 'NodePort', 'LoadBalancer']);
+        put(i);
+      }
+      const full = step % 3 === 0;
+      const before = reachable(k);
+      w.snapshots = [];
+      w.restores = [];
+      await p.sync(input(), t.apply(), full);
+      const after = reachable(k);
+      if (full && w.restores.length > 1) chunkedFullSyncs++;
+      // Between chunks: each reachable service is wholly old or wholly new.
+      for (const snap of w.snapshots.slice(0, -1)) {
+        for (const [entry, content] of snap) {
+          assert.ok(content === before.get(entry) || content === after.get(entry), `step ${step}: ${entry} half written:\n${content}`);
+        }
+      }
+      if (full) {
+        // Only the last restore touches the dispatch chains or deletes chains.
+        for (const r of w.restores.slice(0, -1)) assert.doesNotMatch(r, /^(:KUBE-(SERVICES|NODEPORTS) |-A KUBE-(SERVICES|NODEPORTS) |-X |\*filter)/m);
+      }
+      const fresh = new FakeIptables(family);
+      await new IptablesProxier({ runner: fresh, log: silentLogger(), config, chunkLines: 0 }).sync(input(), new Set(), true);
+      assert.equal(kernelState(k), kernelState(fresh), `step ${step}`);
+    }
+    assert.ok(chunkedFullSyncs >= 10, `${chunkedFullSyncs} chunked full syncs`);
+  });
+}
+
+test('chunks hold whole services, about chunkLines lines each, leaf chains first and the dispatch rules last', () => {
+  const t = tracker();
+  for (let i = 0; i < 50; i++) {
+    t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.0.${i + 1}`, type: 'NodePort', nodePort: 30000 + i }));
+    t.endpoints.update(null, slice(`ns${i}`, `svc${i}`, 's', [1, 2, 3].map((e) => ({ ip: `10.180.${e}.${i}` })), [{ port: 8080 }]));
+  }
+  t.apply();
+  const opts = optionsFromConfig(testConfig(), { nodeName: 'test-node', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 }, DEFAULT_FACTS);
+  const one = planIptables({ state: t.state, opts, full: true });
+  const plan = planIptables({ state: t.state, opts, full: true, chunkLines: 100 });
+  assert.equal(one.chunks, undefined);
+  assert.equal(plan.payload, '');
+  const chunks = plan.chunks!;
+  assert.ok(chunks.length >= 8, `${chunks.length} chunks`);
+  // The same lines overall (only the *nat / COMMIT framing repeats).
+  const body = (s: string) => s.split('\n').filter((l) => l && l !== '*nat' && l !== 'COMMIT').sort();
+  assert.deepEqual(body(chunks.join('')), body(one.payload));
+  const serviceOf = (chain: string) => chain.replace(/^KUBE-(SVC|EXT|SEP)-.*/, '$1') && chain;
+  const chunkOfService = new Map<string, number>();
+  chunks.forEach((c, n) => {
+    const lines = c.split('\n').filter(Boolean);
+    if (n < chunks.length - 1) assert.ok(lines.length <= 100 + 3, `chunk ${n}: ${lines.length} lines`);
+    for (const l of lines) {
+      const m = /^-A (KUBE-(?:SVC|EXT|SEP)-\S+) .*--comment "?(ns\d+\/svc\d+:p80)/.exec(l);
+      if (!m) continue;
+      const key = m[2];
+      assert.equal(chunkOfService.get(key) ?? n, n, `${key} (${serviceOf(m[1])}) split over chunks`);
+      chunkOfService.set(key, n);
+    }
+  });
+  assert.equal(chunkOfService.size, 50);
+  assert.match(chunks[0], /^:KUBE-MARK-MASQ /m, 'the masquerade mark chain comes first: every KUBE-SEP jumps to it');
+  assert.match(chunks.at(-1)!, /^\*filter/);
+  assert.match(chunks.at(-1)!, /^:KUBE-SERVICES /m);
+  // Small payloads stay one restore.
+  assert.equal(planIptables({ state: t.state, opts, full: true, chunkLines: 100_000 }).chunks, undefined);
+  // Partial syncs are never chunked.
+  assert.equal(planIptables({ state: t.state, opts, full: false, changed: new Set(['ns1/svc1']), chunkLines: 1 }).chunks, undefined);
+});
+
+test('the backend decides: nf_tables chunks by default, legacy never', async () => {
+  assert.equal(chunkLinesFor('nf_tables'), DEFAULT_CHUNK_LINES);
+  assert.equal(chunkLinesFor('unknown'), DEFAULT_CHUNK_LINES);
+  assert.equal(chunkLinesFor('legacy'), 0);
+  assert.equal(chunkLinesFor('legacy', 7), 7);
+  // A legacy binary (as update-alternatives makes it) says so in --version.
+  for (const [version, chunked] of [['iptables v1.8.9 (legacy)', false], ['iptables v1.8.9 (nf_tables)', true]] as const) {
+    const k = new FakeIptables();
+    const runner: CommandRunner = {
+      run: (cmd, args, opts) => (args[0] === '--version' ? Promise.resolve({ code: 0, stdout: `${version}\n`, stderr: '' }) : k.run(cmd, args, opts)),
+    };
+    const t = tracker();
+    // Just over DEFAULT_CHUNK_LINES nat lines.
+    for (let i = 0; i < 700; i++) {
+      t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.${i >> 8}.${(i & 255) + 1}` }));
+      t.endpoints.update(null, slice(`ns${i}`, `svc${i}`, 's', [{ ip: `10.180.${i >> 8}.${i & 255}` }, { ip: `10.181.${i >> 8}.${i & 255}` }], [{ port: 8080 }]));
+    }
+    const p = new IptablesProxier({ runner, log: silentLogger(), config: testConfig() });
+    await p.sync(planInput(t), t.apply(), true);
+    const services = k.calls.filter((c) => c.cmd === 'iptables-restore' && c.input?.includes('KUBE-SVC-'));
+    assert.equal(services.length > 1, chunked, `${version}: ${services.length} restores`);
+  }
+});
+
+test('a line refused in a middle chunk excludes only its Service; the others are programmed', async () => {
+  const k = new FakeIptables(4, {
+    // The "kernel" refuses one service's DNAT target, as iptables-restore refuses a bad address.
+    check: (_table, spec) => (spec.includes('10.180.9.9') ? `host/network \`10.180.9.9' not found` : null),
+  });
+  const t = tracker();
+  for (let i = 0; i < 30; i++) {
+    t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.0.${i + 1}` }));
+    t.endpoints.update(null, slice(`ns${i}`, `svc${i}`, 's', [{ ip: i === 17 ? '10.180.9.9' : `10.180.0.${i}` }], [{ port: 8080 }]));
+  }
+  const p = new IptablesProxier({ runner: k, log: silentLogger(), config: testConfig(), chunkLines: 30 });
+  const stats = await p.sync(planInput(t), t.apply(), true);
+  assert.deepEqual(stats.excludedServices, ['ns17/svc17']);
+  const top = k.rules('nat', 'KUBE-SERVICES').join('\n');
+  for (let i = 0; i < 30; i++) assert.equal(top.includes(`ns${i}/svc${i}:p80 cluster IP`), i !== 17, `svc${i}`);
+});
