@@ -91,6 +91,8 @@ export interface CaseOutcome {
   ok: boolean;
   /** what went wrong, first lines */
   detail?: string;
+  /** how the case was judged when not by its own kind's rule (counted in the runner's output) */
+  judgedBy?: string;
 }
 
 /** What a mode plugs into the generic runner. */

@@ -20,12 +20,16 @@ export async function runConformance(
     print(l);
   };
   const dirs = findCases(roots);
+  /** "mode kind" → how many cases an adapter judged otherwise (CaseOutcome.judgedBy) */
+  const judged = new Map<string, number>();
   for (const dir of dirs) {
     let outcome: CaseOutcome;
     let mode = '?';
+    let kind = '?';
     try {
       const c = loadCase(dir);
       mode = c.config.mode;
+      kind = c.kind;
       const adapter = adapters[mode];
       outcome = adapter ? await adapter.run(c) : { ok: false, detail: `mode ${JSON.stringify(mode)} is not built` };
     } catch (e) {
@@ -33,13 +37,18 @@ export async function runConformance(
     }
     if (outcome.ok) res.passed++;
     else res.failed++;
-    emit(`${outcome.ok ? 'PASS' : 'FAIL'} ${mode} ${dir}`);
+    if (outcome.judgedBy) {
+      const k = `${mode} ${kind} cases judged by ${outcome.judgedBy.replace(/ \(.*?\)/g, '')}`;
+      judged.set(k, (judged.get(k) ?? 0) + 1);
+    }
+    emit(`${outcome.ok ? 'PASS' : 'FAIL'} ${mode} ${dir}${outcome.judgedBy ? ` (judged by ${outcome.judgedBy})` : ''}`);
     if (!outcome.ok && outcome.detail) for (const l of outcome.detail.split('\n').slice(0, 60)) emit(`    ${l}`);
   }
   if (dirs.length === 0) {
     res.failed++;
     emit(`FAIL no cases found under ${roots.join(' ')}`);
   }
+  for (const [k, n] of judged) emit(`${n} ${k}`);
   emit(`${res.passed} passed, ${res.failed} failed`);
   return res;
 }

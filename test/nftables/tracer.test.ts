@@ -251,9 +251,15 @@ test('transactions: full flushes and replaces, partial writes only differences',
     svc('ns2', 'svc2', { clusterIP: '172.30.0.42', ports: [{ name: 'p80', port: 80, protocol: 'TCP' }] }),
   ];
   const before = plan(c, base);
-  const full = fullTransaction(before, { chains: new Set(['service-OLD-ns9/x/tcp/p']), sets: new Map([['affinity-OLD', 'set' as const]]) });
+  const live = { chains: new Set(['service-OLD-ns9/x/tcp/p', 'services']), sets: new Map([['affinity-OLD', 'set' as const], ['service-ips', 'map' as const]]) };
+  const full = fullTransaction(before, live);
   assert.match(full.text, /^add table ip kube-proxy/);
   assert.match(full.text, /flush map ip kube-proxy service-ips/);
+  assert.match(full.text, /flush chain ip kube-proxy services\n/);
+  // What does not exist yet is only added: a cold start does not flush 10^5 new chains.
+  assert.doesNotMatch(full.text, /flush (map|set) ip kube-proxy cluster-ips/);
+  assert.doesNotMatch(full.text, /flush chain ip kube-proxy service-ULMVA6XW/);
+  assert.match(fullTransaction(before, null).text, /flush chain ip kube-proxy service-ULMVA6XW/, 'unknown live state: flush everything');
   assert.match(full.text, /flush chain ip kube-proxy service-OLD-ns9\/x\/tcp\/p\n/);
   assert.match(full.text, /delete set ip kube-proxy affinity-OLD\n/);
   assert.deepEqual(full.staleChains, ['service-OLD-ns9/x/tcp/p']);

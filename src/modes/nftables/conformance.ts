@@ -1,6 +1,9 @@
 // Conformance adapter for upstream-format nftables cases (../shared/conformance): golden
-// (one full sync compared after upstream's normalisation), flows (render, then trace each
-// packet), steps (a sequence of syncs, each compared against the full table afterwards, as
+// (one full sync judged by flows: derived packets traced through upstream's expected table
+// and kproxy's must end the same; and by text: kproxy's table with its endpoint selection
+// expanded back into upstream's anonymous maps, selection.ts, must equal the expected text
+// after upstream's normalisation), flows (render, then trace each packet), steps (a
+// sequence of syncs, each compared, expanded, against the full table afterwards, as
 // upstream's tests compare knftables' Fake.Dump()). Pure apart from reading the case.
 import { canonicalIP, parseCIDR } from '../../core/ip.ts';
 import {
@@ -14,9 +17,11 @@ import {
   type ConformanceCase,
 } from '../../conformance/case.ts';
 import { isServiceChainName } from './names.ts';
-import { nodePortIPsFor, planRuleset, type LocalDetector, type NftPlanOptions } from './plan.ts';
+import { C, nodePortIPsFor, planRuleset, type LocalDetector, type NftPlanOptions } from './plan.ts';
 import { dumpRuleset, type Ruleset } from './ruleset.ts';
-import { traceRuleset } from './trace.ts';
+import { expandSelection } from './selection.ts';
+import { parseKubeProxyTable } from './parse.ts';
+import { traceRuleset, type NftPacket } from './trace.ts';
 
 const OBJECT_ORDER: Record<string, number> = { table: 10, chain: 9, rule: 8, set: 7, map: 6, element: 5 };
 
@@ -132,10 +137,68 @@ function compareGolden(expected: string, actual: string, what: string): CaseOutc
   return { ok: false, detail: `${what}: ruleset differs (- expected, + kproxy)\n${lineDiff(e, a)}` };
 }
 
+const PROBE_SOURCES = {
+  4: ['10.0.0.2', '192.168.0.2', '203.0.113.1'],
+  6: ['fd00:10::2', '2001:db8::1', '2001:db8:ffff::1'],
+};
+
+/**
+ * Packets that exercise every destination a table dispatches: each key of the address maps
+ * (service-ips, no-endpoint-services, firewall-ips) and each NodePort at each node-port
+ * address (or the primary node IP), from a pod, the node and an outside client.
+ */
+export function probePackets(tables: Ruleset[], o: NftPlanOptions): NftPacket[] {
+  const dests = new Set<string>();
+  const nodeAddrs = o.nodePortIPs === 'all' ? [o.nodeIP ?? FAKE_DEFAULTS[o.family].nodeIP] : o.nodePortIPs;
+  for (const rs of tables) {
+    for (const name of [C.serviceIPs, C.noEndpointServices, C.firewallIPs]) {
+      for (const el of rs.sets.get(name)?.elements.values() ?? []) if (el.key.length === 3) dests.add(el.key.join(' '));
+    }
+    for (const name of [C.serviceNodePorts, C.noEndpointNodePorts]) {
+      for (const el of rs.sets.get(name)?.elements.values() ?? []) if (el.key.length === 2) for (const a of nodeAddrs) dests.add(`${a} ${el.key.join(' ')}`);
+    }
+  }
+  const out: NftPacket[] = [];
+  for (const d of [...dests].sort()) {
+    const [destIP, protocol, port] = d.split(' ');
+    for (const sourceIP of PROBE_SOURCES[o.family]) out.push({ sourceIP, destIP, protocol, destPort: Number(port) });
+  }
+  return out;
+}
+
+/** Every probe packet must end the same way (endpoints or verdict, masquerade) in both tables. */
+function sameFlows(expected: Ruleset, actual: Ruleset, o: NftPlanOptions, local: string[]): { packets: number; failures: string[] } {
+  const packets = probePackets([expected, actual], o);
+  const failures: string[] = [];
+  for (const p of packets) {
+    const want = traceRuleset(expected, p, { localIPs: local });
+    const got = traceRuleset(actual, p, { localIPs: local });
+    if (want.output !== got.output || want.masq !== got.masq) {
+      failures.push(
+        `flow ${p.sourceIP} -> ${p.destIP}:${p.destPort}/${p.protocol}: upstream's table gives ${JSON.stringify(want.output)} masq=${want.masq}, ` +
+          `kproxy's ${JSON.stringify(got.output)} masq=${got.masq}`,
+        ...got.rules.map((x) => `    matched ${x}`),
+      );
+    }
+  }
+  return { packets: packets.length, failures };
+}
+
+/**
+ * A golden case: kproxy's table differs from upstream's in one deliberate way, how a
+ * service chain picks an endpoint (selection.ts). It is judged by flows (probe packets
+ * traced through upstream's expected table and kproxy's) and by its text once the
+ * selection is expanded back into upstream's anonymous maps.
+ */
 function runGolden(c: ConformanceCase): CaseOutcome {
   const o = optionsFromCase(c.config);
   const rs = planRuleset(stateOf(c.config, c.objects), o);
-  return compareGolden(c.expected ?? '', dumpRuleset(rs), c.name);
+  const expected = parseKubeProxyTable(c.expected ?? '', o.family === 6 ? 'ip6' : 'ip');
+  const flows = sameFlows(expected, rs, o, tracerLocalIPs(c.config));
+  const judgedBy = `flows (${flows.packets} probe packets) and expanded text`;
+  if (flows.packets === 0) return { ok: false, detail: `${c.name}: no probe packets could be derived from the expected table`, judgedBy };
+  if (flows.failures.length) return { ok: false, detail: `${c.name}: flows differ from upstream's table\n${flows.failures.join('\n')}`, judgedBy };
+  return { ...compareGolden(c.expected ?? '', dumpRuleset(expandSelection(rs)), c.name), judgedBy };
 }
 
 function runFlows(c: ConformanceCase): CaseOutcome {
@@ -181,7 +244,7 @@ function runSteps(c: ConformanceCase): CaseOutcome {
     const shown: Ruleset = { ...rs, chains: new Map(rs.chains) };
     for (const name of nowStale) shown.chains.set(name, { name, rules: [] });
     if (step.expected !== undefined) {
-      const res = compareGolden(step.expected, dumpRuleset(shown), `${c.name}/${step.name}`);
+      const res = compareGolden(step.expected, dumpRuleset(expandSelection(shown)), `${c.name}/${step.name}`);
       if (!res.ok) return res;
     }
     previous = shown;

@@ -2,7 +2,9 @@
 // upstream's syncProxyRules() (pkg/proxy/nftables/proxier.go) builds it in a full sync.
 // Dispatch is by verdict maps (service-ips, service-nodeports), "no endpoints" handling by
 // the no-endpoint-* maps checked from the filter hooks, load balancing by
-// `numgen random mod N vmap`, affinity by per-endpoint dynamic sets. Pure.
+// a chain of `numgen random mod N-k 0 goto` rules (no anonymous map per service: see
+// selection.ts; the one deliberate difference from upstream's table shape), affinity by
+// per-endpoint dynamic sets. Pure.
 import { isLoopback } from '../../core/ip.ts';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
 import { portView, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings } from '../../core/nodeview.ts';
@@ -10,6 +12,7 @@ import type { PlanInput } from '../types.ts';
 import { affinitySetName, endpointChainName, nftComment, serviceChainNames, TABLE } from './names.ts';
 import { safeServicePort, type SkippedVIP } from '../vip.ts';
 import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
+import { selectionRules } from './selection.ts';
 
 /** How "traffic from this cluster's pods" is recognised (upstream's LocalTrafficDetector). */
 export type LocalDetector = LocalDetectorSpec | null;
@@ -189,6 +192,12 @@ function setupTable(rs: Ruleset, o: NftPlanOptions): void {
   );
 }
 
+/**
+ * The chain that picks an endpoint. Upstream writes an anonymous map per chain
+ * (`numgen random mod N vmap { 0 : goto A , 1 : goto B }`), and creating 10,000 anonymous
+ * maps took the kernel 150 s; here it is one rule per endpoint, as iptables' statistic
+ * rules: the same uniform choice among the same endpoint chains (selection.ts).
+ */
 function writeServiceToEndpointRules(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, chain: string, eps: Endpoint[]): void {
   ensureChain(rs, chain);
   if (sp.stickyMaxAgeSeconds > 0) {
@@ -196,8 +205,7 @@ function writeServiceToEndpointRules(rs: Ruleset, o: NftPlanOptions, sp: Service
       addRule(rs, chain, `${ipX(o.family)} saddr @${affinitySetName(sp, ep.key)} goto ${endpointChainName(sp, ep.key)}`);
     }
   }
-  const entries = eps.map((ep, i) => `${i} : goto ${endpointChainName(sp, ep.key)}`).join(' , ');
-  addRule(rs, chain, `numgen random mod ${eps.length} vmap { ${entries} }`);
+  for (const rule of selectionRules(eps.map((ep) => endpointChainName(sp, ep.key)))) addRule(rs, chain, rule);
 }
 
 /** One service port: map elements always; its chains (service, external, firewall, endpoints). */

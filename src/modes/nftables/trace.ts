@@ -1,7 +1,8 @@
 // The nftables tracer: walks the first packet of a new connection through a kube-proxy
 // table (rendered, or read back from `nft list`), as upstream's test tracer does
 // (pkg/proxy/nftables/helpers_test.go): filter prerouting, nat prerouting, apply the first
-// DNAT, then filter forward and filter input. Random choices (numgen) follow every branch,
+// DNAT, then filter forward and filter input. Random choices (numgen: upstream's anonymous
+// map, or kproxy's run of picks, selection.ts) follow every branch,
 // so the result lists all candidate endpoints. Pure.
 import { canonicalIP, cidrContains, isLoopback, joinHostPort } from '../../core/ip.ts';
 import { parseKubeProxyTable } from './parse.ts';
@@ -158,6 +159,12 @@ class Tracer {
           this.runChain(entry[1], p, depth + 1);
         }
         return 'terminal';
+      } else if ((m = /^numgen random mod \d+ (?:== )?0 goto (\S+)$/.exec(rule))) {
+        // One pick of a selection run (selection.ts): it may be taken or not; follow it and
+        // go on, so the result lists every endpoint the packet may reach.
+        this.matches.push(shown);
+        this.runChain(m[1], p, depth + 1);
+        return 'next';
       } else if ((m = /^mark (set|and) .*$/.exec(rule)) || (m = /^meta mark .*$/.exec(rule))) {
         return 'next';
       } else if (/^masquerade/.test(rule)) {

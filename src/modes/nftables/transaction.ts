@@ -66,11 +66,16 @@ export function fullTransaction(desired: Ruleset, live: LiveNames | null, opts: 
       lines.push(`add chain ${t} ${ch.name}`, `delete chain ${t} ${ch.name}`);
     }
   }
+  // Only what exists is flushed: on a cold start that halves the transaction (a flush of a
+  // chain created in the same batch is a no-op the kernel still has to process).
   for (const s of desired.sets.values()) {
     lines.push(addSetLine(desired, s));
-    if (!isAffinitySetName(s.name)) lines.push(`flush ${s.kind} ${t} ${s.name}`);
+    if (!isAffinitySetName(s.name) && (!live || live.sets.has(s.name))) lines.push(`flush ${s.kind} ${t} ${s.name}`);
   }
-  for (const ch of desired.chains.values()) lines.push(addChainLine(desired, ch), `flush chain ${t} ${ch.name}`);
+  for (const ch of desired.chains.values()) {
+    lines.push(addChainLine(desired, ch));
+    if (!live || live.chains.has(ch.name)) lines.push(`flush chain ${t} ${ch.name}`);
+  }
   for (const ch of desired.chains.values()) for (const r of ch.rules) lines.push(addRuleLine(desired, ch.name, r));
   for (const s of desired.sets.values()) {
     if (isAffinitySetName(s.name)) continue;

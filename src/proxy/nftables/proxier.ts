@@ -61,7 +61,8 @@ export class NftProxier implements Proxier {
 
   private async liveNames(family: NftFamily): Promise<LiveNames | null> {
     const text = await this.exec.listTable(family, TABLE);
-    if (text === null) return null;
+    // No table: nothing to flush or retire (null would mean "unknown": flush everything).
+    if (text === null) return { chains: new Set(), sets: new Map() };
     const rs = parseNftText(text).get(`${family} ${TABLE}`);
     if (!rs) return null;
     return { chains: new Set(rs.chains.keys()), sets: new Map([...rs.sets.values()].map((s) => [s.name, s.kind])) };
