@@ -90,9 +90,13 @@ export async function memoryBreakdown(n: number, endpoints: number, variant: 'ip
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
-  const { values } = parseArgs({ options: { services: { type: 'string', default: '10000' }, endpoints: { type: 'string', default: '5' }, mode: { type: 'string', default: 'iptables-legacy' } } });
+  const { values } = parseArgs({ options: { services: { type: 'string', default: '10000' }, endpoints: { type: 'string', default: '5' }, mode: { type: 'string', default: 'iptables-legacy' }, json: { type: 'boolean', default: false } } });
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
   const steps = await memoryBreakdown(Number(values.services), Number(values.endpoints), values.mode as 'iptables');
+  if (values.json) {
+    console.log(JSON.stringify(steps));
+    process.exit(0);
+  }
   console.log(`| step | retained heap | growth | RSS |\n|---|---:|---:|---:|`);
   for (const s of steps) console.log(`| ${s.step} | ${mib(s.retained)} | ${mib(s.delta)} | ${mib(s.rss)} |`);
 }

@@ -1,14 +1,19 @@
 // The scale bench (issue 10): every figure of the issue in one run, side by side, with a
 // goals table and SVG plots.
 //
-//   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,cold,run,connect]
+//   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,memory,cold,run,connect]
 //        [--sizes 100,1000,...] [--run-sizes 100,10000] [--connect-sizes 100,1000,...]
 //        [--variants iptables,iptables-legacy,nftables] [--nft-max 1000] [--endpoints 5]
+//        [--memory-size 10000] [--memory-variant iptables-legacy] [--manifest-services 10000]
 //        [--stream-seconds 30] [--stream-rate 10] [--timeout 600] [--out bench/out] [--docs docs]
 //
 // Phases:
 //   manifests  one file of 10,000 Services (8.7 MB) through the manifests source: load time,
 //              the longest event-loop block meanwhile (health answers within it)
+//   memory     `kproxy run` at --memory-size Services (10,000) in --memory-variant
+//              (iptables-legacy: the variant whose first sync completes there today): VmRSS and
+//              VmHWM after the first sync; and where the memory goes (bench/memory.ts in a child
+//              process: retained heap of the source cache, the trackers, the proxier)
 //   cold       per size: raw *flushing* iptables-restore (nf_tables and legacy) and nft -f of
 //              the same rendered ruleset into an empty namespace, beside kproxy's first full
 //              sync through the mode's Proxier (bench/cold.ts)
@@ -29,15 +34,17 @@ import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { hostRunner } from '../src/exec/runner.ts';
+import { spawnSync } from 'node:child_process';
 import { coldPhase, type ColdResult } from './cold.ts';
 import { connectPhase, type ConnectResult, type ConnectVariant } from './connect.ts';
 import { runPhase, type RunPhaseResult, type RunVariant } from './kproxy-run.ts';
 import { manifestsLoad, type ManifestsLoadResult } from './manifests-load.ts';
+import type { MemoryStep } from './memory.ts';
 import { Namespaces } from './netns.ts';
 import { linePlotSVG, type Series } from './plot.ts';
 import { fmtMs, median } from './stats.ts';
 
-export const PHASES = ['manifests', 'cold', 'run', 'connect'] as const;
+export const PHASES = ['manifests', 'memory', 'cold', 'run', 'connect'] as const;
 export type Phase = (typeof PHASES)[number];
 export type ScaleVariant = 'iptables' | 'iptables-legacy' | 'nftables';
 const ALL_VARIANTS: ScaleVariant[] = ['iptables', 'iptables-legacy', 'nftables'];
@@ -52,6 +59,8 @@ export interface ScaleOptions {
   nftMax: number;
   endpoints: number;
   manifestServices: number;
+  memorySize: number;
+  memoryVariant: ScaleVariant;
   changes: number;
   streamSeconds: number;
   streamRate: number;
@@ -66,6 +75,7 @@ export interface ScaleResult {
   options: Omit<ScaleOptions, 'log'>;
   machine: { date: string; kernel: string; cpus: number; cpuModel: string; memGiB: number; node: string; iptables: string; nft: string; loadBefore: number[]; loadAfter: number[] };
   manifests?: ManifestsLoadResult;
+  memory?: { variant: ScaleVariant; n: number; steps: MemoryStep[]; error?: string };
   cold: ColdResult[];
   run: RunPhaseResult[];
   connect: ConnectResult[];
@@ -129,6 +139,21 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
       res.manifests = await manifestsLoad(o.manifestServices);
       o.log(`  load ${fmtMs(res.manifests.loadMs)}, longest event-loop block ${fmtMs(res.manifests.maxBlockMs)}`);
     }
+    if (o.phases.includes('memory')) {
+      const v = o.memoryVariant;
+      const n = o.memorySize;
+      if (!sizesFor(v, [n], o, notes).length) notes.add(`memory: ${v} at N=${n} skipped (--nft-max)`);
+      else {
+        o.log(`memory: kproxy run ${v} N=${n}`);
+        const r = await runPhase(nss, { n, endpoints: o.endpoints, variant: v as RunVariant, changes: 0, streamRate: 0, streamSeconds: 0, startTimeoutMs: o.timeoutS * 1000, changeTimeoutMs: 60_000, workDir, log: o.log });
+        res.run.push(r);
+        if (r.error) o.log(`  FAILED: ${r.error}`);
+        o.log(`memory: where it goes (bench/memory.ts ${v} N=${n})`);
+        res.memory = breakdown(v, n, o.endpoints, o.timeoutS);
+        for (const st of res.memory.steps) o.log(`  ${st.step}: +${(st.delta / 2 ** 20).toFixed(1)} MiB`);
+        if (res.memory.error) o.log(`  FAILED: ${res.memory.error}`);
+      }
+    }
     if (o.phases.includes('cold')) {
       const failed = new Set<ScaleVariant>();
       for (const n of o.sizes) {
@@ -179,6 +204,16 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
   res.notes = [...notes];
   res.goals = goals(res);
   return res;
+}
+
+/** bench/memory.ts in a child process (it needs --expose-gc, and a clean heap). */
+function breakdown(v: ScaleVariant, n: number, endpoints: number, timeoutS: number): NonNullable<ScaleResult['memory']> {
+  const r = spawnSync(process.execPath, ['--expose-gc', '--import', 'tsx', resolve(import.meta.dirname, 'memory.ts'), '--json', '--services', String(n), '--endpoints', String(endpoints), '--mode', v], {
+    encoding: 'utf8', timeout: timeoutS * 1000, killSignal: 'SIGKILL', cwd: resolve(import.meta.dirname, '..'), maxBuffer: 1 << 20,
+  });
+  const line = (r.stdout ?? '').split('\n').find((l) => l.startsWith('['));
+  if (r.status !== 0 || !line) return { variant: v, n, steps: [], error: `bench/memory.ts failed (${r.status ?? r.signal}): ${(r.stderr ?? '').trim().slice(-300)}` };
+  return { variant: v, n, steps: JSON.parse(line) as MemoryStep[] };
 }
 
 function strip(o: ScaleOptions): Omit<ScaleOptions, 'log'> {
@@ -280,6 +315,12 @@ export function markdown(r: ScaleResult): string {
     const x = r.manifests;
     out.push(`### Manifests source\n\n${table(['services', 'file', 'load', 'longest event-loop block', 'RSS growth'], [[n0(x.services), `${(x.fileBytes / 2 ** 20).toFixed(1)} MiB`, fmtMs(x.loadMs), fmtMs(x.maxBlockMs), `${((x.rssAfter - x.rssBefore) / 2 ** 20).toFixed(0)} MiB`]])}`);
   }
+  if (r.memory) {
+    const x = r.memory;
+    const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+    out.push(`### Where the memory goes (bench/memory.ts, ${x.variant}, ${n0(x.n)} Services × ${r.options.endpoints}: retained heap after GC, in one process)\n\n` +
+      (x.error ? `failed: ${x.error}` : table(['step', 'retained heap', 'growth', 'process RSS'], x.steps.map((st) => [st.step, mib(st.retained), mib(st.delta), mib(st.rss)]))));
+  }
   if (r.cold.length) {
     const vs = r.options.variants;
     const rows = r.cold.map((c) => [n0(c.n), fmtMs(c.raw.iptablesFlush), fmtMs(c.raw.legacyFlush), fmtMs(c.raw.nft),
@@ -357,7 +398,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
     options: {
       quick: { type: 'boolean', default: false },
       phases: { type: 'string' }, sizes: { type: 'string' }, 'run-sizes': { type: 'string' }, 'connect-sizes': { type: 'string' },
-      variants: { type: 'string' }, 'nft-max': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
+      variants: { type: 'string' }, 'nft-max': { type: 'string' }, 'memory-size': { type: 'string' }, 'memory-variant': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
       changes: { type: 'string' }, 'stream-seconds': { type: 'string' }, 'stream-rate': { type: 'string' }, 'connect-count': { type: 'string' },
       timeout: { type: 'string' }, out: { type: 'string', default: 'bench/out' }, docs: { type: 'string', default: 'docs' }, 'no-docs': { type: 'boolean', default: false },
     },
@@ -371,12 +412,15 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
   const variants = (values.variants ?? ALL_VARIANTS.join(',')).split(',').map((s) => s.trim()).filter(Boolean);
   for (const v of variants) if (!(ALL_VARIANTS as string[]).includes(v)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown variant ${JSON.stringify(v)} (want some of ${ALL_VARIANTS.join(', ')})`);
   const one = (flag: string, text: string) => intList(flag, text)[0];
+  const memoryVariant = values['memory-variant'] ?? 'iptables-legacy';
+  if (!(ALL_VARIANTS as string[]).includes(memoryVariant)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown --memory-variant ${JSON.stringify(memoryVariant)} (want one of ${ALL_VARIANTS.join(', ')})`);
   return {
     quick: q, phases: phases as Phase[], variants: variants as ScaleVariant[],
     sizes: intList('--sizes', values.sizes ?? d.sizes), runSizes: intList('--run-sizes', values['run-sizes'] ?? d.run),
     connectSizes: intList('--connect-sizes', values['connect-sizes'] ?? d.connect),
     nftMax: one('--nft-max', values['nft-max'] ?? '1000'), endpoints: one('--endpoints', values.endpoints ?? '5'),
-    manifestServices: one('--manifest-services', values['manifest-services'] ?? '10000'), changes: one('--changes', values.changes ?? d.changes),
+    manifestServices: one('--manifest-services', values['manifest-services'] ?? '10000'),
+    memorySize: one('--memory-size', values['memory-size'] ?? '10000'), memoryVariant: memoryVariant as ScaleVariant, changes: one('--changes', values.changes ?? d.changes),
     streamSeconds: one('--stream-seconds', values['stream-seconds'] ?? d.stream), streamRate: one('--stream-rate', values['stream-rate'] ?? '10'),
     connectCount: one('--connect-count', values['connect-count'] ?? d.count), timeoutS: one('--timeout', values.timeout ?? d.timeout),
     outDir: resolve(values.out!), docsDir: values['no-docs'] ? null : resolve(values.docs!), log,
