@@ -13,7 +13,8 @@
 //   memory     `kproxy run` at --memory-size Services (10,000) in --memory-variant
 //              (iptables-legacy: the variant whose first sync completes there today): VmRSS and
 //              VmHWM after the first sync; and where the memory goes (bench/memory.ts in a child
-//              process: retained heap of the source cache, the trackers, the proxier)
+//              process: retained heap of the source cache, the trackers, the proxier; not in
+//              --quick)
 //   cold       per size: raw *flushing* iptables-restore (nf_tables and legacy) and nft -f of
 //              the same rendered ruleset into an empty namespace, beside kproxy's first full
 //              sync through the mode's Proxier (bench/cold.ts)
@@ -61,6 +62,8 @@ export interface ScaleOptions {
   manifestServices: number;
   memorySize: number;
   memoryVariant: ScaleVariant;
+  /** the in-process breakdown of the memory phase (bench/memory.ts); off in --quick */
+  breakdown: boolean;
   changes: number;
   streamSeconds: number;
   streamRate: number;
@@ -148,10 +151,12 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
         const r = await runPhase(nss, { n, endpoints: o.endpoints, variant: v as RunVariant, changes: 0, streamRate: 0, streamSeconds: 0, startTimeoutMs: o.timeoutS * 1000, changeTimeoutMs: 60_000, workDir, log: o.log });
         res.run.push(r);
         if (r.error) o.log(`  FAILED: ${r.error}`);
-        o.log(`memory: where it goes (bench/memory.ts ${v} N=${n})`);
-        res.memory = breakdown(v, n, o.endpoints, o.timeoutS);
-        for (const st of res.memory.steps) o.log(`  ${st.step}: +${(st.delta / 2 ** 20).toFixed(1)} MiB`);
-        if (res.memory.error) o.log(`  FAILED: ${res.memory.error}`);
+        if (o.breakdown) {
+          o.log(`memory: where it goes (bench/memory.ts ${v} N=${n})`);
+          res.memory = breakdown(v, n, o.endpoints, o.timeoutS);
+          for (const st of res.memory.steps) o.log(`  ${st.step}: ${(st.delta / 2 ** 20).toFixed(1)} MiB`);
+          if (res.memory.error) o.log(`  FAILED: ${res.memory.error}`);
+        }
       }
     }
     if (o.phases.includes('cold')) {
@@ -405,7 +410,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
   });
   const q = values.quick!;
   const d = q
-    ? { sizes: '100,1000,2000', run: '100,1000', connect: '100,1000,5000', stream: '10', timeout: '60', count: '100', changes: '3' }
+    ? { sizes: '100,1000', run: '100,1000', connect: '100,1000', stream: '10', timeout: '120', count: '100', changes: '3' }
     : { sizes: '100,1000,5000,10000,20000,50000', run: '100,10000', connect: '100,1000,5000,10000,20000', stream: '30', timeout: '900', count: '300', changes: '5' };
   const phases = (values.phases ?? PHASES.join(',')).split(',').map((s) => s.trim()).filter(Boolean);
   for (const p of phases) if (!(PHASES as readonly string[]).includes(p)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown phase ${JSON.stringify(p)} (want some of ${PHASES.join(', ')})`);
@@ -420,7 +425,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
     connectSizes: intList('--connect-sizes', values['connect-sizes'] ?? d.connect),
     nftMax: one('--nft-max', values['nft-max'] ?? '1000'), endpoints: one('--endpoints', values.endpoints ?? '5'),
     manifestServices: one('--manifest-services', values['manifest-services'] ?? '10000'),
-    memorySize: one('--memory-size', values['memory-size'] ?? '10000'), memoryVariant: memoryVariant as ScaleVariant, changes: one('--changes', values.changes ?? d.changes),
+    memorySize: one('--memory-size', values['memory-size'] ?? '10000'), memoryVariant: memoryVariant as ScaleVariant, breakdown: !q, changes: one('--changes', values.changes ?? d.changes),
     streamSeconds: one('--stream-seconds', values['stream-seconds'] ?? d.stream), streamRate: one('--stream-rate', values['stream-rate'] ?? '10'),
     connectCount: one('--connect-count', values['connect-count'] ?? d.count), timeoutS: one('--timeout', values.timeout ?? d.timeout),
     outDir: resolve(values.out!), docsDir: values['no-docs'] ? null : resolve(values.docs!), log,

@@ -75,7 +75,7 @@ test('markdown has every section and a goals table; plots are SVG with a line pe
 test('--quick picks small sizes; bad arguments are refused with a code', () => {
   const q = parseScaleArgs(['--quick'], () => {});
   assert.equal(q.quick, true);
-  assert.ok(Math.max(...q.sizes) <= 2000 && q.streamSeconds <= 10);
+  assert.ok(Math.max(...q.sizes) <= 2000 && q.streamSeconds <= 10 && !q.breakdown && q.memorySize === 10_000);
   assert.equal(q.nftMax, 1000);
   const full = parseScaleArgs([], () => {});
   assert.ok(full.sizes.includes(50_000) && full.connectSizes.includes(20_000) && full.runSizes.includes(10_000));
