@@ -374,6 +374,20 @@ function sameStored(a: StoredObject, b: StoredObject): boolean {
   return isDeepStrictEqual(restoreObject(a), restoreObject(b));
 }
 
+/** Yields to the event loop once a slice of synchronous work has run for sliceMs. */
+class TimeSlicer {
+  private start = performance.now();
+  constructor(private readonly sliceMs: number) {}
+
+  /** true when it yielded */
+  async maybeYield(): Promise<boolean> {
+    if (performance.now() - this.start < this.sliceMs) return false;
+    await yieldToEventLoop();
+    this.start = performance.now();
+    return true;
+  }
+}
+
 export class ManifestsSource implements Source {
   /** the last good content of each file, compact (see StoredObject) */
   private readonly files = new Map<string, { sig: string; objects: Map<string, StoredObject> }>();
@@ -391,6 +405,8 @@ export class ManifestsSource implements Source {
   private scanning: Promise<void> | null = null;
   private rescan = false;
   private stopped = false;
+  /** gives the event loop a turn every 10 ms of storing or delivering objects */
+  private readonly slice = new TimeSlicer(10);
   /** per-poll warnings (duplicates, an unreadable directory) are logged once per change of the situation */
   private readonly once = new WarnOnce();
 
@@ -503,7 +519,10 @@ export class ManifestsSource implements Source {
         const stored = new Map<string, StoredObject>();
         // A fresh copy of the key: the parsed one is built from slices of the file's text,
         // and one slice kept alive keeps the whole text (8.7 MiB at 10,000 Services) alive.
-        for (const [key, v] of f.objects) stored.set(JSON.parse(JSON.stringify(key)) as string, storeObject(v.kind, v.obj));
+        for (const [key, v] of f.objects) {
+          stored.set(JSON.parse(JSON.stringify(key)) as string, storeObject(v.kind, v.obj));
+          await this.slice.maybeYield();
+        }
         this.files.set(f.name, { sig: f.sig, objects: stored });
         if (this.broken.delete(f.name)) this.opts.log.info({ file: f.path }, 'manifest file is valid again');
       } else {
@@ -513,10 +532,15 @@ export class ManifestsSource implements Source {
         this.opts.log.error({ file: f.path, err: e.message }, 'broken manifest file; its last good content stays in force');
       }
     }
-    this.publish();
+    await this.publish();
   }
 
-  private publish(): void {
+  /**
+   * Tells the handler what changed. Yields to the event loop every few ms (the handler
+   * validates each object: 20,000 of them take seconds on a loaded node), so health and
+   * timers keep answering; a stop meanwhile ends the delivery.
+   */
+  private async publish(): Promise<void> {
     const sigOf = (name: string) => this.files.get(name)?.sig ?? '';
     const { objects: next, duplicates } = mergeManifestObjects<StoredObject>([...this.files].map(([name, st]) => [name, st.objects]));
     const dupKeys = new Set<string>();
@@ -546,12 +570,20 @@ export class ManifestsSource implements Source {
     // Delivered objects are parsed again from their JSON text, not the YAML parser's objects:
     // those hold slices of the file's text, and the trackers keep strings of every slice.
     const objOf = restoreObject;
-    for (const [key, v] of this.current) if (!next.has(key)) deliver(key, v.kind, restoreObject(v), null);
+    const current = this.current;
+    // What is delivered counts as told at once: a stop in the middle leaves nothing to redo.
+    this.current = next;
+    for (const [key, v] of current) {
+      if (next.has(key)) continue;
+      deliver(key, v.kind, restoreObject(v), null);
+      if ((await this.slice.maybeYield()) && this.handler !== h) return;
+    }
     for (const [key, v] of next) {
-      const old = this.current.get(key);
+      const old = current.get(key);
       if (!old) deliver(key, v.kind, null, objOf(v));
       else if (!sameStored(old, v)) deliver(key, v.kind, restoreObject(old), objOf(v));
+      else continue;
+      if ((await this.slice.maybeYield()) && this.handler !== h) return;
     }
-    this.current = next;
   }
 }
