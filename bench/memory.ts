@@ -72,9 +72,8 @@ export async function memoryBreakdown(n: number, endpoints: number, variant: 'ip
       onSynced: () => {},
     });
     tracker.apply();
-    await mark('the source again, feeding the trackers (+ trackers + state: validated slices, ServicePorts, Endpoint[])');
+    await mark('trackers + state (validated slices, ServicePorts, Endpoint[]), plus a second source cache');
     await source.stop();
-    await mark('source stopped (− its cache; the trackers stay)');
     const ns = await nss.create('mem');
     const runner = new TimedRunner(ns, variant === 'iptables-legacy' ? LEGACY_IPTABLES : {}, 900_000);
     const proxier = await getMode(mode).createProxier({ config: benchConfig(mode), log: silentLogger(), runner });
