@@ -82,3 +82,35 @@ test('the old object of an update and of a delete equals the object delivered be
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('delivering many objects to a slow handler gives timers a turn', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kproxy-compact-'));
+  const src = new ManifestsSource({ dir, nodeName: 'n', log: silentLogger(), pollMs: 3_600_000 });
+  try {
+    const n = 200;
+    let text = '';
+    for (let i = 0; i < n; i++) text += svc(`s${i}`, '80').replace('172.30.0.10', `172.30.${i >> 8}.${(i & 255) + 1}`);
+    write(dir, 'many.yaml', text);
+    let delivered = 0;
+    let deliveredAtFirstTick = -1;
+    // a handler that takes 1 ms per object (validation of a big object on a loaded node)
+    const busy = () => {
+      const end = performance.now() + 1;
+      while (performance.now() < end);
+      delivered++;
+    };
+    const timer = setInterval(() => {
+      if (deliveredAtFirstTick < 0 && delivered > 0) deliveredAtFirstTick = delivered;
+    }, 1);
+    try {
+      await src.start({ onService: busy, onEndpointSlice: busy, onSynced: () => {} });
+    } finally {
+      clearInterval(timer);
+    }
+    assert.equal(delivered, n);
+    assert.ok(deliveredAtFirstTick > 0 && deliveredAtFirstTick < n, `a timer ran during the delivery (first tick after ${deliveredAtFirstTick} of ${n})`);
+  } finally {
+    await src.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
