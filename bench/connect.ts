@@ -1,0 +1,125 @@
+// First-packet connect latency against the number of Services (the seed's claim: iptables
+// walks KUBE-SERVICES rule by rule, nftables looks the destination up in a map).
+//
+// Per mode and size, two namespaces: NODE (kproxy's rules; the client runs here, as node or
+// host-network traffic) and SRV (every pod: `local 10.0.0.0/8` on its loopback and one
+// listener on 0.0.0.0:8080), joined by a veth pair that exists only inside them. The rules
+// are what the mode renders for N services × E endpoints (mode.render, exactly kproxy's
+// payload), loaded with a flushing iptables-restore (plus the jump rules from the built-in
+// chains that the proxier would add) or `nft -f`, so the measurement does not depend on the
+// cold-start path (measured on its own). The client times connect() → SYN-ACK, sequentially,
+// round-robin over: the FIRST service's ClusterIP, the LAST one's, and a pod IP directly
+// (non-service traffic, which still walks the service chains in iptables).
+import { spawn, type ChildProcess } from 'node:child_process';
+import { resolve } from 'node:path';
+import { JUMP_RULES, jumpArgs } from '../src/proxy/iptables/proxier.ts';
+import { getMode } from '../src/proxy/registry.ts';
+import { runChecked } from '../src/exec/runner.ts';
+import { LEGACY_IPTABLES, TimedRunner, type Namespaces } from './netns.ts';
+import { killGroup } from './kproxy-run.ts';
+import { benchConfig, clusterIPOf, endpointIPOf, Workload } from './workload.ts';
+import { percentile, pollUntil } from './stats.ts';
+
+export type ConnectVariant = 'iptables' | 'iptables-legacy' | 'nftables';
+
+export interface ConnectResult {
+  n: number;
+  variant: ConnectVariant;
+  /** loading the rules (raw apply), ms */
+  loadMs: number;
+  targets: Record<'first' | 'last' | 'pod', { p50Ms: number; p99Ms: number; count: number; failed: number }>;
+  error?: string;
+}
+
+const repoRoot = resolve(import.meta.dirname, '..');
+
+function quote(a: string): string {
+  return /[\s"]/.test(a) ? `"${a.replace(/"/g, '\\"')}"` : a;
+}
+
+/** The rendered iptables payload with the built-in chains' jumps added to each table, for a flushing restore. */
+export function withJumps(payload: string): string {
+  const lines = payload.split('\n');
+  const out: string[] = [];
+  let table = '';
+  for (const l of lines) {
+    if (l.startsWith('*')) table = l.slice(1);
+    if (l === 'COMMIT') {
+      for (const j of JUMP_RULES) if (j.table === table) out.push(`-A ${j.src} ${jumpArgs(j).map(quote).join(' ')}`);
+    }
+    out.push(l);
+  }
+  return out.join('\n');
+}
+
+function spawnIn(ns: string, args: string[], onOut: (s: string) => void): ChildProcess {
+  const p = spawn('ip', ['netns', 'exec', ns, process.execPath, '--import', 'tsx', resolve(repoRoot, 'bench/connect-client.ts'), ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'], detached: true, cwd: repoRoot,
+  });
+  p.stdout!.on('data', (d: Buffer) => onOut(d.toString()));
+  p.stderr!.on('data', (d: Buffer) => onOut(d.toString()));
+  return p;
+}
+
+export async function connectPhase(
+  nss: Namespaces, o: { n: number; endpoints: number; variant: ConnectVariant; count: number; timeoutMs: number; log: (l: string) => void },
+): Promise<ConnectResult> {
+  const res: ConnectResult = { n: o.n, variant: o.variant, loadMs: NaN, targets: {} as ConnectResult['targets'] };
+  const node = await nss.create('cn');
+  const srv = await nss.create('cs');
+  const procs: ChildProcess[] = [];
+  try {
+    const ip = (ns: string, ...a: string[]) => runChecked(new TimedRunner(ns), 'ip', a, { timeoutMs: 10_000 });
+    await ip(node, 'link', 'add', 'vn', 'type', 'veth', 'peer', 'name', 'vs', 'netns', srv);
+    await ip(node, 'addr', 'add', '192.168.0.2/24', 'dev', 'vn');
+    await ip(node, 'link', 'set', 'vn', 'up');
+    // a default route, as on a node: ClusterIPs are routed before the nat OUTPUT hook rewrites them
+    await ip(node, 'route', 'add', 'default', 'via', '192.168.0.3');
+    await ip(srv, 'addr', 'add', '192.168.0.3/24', 'dev', 'vs');
+    await ip(srv, 'link', 'set', 'vs', 'up');
+    await ip(srv, 'route', 'add', 'local', '10.0.0.0/8', 'dev', 'lo');
+
+    let serverOut = '';
+    procs.push(spawnIn(srv, ['serve', '8080'], (s) => void (serverOut += s)));
+
+    const mode = o.variant === 'nftables' ? 'nftables' : 'iptables';
+    const payload = getMode(mode).render(new Workload(o.n, o.endpoints, benchConfig(mode)).input());
+    const runner = new TimedRunner(node, o.variant === 'iptables-legacy' ? LEGACY_IPTABLES : {});
+    const t0 = performance.now();
+    const r = mode === 'nftables'
+      ? await runner.run('nft', ['-f', '-'], { input: payload, timeoutMs: 900_000 })
+      : await runner.run('iptables-restore', ['-w', '5'], { input: withJumps(payload), timeoutMs: 900_000 });
+    res.loadMs = performance.now() - t0;
+    if (r.code !== 0) throw new Error(`KPROXY_BENCH_CONNECT: loading the rules failed: ${r.stderr.trim().slice(0, 300)}`);
+    if (!(await pollUntil(async () => (serverOut.includes('READY') ? true : undefined), 30_000, 20))) {
+      throw new Error(`KPROXY_BENCH_CONNECT: the pod listener did not start: ${serverOut.slice(0, 300)}`);
+    }
+
+    let clientOut = '';
+    const client = spawnIn(node, ['connect', String(o.count), String(o.timeoutMs),
+      `first=${clusterIPOf(0)}:80`, `last=${clusterIPOf(o.n - 1)}:80`, `pod=${endpointIPOf(0)}:8080`], (s) => void (clientOut += s));
+    procs.push(client);
+    const exited = new Promise<void>((r) => client.once('exit', () => r()));
+    const budget = o.count * 3 * o.timeoutMs + 60_000;
+    const done = await Promise.race([exited.then(() => true), new Promise<false>((r) => setTimeout(() => r(false), budget).unref())]);
+    if (!done) throw new Error(`KPROXY_BENCH_CONNECT: the client did not finish within ${budget / 1000} s`);
+    const line = clientOut.split('\n').find((l) => l.startsWith('{'));
+    if (!line) throw new Error(`KPROXY_BENCH_CONNECT: no result from the client: ${clientOut.slice(0, 300)}`);
+    const raw = JSON.parse(line) as Record<string, number[]>;
+    for (const k of ['first', 'last', 'pod'] as const) {
+      const ok = raw[k].filter((x) => Number.isFinite(x));
+      res.targets[k] = { p50Ms: percentile(ok, 50), p99Ms: percentile(ok, 99), count: ok.length, failed: raw[k].length - ok.length };
+    }
+    const t = res.targets;
+    o.log(`  connect ${o.variant} N=${o.n}: first ${t.first.p50Ms.toFixed(3)}/${t.first.p99Ms.toFixed(3)} ms, last ${t.last.p50Ms.toFixed(3)}/${t.last.p99Ms.toFixed(3)} ms, pod ${t.pod.p50Ms.toFixed(3)}/${t.pod.p99Ms.toFixed(3)} ms (p50/p99; load ${(res.loadMs / 1000).toFixed(1)} s)`);
+    if (t.first.failed + t.last.failed + t.pod.failed > 0) res.error = `${t.first.failed + t.last.failed + t.pod.failed} connects failed`;
+    return res;
+  } catch (e) {
+    res.error = (e as Error).message.split('\n')[0].slice(0, 400);
+    return res;
+  } finally {
+    for (const p of procs) await killGroup(p);
+    await nss.delete(node);
+    await nss.delete(srv);
+  }
+}

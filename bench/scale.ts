@@ -1,0 +1,467 @@
+// The scale bench (issue 10): every figure of the issue in one run, side by side, with a
+// goals table and SVG plots.
+//
+//   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,memory,cold,run,connect]
+//        [--sizes 100,1000,...] [--run-sizes 100,10000] [--connect-sizes 100,1000,...]
+//        [--variants iptables,iptables-legacy,nftables] [--nft-max 1000] [--endpoints 5]
+//        [--memory-size 10000] [--memory-variant iptables-legacy] [--manifest-services 10000]
+//        [--stream-seconds 30] [--stream-rate 10] [--timeout 600] [--out bench/out] [--docs docs]
+//
+// Phases:
+//   manifests  one file of 10,000 Services (8.7 MB) through the manifests source: load time,
+//              the longest event-loop block meanwhile (health answers within it)
+//   memory     `kproxy run` at --memory-size Services (10,000) in --memory-variant
+//              (iptables-legacy: the variant whose first sync completes there today): VmRSS and
+//              VmHWM after the first sync; and where the memory goes (bench/memory.ts in a child
+//              process: retained heap of the source cache, the trackers, the proxier; not in
+//              --quick)
+//   cold       per size: raw *flushing* iptables-restore (nf_tables and legacy) and nft -f of
+//              the same rendered ruleset into an empty namespace, beside kproxy's first full
+//              sync through the mode's Proxier (bench/cold.ts)
+//   run        the real process, `kproxy run --manifests DIR` in a namespace: cold start,
+//              VmRSS / VmHWM after the first sync, one-service change (manifest write → chain
+//              in the kernel) and a stream of endpoint changes (p50 / p99) (bench/kproxy-run.ts)
+//   connect    first-packet connect latency to the FIRST and the LAST Service's ClusterIP and
+//              straight to a pod, against N (bench/connect.ts)
+// nftables is measured only up to --nft-max services (default 1,000): larger nftables
+// transactions with per-service anonymous maps put this host's kernel into a soft lockup.
+// Raise it once the nftables table shape without them is merged.
+//
+// Needs root; every namespace (kpb-*) and process it starts is removed, also on failure and
+// Ctrl-C. Loops are bounded by --timeout (per sync) and by counts.
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
+import { join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
+import { hostRunner } from '../src/exec/runner.ts';
+import { spawnSync } from 'node:child_process';
+import { coldPhase, type ColdResult } from './cold.ts';
+import { connectPhase, type ConnectResult, type ConnectVariant } from './connect.ts';
+import { runPhase, type RunPhaseResult, type RunVariant } from './kproxy-run.ts';
+import { manifestsLoad, type ManifestsLoadResult } from './manifests-load.ts';
+import type { MemoryStep } from './memory.ts';
+import { Namespaces } from './netns.ts';
+import { linePlotSVG, type Series } from './plot.ts';
+import { fmtMs, median } from './stats.ts';
+
+export const PHASES = ['manifests', 'memory', 'cold', 'run', 'connect'] as const;
+export type Phase = (typeof PHASES)[number];
+export type ScaleVariant = 'iptables' | 'iptables-legacy' | 'nftables';
+const ALL_VARIANTS: ScaleVariant[] = ['iptables', 'iptables-legacy', 'nftables'];
+
+export interface ScaleOptions {
+  quick: boolean;
+  phases: Phase[];
+  sizes: number[];
+  runSizes: number[];
+  connectSizes: number[];
+  variants: ScaleVariant[];
+  nftMax: number;
+  endpoints: number;
+  manifestServices: number;
+  memorySize: number;
+  memoryVariant: ScaleVariant;
+  /** the in-process breakdown of the memory phase (bench/memory.ts); off in --quick */
+  breakdown: boolean;
+  changes: number;
+  streamSeconds: number;
+  streamRate: number;
+  connectCount: number;
+  timeoutS: number;
+  outDir: string;
+  docsDir: string | null;
+  log: (line: string) => void;
+}
+
+export interface ScaleResult {
+  options: Omit<ScaleOptions, 'log'>;
+  machine: { date: string; kernel: string; cpus: number; cpuModel: string; memGiB: number; node: string; iptables: string; nft: string; loadBefore: number[]; loadAfter: number[] };
+  manifests?: ManifestsLoadResult;
+  memory?: { variant: ScaleVariant; n: number; steps: MemoryStep[]; error?: string };
+  cold: ColdResult[];
+  run: RunPhaseResult[];
+  connect: ConnectResult[];
+  notes: string[];
+  goals: Goal[];
+  totalSeconds: number;
+}
+
+export interface Goal {
+  goal: string;
+  measured: string;
+  /** true / false, or undefined when the size it is stated at was not measured */
+  met?: boolean;
+}
+
+export class ScaleError extends Error {}
+
+async function firstLine(cmd: string, args: string[]): Promise<string> {
+  try {
+    const r = await hostRunner.run(cmd, args, { timeoutMs: 10_000 });
+    return (r.stdout || r.stderr).split('\n')[0].trim();
+  } catch {
+    return 'not installed';
+  }
+}
+
+const load = () => loadavg().map((l) => Math.round(l * 100) / 100);
+
+/** Sizes a variant is measured at: nftables stops at nftMax (see the header). */
+function sizesFor(v: ScaleVariant, sizes: number[], o: ScaleOptions, notes: Set<string>): number[] {
+  if (v !== 'nftables') return sizes;
+  const skipped = sizes.filter((n) => n > o.nftMax);
+  if (skipped.length) notes.add(`nftables: not measured at N=${skipped.join(', ')} (--nft-max ${o.nftMax}: larger nftables transactions with per-service anonymous maps soft-lock this host's kernel)`);
+  return sizes.filter((n) => n <= o.nftMax);
+}
+
+export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
+  if (process.getuid?.() !== 0) throw new ScaleError('KPROXY_BENCH_ROOT: the benchmarks program kernel rules in network namespaces; run as root');
+  const started = performance.now();
+  const notes = new Set<string>();
+  const machine: ScaleResult['machine'] = {
+    date: new Date().toISOString(), kernel: await firstLine('uname', ['-r']), cpus: cpus().length, cpuModel: cpus()[0]?.model ?? 'unknown',
+    memGiB: Math.round(totalmem() / 2 ** 30), node: process.version, iptables: await firstLine('iptables', ['--version']),
+    nft: await firstLine('nft', ['--version']), loadBefore: load(), loadAfter: [],
+  };
+  o.log(`machine: Linux ${machine.kernel}, ${machine.cpus} cpus, load ${machine.loadBefore.join(' ')}`);
+  const res: ScaleResult = { options: strip(o), machine, cold: [], run: [], connect: [], notes: [], goals: [], totalSeconds: 0 };
+  const nss = new Namespaces();
+  const workDir = mkdtempSync(join(tmpdir(), 'kpb-scale-'));
+  const onSignal = () => {
+    void nss.deleteAll().finally(() => {
+      rmSync(workDir, { recursive: true, force: true });
+      process.exit(130);
+    });
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  try {
+    if (o.phases.includes('manifests')) {
+      o.log(`manifests: one file of ${o.manifestServices} services`);
+      res.manifests = await manifestsLoad(o.manifestServices);
+      o.log(`  load ${fmtMs(res.manifests.loadMs)}, longest event-loop block ${fmtMs(res.manifests.maxBlockMs)}`);
+    }
+    if (o.phases.includes('memory')) {
+      const v = o.memoryVariant;
+      const n = o.memorySize;
+      if (!sizesFor(v, [n], o, notes).length) notes.add(`memory: ${v} at N=${n} skipped (--nft-max)`);
+      else {
+        o.log(`memory: kproxy run ${v} N=${n}`);
+        const r = await runPhase(nss, { n, endpoints: o.endpoints, variant: v as RunVariant, changes: 0, streamRate: 0, streamSeconds: 0, startTimeoutMs: o.timeoutS * 1000, changeTimeoutMs: 60_000, workDir, log: o.log });
+        res.run.push(r);
+        if (r.error) o.log(`  FAILED: ${r.error}`);
+        if (o.breakdown) {
+          o.log(`memory: where it goes (bench/memory.ts ${v} N=${n})`);
+          res.memory = breakdown(v, n, o.endpoints, o.timeoutS);
+          for (const st of res.memory.steps) o.log(`  ${st.step}: ${(st.delta / 2 ** 20).toFixed(1)} MiB`);
+          if (res.memory.error) o.log(`  FAILED: ${res.memory.error}`);
+        }
+      }
+    }
+    if (o.phases.includes('cold')) {
+      const failed = new Set<ScaleVariant>();
+      for (const n of o.sizes) {
+        const variants = o.variants.filter((v) => !failed.has(v) && sizesFor(v, o.sizes, o, notes).includes(n));
+        if (!variants.length) continue;
+        o.log(`cold N=${n}: ${variants.join(', ')}`);
+        const c = await coldPhase(nss, { n, endpoints: o.endpoints, variants, changes: o.changes, timeoutMs: o.timeoutS * 1000, log: o.log });
+        res.cold.push(c);
+        for (const s of c.samples) {
+          if (!s.error) continue;
+          failed.add(s.mode as ScaleVariant);
+          notes.add(`${s.mode}: the first full sync at N=${n} failed after ${fmtMs(s.full.wallMs)} (${s.error.slice(0, 160)}); larger sizes not tried`);
+        }
+      }
+    }
+    if (o.phases.includes('run')) {
+      for (const n of o.runSizes) {
+        for (const v of o.variants) {
+          if (!sizesFor(v, o.runSizes, o, notes).includes(n)) continue;
+          o.log(`run ${v} N=${n}`);
+          const big = n === Math.max(...o.runSizes);
+          const r = await runPhase(nss, {
+            n, endpoints: o.endpoints, variant: v as RunVariant, changes: o.changes,
+            streamRate: o.streamRate, streamSeconds: big ? o.streamSeconds : 0,
+            startTimeoutMs: o.timeoutS * 1000, changeTimeoutMs: 60_000, workDir, log: o.log,
+          });
+          res.run.push(r);
+          o.log(r.error ? `  FAILED: ${r.error}` : `  change ${r.changeMs.map((x) => fmtMs(x)).join(' / ')}${r.stream ? `; stream p50 ${fmtMs(r.stream.p50Ms)} p99 ${fmtMs(r.stream.p99Ms)} (${r.stream.seen}/${r.stream.sent})` : ''}`);
+        }
+      }
+    }
+    if (o.phases.includes('connect')) {
+      for (const n of o.connectSizes) {
+        for (const v of o.variants) {
+          if (!sizesFor(v, o.connectSizes, o, notes).includes(n)) continue;
+          res.connect.push(await connectPhase(nss, { n, endpoints: o.endpoints, variant: v as ConnectVariant, count: o.connectCount, timeoutMs: 3000, log: o.log }));
+        }
+      }
+    }
+  } finally {
+    await nss.deleteAll();
+    rmSync(workDir, { recursive: true, force: true });
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+  }
+  machine.loadAfter = load();
+  res.totalSeconds = (performance.now() - started) / 1000;
+  res.notes = [...notes];
+  res.goals = goals(res);
+  return res;
+}
+
+/** bench/memory.ts in a child process (it needs --expose-gc, and a clean heap). */
+function breakdown(v: ScaleVariant, n: number, endpoints: number, timeoutS: number): NonNullable<ScaleResult['memory']> {
+  const r = spawnSync(process.execPath, ['--expose-gc', '--import', 'tsx', resolve(import.meta.dirname, 'memory.ts'), '--json', '--services', String(n), '--endpoints', String(endpoints), '--mode', v], {
+    encoding: 'utf8', timeout: timeoutS * 1000, killSignal: 'SIGKILL', cwd: resolve(import.meta.dirname, '..'), maxBuffer: 1 << 20,
+  });
+  const line = (r.stdout ?? '').split('\n').find((l) => l.startsWith('['));
+  if (r.status !== 0 || !line) return { variant: v, n, steps: [], error: `bench/memory.ts failed (${r.status ?? r.signal}): ${(r.stderr ?? '').trim().slice(-300)}` };
+  return { variant: v, n, steps: JSON.parse(line) as MemoryStep[] };
+}
+
+function strip(o: ScaleOptions): Omit<ScaleOptions, 'log'> {
+  const { log: _l, ...rest } = o;
+  return rest;
+}
+
+// ---- goals ----------------------------------------------------------------------------------
+
+function coldAt(r: ScaleResult, n: number, v: ScaleVariant) {
+  const c = r.cold.find((x) => x.n === n);
+  return { c, s: c?.samples.find((s) => s.mode === v) };
+}
+
+function runAt(r: ScaleResult, n: number, v: ScaleVariant) {
+  return r.run.find((x) => x.n === n && x.variant === v);
+}
+
+const notMeasured = (what: string): Pick<Goal, 'measured' | 'met'> => ({ measured: `not measured (${what})`, met: undefined });
+
+export function goals(r: ScaleResult): Goal[] {
+  const out: Goal[] = [];
+  for (const [v, rawKey, label] of [['iptables', 'iptablesFlush', 'nf_tables'], ['iptables-legacy', 'legacyFlush', 'legacy']] as const) {
+    const { c, s } = coldAt(r, 10_000, v);
+    const raw = c?.raw[rawKey];
+    const goal = `iptables cold start at 10,000 × 5 (${label}) ≤ 1.5× a raw flushing iptables-restore`;
+    if (!s) out.push({ goal, ...notMeasured('N=10,000 not in this run') });
+    else if (s.error) out.push({ goal, measured: `first sync failed after ${fmtMs(s.full.wallMs)}; raw ${fmtMs(raw)}`, met: false });
+    else out.push({ goal, measured: `${fmtMs(s.full.wallMs)} vs raw ${fmtMs(raw)} = ${(s.full.wallMs / (raw ?? NaN)).toFixed(2)}×`, met: raw !== undefined && s.full.wallMs <= 1.5 * raw });
+  }
+  {
+    const { s } = coldAt(r, 50_000, 'iptables');
+    const goal = 'iptables cold start at 50,000 completes';
+    out.push(s ? { goal, measured: s.error ? `failed after ${fmtMs(s.full.wallMs)}` : fmtMs(s.full.wallMs), met: !s.error } : { goal, ...notMeasured('N=50,000 not in this run') });
+  }
+  {
+    const { c, s } = coldAt(r, 10_000, 'nftables');
+    const goal = 'nftables cold start at 10,000 ≤ raw flushing iptables-restore at 10,000';
+    const raw = c?.raw.iptablesFlush;
+    if (!s) out.push({ goal, ...notMeasured('N=10,000 nftables not in this run: --nft-max') });
+    else out.push({ goal, measured: s.error ? `failed after ${fmtMs(s.full.wallMs)}` : `${fmtMs(s.full.wallMs)} vs ${fmtMs(raw)}`, met: !s.error && raw !== undefined && s.full.wallMs <= raw });
+    const s50 = coldAt(r, 50_000, 'nftables').s;
+    const g50 = 'nftables cold start at 50,000 < 60 s';
+    out.push(s50 ? { goal: g50, measured: s50.error ? `failed after ${fmtMs(s50.full.wallMs)}` : fmtMs(s50.full.wallMs), met: !s50.error && s50.full.wallMs < 60_000 } : { goal: g50, ...notMeasured('N=50,000 nftables not in this run') });
+  }
+  for (const [v, target] of [['iptables', 300], ['nftables', 100]] as const) {
+    const big = runAt(r, 10_000, v);
+    const small = runAt(r, 100, v);
+    const goal = `${v}: one-Service change (manifest write → kernel) at 10,000 ≤ ${target} ms and ≤ 3× at 100`;
+    if (!big || big.error || !big.changeMs.length) {
+      out.push(big ? { goal, measured: `failed: ${big.error?.slice(0, 120)}`, met: false } : { goal, ...notMeasured('kproxy run at N=10,000 not in this run') });
+      continue;
+    }
+    const b = median(big.changeMs);
+    const sm = small && !small.error ? median(small.changeMs) : NaN;
+    out.push({ goal, measured: `${fmtMs(b)} at 10k, ${fmtMs(sm)} at 100 (${(b / sm).toFixed(1)}×)`, met: b <= target && b <= 3 * sm });
+  }
+  {
+    const m = r.manifests;
+    const goal = 'manifests: one 8 MB / 10,000-Service file loads in ≤ 2 s';
+    out.push(m && m.services >= 10_000
+      ? { goal, measured: `${fmtMs(m.loadMs)} (${(m.fileBytes / 2 ** 20).toFixed(1)} MiB; longest event-loop block ${fmtMs(m.maxBlockMs)})`, met: m.loadMs <= 2000 }
+      : { goal, ...notMeasured('manifests phase at 10,000 not in this run') });
+  }
+  {
+    const goal = 'RSS of kproxy run after the first sync at 10,000 Services / 50,000 endpoints ≤ 250 MB';
+    const rs = r.run.filter((x) => x.n === 10_000 && x.memAfterFirstSync);
+    out.push(rs.length
+      ? { goal, measured: rs.map((x) => `${x.variant} ${(x.memAfterFirstSync!.vmRssKiB / 1024).toFixed(0)} MiB (HWM ${(x.memAfterFirstSync!.vmHwmKiB / 1024).toFixed(0)})`).join('; '), met: rs.every((x) => x.memAfterFirstSync!.vmRssKiB * 1024 <= 250e6) }
+      : { goal, ...notMeasured('kproxy run at N=10,000 not in this run') });
+  }
+  {
+    const goal = 'event → kernel latency p50 / p99 at 10,000 under 10 changes/s (reported)';
+    const rs = r.run.filter((x) => x.n === 10_000 && x.stream);
+    out.push(rs.length
+      ? { goal, measured: rs.map((x) => `${x.variant} ${fmtMs(x.stream!.p50Ms)} / ${fmtMs(x.stream!.p99Ms)} (${x.stream!.seen}/${x.stream!.sent} seen)`).join('; '), met: rs.every((x) => x.stream!.seen === x.stream!.sent) }
+      : { goal, ...notMeasured('stream at N=10,000 not in this run') });
+  }
+  return out;
+}
+
+// ---- report ---------------------------------------------------------------------------------
+
+const COLORS: Record<string, string> = { iptables: '#d62728', 'iptables-legacy': '#ff7f0e', nftables: '#1f77b4', raw: '#7f7f7f' };
+
+function table(head: string[], rows: string[][]): string {
+  return [`| ${head.join(' | ')} |`, `|${head.map((_, i) => (i ? '---:' : '---')).join('|')}|`, ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
+}
+
+const n0 = (n: number) => n.toLocaleString('en-US');
+
+export function markdown(r: ScaleResult): string {
+  const m = r.machine;
+  const out: string[] = [];
+  out.push(`Run ${m.date}${r.options.quick ? ' (--quick)' : ''}, ${r.totalSeconds.toFixed(0)} s: Linux ${m.kernel}, ${m.cpus} × ${m.cpuModel}, ${m.memGiB} GiB, ` +
+    `${m.iptables}, ${m.nft}, Node ${m.node}; load average ${m.loadBefore.join(' ')} before, ${m.loadAfter.join(' ')} after (shared machine: treat differences under ~30 % as noise). ` +
+    `${r.options.endpoints} endpoints per Service (ClusterIP + NodePort each).`);
+  if (r.manifests) {
+    const x = r.manifests;
+    out.push(`### Manifests source\n\n${table(['services', 'file', 'load', 'longest event-loop block', 'RSS growth'], [[n0(x.services), `${(x.fileBytes / 2 ** 20).toFixed(1)} MiB`, fmtMs(x.loadMs), fmtMs(x.maxBlockMs), `${((x.rssAfter - x.rssBefore) / 2 ** 20).toFixed(0)} MiB`]])}`);
+  }
+  if (r.memory) {
+    const x = r.memory;
+    const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+    out.push(`### Where the memory goes (bench/memory.ts, ${x.variant}, ${n0(x.n)} Services × ${r.options.endpoints}: retained heap after GC, in one process)\n\n` +
+      (x.error ? `failed: ${x.error}` : table(['step', 'retained heap', 'growth', 'process RSS'], x.steps.map((st) => [st.step, mib(st.retained), mib(st.delta), mib(st.rss)]))));
+  }
+  if (r.cold.length) {
+    const vs = r.options.variants;
+    const rows = r.cold.map((c) => [n0(c.n), fmtMs(c.raw.iptablesFlush), fmtMs(c.raw.legacyFlush), fmtMs(c.raw.nft),
+      ...vs.map((v) => { const s = c.samples.find((x) => x.mode === v); return !s ? '–' : s.error ? `failed after ${fmtMs(s.full.wallMs)}` : fmtMs(s.full.wallMs); }),
+      ...vs.map((v) => { const s = c.samples.find((x) => x.mode === v); return s && s.changes.length ? fmtMs(median(s.changes.map((x) => x.wallMs))) : '–'; })]);
+    out.push(`### Cold start: raw flushing apply vs kproxy's first full sync (Proxier.sync into an empty namespace), and an in-process one-Service change\n\n` +
+      table(['N', 'raw iptables-restore (nf_tables)', 'raw legacy', 'raw nft -f', ...vs.map((v) => `kproxy ${v}`), ...vs.map((v) => `change ${v}`)], rows));
+  }
+  if (r.run.length) {
+    const rows = r.run.map((x) => [x.variant, n0(x.n), x.error ? `FAILED: ${x.error.slice(0, 100)}` : fmtMs(x.coldStartMs), fmtMs(x.sourceLoadMs), fmtMs(x.firstSyncMs),
+      x.memAfterFirstSync ? `${(x.memAfterFirstSync.vmRssKiB / 1024).toFixed(0)} / ${(x.memAfterFirstSync.vmHwmKiB / 1024).toFixed(0)} MiB` : '–',
+      x.changeMs.length ? `${fmtMs(median(x.changeMs))} (${x.changeMs.length})` : '–',
+      x.stream ? `${fmtMs(x.stream.p50Ms)} / ${fmtMs(x.stream.p99Ms)} (${x.stream.seen}/${x.stream.sent}, ${x.stream.rate}/s × ${x.stream.seconds} s)` : '–',
+      fmtMs(x.checkMs)]);
+    out.push('### `kproxy run` in a namespace (the real process, manifests source)\n\n' +
+      'Cold start = process start → first full sync logged; RSS / HWM from /proc/PID/status right after it; one-Service change and stream = manifest file renamed into place → the new endpoint\'s chain listed by the kernel (polled; "check" is one poll\'s cost, the resolution).\n\n' +
+      table(['mode', 'N', 'cold start', 'manifests loaded', 'first sync (logged)', 'RSS / HWM', 'one-Service change (median)', 'stream p50 / p99', 'check'], rows));
+  }
+  if (r.connect.length) {
+    const rows = r.connect.map((x) => [x.variant, n0(x.n), ...(['first', 'last', 'pod'] as const).map((k) => x.targets[k] ? `${x.targets[k].p50Ms.toFixed(3)} / ${x.targets[k].p99Ms.toFixed(3)}` : '–'), fmtMs(x.loadMs), x.error ?? '']);
+    out.push(`### First-packet connect latency (ms, p50 / p99; ${r.options.connectCount} connects per target)\n\n` +
+      table(['mode', 'N', 'first Service', 'last Service', 'pod IP (no Service)', 'rules loaded in', 'errors'], rows));
+  }
+  out.push('### Goals\n\n' + table(['goal', 'measured', 'met?'], r.goals.map((g) => [g.goal, g.measured, g.met === undefined ? 'not measured' : g.met ? 'yes' : 'NO'])));
+  if (r.notes.length) out.push(`Notes:\n${r.notes.map((n) => `- ${n}`).join('\n')}`);
+  return out.join('\n\n') + '\n';
+}
+
+export function plots(r: ScaleResult): Record<string, string> {
+  const m = r.machine;
+  const sub = `${r.options.endpoints} endpoints/Service; ${m.cpus} cpus (shared, load ${m.loadBefore[0]}→${m.loadAfter[0]}); Linux ${m.kernel}; ${m.date.slice(0, 16)}${r.options.quick ? '; --quick' : ''}`;
+  const out: Record<string, string> = {};
+  if (r.cold.length) {
+    const series: Series[] = [];
+    for (const v of r.options.variants) {
+      series.push({ label: `kproxy ${v} first full sync`, color: COLORS[v], points: r.cold.flatMap((c) => { const s = c.samples.find((x) => x.mode === v && !x.error); return s ? [[c.n, s.full.wallMs] as [number, number]] : []; }) });
+    }
+    series.push({ label: 'raw flushing iptables-restore (nf_tables)', color: COLORS.iptables, dash: true, points: r.cold.map((c) => [c.n, c.raw.iptablesFlush ?? NaN]) });
+    series.push({ label: 'raw flushing iptables-legacy-restore', color: COLORS['iptables-legacy'], dash: true, points: r.cold.map((c) => [c.n, c.raw.legacyFlush ?? NaN]) });
+    series.push({ label: 'raw nft -f', color: COLORS.nftables, dash: true, points: r.cold.map((c) => [c.n, c.raw.nft ?? NaN]) });
+    out['scale-cold-start.svg'] = linePlotSVG(series, { title: 'Cold start (first full sync) vs number of Services', subtitle: sub, yLabel: 'time', logY: true });
+  }
+  if (r.run.length) {
+    const series: Series[] = r.options.variants.map((v) => ({
+      label: `${v}: manifest write → kernel (median)`, color: COLORS[v],
+      points: r.run.filter((x) => x.variant === v && x.changeMs.length).map((x) => [x.n, median(x.changeMs)] as [number, number]),
+    }));
+    out['scale-one-service-change.svg'] = linePlotSVG(series, { title: 'One-Service change, kproxy run, vs number of Services', subtitle: sub, yLabel: 'latency', logY: true });
+  }
+  if (r.connect.length) {
+    const series: Series[] = [];
+    for (const v of r.options.variants) {
+      const rs = r.connect.filter((x) => x.variant === v && !x.error);
+      series.push({ label: `${v}: last Service p50`, color: COLORS[v], points: rs.map((x) => [x.n, x.targets.last?.p50Ms ?? NaN]) });
+      series.push({ label: `${v}: first Service p50`, color: COLORS[v], dash: true, points: rs.map((x) => [x.n, x.targets.first?.p50Ms ?? NaN]) });
+      series.push({ label: `${v}: pod IP (no Service) p50`, color: COLORS[v], dash: true, points: rs.map((x) => [x.n, x.targets.pod?.p50Ms ?? NaN]).map(([n, y]) => [n, y] as [number, number]) });
+    }
+    out['scale-connect-latency.svg'] = linePlotSVG(series, { title: 'First-packet connect latency vs number of Services', subtitle: sub, yLabel: 'connect → SYN-ACK', logY: true });
+  }
+  return out;
+}
+
+// ---- command line ---------------------------------------------------------------------------
+
+function intList(flag: string, text: string): number[] {
+  const xs = text.split(',').map((s) => s.trim()).filter(Boolean).map(Number);
+  if (!xs.length || xs.some((x) => !Number.isInteger(x) || x < 1 || x > 60_000)) throw new ScaleError(`KPROXY_BENCH_ARGS: ${flag} wants integers 1..60000 separated by commas, got ${JSON.stringify(text)}`);
+  return xs;
+}
+
+export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) => process.stderr.write(l + '\n')): ScaleOptions {
+  const { values } = parseArgs({
+    args: argv,
+    strict: true,
+    options: {
+      quick: { type: 'boolean', default: false },
+      phases: { type: 'string' }, sizes: { type: 'string' }, 'run-sizes': { type: 'string' }, 'connect-sizes': { type: 'string' },
+      variants: { type: 'string' }, 'nft-max': { type: 'string' }, 'memory-size': { type: 'string' }, 'memory-variant': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
+      changes: { type: 'string' }, 'stream-seconds': { type: 'string' }, 'stream-rate': { type: 'string' }, 'connect-count': { type: 'string' },
+      timeout: { type: 'string' }, out: { type: 'string', default: 'bench/out' }, docs: { type: 'string', default: 'docs' }, 'no-docs': { type: 'boolean', default: false },
+    },
+  });
+  const q = values.quick!;
+  const d = q
+    ? { sizes: '100,1000', run: '100,1000', connect: '100,1000', stream: '10', timeout: '120', count: '100', changes: '3' }
+    : { sizes: '100,1000,5000,10000,20000,50000', run: '100,10000', connect: '100,1000,5000,10000,20000', stream: '30', timeout: '900', count: '300', changes: '5' };
+  const phases = (values.phases ?? PHASES.join(',')).split(',').map((s) => s.trim()).filter(Boolean);
+  for (const p of phases) if (!(PHASES as readonly string[]).includes(p)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown phase ${JSON.stringify(p)} (want some of ${PHASES.join(', ')})`);
+  const variants = (values.variants ?? ALL_VARIANTS.join(',')).split(',').map((s) => s.trim()).filter(Boolean);
+  for (const v of variants) if (!(ALL_VARIANTS as string[]).includes(v)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown variant ${JSON.stringify(v)} (want some of ${ALL_VARIANTS.join(', ')})`);
+  const one = (flag: string, text: string) => intList(flag, text)[0];
+  const memoryVariant = values['memory-variant'] ?? 'iptables-legacy';
+  if (!(ALL_VARIANTS as string[]).includes(memoryVariant)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown --memory-variant ${JSON.stringify(memoryVariant)} (want one of ${ALL_VARIANTS.join(', ')})`);
+  return {
+    quick: q, phases: phases as Phase[], variants: variants as ScaleVariant[],
+    sizes: intList('--sizes', values.sizes ?? d.sizes), runSizes: intList('--run-sizes', values['run-sizes'] ?? d.run),
+    connectSizes: intList('--connect-sizes', values['connect-sizes'] ?? d.connect),
+    nftMax: one('--nft-max', values['nft-max'] ?? '1000'), endpoints: one('--endpoints', values.endpoints ?? '5'),
+    manifestServices: one('--manifest-services', values['manifest-services'] ?? '10000'),
+    memorySize: one('--memory-size', values['memory-size'] ?? '10000'), memoryVariant: memoryVariant as ScaleVariant, breakdown: !q, changes: one('--changes', values.changes ?? d.changes),
+    streamSeconds: one('--stream-seconds', values['stream-seconds'] ?? d.stream), streamRate: one('--stream-rate', values['stream-rate'] ?? '10'),
+    connectCount: one('--connect-count', values['connect-count'] ?? d.count), timeoutS: one('--timeout', values.timeout ?? d.timeout),
+    outDir: resolve(values.out!), docsDir: values['no-docs'] ? null : resolve(values.docs!), log,
+  };
+}
+
+/** Writes the JSON, the markdown and the plots; returns the paths. */
+export function writeOutputs(r: ScaleResult, outDir: string, docsDir: string | null): string[] {
+  mkdirSync(outDir, { recursive: true });
+  const stamp = r.machine.date.replace(/[:.]/g, '-');
+  const json = join(outDir, `scale-${stamp}.json`);
+  const md = join(outDir, `scale-${stamp}.md`);
+  writeFileSync(json, JSON.stringify(r, (_k, v: unknown) => (v === Number.POSITIVE_INFINITY ? 'timeout' : v), 2) + '\n');
+  writeFileSync(md, markdown(r));
+  const paths = [json, md];
+  if (docsDir) {
+    mkdirSync(docsDir, { recursive: true });
+    for (const [name, svg] of Object.entries(plots(r))) {
+      writeFileSync(join(docsDir, name), svg);
+      paths.push(join(docsDir, name));
+    }
+  }
+  return paths;
+}
+
+async function main(): Promise<void> {
+  const o = parseScaleArgs(process.argv.slice(2));
+  const r = await runScale(o);
+  const paths = writeOutputs(r, o.outDir, o.docsDir);
+  process.stdout.write(markdown(r));
+  process.stderr.write(`\nwritten: ${paths.join(', ')}\n`);
+}
+
+if (process.argv[1] && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
+  main().catch((e: Error) => {
+    process.stderr.write(`${e instanceof ScaleError ? e.message : e.stack ?? e.message}\n`);
+    process.exitCode = 1;
+  });
+}

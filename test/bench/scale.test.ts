@@ -1,0 +1,85 @@
+// The scale bench's report (bench/scale.ts), pure: goals judged from a synthetic result,
+// markdown tables, SVG plots; and its argument parsing. The harness itself runs the real
+// kernel for minutes, so it is exercised by `bench/scale.ts --quick`, not here.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { goals, markdown, parseScaleArgs, plots, ScaleError, type ScaleResult } from '../../bench/scale.ts';
+import type { Sample } from '../../bench/measure.ts';
+import type { RunPhaseResult } from '../../bench/kproxy-run.ts';
+
+function sample(n: number, mode: Sample['mode'], fullMs: number, error?: string): Sample {
+  const sync = { wallMs: fullMs, writeMs: fullMs / 2, otherExecMs: 1, inProcessMs: 1, commands: 2, rulesWritten: 10, rulesTotal: 100, payloadBytes: 1000 };
+  return { n, mode, rep: 0, endpointsPerService: 5, renderMs: 5, renderBytes: 100, full: sync, changes: error ? [] : [{ ...sync, wallMs: 50 }], error };
+}
+
+function run(n: number, variant: RunPhaseResult['variant'], changeMs: number[], rssMiB: number): RunPhaseResult {
+  return {
+    n, endpoints: 5, variant, changeMs, checkMs: 5, syncs: 3, coldStartMs: 3000, firstSyncMs: 2000, sourceLoadMs: 900,
+    memAfterFirstSync: { vmRssKiB: rssMiB * 1024, vmHwmKiB: rssMiB * 1100 },
+    stream: n === 10_000 ? { sent: 300, seen: 300, p50Ms: 600, p99Ms: 1200, maxMs: 1300, rate: 10, seconds: 30 } : undefined,
+  };
+}
+
+function result(): ScaleResult {
+  const options = parseScaleArgs(['--quick'], () => {});
+  const { log: _l, ...rest } = options;
+  return {
+    options: rest,
+    machine: { date: '2026-12-03T10:00:00.000Z', kernel: '6.1', cpus: 2, cpuModel: 'x', memGiB: 24, node: 'v20', iptables: 'v1.8.9', nft: 'v1.0.6', loadBefore: [2, 2, 2], loadAfter: [3, 3, 3] },
+    manifests: { services: 10_000, delivered: 10_000, fileBytes: 9e6, loadMs: 1500, maxBlockMs: 60, rssBefore: 1e8, rssAfter: 1.5e8 },
+    cold: [
+      { n: 100, samples: [sample(100, 'iptables', 200), sample(100, 'nftables', 150)], raw: { iptablesFlush: 100, legacyFlush: 50, nft: 90, payloadLines: {} } },
+      { n: 10_000, samples: [sample(10_000, 'iptables', 14_000), sample(10_000, 'iptables-legacy', 20_000, 'KPROXY_X: killed'), sample(10_000, 'nftables', 9_000)], raw: { iptablesFlush: 10_000, legacyFlush: 6_000, nft: 500, payloadLines: {} } },
+    ],
+    run: [run(100, 'iptables', [60, 70, 80], 80), run(10_000, 'iptables', [250, 260, 400], 240), run(100, 'nftables', [50, 60, 55], 80), run(10_000, 'nftables', [300, 320, 310], 260)],
+    connect: [
+      { n: 100, variant: 'iptables', loadMs: 100, targets: { first: { p50Ms: 0.1, p99Ms: 0.3, count: 100, failed: 0 }, last: { p50Ms: 0.1, p99Ms: 0.3, count: 100, failed: 0 }, pod: { p50Ms: 0.08, p99Ms: 0.2, count: 100, failed: 0 } } },
+      { n: 10_000, variant: 'iptables', loadMs: 9000, targets: { first: { p50Ms: 0.1, p99Ms: 0.3, count: 100, failed: 0 }, last: { p50Ms: 2, p99Ms: 3, count: 100, failed: 0 }, pod: { p50Ms: 2, p99Ms: 3, count: 100, failed: 0 } } },
+    ],
+    notes: ['a note'], goals: [], totalSeconds: 100,
+  };
+}
+
+test('goals are judged from the measurements at the sizes they are stated at', () => {
+  const g = goals(result());
+  const find = (s: string) => g.find((x) => x.goal.includes(s))!;
+  assert.equal(find('(nf_tables) ≤ 1.5×').met, true, '14 s ≤ 1.5 × 10 s');
+  assert.equal(find('(legacy) ≤ 1.5×').met, false, 'a failed first sync misses the goal');
+  assert.match(find('(legacy) ≤ 1.5×').measured, /failed/);
+  assert.equal(find('50,000 completes').met, undefined, 'not measured is neither met nor missed');
+  assert.equal(find('nftables cold start at 10,000').met, true, '9 s ≤ the raw 10 s');
+  assert.equal(find('iptables: one-Service change').met, false, 'median 260 ms ≤ 300 ms but > 3 × 70 ms');
+  assert.equal(find('nftables: one-Service change').met, false, '310 ms > 100 ms');
+  assert.equal(find('manifests').met, true);
+  assert.equal(find('RSS').met, false, 'nftables 260 MiB > 250 MB');
+  assert.match(find('RSS').measured, /iptables 240 MiB/);
+  assert.match(find('event → kernel').measured, /600 ms \/ 1.20 s/);
+});
+
+test('markdown has every section and a goals table; plots are SVG with a line per series', () => {
+  const r = result();
+  r.goals = goals(r);
+  const md = markdown(r);
+  for (const h of ['### Manifests source', '### Cold start', '### `kproxy run`', '### First-packet connect latency', '### Goals']) assert.ok(md.includes(h), h);
+  assert.match(md, /\| 10,000 \| 10.0 s \| 6.00 s \| 500 ms \| 14.0 s \| failed after 20.0 s \| 9.00 s \|/);
+  assert.match(md, /load average 2 2 2 before, 3 3 3 after/);
+  assert.match(md, /\| manifests: one 8 MB \/ 10,000-Service file loads in ≤ 2 s \| 1.50 s .* \| yes \|/);
+  const p = plots(r);
+  assert.deepEqual(Object.keys(p).sort(), ['scale-cold-start.svg', 'scale-connect-latency.svg', 'scale-one-service-change.svg']);
+  for (const svg of Object.values(p)) assert.match(svg, /^<svg [^>]*xmlns="http:\/\/www.w3.org\/2000\/svg"/);
+  // cold: iptables and nftables lines (legacy failed at its only large size but has none at 100), 3 raw references
+  assert.equal((p['scale-cold-start.svg'].match(/<path /g) ?? []).length, 5);
+  assert.equal((p['scale-connect-latency.svg'].match(/<path /g) ?? []).length, 3);
+});
+
+test('--quick picks small sizes; bad arguments are refused with a code', () => {
+  const q = parseScaleArgs(['--quick'], () => {});
+  assert.equal(q.quick, true);
+  assert.ok(Math.max(...q.sizes) <= 2000 && q.streamSeconds <= 10 && !q.breakdown && q.memorySize === 10_000);
+  assert.equal(q.nftMax, 1000);
+  const full = parseScaleArgs([], () => {});
+  assert.ok(full.sizes.includes(50_000) && full.connectSizes.includes(20_000) && full.runSizes.includes(10_000));
+  assert.throws(() => parseScaleArgs(['--variants', 'ipvs'], () => {}), (e: Error) => e instanceof ScaleError && /KPROXY_BENCH_ARGS/.test(e.message));
+  assert.throws(() => parseScaleArgs(['--sizes', '0'], () => {}), /KPROXY_BENCH_ARGS/);
+  assert.throws(() => parseScaleArgs(['--phases', 'nope'], () => {}), /KPROXY_BENCH_ARGS/);
+});

@@ -1,0 +1,116 @@
+// The manifests source keeps each object as its JSON text between scans (memory: a parsed
+// object graph takes several times its text). What the handler sees must not change: the
+// old object of an update or delete is the object delivered before, values JSON cannot
+// carry (.inf, .nan) survive, and an edit that changes nothing is not delivered.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync, renameSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { silentLogger } from '../../src/log.ts';
+import { ManifestsSource, restoreObject, storeObject } from '../../src/sources/manifests.ts';
+import type { SourceHandler } from '../../src/sources/types.ts';
+
+const svc = (name: string, port: string) => `---
+apiVersion: v1
+kind: Service
+metadata: {name: ${name}, namespace: default, labels: {a: "1"}}
+spec: {type: ClusterIP, clusterIP: 172.30.0.10, ports: [{name: http, protocol: TCP, port: ${port}, targetPort: 8080}]}
+`;
+
+function recorder() {
+  const events: Array<{ old: unknown; new: unknown }> = [];
+  const handler: SourceHandler = {
+    onService: (o, n) => void events.push({ old: o, new: n }),
+    onEndpointSlice: (o, n) => void events.push({ old: o, new: n }),
+    onSynced: () => {},
+  };
+  return { events, handler };
+}
+
+function write(dir: string, name: string, text: string): void {
+  const tmp = join(dir, `.tmp-${name}`);
+  writeFileSync(tmp, text);
+  renameSync(tmp, join(dir, name));
+}
+
+test('store/restore: JSON text round-trips; non-finite numbers are kept as parsed', () => {
+  const o = { apiVersion: 'v1', kind: 'Service', metadata: { name: 'a', namespace: 'default' }, spec: { ports: [{ port: 80 }] } };
+  const s = storeObject('Service', o as never);
+  assert.equal(typeof s.text, 'string');
+  assert.equal(s.obj, undefined);
+  assert.deepEqual(restoreObject(s), o);
+  const inf = { ...o, spec: { ports: [{ port: Number.POSITIVE_INFINITY }] } };
+  const t = storeObject('Service', inf as never);
+  assert.equal(t.text, undefined);
+  assert.equal((restoreObject(t) as typeof inf).spec.ports[0].port, Number.POSITIVE_INFINITY);
+});
+
+test('the old object of an update and of a delete equals the object delivered before', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kproxy-compact-'));
+  const src = new ManifestsSource({ dir, nodeName: 'n', log: silentLogger(), pollMs: 3_600_000 });
+  try {
+    write(dir, 'a.yaml', svc('web', '80') + svc('inf', '.inf'));
+    const { events, handler } = recorder();
+    await src.start(handler);
+    assert.equal(events.length, 2);
+    const firstWeb = events.find((e) => (e.new as { metadata: { name: string } }).metadata.name === 'web')!.new;
+    const firstInf = events.find((e) => (e.new as { metadata: { name: string } }).metadata.name === 'inf')!.new;
+    assert.equal((firstInf as { spec: { ports: Array<{ port: number }> } }).spec.ports[0].port, Number.POSITIVE_INFINITY);
+
+    // same content, rewritten: nothing to deliver
+    write(dir, 'a.yaml', svc('web', '80') + svc('inf', '.inf'));
+    await src.scan();
+    assert.equal(events.length, 2);
+
+    write(dir, 'a.yaml', svc('web', '81') + svc('inf', '.inf'));
+    await src.scan();
+    assert.equal(events.length, 3);
+    assert.deepEqual(events[2].old, firstWeb);
+    assert.equal((events[2].new as { spec: { ports: Array<{ port: number }> } }).spec.ports[0].port, 81);
+    const secondWeb = events[2].new;
+
+    write(dir, 'a.yaml', '');
+    await src.scan();
+    assert.equal(events.length, 5);
+    const deletes = events.slice(3);
+    assert.ok(deletes.every((e) => e.new === null));
+    assert.deepEqual(deletes.map((e) => e.old).sort((a, b) => JSON.stringify(a).localeCompare(JSON.stringify(b))),
+      [firstInf, secondWeb].sort((a, b) => JSON.stringify(a).localeCompare(JSON.stringify(b))));
+  } finally {
+    await src.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('delivering many objects to a slow handler gives timers a turn', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kproxy-compact-'));
+  const src = new ManifestsSource({ dir, nodeName: 'n', log: silentLogger(), pollMs: 3_600_000 });
+  try {
+    const n = 200;
+    let text = '';
+    for (let i = 0; i < n; i++) text += svc(`s${i}`, '80').replace('172.30.0.10', `172.30.${i >> 8}.${(i & 255) + 1}`);
+    write(dir, 'many.yaml', text);
+    let delivered = 0;
+    let deliveredAtFirstTick = -1;
+    // a handler that takes 1 ms per object (validation of a big object on a loaded node)
+    const busy = () => {
+      const end = performance.now() + 1;
+      while (performance.now() < end);
+      delivered++;
+    };
+    const timer = setInterval(() => {
+      if (deliveredAtFirstTick < 0 && delivered > 0) deliveredAtFirstTick = delivered;
+    }, 1);
+    try {
+      await src.start({ onService: busy, onEndpointSlice: busy, onSynced: () => {} });
+    } finally {
+      clearInterval(timer);
+    }
+    assert.equal(delivered, n);
+    assert.ok(deliveredAtFirstTick > 0 && deliveredAtFirstTick < n, `a timer ran during the delivery (first tick after ${deliveredAtFirstTick} of ${n})`);
+  } finally {
+    await src.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
