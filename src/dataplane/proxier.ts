@@ -10,6 +10,7 @@ import type { CommandRunner } from '../exec/runner.ts';
 import type { Logger } from '../log.ts';
 import { planUserspace, renderPlan, restorePayload, type PlannedListener, type UserspacePlan } from '../modes/userspace/plan.ts';
 import type { PlanInput, Proxier, SyncStats } from '../modes/types.ts';
+import { admissionFor } from './admit.ts';
 import { RoundRobinBalancer } from './balancer.ts';
 import { applyRedirects, removeRedirects } from './redirect.ts';
 import { TcpForwarder, newCounters, type ForwardCounters } from './tcp.ts';
@@ -137,9 +138,10 @@ export class UserspaceProxier implements Proxier {
     const balancer = this.balancers.get(l.balancerKey)!;
     const counters = this.countersFor(l);
     const log = this.opts.log;
+    const admit = admissionFor(l);
     const fwd = l.protocol === 'TCP'
-      ? new TcpForwarder({ host: l.host, port: l.port, balancer, counters, log, dialTimeoutsMs: this.opts.dialTimeoutsMs })
-      : new UdpForwarder({ hosts: [l.host, ...l.extraHosts], port: l.port, balancer, counters, log, idleMs: this.opts.config.udpIdleTimeoutMs || 250 });
+      ? new TcpForwarder({ host: l.host, port: l.port, balancer, counters, log, admit, dialTimeoutsMs: this.opts.dialTimeoutsMs })
+      : new UdpForwarder({ hosts: [l.host, ...l.extraHosts], port: l.port, balancer, counters, log, admit, idleMs: this.opts.config.udpIdleTimeoutMs || 250 });
     const port = await fwd.listen();
     return { plan: l, fwd, port };
   }

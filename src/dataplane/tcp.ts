@@ -16,16 +16,27 @@ export interface ForwardCounters {
   retries: number;
   /** currently open spliced connections or UDP sessions */
   active: number;
+  /** connections or sessions the admission hook refused (source ranges, traffic policy) */
+  denied: number;
 }
 
 export function newCounters(): ForwardCounters {
-  return { accepted: 0, failed: 0, retries: 0, active: 0 };
+  return { accepted: 0, failed: 0, retries: 0, active: 0, denied: 0 };
 }
 
 /** Upstream's endpointDialTimeouts, a little longer: a busy node still dials local endpoints in time. */
 export const DIAL_TIMEOUTS_MS = [500, 1000, 2000, 4000];
 
+/**
+ * Admission at accept time: called once per new TCP connection or UDP session with the
+ * client's address (plain form, "1.2.3.4" not "::ffff:1.2.3.4") and port; false refuses it
+ * (TCP: the connection is closed at once; UDP: the datagram is dropped, no session made).
+ * Must be cheap and synchronous: it runs on the accept path.
+ */
+export type AdmitFn = (remoteAddress: string, remotePort: number) => boolean;
+
 export interface TcpForwarderOptions {
+  admit?: AdmitFn;
   host: string;
   port: number;
   balancer: RoundRobinBalancer;
@@ -111,11 +122,17 @@ export class TcpForwarder {
   }
 
   private onClient(client: net.Socket): void {
+    const clientIP = plainAddress(client.remoteAddress);
+    if (this.opts.admit && !this.opts.admit(clientIP, client.remotePort ?? 0)) {
+      this.counters.denied++;
+      client.on('error', () => {});
+      client.destroy();
+      return;
+    }
     this.counters.accepted++;
     client.on('error', () => client.destroy());
     this.open.add(client);
     client.once('close', () => this.open.delete(client));
-    const clientIP = plainAddress(client.remoteAddress);
     this.dial(clientIP, client).then(
       (upstream) => {
         if (!upstream) {

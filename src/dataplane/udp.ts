@@ -8,12 +8,14 @@ import dgram from 'node:dgram';
 import { isIPv6 } from 'node:net';
 import type { Logger } from '../log.ts';
 import type { BalancedEndpoint, RoundRobinBalancer } from './balancer.ts';
-import { plainAddress, type ForwardCounters } from './tcp.ts';
+import { plainAddress, type AdmitFn, type ForwardCounters } from './tcp.ts';
 
 /** Bounds the sockets one listener may open for a flood of client addresses. */
 export const MAX_UDP_SESSIONS = 4096;
 
 export interface UdpForwarderOptions {
+  /** called once per new session (client ip:port); false drops the datagram */
+  admit?: AdmitFn;
   /** first host gets `port` (0 = ephemeral); the rest bind the same port */
   hosts: string[];
   port: number;
@@ -23,6 +25,8 @@ export interface UdpForwarderOptions {
   log: Logger;
   maxSessions?: number;
 }
+
+const DENIED = Symbol('denied');
 
 interface Session {
   key: string;
@@ -102,6 +106,7 @@ export class UdpForwarder {
     let s = this.sessions.get(key);
     if (!s) {
       const created = this.newSession(index, key, rinfo);
+      if (created === DENIED) return;
       if (!created) {
         this.counters.failed++;
         return;
@@ -112,9 +117,14 @@ export class UdpForwarder {
     s.upstream.send(msg, s.endpoint.port, s.endpoint.ip);
   }
 
-  private newSession(index: number, key: string, rinfo: dgram.RemoteInfo): Session | null {
+  private newSession(index: number, key: string, rinfo: dgram.RemoteInfo): Session | typeof DENIED | null {
     if (this.sessions.size >= (this.opts.maxSessions ?? MAX_UDP_SESSIONS)) return null;
-    const ep = this.balancer.next(plainAddress(rinfo.address));
+    const clientIP = plainAddress(rinfo.address);
+    if (this.opts.admit && !this.opts.admit(clientIP, rinfo.port)) {
+      this.counters.denied++;
+      return DENIED;
+    }
+    const ep = this.balancer.next(clientIP);
     if (!ep) return null;
     const upstream = dgram.createSocket(isIPv6(ep.ip) ? 'udp6' : 'udp4');
     const s: Session = { key, endpoint: ep, upstream, lastActiveMs: Date.now(), timer: setTimeout(() => this.checkIdle(s), this.idleMs) };
