@@ -90,6 +90,17 @@ const schema = z
       })
       .strict()
       .optional(),
+    // kproxy only, not upstream's: the userspace data plane's workers and bounds (see userspaceField).
+    userspace: z
+      .object({
+        workers: z.number().int().optional(),
+        maxConnections: z.number().int().optional(),
+        idleTimeout: duration.optional(),
+        udpMaxSessions: z.number().int().optional(),
+        udpMaxSessionsPerClient: z.number().int().optional(),
+      })
+      .strict()
+      .optional(),
     winkernel: z.record(z.unknown()).optional(),
     logging: z.record(z.unknown()).optional(),
     featureGates: z.record(z.boolean()).optional(),
@@ -146,6 +157,22 @@ export interface ProxyConfig {
   conntrack: ConntrackSettings;
   /** written to /proc/self/oom_score_adj at start; null leaves it */
   oomScoreAdj: number | null;
+  /** kproxy only: the userspace data plane's workers and bounds */
+  userspace: UserspaceSettings;
+}
+
+/** kproxy's `userspace:` block, resolved (see userspaceField for the defaults and why). */
+export interface UserspaceSettings {
+  /** processes accepting TCP connections; 1 = kproxy's own process */
+  workers: number;
+  /** open client connections over all TCP listeners; 0 = automatic, from the fd limit */
+  maxConnections: number;
+  /** a spliced TCP connection silent both ways this long is closed; 0 = never */
+  idleTimeoutMs: number;
+  /** UDP sessions over all listeners (each holds a socket) */
+  udpMaxSessions: number;
+  /** UDP sessions of one client IP: one client cannot take them all */
+  udpMaxSessionsPerClient: number;
 }
 
 /** upstream KubeProxyConntrackConfiguration, in kproxy's units */
@@ -176,6 +203,33 @@ export interface ConfigFlags {
   detectLocalMode?: string;
   podBridgeInterface?: string;
   podInterfaceNamePrefix?: string;
+  userspaceWorkers?: string;
+  userspaceMaxConnections?: string;
+  userspaceIdleTimeout?: string;
+}
+
+/**
+ * kproxy's `userspace:` block (flags --userspace-workers, --userspace-max-connections,
+ * --userspace-idle-timeout win). Defaults: 1 worker (kproxy's own process); maxConnections
+ * 0 = automatic, half the fd limit less a reserve (each connection holds two fds); an idle
+ * timeout of 24h, upstream's conntrack tcpEstablishedTimeout, so an idle connection lives as
+ * long as it would in the kernel modes; 8192 UDP sessions, at most 1024 per client IP.
+ */
+function userspaceField(raw: RawConfig, flags: ConfigFlags): UserspaceSettings {
+  const u = raw.userspace ?? {};
+  const int = (field: string, flag: string | undefined, v: number | undefined, dflt: number, min: number, max: number): number => {
+    const n = flag !== undefined ? Number(flag) : v ?? dflt;
+    if (!Number.isInteger(n) || n < min || n > max) {
+      throw new ConfigError(`userspace.${field}`, `want an integer from ${min} to ${max}, got ${JSON.stringify(flag ?? v)}`);
+    }
+    return n;
+  };
+  const workers = int('workers', flags.userspaceWorkers, u.workers, 1, 1, 64);
+  const maxConnections = int('maxConnections', flags.userspaceMaxConnections, u.maxConnections, 0, 0, 10_000_000);
+  const idleTimeoutMs = durationField('userspace.idleTimeout', flags.userspaceIdleTimeout ?? u.idleTimeout, 24 * 3600_000);
+  const udpMaxSessions = int('udpMaxSessions', undefined, u.udpMaxSessions, 8192, 1, 1_000_000);
+  const udpMaxSessionsPerClient = int('udpMaxSessionsPerClient', undefined, u.udpMaxSessionsPerClient, Math.min(1024, udpMaxSessions), 1, udpMaxSessions);
+  return { workers, maxConnections, idleTimeoutMs, udpMaxSessions, udpMaxSessionsPerClient };
 }
 
 export const DETECT_LOCAL_MODES = ['ClusterCIDR', 'NodeCIDR', 'BridgeInterface', 'InterfaceNamePrefix'] as const;
@@ -387,6 +441,7 @@ export function resolveConfig(raw: RawConfig = {}, flags: ConfigFlags = {}): Pro
     featureGates: raw.featureGates ?? {},
     conntrack: conntrackField(raw.conntrack),
     oomScoreAdj: raw.oomScoreAdj === undefined ? -999 : raw.oomScoreAdj,
+    userspace: userspaceField(raw, flags),
   };
 }
 

@@ -13,6 +13,59 @@ import { plainAddress, type AdmitFn, type ForwardCounters } from './tcp.ts';
 /** Bounds the sockets one listener may open for a flood of client addresses. */
 export const MAX_UDP_SESSIONS = 4096;
 
+/** A session as the shared budget sees it: who owns it, and how to end it. */
+interface BudgetEntry {
+  clientIP: string;
+  end(): void;
+}
+
+/**
+ * UDP sessions over every listener of a process: at most `max` in total and `perClient`
+ * per client IP (beyond that a client's new session is refused). When the total is full, a
+ * newcomer holding fewer sessions than the biggest holder takes that holder's oldest
+ * session: one client cannot keep the others out.
+ */
+export class UdpSessionBudget {
+  total = 0;
+  private readonly byClient = new Map<string, Set<BudgetEntry>>();
+
+  constructor(
+    public max: number,
+    public perClient: number,
+  ) {}
+
+  sessionsOf(clientIP: string): number {
+    return this.byClient.get(clientIP)?.size ?? 0;
+  }
+
+  /** Makes room for one more session of clientIP; false when it must be refused. */
+  admit(clientIP: string): boolean {
+    const mine = this.sessionsOf(clientIP);
+    if (mine >= this.perClient) return false;
+    if (this.total < this.max) return true;
+    let biggest: Set<BudgetEntry> | undefined;
+    for (const set of this.byClient.values()) if (!biggest || set.size > biggest.size) biggest = set;
+    if (!biggest || biggest.size <= mine + 1) return false;
+    const oldest = biggest.values().next().value;
+    oldest?.end();
+    return this.total < this.max;
+  }
+
+  add(e: BudgetEntry): void {
+    let set = this.byClient.get(e.clientIP);
+    if (!set) this.byClient.set(e.clientIP, (set = new Set()));
+    set.add(e);
+    this.total++;
+  }
+
+  remove(e: BudgetEntry): void {
+    const set = this.byClient.get(e.clientIP);
+    if (!set?.delete(e)) return;
+    this.total--;
+    if (set.size === 0) this.byClient.delete(e.clientIP);
+  }
+}
+
 export interface UdpForwarderOptions {
   /** called once per new session (client ip:port); false drops the datagram */
   admit?: AdmitFn;
@@ -24,11 +77,14 @@ export interface UdpForwarderOptions {
   idleMs: number;
   log: Logger;
   maxSessions?: number;
+  /** shared over the process's listeners; default: one of this listener's own */
+  budget?: UdpSessionBudget;
 }
 
-const DENIED = Symbol('denied');
+/** newSession refused the datagram and counted why (denied or refused) */
+const COUNTED = Symbol("counted");
 
-interface Session {
+interface Session extends BudgetEntry {
   key: string;
   endpoint: BalancedEndpoint;
   upstream: dgram.Socket;
@@ -45,8 +101,10 @@ export class UdpForwarder {
   private readonly log: Logger;
   private boundPort = 0;
   private closed = false;
+  readonly budget: UdpSessionBudget;
 
   constructor(private readonly opts: UdpForwarderOptions) {
+    this.budget = opts.budget ?? new UdpSessionBudget(opts.maxSessions ?? MAX_UDP_SESSIONS, opts.maxSessions ?? MAX_UDP_SESSIONS);
     this.balancer = opts.balancer;
     this.counters = opts.counters;
     this.idleMs = opts.idleMs;
@@ -106,7 +164,7 @@ export class UdpForwarder {
     let s = this.sessions.get(key);
     if (!s) {
       const created = this.newSession(index, key, rinfo);
-      if (created === DENIED) return;
+      if (created === COUNTED) return;
       if (!created) {
         this.counters.failed++;
         return;
@@ -117,17 +175,31 @@ export class UdpForwarder {
     s.upstream.send(msg, s.endpoint.port, s.endpoint.ip);
   }
 
-  private newSession(index: number, key: string, rinfo: dgram.RemoteInfo): Session | typeof DENIED | null {
-    if (this.sessions.size >= (this.opts.maxSessions ?? MAX_UDP_SESSIONS)) return null;
+  private newSession(index: number, key: string, rinfo: dgram.RemoteInfo): Session | typeof COUNTED | null {
     const clientIP = plainAddress(rinfo.address);
     if (this.opts.admit && !this.opts.admit(clientIP, rinfo.port)) {
       this.counters.denied++;
-      return DENIED;
+      return COUNTED;
+    }
+    if (this.sessions.size >= (this.opts.maxSessions ?? MAX_UDP_SESSIONS) || !this.budget.admit(clientIP)) {
+      this.counters.refused++;
+      return COUNTED;
     }
     const ep = this.balancer.next(clientIP);
     if (!ep) return null;
-    const upstream = dgram.createSocket(isIPv6(ep.ip) ? 'udp6' : 'udp4');
-    const s: Session = { key, endpoint: ep, upstream, lastActiveMs: Date.now(), timer: setTimeout(() => this.checkIdle(s), this.idleMs) };
+    let upstream: dgram.Socket;
+    try {
+      upstream = dgram.createSocket(isIPv6(ep.ip) ? 'udp6' : 'udp4');
+    } catch (e) {
+      // out of fds: this datagram is lost, kproxy is not
+      this.log.debug({ err: (e as Error).message }, 'userspace UDP session socket failed');
+      return null;
+    }
+    const s: Session = {
+      key, clientIP, endpoint: ep, upstream, lastActiveMs: Date.now(),
+      timer: setTimeout(() => this.checkIdle(s), this.idleMs),
+      end: () => this.endSession(s),
+    };
     upstream.on('message', (reply, from) => {
       if (from.address !== ep.ip || from.port !== ep.port) return;
       s.lastActiveMs = Date.now();
@@ -138,6 +210,7 @@ export class UdpForwarder {
       this.endSession(s);
     });
     this.sessions.set(key, s);
+    this.budget.add(s);
     this.counters.accepted++;
     this.counters.active++;
     return s;
@@ -157,6 +230,7 @@ export class UdpForwarder {
     if (this.sessions.get(s.key) !== s) return;
     clearTimeout(s.timer);
     this.sessions.delete(s.key);
+    this.budget.remove(s);
     this.counters.active--;
     try {
       s.upstream.close();
