@@ -5,12 +5,12 @@ import { RoundRobinBalancer } from '../src/dataplane/balancer.ts';
 import { TcpForwarder, newCounters } from '../src/dataplane/tcp.ts';
 import { silentLogger } from '../src/log.ts';
 
-const [listen, target] = process.argv.slice(2);
+const [listen, target, idleText] = process.argv.slice(2);
 const [lh, lp] = listen.split(':');
 const [th, tp] = target.split(':');
 const balancer = new RoundRobinBalancer({ stickyMaxAgeSeconds: 0 });
 balancer.setEndpoints([{ key: target, ip: th, port: Number(tp) }]);
-const fwd = new TcpForwarder({ host: lh, port: Number(lp), balancer, counters: newCounters(), log: silentLogger() });
+const fwd = new TcpForwarder({ host: lh, port: Number(lp), balancer, counters: newCounters(), log: silentLogger(), idleTimeoutMs: Number(idleText ?? 0) });
 await fwd.listen();
 process.stdout.write(`listening ${listen}\n`);
 // SIGTERM ends the process normally so --cpu-prof writes its profile.
