@@ -41,6 +41,10 @@ async function main(): Promise<void> {
   const d = Number(values.duration);
   const dir = mkdtempSync(join(tmpdir(), 'kproxy-prof-'));
   const ns = Netns.create(uniqueName('kpb-usprof'));
+  const out: string[] = [];
+  const onSignal = () => void ns.destroy().then(() => process.exit(130));
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
   try {
     writeFileSync(join(dir, 'nginx-backend.conf'), nginxBackendConf(dir));
     ns.spawn('nginx', ['-c', join(dir, 'nginx-backend.conf'), '-p', dir]);
@@ -58,13 +62,16 @@ async function main(): Promise<void> {
     if (!file) throw new Error('no .cpuprofile written');
     if (values.keep) cpSync(join(dir, file), join(values.keep, 'userspace-tcp.cpuprofile'));
     const prof = JSON.parse(readFileSync(join(dir, file), 'utf8')) as Profile;
-    console.log(`conn/s ${close.rps.toFixed(0)}, keep-alive req/s ${ka.rps.toFixed(0)} (under the profiler)\n`);
-    console.log('| self % | frame |\n|---:|---|');
-    for (const t of topFrames(prof)) console.log(`| ${t.selfPct.toFixed(1)} | \`${t.frame}\` |`);
+    out.push(`conn/s ${close.rps.toFixed(0)}, keep-alive req/s ${ka.rps.toFixed(0)} (under the profiler)\n`);
+    out.push('| self % | frame |\n|---:|---|');
+    for (const t of topFrames(prof)) out.push(`| ${t.selfPct.toFixed(1)} | \`${t.frame}\` |`);
   } finally {
     await ns.destroy();
     rmSync(dir, { recursive: true, force: true });
   }
+  // Printed after the clean-up: a reader that stops early (| head) cannot leave a namespace behind.
+  process.stdout.on('error', () => {});
+  console.log(out.join('\n'));
 }
 
 main().catch((e) => {
