@@ -169,8 +169,13 @@ export class UserspaceProxier implements Proxier {
     live.plan = l;
     live.fwd.balancer = this.balancers.get(l.balancerKey)!;
     live.fwd.counters = this.countersFor(l);
+    // The plan may have changed who is admitted (source ranges, policies) under the same id.
+    live.fwd.admit = admissionFor(l);
     if (live.fwd instanceof UdpForwarder) live.fwd.idleMs = this.opts.config.udpIdleTimeoutMs || 250;
-    else live.fwd.idleTimeoutMs = this.opts.config.userspace.idleTimeoutMs;
+    else {
+      live.fwd.idleTimeoutMs = this.opts.config.userspace.idleTimeoutMs;
+      this.workers?.updateListener(l);
+    }
   }
 
   /** Writes the REDIRECT rules when they changed (always on a full sync); returns rules written. */

@@ -102,8 +102,10 @@ export class UdpForwarder {
   private boundPort = 0;
   private closed = false;
   readonly budget: UdpSessionBudget;
+  admit: AdmitFn | undefined;
 
   constructor(private readonly opts: UdpForwarderOptions) {
+    this.admit = opts.admit;
     this.budget = opts.budget ?? new UdpSessionBudget(opts.maxSessions ?? MAX_UDP_SESSIONS, opts.maxSessions ?? MAX_UDP_SESSIONS);
     this.balancer = opts.balancer;
     this.counters = opts.counters;
@@ -177,7 +179,7 @@ export class UdpForwarder {
 
   private newSession(index: number, key: string, rinfo: dgram.RemoteInfo): Session | typeof COUNTED | null {
     const clientIP = plainAddress(rinfo.address);
-    if (this.opts.admit && !this.opts.admit(clientIP, rinfo.port)) {
+    if (this.admit && !this.admit(clientIP, rinfo.port)) {
       this.counters.denied++;
       return COUNTED;
     }

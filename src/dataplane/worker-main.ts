@@ -93,6 +93,15 @@ process.on('message', (m: ToWorker, handle?: net.Server) => {
     case 'listen':
       if (handle) listen(m.id, m.plan, handle);
       return;
+    case 'update': {
+      const fwd = forwarders.get(m.id);
+      if (fwd) {
+        fwd.admit = admissionFor(m.plan);
+        fwd.balancer = pickerFor(m.plan.balancerKey);
+        fwd.counters = countersFor(m.plan);
+      }
+      return;
+    }
     case 'close':
       forwarders.get(m.id)?.close();
       forwarders.delete(m.id);

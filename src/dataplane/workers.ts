@@ -30,6 +30,7 @@ export type ToWorker =
   | { op: 'init'; settings: UserspaceSettings; workers: number; dialTimeoutsMs?: number[] }
   | { op: 'balancers'; list: BalancerSpec[] }
   | { op: 'listen'; id: string; plan: PlannedListener }
+  | { op: 'update'; id: string; plan: PlannedListener }
   | { op: 'close'; id: string; req: number }
   | { op: 'picked'; req: number; endpoint: BalancedEndpoint | null };
 
@@ -169,6 +170,14 @@ export class WorkerPool {
       await w.ready;
       await this.send(w, { op: 'listen', id: plan.id, plan }, server);
     }));
+  }
+
+  /** A kept listener whose plan changed (admission, affinity): workers follow it. */
+  updateListener(plan: PlannedListener): void {
+    const l = this.listeners.get(plan.id);
+    if (!l || JSON.stringify(l.plan) === JSON.stringify(plan)) return;
+    l.plan = plan;
+    for (const w of this.workers) if (w) void w.ready.then(() => this.send(w, { op: 'update', id: plan.id, plan }));
   }
 
   /** Workers stop accepting on a listener; resolves when they said so (or after a few seconds). */
