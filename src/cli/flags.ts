@@ -110,6 +110,9 @@ export const FLAGS: FlagSpec[] = [
   // kproxy's own
   S('mode', 'string', 'always', 'kproxy: the proxy mode (userspace, iptables, ipvs, nftables); unlike --proxy-mode it also overrides --config', { kproxy: true }),
   S('manifests', 'string', 'always', 'kproxy: watch a directory of Service / EndpointSlice YAML instead of a cluster', { kproxy: true }),
+  S('userspace-workers', 'string', 'config', 'kproxy: userspace mode: processes accepting TCP connections (userspace.workers, default 1)', { kproxy: true }),
+  S('userspace-max-connections', 'string', 'config', 'kproxy: userspace mode: open client connections at most (userspace.maxConnections, default 0: from the fd limit)', { kproxy: true }),
+  S('userspace-idle-timeout', 'string', 'config', 'kproxy: userspace mode: close a TCP connection idle this long (userspace.idleTimeout, default 24h, 0 = never)', { kproxy: true }),
   S('log-level', 'string', 'always', 'kproxy: log level (trace, debug, info, warn, error); overrides -v', { kproxy: true }),
 ];
 
@@ -320,6 +323,9 @@ function rawFromFlags(p: ParsedFlags, mode: string): { raw: RawConfig; flags: Co
   if (has('ipvs-tcpfin-timeout')) ipvs.tcpFinTimeout = str('ipvs-tcpfin-timeout');
   if (has('ipvs-udp-timeout')) ipvs.udpTimeout = str('ipvs-udp-timeout');
   if (Object.keys(ipvs).length) raw.ipvs = ipvs;
+  if (has('userspace-workers')) flags.userspaceWorkers = str('userspace-workers');
+  if (has('userspace-max-connections')) flags.userspaceMaxConnections = str('userspace-max-connections');
+  if (has('userspace-idle-timeout')) flags.userspaceIdleTimeout = str('userspace-idle-timeout');
   if (has('detect-local-mode')) raw.detectLocalMode = str('detect-local-mode');
   const dl: NonNullable<RawConfig['detectLocal']> = {};
   if (has('pod-bridge-interface')) dl.bridgeInterface = str('pod-bridge-interface');

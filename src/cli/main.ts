@@ -33,6 +33,9 @@ export interface CommonOptions {
   detectLocalMode?: string;
   podBridgeInterface?: string;
   podInterfaceNamePrefix?: string;
+  userspaceWorkers?: string;
+  userspaceMaxConnections?: string;
+  userspaceIdleTimeout?: string;
   cleanup?: boolean;
   nodeIp?: string;
   logLevel?: string;
@@ -56,6 +59,9 @@ export function effectiveConfig(o: CommonOptions): ProxyConfig {
     detectLocalMode: o.detectLocalMode,
     podBridgeInterface: o.podBridgeInterface,
     podInterfaceNamePrefix: o.podInterfaceNamePrefix,
+    userspaceWorkers: o.userspaceWorkers,
+    userspaceMaxConnections: o.userspaceMaxConnections,
+    userspaceIdleTimeout: o.userspaceIdleTimeout,
   };
   // render/trace: warnings (an unknown field, a field that does not apply) go to stderr; stdout stays the payload
   return resolveConfig(raw, flags, (w) => process.stderr.write(`kproxy: warning: ${w}\n`));
@@ -82,6 +88,9 @@ function addProxyFlags(cmd: Command): Command {
     .option('--pod-interface-name-prefix <prefix>', 'name prefix of the pods\' interfaces (detectLocalMode InterfaceNamePrefix)')
     .option('--masquerade-all', 'SNAT all traffic sent to service IPs')
     .option('--ipvs-scheduler <name>', 'IPVS scheduler: rr, wrr, lc, wlc, lblc, lblcr, sh, dh, sed, nq, mh')
+    .option('--userspace-workers <n>', 'userspace mode: processes accepting TCP connections (default 1)')
+    .option('--userspace-max-connections <n>', 'userspace mode: open client connections at most (default 0: from the fd limit)')
+    .option('--userspace-idle-timeout <duration>', 'userspace mode: close a TCP connection idle this long (default 24h, 0 = never)')
     .option('--log-level <level>', 'log level (trace, debug, info, warn, error)');
 }
 

@@ -139,7 +139,7 @@ const SPEC: Spec = {
   syncPeriod: 'duration',
   minSyncPeriod: 'duration',
   // kproxy: the userspace mode's own settings
-  userspace: 'any',
+  userspace: { workers: 'int32', maxConnections: 'int32', idleTimeout: 'duration', udpMaxSessions: 'int32', udpMaxSessionsPerClient: 'int32' },
 };
 
 type Duration = string;
@@ -191,7 +191,7 @@ export interface RawConfig {
   udpIdleTimeout?: Duration;
   syncPeriod?: Duration;
   minSyncPeriod?: Duration;
-  userspace?: Record<string, unknown>;
+  userspace?: { workers?: number; maxConnections?: number; idleTimeout?: Duration; udpMaxSessions?: number; udpMaxSessionsPerClient?: number };
 }
 
 const typeName = (v: unknown) => (Array.isArray(v) ? 'a list' : v === null ? 'null' : typeof v === 'object' ? 'a mapping' : `${typeof v} ${JSON.stringify(v)}`);
@@ -331,10 +331,24 @@ export interface ProxyConfig {
   conntrack: ConntrackSettings;
   /** written to /proc/self/oom_score_adj at start; null leaves it */
   oomScoreAdj: number | null;
-  /** the userspace block, decoded by the userspace mode */
-  userspace: Record<string, unknown>;
+  /** kproxy only: the userspace data plane's workers and bounds */
+  userspace: UserspaceSettings;
   /** the effective configuration in upstream's v1alpha1 shape (what --write-config-to writes) */
   v1alpha1: Record<string, unknown>;
+}
+
+/** kproxy's `userspace:` block, resolved (see userspaceField for the defaults and why). */
+export interface UserspaceSettings {
+  /** processes accepting TCP connections; 1 = kproxy's own process */
+  workers: number;
+  /** open client connections over all TCP listeners; 0 = automatic, from the fd limit */
+  maxConnections: number;
+  /** a spliced TCP connection silent both ways this long is closed; 0 = never */
+  idleTimeoutMs: number;
+  /** UDP sessions over all listeners (each holds a socket) */
+  udpMaxSessions: number;
+  /** UDP sessions of one client IP: one client cannot take them all */
+  udpMaxSessionsPerClient: number;
 }
 
 /** upstream KubeProxyConntrackConfiguration, in kproxy's units */
@@ -365,6 +379,36 @@ export interface ConfigFlags {
   detectLocalMode?: string;
   podBridgeInterface?: string;
   podInterfaceNamePrefix?: string;
+  userspaceWorkers?: string;
+  userspaceMaxConnections?: string;
+  userspaceIdleTimeout?: string;
+}
+
+/**
+ * kproxy's `userspace:` block (flags --userspace-workers, --userspace-max-connections,
+ * --userspace-idle-timeout win). Defaults: 1 worker (kproxy's own process); maxConnections
+ * 0 = automatic, half the fd limit less a reserve (each connection holds two fds); an idle
+ * timeout of 24h, upstream's conntrack tcpEstablishedTimeout, so an idle connection lives as
+ * long as it would in the kernel modes; 8192 UDP sessions, at most 1024 per client IP.
+ */
+function userspaceField(raw: RawConfig, flags: ConfigFlags): UserspaceSettings {
+  const u = raw.userspace ?? {};
+  const int = (field: string, flag: string | undefined, v: number | undefined, dflt: number, min: number, max: number): number => {
+    const n = flag !== undefined ? Number(flag) : v ?? dflt;
+    if (!Number.isInteger(n) || n < min || n > max) {
+      throw new ConfigError(`userspace.${field}`, `want an integer from ${min} to ${max}, got ${JSON.stringify(flag ?? v)}`);
+    }
+    return n;
+  };
+  const workers = int('workers', flags.userspaceWorkers, u.workers, 1, 1, 64);
+  const maxConnections = int('maxConnections', flags.userspaceMaxConnections, u.maxConnections, 0, 0, 10_000_000);
+  const idleText = flags.userspaceIdleTimeout ?? u.idleTimeout;
+  const idleParsed = idleText === undefined ? 24 * 3600_000 : parseDuration(idleText);
+  if (idleParsed === null || idleParsed < 0) throw new ConfigError('userspace.idleTimeout', `want a duration such as "10m" (0 = never), got ${JSON.stringify(idleText)}`);
+  const idleTimeoutMs = idleParsed;
+  const udpMaxSessions = int('udpMaxSessions', undefined, u.udpMaxSessions, 8192, 1, 1_000_000);
+  const udpMaxSessionsPerClient = int('udpMaxSessionsPerClient', undefined, u.udpMaxSessionsPerClient, Math.min(1024, udpMaxSessions), 1, udpMaxSessions);
+  return { workers, maxConnections, idleTimeoutMs, udpMaxSessions, udpMaxSessionsPerClient };
 }
 
 export const DETECT_LOCAL_MODES = ['ClusterCIDR', 'NodeCIDR', 'BridgeInterface', 'InterfaceNamePrefix'] as const;
@@ -668,7 +712,7 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
     logging: { format, verbosity },
     conntrack,
     oomScoreAdj,
-    userspace: (raw.userspace as Record<string, unknown> | undefined) ?? {},
+    userspace: userspaceField(raw, flags),
   };
 
   // The same configuration in upstream's v1alpha1 shape, defaults filled as upstream's

@@ -10,9 +10,12 @@ import type { CommandRunner } from '../exec/runner.ts';
 import type { Logger } from '../log.ts';
 import { planUserspace, renderPlan, restorePayload, type PlannedListener, type UserspacePlan } from '../modes/userspace/plan.ts';
 import type { PlanInput, Proxier, SyncStats } from '../modes/types.ts';
+import { admissionFor } from './admit.ts';
 import { RoundRobinBalancer } from './balancer.ts';
 import { applyRedirects, removeRedirects } from './redirect.ts';
+import { processBudgets, type ProcessBudgets } from './limits.ts';
 import { TcpForwarder, newCounters, type ForwardCounters } from './tcp.ts';
+import { WorkerPool } from './workers.ts';
 import { UdpForwarder } from './udp.ts';
 import { coded, kproxyError } from '../errors.ts';
 
@@ -25,6 +28,8 @@ export interface UserspaceProxierOptions {
   /** addresses this host can bind besides loopback; default: the interfaces' addresses */
   localAddresses?: () => string[];
   dialTimeoutsMs?: number[];
+  /** the process's TCP connection and UDP session budgets; default: the process-wide ones */
+  budgets?: ProcessBudgets;
 }
 
 /** Per service port, for metrics. */
@@ -59,8 +64,17 @@ export class UserspaceProxier implements Proxier {
   private appliedPayload: string | null = null;
   private synced = false;
   private lastNotes = '';
+  private readonly budgets: ProcessBudgets;
+  /** worker processes that accept on the TCP listeners too (userspace.workers > 1) */
+  private readonly workers: WorkerPool | null;
 
-  constructor(private readonly opts: UserspaceProxierOptions) {}
+  constructor(private readonly opts: UserspaceProxierOptions) {
+    const us = opts.config.userspace;
+    this.budgets = opts.budgets ?? processBudgets(us, us.workers);
+    this.workers = us.workers > 1
+      ? new WorkerPool({ count: us.workers - 1, settings: us, log: opts.log, dialTimeoutsMs: opts.dialTimeoutsMs, pick: (key, ip, reset, exclude) => this.balancers.get(key)?.next(ip, reset, exclude) ?? null })
+      : null;
+  }
 
   get redirect(): boolean {
     return this.opts.redirect;
@@ -78,8 +92,10 @@ export class UserspaceProxier implements Proxier {
       live.fwd.close();
       this.listeners.delete(id);
       changes.push(`- ${id}`);
+      await this.workers?.closeListener(id);
     }
     this.updateBalancers(plan);
+    this.workers?.setBalancers(plan.listeners);
     const failures: string[] = [];
     for (const l of plan.listeners) {
       const live = this.listeners.get(l.id);
@@ -88,8 +104,10 @@ export class UserspaceProxier implements Proxier {
         continue;
       }
       try {
-        this.listeners.set(l.id, await this.open(l));
+        const live = await this.open(l);
+        this.listeners.set(l.id, live);
         changes.push(`+ ${l.id}`);
+        if (this.workers && live.fwd instanceof TcpForwarder) await this.workers.addListener(l, live.fwd.listener);
       } catch (e) {
         failures.push(`${l.protocol} ${l.host}:${l.port} (${l.servicePortKey}): ${(e as Error).message}`);
       }
@@ -137,9 +155,11 @@ export class UserspaceProxier implements Proxier {
     const balancer = this.balancers.get(l.balancerKey)!;
     const counters = this.countersFor(l);
     const log = this.opts.log;
+    const admit = admissionFor(l);
+    const us = this.opts.config.userspace;
     const fwd = l.protocol === 'TCP'
-      ? new TcpForwarder({ host: l.host, port: l.port, balancer, counters, log, dialTimeoutsMs: this.opts.dialTimeoutsMs })
-      : new UdpForwarder({ hosts: [l.host, ...l.extraHosts], port: l.port, balancer, counters, log, idleMs: this.opts.config.udpIdleTimeoutMs || 250 });
+      ? new TcpForwarder({ host: l.host, port: l.port, balancer, counters, log, admit, dialTimeoutsMs: this.opts.dialTimeoutsMs, budget: this.budgets.tcp, idleTimeoutMs: us.idleTimeoutMs })
+      : new UdpForwarder({ hosts: [l.host, ...l.extraHosts], port: l.port, balancer, counters, log, admit, idleMs: this.opts.config.udpIdleTimeoutMs || 250, budget: this.budgets.udp });
     const port = await fwd.listen();
     return { plan: l, fwd, port };
   }
@@ -149,7 +169,13 @@ export class UserspaceProxier implements Proxier {
     live.plan = l;
     live.fwd.balancer = this.balancers.get(l.balancerKey)!;
     live.fwd.counters = this.countersFor(l);
+    // The plan may have changed who is admitted (source ranges, policies) under the same id.
+    live.fwd.admit = admissionFor(l);
     if (live.fwd instanceof UdpForwarder) live.fwd.idleMs = this.opts.config.udpIdleTimeoutMs || 250;
+    else {
+      live.fwd.idleTimeoutMs = this.opts.config.userspace.idleTimeoutMs;
+      this.workers?.updateListener(l);
+    }
   }
 
   /** Writes the REDIRECT rules when they changed (always on a full sync); returns rules written. */
@@ -186,7 +212,20 @@ export class UserspaceProxier implements Proxier {
 
   /** Counters per service port (accepted/failed/retried connections, open ones), for metrics. */
   counters(): ServicePortCounters[] {
-    return [...this.counterMap.values()].map((c) => ({ ...c })).sort((a, b) => (a.servicePort < b.servicePort ? -1 : 1));
+    const out = [...this.counterMap.values()].map((c) => ({ ...c }));
+    // The workers' connections count with the main process's, per service port.
+    const fromWorkers = this.workers?.counters() ?? new Map<string, ForwardCounters>();
+    for (const c of out) {
+      const w = fromWorkers.get(`${c.servicePort}|${c.protocol}`);
+      if (!w) continue;
+      for (const k of Object.keys(w) as (keyof ForwardCounters)[]) c[k] += w[k];
+    }
+    return out.sort((a, b) => (a.servicePort < b.servicePort ? -1 : 1));
+  }
+
+  /** The worker processes, for tests and /debug: pid and connections accepted by each. */
+  workerStats(): { pid: number; accepted: number }[] {
+    return this.workers?.stats() ?? [];
   }
 
   /** Bound port of a planned listener (tests, debug). */
@@ -202,6 +241,7 @@ export class UserspaceProxier implements Proxier {
   }
 
   async stop(): Promise<void> {
+    await this.workers?.stop();
     for (const l of this.listeners.values()) {
       if (l.fwd instanceof TcpForwarder) l.fwd.destroy();
       else l.fwd.destroy();

@@ -8,12 +8,67 @@ import dgram from 'node:dgram';
 import { isIPv6 } from 'node:net';
 import type { Logger } from '../log.ts';
 import type { BalancedEndpoint, RoundRobinBalancer } from './balancer.ts';
-import { plainAddress, type ForwardCounters } from './tcp.ts';
+import { plainAddress, type AdmitFn, type ForwardCounters } from './tcp.ts';
 
 /** Bounds the sockets one listener may open for a flood of client addresses. */
 export const MAX_UDP_SESSIONS = 4096;
 
+/** A session as the shared budget sees it: who owns it, and how to end it. */
+interface BudgetEntry {
+  clientIP: string;
+  end(): void;
+}
+
+/**
+ * UDP sessions over every listener of a process: at most `max` in total and `perClient`
+ * per client IP (beyond that a client's new session is refused). When the total is full, a
+ * newcomer holding fewer sessions than the biggest holder takes that holder's oldest
+ * session: one client cannot keep the others out.
+ */
+export class UdpSessionBudget {
+  total = 0;
+  private readonly byClient = new Map<string, Set<BudgetEntry>>();
+
+  constructor(
+    public max: number,
+    public perClient: number,
+  ) {}
+
+  sessionsOf(clientIP: string): number {
+    return this.byClient.get(clientIP)?.size ?? 0;
+  }
+
+  /** Makes room for one more session of clientIP; false when it must be refused. */
+  admit(clientIP: string): boolean {
+    const mine = this.sessionsOf(clientIP);
+    if (mine >= this.perClient) return false;
+    if (this.total < this.max) return true;
+    let biggest: Set<BudgetEntry> | undefined;
+    for (const set of this.byClient.values()) if (!biggest || set.size > biggest.size) biggest = set;
+    if (!biggest || biggest.size <= mine + 1) return false;
+    const oldest = biggest.values().next().value;
+    oldest?.end();
+    return this.total < this.max;
+  }
+
+  add(e: BudgetEntry): void {
+    let set = this.byClient.get(e.clientIP);
+    if (!set) this.byClient.set(e.clientIP, (set = new Set()));
+    set.add(e);
+    this.total++;
+  }
+
+  remove(e: BudgetEntry): void {
+    const set = this.byClient.get(e.clientIP);
+    if (!set?.delete(e)) return;
+    this.total--;
+    if (set.size === 0) this.byClient.delete(e.clientIP);
+  }
+}
+
 export interface UdpForwarderOptions {
+  /** called once per new session (client ip:port); false drops the datagram */
+  admit?: AdmitFn;
   /** first host gets `port` (0 = ephemeral); the rest bind the same port */
   hosts: string[];
   port: number;
@@ -22,9 +77,14 @@ export interface UdpForwarderOptions {
   idleMs: number;
   log: Logger;
   maxSessions?: number;
+  /** shared over the process's listeners; default: one of this listener's own */
+  budget?: UdpSessionBudget;
 }
 
-interface Session {
+/** newSession refused the datagram and counted why (denied or refused) */
+const COUNTED = Symbol("counted");
+
+interface Session extends BudgetEntry {
   key: string;
   endpoint: BalancedEndpoint;
   upstream: dgram.Socket;
@@ -41,8 +101,12 @@ export class UdpForwarder {
   private readonly log: Logger;
   private boundPort = 0;
   private closed = false;
+  readonly budget: UdpSessionBudget;
+  admit: AdmitFn | undefined;
 
   constructor(private readonly opts: UdpForwarderOptions) {
+    this.admit = opts.admit;
+    this.budget = opts.budget ?? new UdpSessionBudget(opts.maxSessions ?? MAX_UDP_SESSIONS, opts.maxSessions ?? MAX_UDP_SESSIONS);
     this.balancer = opts.balancer;
     this.counters = opts.counters;
     this.idleMs = opts.idleMs;
@@ -102,6 +166,7 @@ export class UdpForwarder {
     let s = this.sessions.get(key);
     if (!s) {
       const created = this.newSession(index, key, rinfo);
+      if (created === COUNTED) return;
       if (!created) {
         this.counters.failed++;
         return;
@@ -112,12 +177,31 @@ export class UdpForwarder {
     s.upstream.send(msg, s.endpoint.port, s.endpoint.ip);
   }
 
-  private newSession(index: number, key: string, rinfo: dgram.RemoteInfo): Session | null {
-    if (this.sessions.size >= (this.opts.maxSessions ?? MAX_UDP_SESSIONS)) return null;
-    const ep = this.balancer.next(plainAddress(rinfo.address));
+  private newSession(index: number, key: string, rinfo: dgram.RemoteInfo): Session | typeof COUNTED | null {
+    const clientIP = plainAddress(rinfo.address);
+    if (this.admit && !this.admit(clientIP, rinfo.port)) {
+      this.counters.denied++;
+      return COUNTED;
+    }
+    if (this.sessions.size >= (this.opts.maxSessions ?? MAX_UDP_SESSIONS) || !this.budget.admit(clientIP)) {
+      this.counters.refused++;
+      return COUNTED;
+    }
+    const ep = this.balancer.next(clientIP);
     if (!ep) return null;
-    const upstream = dgram.createSocket(isIPv6(ep.ip) ? 'udp6' : 'udp4');
-    const s: Session = { key, endpoint: ep, upstream, lastActiveMs: Date.now(), timer: setTimeout(() => this.checkIdle(s), this.idleMs) };
+    let upstream: dgram.Socket;
+    try {
+      upstream = dgram.createSocket(isIPv6(ep.ip) ? 'udp6' : 'udp4');
+    } catch (e) {
+      // out of fds: this datagram is lost, kproxy is not
+      this.log.debug({ err: (e as Error).message }, 'userspace UDP session socket failed');
+      return null;
+    }
+    const s: Session = {
+      key, clientIP, endpoint: ep, upstream, lastActiveMs: Date.now(),
+      timer: setTimeout(() => this.checkIdle(s), this.idleMs),
+      end: () => this.endSession(s),
+    };
     upstream.on('message', (reply, from) => {
       if (from.address !== ep.ip || from.port !== ep.port) return;
       s.lastActiveMs = Date.now();
@@ -128,6 +212,7 @@ export class UdpForwarder {
       this.endSession(s);
     });
     this.sessions.set(key, s);
+    this.budget.add(s);
     this.counters.accepted++;
     this.counters.active++;
     return s;
@@ -147,6 +232,7 @@ export class UdpForwarder {
     if (this.sessions.get(s.key) !== s) return;
     clearTimeout(s.timer);
     this.sessions.delete(s.key);
+    this.budget.remove(s);
     this.counters.active--;
     try {
       s.upstream.close();

@@ -275,7 +275,9 @@ export class Metrics {
     for (const f of families) this.lastQueuedTs.set({ ip_family: ipFamilyLabel(f) }, at / 1000);
   }
 
-  private readonly usSeen = new Map<string, { accepted: number; failed: number }>();
+    private readonly usSeen = new Map<string, { accepted: number; failed: number; refused: number; denied: number; idleClosed: number }>();
+  private readonly usRefused = new client.Counter({ name: 'kproxy_userspace_connections_refused_total', help: 'Connections (TCP) or sessions (UDP) the userspace proxy refused: reason="limit" (userspace.maxConnections, UDP session limits, out of fds) or "denied" (source ranges, traffic policy)', labelNames: ['service_port', 'protocol', 'reason'], registers: [this.registry] });
+  private readonly usIdleClosed = new client.Counter({ name: 'kproxy_userspace_connections_idle_closed_total', help: 'TCP connections the userspace proxy closed after userspace.idleTimeout of silence', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
   private readonly usAccepted = new client.Counter({ name: 'kproxy_userspace_connections_accepted_total', help: 'Connections (TCP) or sessions (UDP) accepted by the userspace proxy', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
   private readonly usFailed = new client.Counter({ name: 'kproxy_userspace_connections_failed_total', help: 'Connections or datagrams the userspace proxy could not forward to any endpoint', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
   private readonly usActive = new client.Gauge({ name: 'kproxy_userspace_connections_active', help: 'Open spliced connections or UDP sessions', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
@@ -283,27 +285,33 @@ export class Metrics {
   /** The userspace proxier keeps monotonic totals; prom counters get the deltas. */
   collectUserspace(proxiers: unknown): void {
     // One proxier per IP family: a service port's counters are the sum over the families.
-    const sum = new Map<string, { servicePort: string; protocol: string; accepted: number; failed: number; active: number }>();
+    const sum = new Map<string, { servicePort: string; protocol: string; accepted: number; failed: number; active: number; refused: number; denied: number; idleClosed: number }>();
     for (const proxier of Array.isArray(proxiers) ? proxiers : [proxiers]) {
       const p = proxier as Partial<UserspaceProxier> | null;
       if (!p || typeof p.counters !== 'function') continue;
       for (const c of p.counters()) {
         const k = `${c.servicePort}|${c.protocol}`;
-        const s = sum.get(k) ?? { servicePort: c.servicePort, protocol: c.protocol, accepted: 0, failed: 0, active: 0 };
+        const s = sum.get(k) ?? { servicePort: c.servicePort, protocol: c.protocol, accepted: 0, failed: 0, active: 0, refused: 0, denied: 0, idleClosed: 0 };
         s.accepted += c.accepted;
         s.failed += c.failed;
         s.active += c.active;
+        s.refused += c.refused ?? 0;
+        s.denied += c.denied ?? 0;
+        s.idleClosed += c.idleClosed ?? 0;
         sum.set(k, s);
       }
     }
     for (const c of sum.values()) {
       const labels = { service_port: c.servicePort, protocol: c.protocol };
       const key = `${c.servicePort}|${c.protocol}`;
-      const prev = this.usSeen.get(key) ?? { accepted: 0, failed: 0 };
+      const prev = this.usSeen.get(key) ?? { accepted: 0, failed: 0, refused: 0, denied: 0, idleClosed: 0 };
       if (c.accepted > prev.accepted) this.usAccepted.inc(labels, c.accepted - prev.accepted);
       if (c.failed > prev.failed) this.usFailed.inc(labels, c.failed - prev.failed);
+      if (c.refused > prev.refused) this.usRefused.inc({ ...labels, reason: 'limit' }, c.refused - prev.refused);
+      if (c.denied > prev.denied) this.usRefused.inc({ ...labels, reason: 'denied' }, c.denied - prev.denied);
+      if (c.idleClosed > prev.idleClosed) this.usIdleClosed.inc(labels, c.idleClosed - prev.idleClosed);
       this.usActive.set(labels, c.active);
-      this.usSeen.set(key, { accepted: c.accepted, failed: c.failed });
+      this.usSeen.set(key, { accepted: c.accepted, failed: c.failed, refused: c.refused, denied: c.denied, idleClosed: c.idleClosed });
     }
   }
 
