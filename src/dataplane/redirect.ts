@@ -1,39 +1,44 @@
-// Installs and removes the userspace mode's iptables REDIRECT rules. The chain contents go
-// in one iptables-restore --noflush transaction (declaring a chain flushes it, so the
-// chains hold exactly the payload); the jumps from the builtin chains are added once with
-// -C/-I because restore cannot add a rule to PREROUTING without flushing it.
+// Installs and removes the userspace mode's iptables rules: the nat DNATs to the proxy ports
+// and the filter DROPs. The chain contents go in one iptables-restore --noflush transaction
+// (declaring a chain flushes it, so the chains hold exactly the payload); the jumps from the
+// builtin chains are added once with -C/-I because restore cannot add a rule to PREROUTING
+// without flushing it.
 import { ExecError, type CommandRunner } from '../exec/runner.ts';
 import { IptablesExecutor } from '../iptables/exec.ts';
 import { readSave } from '../iptables/save.ts';
 import type { Logger } from '../log.ts';
-import { JUMP_SOURCES, jumpRuleSpec } from '../modes/userspace/plan.ts';
+import { FILTER_JUMP_SOURCES, JUMP_SOURCES, filterJumpRuleSpec, jumpRuleSpec } from '../modes/userspace/plan.ts';
 
 const TIMEOUT_MS = 15_000;
 
-/** Writes the chains and makes sure PREROUTING and OUTPUT jump to them (prepended). */
+/** Writes the chains and makes sure nat PREROUTING and OUTPUT, filter INPUT, FORWARD and OUTPUT jump to them (prepended). */
 export async function applyRedirects(runner: CommandRunner, family: 4 | 6, payload: string): Promise<void> {
   const exec = new IptablesExecutor(runner, family);
   await exec.restoreOwned(payload, 'KPROXY_IPTABLES_RESTORE_FAILED', TIMEOUT_MS);
   for (const chain of JUMP_SOURCES) await exec.ensureRulePrepended('nat', chain, jumpRuleSpec());
+  for (const chain of FILTER_JUMP_SOURCES) await exec.ensureRulePrepended('filter', chain, filterJumpRuleSpec());
 }
 
 const OUR_CHAIN = /^KPROXY-USERSPACE-[A-Z0-9-]+$/;
 
 /**
  * The restore payload that removes our chains and every jump to them, from an
- * `iptables-save -t nat` dump; null when there is nothing of ours.
+ * `iptables-save` dump of the nat and filter tables; null when there is nothing of ours.
  */
 export function removalPayload(saved: string): string | null {
-  const nat = readSave(saved).get('nat');
-  const chains = (nat?.chains ?? []).filter((c) => OUR_CHAIN.test(c));
-  const jumps: string[] = [];
-  for (const r of nat?.rules ?? []) {
-    if (r.op === '-A' && r.rest && !OUR_CHAIN.test(r.chain) && /(^| )-j KPROXY-USERSPACE-[A-Z0-9-]+( |$)/.test(r.rest)) {
-      jumps.push(`-D ${r.chain} ${r.rest}`);
+  const out: string[] = [];
+  for (const [table, t] of readSave(saved)) {
+    const chains = t.chains.filter((c) => OUR_CHAIN.test(c));
+    const jumps: string[] = [];
+    for (const r of t.rules) {
+      if (r.op === '-A' && r.rest && !OUR_CHAIN.test(r.chain) && /(^| )-j KPROXY-USERSPACE-[A-Z0-9-]+( |$)/.test(r.rest)) {
+        jumps.push(`-D ${r.chain} ${r.rest}`);
+      }
     }
+    if (chains.length === 0 && jumps.length === 0) continue;
+    out.push(`*${table}`, ...chains.map((c) => `:${c} - [0:0]`), ...jumps, ...chains.map((c) => `-X ${c}`), 'COMMIT');
   }
-  if (chains.length === 0 && jumps.length === 0) return null;
-  return ['*nat', ...chains.map((c) => `:${c} - [0:0]`), ...jumps, ...chains.map((c) => `-X ${c}`), 'COMMIT', ''].join('\n');
+  return out.length ? [...out, ''].join('\n') : null;
 }
 
 /**
@@ -45,7 +50,9 @@ export async function removeRedirects(runner: CommandRunner, log: Logger, famili
     const exec = new IptablesExecutor(runner, family);
     let saved: string | null;
     try {
-      saved = await exec.saveIfReadable('nat');
+      // Each table read on its own: a kernel without the nat table still has filter rules to remove.
+      const tables = [await exec.saveIfReadable('nat'), await exec.saveIfReadable('filter')].filter((t): t is string => t !== null);
+      saved = tables.length ? tables.join('') : null;
     } catch (e) {
       if (e instanceof ExecError && e.code === 'KPROXY_EXEC_MISSING') {
         log.debug({ cmd: exec.bin.save }, 'userspace cleanup: not installed, nothing to remove');
@@ -54,7 +61,7 @@ export async function removeRedirects(runner: CommandRunner, log: Logger, famili
       throw e;
     }
     if (saved === null) {
-      // No nat table for this family (module absent): nothing of ours can be there.
+      // No nat nor filter table for this family (modules absent): nothing of ours can be there.
       log.debug({ cmd: exec.bin.save }, 'userspace cleanup: cannot read the nat table, skipped');
       continue;
     }
