@@ -159,28 +159,23 @@ export class Metrics {
     this.invalid.inc({ kind, source });
   }
 
-  private readonly usSeen = new Map<string, { accepted: number; failed: number; denied: number }>();
+  private readonly usSeen = new Map<string, { accepted: number; failed: number }>();
   private readonly usAccepted = new client.Counter({ name: 'kproxy_userspace_connections_accepted_total', help: 'Connections (TCP) or sessions (UDP) accepted by the userspace proxy', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
   private readonly usFailed = new client.Counter({ name: 'kproxy_userspace_connections_failed_total', help: 'Connections or datagrams the userspace proxy could not forward to any endpoint', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
-  private readonly usDenied = new client.Counter({ name: 'kproxy_userspace_connections_denied_total', help: 'Connections (TCP) or sessions (UDP) the userspace proxy refused at accept (loadBalancerSourceRanges)', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
-  private readonly usRefused = new client.Gauge({ name: 'kproxy_userspace_refused_service_ports', help: 'Service ports the userspace mode refuses at plan time (reason="sctp": Node has no SCTP sockets)', labelNames: ['reason'], registers: [this.registry] });
   private readonly usActive = new client.Gauge({ name: 'kproxy_userspace_connections_active', help: 'Open spliced connections or UDP sessions', labelNames: ['service_port', 'protocol'], registers: [this.registry] });
 
   /** The userspace proxier keeps monotonic totals; prom counters get the deltas. */
   collectUserspace(proxiers: unknown): void {
     // One proxier per IP family: a service port's counters are the sum over the families.
-    const sum = new Map<string, { servicePort: string; protocol: string; accepted: number; failed: number; active: number; denied: number }>();
-    let sctp: number | null = null;
+    const sum = new Map<string, { servicePort: string; protocol: string; accepted: number; failed: number; active: number }>();
     for (const proxier of Array.isArray(proxiers) ? proxiers : [proxiers]) {
       const p = proxier as Partial<UserspaceProxier> | null;
       if (!p || typeof p.counters !== 'function') continue;
-      if (typeof p.refused === 'function') sctp = (sctp ?? 0) + p.refused().sctp.length;
       for (const c of p.counters()) {
         const k = `${c.servicePort}|${c.protocol}`;
-        const s = sum.get(k) ?? { servicePort: c.servicePort, protocol: c.protocol, accepted: 0, failed: 0, active: 0, denied: 0 };
+        const s = sum.get(k) ?? { servicePort: c.servicePort, protocol: c.protocol, accepted: 0, failed: 0, active: 0 };
         s.accepted += c.accepted;
         s.failed += c.failed;
-        s.denied += c.denied ?? 0;
         s.active += c.active;
         sum.set(k, s);
       }
@@ -188,14 +183,12 @@ export class Metrics {
     for (const c of sum.values()) {
       const labels = { service_port: c.servicePort, protocol: c.protocol };
       const key = `${c.servicePort}|${c.protocol}`;
-      const prev = this.usSeen.get(key) ?? { accepted: 0, failed: 0, denied: 0 };
+      const prev = this.usSeen.get(key) ?? { accepted: 0, failed: 0 };
       if (c.accepted > prev.accepted) this.usAccepted.inc(labels, c.accepted - prev.accepted);
       if (c.failed > prev.failed) this.usFailed.inc(labels, c.failed - prev.failed);
-      if (c.denied > prev.denied) this.usDenied.inc(labels, c.denied - prev.denied);
       this.usActive.set(labels, c.active);
-      this.usSeen.set(key, { accepted: c.accepted, failed: c.failed, denied: c.denied });
+      this.usSeen.set(key, { accepted: c.accepted, failed: c.failed });
     }
-    if (sctp !== null) this.usRefused.set({ reason: 'sctp' }, sctp);
   }
 
   record(r: SyncRecord, servicePorts: number): void {
@@ -217,6 +210,18 @@ export class Metrics {
     this.services.set(servicePorts);
     this.excluded.set(r.stats?.excludedServices?.length ?? 0);
     if (r.stats?.rejected) this.rejected.inc(r.stats.rejected);
+  }
+
+  private readonly usPlanRefused = new client.Gauge({ name: 'kproxy_userspace_refused_service_ports', help: 'Service ports the userspace mode refuses at plan time (reason="sctp": Node has no SCTP sockets)', labelNames: ['reason'], registers: [this.registry] });
+
+  /** Service ports the userspace proxiers refuse at plan time (SCTP), summed over the families. */
+  collectUserspaceRefusals(proxiers: unknown): void {
+    let sctp: number | null = null;
+    for (const proxier of Array.isArray(proxiers) ? proxiers : [proxiers]) {
+      const p = proxier as Partial<UserspaceProxier> | null;
+      if (p && typeof p.refused === 'function') sctp = (sctp ?? 0) + p.refused().sctp.length;
+    }
+    if (sctp !== null) this.usPlanRefused.set({ reason: 'sctp' }, sctp);
   }
 }
 
@@ -260,6 +265,7 @@ export async function startServers(deps: ServerDeps, healthzAddr: string, metric
     const url = req.url ?? '/';
     if (url.startsWith('/metrics')) {
       metrics.collectUserspace(deps.ctrl.families.map((f) => f.proxier));
+      metrics.collectUserspaceRefusals(deps.ctrl.families.map((f) => f.proxier));
       res.writeHead(200, { 'content-type': metrics.registry.contentType });
       return res.end(await metrics.registry.metrics());
     }

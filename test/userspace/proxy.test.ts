@@ -333,7 +333,7 @@ describe('userspace proxy on loopback', () => {
     assert.match(p.dump(), /^# ns\/mixed:sig: SCTP is not served/m);
     assert.ok((await tcpExchange('127.0.10.15', 8080, 'x')).id, 'the TCP port of the same Service is served');
     const metrics = new Metrics();
-    metrics.collectUserspace([p]);
+    metrics.collectUserspaceRefusals([p]);
     assert.match(await metrics.registry.metrics(), /^kproxy_userspace_refused_service_ports\{reason="sctp"\} 1$/m);
     // gone and back: logged and counted again
     await p.sync(planInput([objs[0]].map(() => svc('mixed', { clusterIP: '127.0.10.15', ports: [{ name: 'http', port: 8080 }] }))), new Set(), false);
