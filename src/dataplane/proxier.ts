@@ -55,15 +55,15 @@ export class UserspaceProxier implements Proxier {
   private readonly listeners = new Map<string, LiveListener>();
   private readonly balancers = new Map<string, RoundRobinBalancer>();
   private readonly counterMap = new Map<string, ServicePortCounters>();
+  /** SCTP service ports refused and already logged (logged again only after they left and came back) */
+  private sctpLogged = new Set<string>();
+  /** SCTP service ports refused since start (each counted once per appearance) */
+  private sctpRefusedTotal = 0;
   private plan: UserspacePlan | null = null;
   /** the payload last written; null when kproxy believes no chain of its own is installed */
   private appliedPayload: string | null = null;
   private synced = false;
   private lastNotes = '';
-  /** SCTP service ports refused and already logged (logged again only after they left and came back) */
-  private sctpLogged = new Set<string>();
-  /** SCTP service ports refused since start (each counted once per appearance) */
-  private sctpRefusedTotal = 0;
 
   constructor(private readonly opts: UserspaceProxierOptions) {}
 
