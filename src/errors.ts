@@ -59,6 +59,7 @@ export const ERROR_CODES = {
   KPROXY_UNHANDLED_REJECTION: 'a promise rejection escaped every handler; it is logged and kproxy goes on unless they come in a storm (KPROXY_ERROR_STORM)',
   KPROXY_USERSPACE_BIND: 'the userspace proxy cannot listen on a Service address; free the address or change the Service',
   KPROXY_USERSPACE_NO_REDIRECT: 'iptables-restore is not usable, so the userspace mode serves only the Service addresses it can bind itself; install iptables',
+  KPROXY_USERSPACE_SCTP: 'an SCTP Service port cannot be served by the userspace mode (Node has no SCTP sockets); it is refused at plan time, logged once and counted, every other port is served. Use the iptables, ipvs or nftables mode for SCTP Services',
   KPROXY_USERSPACE_UNSERVED: 'a Service port the userspace mode cannot serve (its address cannot be bound nor redirected); the message says which and why',
 } as const satisfies Record<string, string>;
 

@@ -8,7 +8,7 @@ import type { ProxyConfig } from '../config/config.ts';
 import { canonicalIP } from '../core/ip.ts';
 import type { CommandRunner } from '../exec/runner.ts';
 import type { Logger } from '../log.ts';
-import { planUserspace, renderPlan, restorePayload, type PlannedListener, type UserspacePlan } from '../modes/userspace/plan.ts';
+import { hasRules, planUserspace, renderPlan, restorePayload, sctpRefusal, type PlannedListener, type UserspacePlan } from '../modes/userspace/plan.ts';
 import type { PlanInput, Proxier, SyncStats } from '../modes/types.ts';
 import { admissionFor } from './admit.ts';
 import { RoundRobinBalancer } from './balancer.ts';
@@ -59,6 +59,10 @@ export class UserspaceProxier implements Proxier {
   private readonly listeners = new Map<string, LiveListener>();
   private readonly balancers = new Map<string, RoundRobinBalancer>();
   private readonly counterMap = new Map<string, ServicePortCounters>();
+  /** SCTP service ports refused and already logged (logged again only after they left and came back) */
+  private sctpLogged = new Set<string>();
+  /** SCTP service ports refused since start (each counted once per appearance) */
+  private sctpRefusedTotal = 0;
   private plan: UserspacePlan | null = null;
   /** the payload last written; null when kproxy believes no chain of its own is installed */
   private appliedPayload: string | null = null;
@@ -119,14 +123,31 @@ export class UserspaceProxier implements Proxier {
     const notes = plan.notes.join('\n');
     if (notes !== this.lastNotes) for (const n of plan.notes) this.opts.log.warn(coded('KPROXY_USERSPACE_UNSERVED', n));
     this.lastNotes = notes;
+    this.reportSctp(plan.sctpRefused);
     if (failures.length) {
       throw kproxyError('KPROXY_USERSPACE_BIND', `cannot listen on ${failures.join('; ')}; free the address or change the Service`);
     }
     return {
       rulesWritten: changes.length + rulesWritten,
-      rulesTotal: this.listeners.size + plan.redirects.length,
+      rulesTotal: this.listeners.size + plan.redirects.length + plan.drops.length,
       diff: changes.join('\n'),
     };
+  }
+
+  /** An SCTP service port is logged once (per service port, while it stays) and counted. */
+  private reportSctp(keys: string[]): void {
+    const now = new Set(keys);
+    for (const k of keys) {
+      if (this.sctpLogged.has(k)) continue;
+      this.sctpRefusedTotal++;
+      this.opts.log.warn({ code: 'KPROXY_USERSPACE_SCTP', servicePort: k }, coded('KPROXY_USERSPACE_SCTP', sctpRefusal(k)));
+    }
+    this.sctpLogged = now;
+  }
+
+  /** Service ports refused at plan time: the SCTP ones now, and how many were refused since start. */
+  refused(): { sctp: string[]; sctpTotal: number } {
+    return { sctp: [...this.sctpLogged].sort(), sctpTotal: this.sctpRefusedTotal };
   }
 
   private updateBalancers(plan: UserspacePlan): void {
@@ -183,7 +204,7 @@ export class UserspaceProxier implements Proxier {
     if (!this.opts.redirect) return 0;
     // A rule for a listener that failed to bind would send traffic to a closed port.
     const redirects = plan.redirects.filter((r) => this.listeners.has(r.listenerId));
-    if (redirects.length === 0) {
+    if (!hasRules({ ...plan, redirects })) {
       if (this.appliedPayload !== null || full) {
         await removeRedirects(this.opts.runner, this.opts.log, [plan.family]);
         const written = this.appliedPayload === null ? 0 : 1;
@@ -202,7 +223,7 @@ export class UserspaceProxier implements Proxier {
       throw e;
     }
     this.appliedPayload = payload;
-    return redirects.length;
+    return redirects.length + plan.drops.length;
   }
 
   dump(): string {

@@ -367,6 +367,18 @@ export class Metrics {
   async names(): Promise<string[]> {
     return (await this.registry.getMetricsAsJSON()).map((m) => m.name);
   }
+
+  private readonly usPlanRefused = new client.Gauge({ name: 'kproxy_userspace_refused_service_ports', help: 'Service ports the userspace mode refuses at plan time (reason="sctp": Node has no SCTP sockets)', labelNames: ['reason'], registers: [this.registry] });
+
+  /** Service ports the userspace proxiers refuse at plan time (SCTP), summed over the families. */
+  collectUserspaceRefusals(proxiers: unknown): void {
+    let sctp: number | null = null;
+    for (const proxier of Array.isArray(proxiers) ? proxiers : [proxiers]) {
+      const p = proxier as Partial<UserspaceProxier> | null;
+      if (p && typeof p.refused === 'function') sctp = (sctp ?? 0) + p.refused().sctp.length;
+    }
+    if (sctp !== null) this.usPlanRefused.set({ reason: 'sctp' }, sctp);
+  }
 }
 
 export interface RunningServers {
@@ -407,6 +419,7 @@ export async function startServers(deps: ServerDeps, healthzAddr: string, metric
     const url = req.url ?? '/';
     if (url.startsWith('/metrics')) {
       metrics.collectUserspace(deps.ctrl.families.map((f) => f.proxier));
+      metrics.collectUserspaceRefusals(deps.ctrl.families.map((f) => f.proxier));
       res.writeHead(200, { 'content-type': metrics.registry.contentType });
       return res.end(await metrics.registry.metrics());
     }

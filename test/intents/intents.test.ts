@@ -99,25 +99,6 @@ export const EXCEPTIONS: Exception[] = [
   },
   {
     mode: 'userspace',
-    id: 'userspace-policy-set-for-every-source',
-    applies: (f) => external(f) && f.svc.etp === 'Local' && f.source !== 'outside' && cat(f).hasAny,
-    expect: (f) => (cat(f).local.length ? { output: cat(f).local.join(', '), masq: true } : { output: 'REJECT', masq: false }),
-    why:
-      'the userspace proxy has one listener per (service port, policy), reached through REDIRECT: it has no rule ' +
-      'that sends pods or the node itself to the cluster endpoints of an eTP Local service (upstream\'s userspace ' +
-      'proxier, pkg/proxy/userspace, removed in v1.26, had no source-based rules at all).',
-  },
-  {
-    mode: 'userspace',
-    id: 'userspace-reset-not-drop',
-    applies: (f) => f.expected.output === 'DROP',
-    expect: () => ({ output: 'REJECT', masq: false }),
-    why:
-      'a userspace listener accepts the connection and, with no endpoint to dial, closes it at once (upstream ' +
-      'userspace proxysocket.go: "Couldn\'t find an endpoint" then close): a reset, never a silent drop.',
-  },
-  {
-    mode: 'userspace',
     id: 'userspace-always-masquerades',
     applies: (f) => endpointList(f.expected.output) && !f.expected.masq,
     expect: (f) => ({ output: f.expected.output, masq: true }),

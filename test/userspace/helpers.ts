@@ -16,6 +16,7 @@ export interface SvcOpts {
   affinitySeconds?: number;
   externalTrafficPolicy?: 'Local' | 'Cluster';
   internalTrafficPolicy?: 'Local' | 'Cluster';
+  sourceRanges?: string[];
 }
 
 export function svc(name: string, o: SvcOpts, namespace = 'ns'): K8sService {
@@ -32,6 +33,7 @@ export function svc(name: string, o: SvcOpts, namespace = 'ns'): K8sService {
       sessionAffinityConfig: o.affinitySeconds ? { clientIP: { timeoutSeconds: o.affinitySeconds } } : undefined,
       externalTrafficPolicy: o.externalTrafficPolicy,
       internalTrafficPolicy: o.internalTrafficPolicy,
+      loadBalancerSourceRanges: o.sourceRanges,
     },
     status: o.lbIPs ? { loadBalancer: { ingress: o.lbIPs.map((ip) => ({ ip })) } } : undefined,
   };

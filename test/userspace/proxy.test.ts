@@ -6,7 +6,10 @@ import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
 import dgram from 'node:dgram';
 import net from 'node:net';
+import { Writable } from 'node:stream';
+import { pino } from 'pino';
 import { UserspaceProxier } from '../../src/dataplane/proxier.ts';
+import { Metrics } from '../../src/server/servers.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, startUdpBackend, tcpExchange, udpExchange, type Backend } from '../support/backends.ts';
@@ -305,5 +308,38 @@ describe('userspace proxy on loopback', () => {
     held.sock.destroy();
     assert.match(p.dump(), /listen TCP 127\.0\.10\.14:8080 ns\/b: policy=cluster/);
     assert.doesNotMatch(p.dump(), /127\.0\.10\.13/);
+  });
+
+  test('an SCTP service port is refused at plan time: logged once with KPROXY_USERSPACE_SCTP, counted, the TCP port still served', async () => {
+    await tcpBackends();
+    const lines: Array<Record<string, unknown>> = [];
+    const stream = new Writable({
+      write(chunk, _enc, cb) {
+        for (const l of String(chunk).split('\n')) if (l.trim()) lines.push(JSON.parse(l) as Record<string, unknown>);
+        cb();
+      },
+    });
+    const p = new UserspaceProxier({ config: testConfig(), log: pino({ level: 'info' }, stream), runner: refusingRunner, redirect: false, localAddresses: () => [] });
+    cleanups.push(() => p.stop());
+    const objs = [
+      svc('mixed', { clusterIP: '127.0.10.15', ports: [{ name: 'http', port: 8080 }, { name: 'sig', port: 9090, protocol: 'SCTP' }] }),
+      slice('mixed', BACKENDS.map((ip) => ({ ip })), [{ name: 'http', port: BP }]),
+    ];
+    for (let i = 0; i < 3; i++) await p.sync(planInput(objs), new Set(), i === 0);
+    const sctp = lines.filter((l) => l.code === 'KPROXY_USERSPACE_SCTP');
+    assert.equal(sctp.length, 1, 'logged once, not at every sync');
+    assert.match(String(sctp[0].msg), /^KPROXY_USERSPACE_SCTP: ns\/mixed:sig: SCTP is not served by the userspace mode \(Node has no SCTP sockets\)/);
+    assert.deepEqual(p.refused(), { sctp: ['ns/mixed:sig'], sctpTotal: 1 });
+    assert.match(p.dump(), /^# ns\/mixed:sig: SCTP is not served/m);
+    assert.ok((await tcpExchange('127.0.10.15', 8080, 'x')).id, 'the TCP port of the same Service is served');
+    const metrics = new Metrics();
+    metrics.collectUserspaceRefusals([p]);
+    assert.match(await metrics.registry.metrics(), /^kproxy_userspace_refused_service_ports\{reason="sctp"\} 1$/m);
+    // gone and back: logged and counted again
+    await p.sync(planInput([objs[0]].map(() => svc('mixed', { clusterIP: '127.0.10.15', ports: [{ name: 'http', port: 8080 }] }))), new Set(), false);
+    assert.deepEqual(p.refused(), { sctp: [], sctpTotal: 1 });
+    await p.sync(planInput(objs), new Set(), false);
+    assert.equal(lines.filter((l) => l.code === 'KPROXY_USERSPACE_SCTP').length, 2);
+    assert.deepEqual(p.refused(), { sctp: ['ns/mixed:sig'], sctpTotal: 2 });
   });
 });

@@ -168,14 +168,14 @@ describe('userspace proxy with iptables REDIRECT in network namespaces', () => {
     await teardownTopology();
   });
 
-  test('the chains are installed, jumped from PREROUTING and OUTPUT', async () => {
+  test('the chains are installed (DNAT to the node IP), jumped from PREROUTING and OUTPUT', async () => {
     const rules = await natRules();
     assert.match(rules, /^:KPROXY-USERSPACE-PORTALS /m);
     assert.match(rules, /^:KPROXY-USERSPACE-NODEPORTS /m);
     assert.match(rules, /^-A PREROUTING .*-j KPROXY-USERSPACE-PORTALS$/m);
     assert.match(rules, /^-A OUTPUT .*-j KPROXY-USERSPACE-PORTALS$/m);
-    assert.match(rules, /^-A KPROXY-USERSPACE-PORTALS .*-d 172\.30\.0\.10\/32 -p tcp .*--dport 80 -j REDIRECT --to-ports \d+$/m);
-    assert.match(rules, /^-A KPROXY-USERSPACE-NODEPORTS .*-p tcp .*--dport 30080 -j REDIRECT --to-ports \d+$/m);
+    assert.match(rules, /^-A KPROXY-USERSPACE-PORTALS .*-d 172\.30\.0\.10\/32 -p tcp .*--dport 80 -j DNAT --to-destination 192\.168\.0\.2:\d+$/m);
+    assert.match(rules, /^-A KPROXY-USERSPACE-NODEPORTS .*-p tcp .*--dport 30080 -j DNAT --to-destination 192\.168\.0\.2:\d+$/m);
   });
 
   test('TCP from another namespace over veth reaches both backends, round robin', async () => {
