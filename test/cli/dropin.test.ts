@@ -29,7 +29,7 @@ import { ApiServerChild } from '../support/apiserver-child.ts';
 import type { KObject } from '../support/apiserver.ts';
 
 /** The argv before upstream's flags. */
-const KPROXY_ARGS: string[] = ['run']; // TODO(lead): [] once the bare command line lands
+const KPROXY_ARGS: string[] = []; // upstream's bare command line, as the DaemonSet starts it
 /** upstream's `kube-proxy --cleanup` */
 const CLEANUP_ARGS: string[] = [...KPROXY_ARGS, '--cleanup'];
 /** upstream's metric names (pkg/proxy/metrics) that /metrics must carry (`# TYPE name ...`). */
@@ -39,10 +39,18 @@ const UPSTREAM_METRICS: string[] = [
   'kubeproxy_proxy_healthz_total',
   'kubeproxy_proxy_livez_total',
   'kubeproxy_conntrack_reconciler_deleted_entries_total',
-  // TODO(lead): add once `met` lands: kubeproxy_network_programming_duration_seconds,
-  // kubeproxy_sync_full_proxy_rules_duration_seconds, kubeproxy_sync_partial_proxy_rules_duration_seconds,
-  // kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds, kubeproxy_sync_proxy_rules_iptables_total,
-  // kubeproxy_sync_proxy_rules_endpoint_changes_pending, kubeproxy_sync_proxy_rules_no_local_endpoints_total, ...
+  'kubeproxy_network_programming_duration_seconds',
+  'kubeproxy_sync_full_proxy_rules_duration_seconds',
+  'kubeproxy_sync_partial_proxy_rules_duration_seconds',
+  'kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds',
+  'kubeproxy_sync_proxy_rules_iptables_total',
+  'kubeproxy_sync_proxy_rules_endpoint_changes_pending',
+  'kubeproxy_sync_proxy_rules_endpoint_changes_total',
+  'kubeproxy_sync_proxy_rules_service_changes_pending',
+  'kubeproxy_sync_proxy_rules_service_changes_total',
+  'kubeproxy_sync_proxy_rules_no_local_endpoints_total',
+  'kubeproxy_sync_proxy_rules_iptables_restore_failures_total',
+  'kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total',
 ];
 
 const NS = 't';
