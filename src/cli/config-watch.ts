@@ -3,7 +3,9 @@
 // that the pod restarts with the new configuration. kproxy does the same: fs.watch for the
 // event (a ConfigMap update swaps the file's symlink target: a rename), and a 1 s stat poll
 // as a fallback where inotify is not available, comparing the content so that a touch or a
-// rewrite with the same bytes does not restart the proxy.
+// rewrite with the same bytes does not restart the proxy. A writer truncates before it writes,
+// so the content is read only once the events have settled (settleMs after the last one):
+// reading at the first event would see an empty file and restart for nothing.
 import { watch, watchFile, unwatchFile, readFileSync, type FSWatcher } from 'node:fs';
 import { createHash } from 'node:crypto';
 
@@ -18,17 +20,26 @@ function digest(path: string): string {
 }
 
 /** Calls onChange once when the file's content changes (or it goes away); returns a stop function. */
-export function watchConfigFile(path: string, onChange: () => void, pollMs = 1000): () => void {
+export function watchConfigFile(path: string, onChange: () => void, pollMs = 1000, settleMs = 300): () => void {
   const initial = digest(path);
   let fired = false;
   let watcher: FSWatcher | undefined;
-  const check = () => {
+  let timer: NodeJS.Timeout | undefined;
+  const settled = () => {
+    timer = undefined;
     if (fired || digest(path) === initial) return;
     fired = true;
     stop();
     onChange();
   };
+  const check = () => {
+    if (fired) return;
+    if (timer) clearTimeout(timer);
+    timer = setTimeout(settled, settleMs);
+    timer.unref?.();
+  };
   const stop = () => {
+    if (timer) clearTimeout(timer);
     watcher?.close();
     unwatchFile(path, check);
   };

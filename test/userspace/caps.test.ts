@@ -136,7 +136,11 @@ test('config: userspace block defaults, flags over the file, and bad values refu
   assert.throws(() => resolveConfig({ userspace: { workers: 0 } }), /KPROXY_CONFIG_INVALID: userspace\.workers: want an integer from 1 to 64/);
   assert.throws(() => resolveConfig({ userspace: { udpMaxSessions: 10, udpMaxSessionsPerClient: 20 } }), /userspace\.udpMaxSessionsPerClient/);
   assert.throws(() => resolveConfig({}, { userspaceMaxConnections: 'lots' }), /userspace\.maxConnections/);
-  assert.throws(() => parseConfigText('apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nuserspace:\n  bogus: 1\n'), /userspace/);
+  // an unknown field is a warning naming its path, as kube-proxy's lenient decoding
+  const warnings: string[] = [];
+  resolveConfig(parseConfigText('apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\nuserspace:\n  bogus: 1\n'), {}, (w) => warnings.push(w));
+  assert.ok(warnings.some((w) => /^userspace\.bogus: unknown field/.test(w)), warnings.join('\n'));
+  assert.throws(() => resolveConfig(parseConfigText('apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nuserspace:\n  workers: "x"\n')), /KPROXY_CONFIG_INVALID: userspace\.workers: want an integer/);
   const fromFile = resolveConfig(parseConfigText('apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nuserspace:\n  workers: 3\n  udpMaxSessionsPerClient: 8\n'));
   assert.equal(fromFile.userspace.workers, 3);
   assert.equal(fromFile.userspace.udpMaxSessionsPerClient, 8);
