@@ -26,11 +26,12 @@ export function fdLimit(limitsText?: string): number | null {
 
 /**
  * maxConnections as configured, or (0) automatic: each proxied connection holds two fds, so
- * half of what the fd limit leaves after the reserve; at least 64. Split over `workers`
- * processes when configured explicitly.
+ * half of what the fd limit leaves after the reserve; at least 64. The automatic cap is per
+ * process (fds are); a configured one is node-wide, and with workers kproxy's process lends
+ * it out (worker-cap.ts).
  */
-export function effectiveMaxConnections(configured: number, workers: number, limit: number | null): number {
-  if (configured > 0) return Math.max(1, Math.floor(configured / Math.max(1, workers)));
+export function effectiveMaxConnections(configured: number, limit: number | null): number {
+  if (configured > 0) return configured;
   if (limit === null) return 0;
   return Math.max(64, Math.floor((limit - FD_RESERVE) / 2));
 }
@@ -43,8 +44,8 @@ export interface ProcessBudgets {
 let shared: ProcessBudgets | null = null;
 
 /** This process's budgets, (re)sized from the settings; the same objects on every call. */
-export function processBudgets(s: UserspaceSettings, workers = 1): ProcessBudgets {
-  const max = effectiveMaxConnections(s.maxConnections, workers, fdLimit());
+export function processBudgets(s: UserspaceSettings): ProcessBudgets {
+  const max = effectiveMaxConnections(s.maxConnections, fdLimit());
   if (!shared) shared = { tcp: newBudget(max), udp: new UdpSessionBudget(s.udpMaxSessions, s.udpMaxSessionsPerClient) };
   shared.tcp.max = max;
   shared.udp.max = s.udpMaxSessions;

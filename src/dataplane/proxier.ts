@@ -15,7 +15,8 @@ import { RoundRobinBalancer } from './balancer.ts';
 import { applyRedirects, removeRedirects } from './redirect.ts';
 import { processBudgets, type ProcessBudgets } from './limits.ts';
 import { TcpForwarder, newCounters, type ForwardCounters } from './tcp.ts';
-import { WorkerPool } from './workers.ts';
+import { WorkerPool, type WorkerPoolStats } from './workers.ts';
+import { capOwnerFor } from './worker-cap.ts';
 import { UdpForwarder } from './udp.ts';
 import { coded, kproxyError } from '../errors.ts';
 
@@ -74,9 +75,11 @@ export class UserspaceProxier implements Proxier {
 
   constructor(private readonly opts: UserspaceProxierOptions) {
     const us = opts.config.userspace;
-    this.budgets = opts.budgets ?? processBudgets(us, us.workers);
+    this.budgets = opts.budgets ?? processBudgets(us);
+    // A configured maxConnections holds over every process: this one owns it and lends it out.
+    const cap = us.workers > 1 && us.maxConnections > 0 ? capOwnerFor(this.budgets.tcp, us.maxConnections) : undefined;
     this.workers = us.workers > 1
-      ? new WorkerPool({ count: us.workers - 1, settings: us, log: opts.log, dialTimeoutsMs: opts.dialTimeoutsMs, pick: (key, ip, reset, exclude) => this.balancers.get(key)?.next(ip, reset, exclude) ?? null })
+      ? new WorkerPool({ count: us.workers - 1, settings: us, log: opts.log, dialTimeoutsMs: opts.dialTimeoutsMs, cap, pick: (key, ip, reset, exclude) => this.balancers.get(key)?.next(ip, reset, exclude) ?? null })
       : null;
   }
 
@@ -247,6 +250,11 @@ export class UserspaceProxier implements Proxier {
   /** The worker processes, for tests and /debug: pid and connections accepted by each. */
   workerStats(): { pid: number; accepted: number }[] {
     return this.workers?.stats() ?? [];
+  }
+
+  /** Worker restarts and refused starts (tests, /debug); null without workers. */
+  workerHealth(): WorkerPoolStats | null {
+    return this.workers?.health() ?? null;
   }
 
   /** Bound port of a planned listener (tests, debug). */

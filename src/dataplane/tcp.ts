@@ -15,6 +15,7 @@
 import net from 'node:net';
 import type { Logger } from '../log.ts';
 import type { BalancedEndpoint } from './balancer.ts';
+import type { SharedCap } from './worker-cap.ts';
 
 export interface ForwardCounters {
   /** client connections (TCP) or sessions (UDP) accepted */
@@ -63,6 +64,11 @@ export interface EndpointPicker {
 export interface ConnectionBudget {
   max: number;
   open: number;
+  /**
+   * A cap shared with other processes (userspace.workers > 1, src/dataplane/worker-cap.ts):
+   * when set it decides instead of `max`, and may answer later (after asking kproxy's process).
+   */
+  shared?: SharedCap;
 }
 
 export function newBudget(max = 0): ConnectionBudget {
@@ -185,7 +191,7 @@ export class TcpForwarder {
 
   private onClient(client: net.Socket): void {
     const budget = this.budget;
-    if (budget.max > 0 && budget.open >= budget.max) {
+    if (!budget.shared && budget.max > 0 && budget.open >= budget.max) {
       this.counters.refused++;
       client.on('error', noop);
       client.destroy();
@@ -198,6 +204,25 @@ export class TcpForwarder {
       client.destroy();
       return;
     }
+    const room = budget.shared?.take() ?? true;
+    if (room === true) return this.start(clientIP, client);
+    client.on('error', noop);
+    if (room === false) return this.refuseShared(client);
+    // The client stays paused (pauseOnConnect) while kproxy's process is asked for room.
+    void room.then((ok) => {
+      if (!ok) this.refuseShared(client);
+      else if (client.destroyed) budget.shared!.release();
+      else this.start(clientIP, client);
+    });
+  }
+
+  private refuseShared(client: net.Socket): void {
+    this.counters.refused++;
+    client.destroy();
+  }
+
+  private start(clientIP: string, client: net.Socket): void {
+    const budget = this.budget;
     budget.open++;
     this.counters.accepted++;
     (client as TaggedSocket)[CLIENT] = true;
@@ -205,6 +230,7 @@ export class TcpForwarder {
     client.on('error', destroySelf);
     client.once('close', () => {
       budget.open--;
+      budget.shared?.release();
       this.open.delete(client);
     });
     void this.dial(clientIP, client);

@@ -1,7 +1,8 @@
 // A userspace worker process (see workers.ts): accepts on copies of kproxy's TCP listeners,
 // balances round robin on its own copy of the endpoints, and asks kproxy's process for the
 // endpoint of a sticky (ClientIP affinity) Service's connection. Reports its counters every
-// half second. Exits when kproxy's process goes.
+// half second. Exits when kproxy's process goes. With a node-wide maxConnections, its
+// connections take tokens from a lease kproxy's process grants (worker-cap.ts).
 import type net from 'node:net';
 import { createLogger } from '../log.ts';
 import type { PlannedListener } from '../modes/userspace/plan.ts';
@@ -9,6 +10,7 @@ import { admissionFor } from './admit.ts';
 import { RoundRobinBalancer, type BalancedEndpoint } from './balancer.ts';
 import { processBudgets } from './limits.ts';
 import { TcpForwarder, newCounters, type EndpointPicker, type ForwardCounters } from './tcp.ts';
+import { CapLease } from './worker-cap.ts';
 import type { BalancerSpec, FromWorker, ToWorker } from './workers.ts';
 
 const PICK_TIMEOUT_MS = 2000;
@@ -22,6 +24,7 @@ const counters = new Map<string, ForwardCounters>();
 const pending = new Map<number, { resolve: (e: BalancedEndpoint | null) => void; timer: NodeJS.Timeout; fallback: () => BalancedEndpoint | null }>();
 let nextReq = 1;
 let settings: Extract<ToWorker, { op: 'init' }> | null = null;
+let lease: CapLease | null = null;
 
 function send(m: FromWorker): void {
   if (process.connected) process.send?.(m);
@@ -73,7 +76,7 @@ function setBalancers(list: BalancerSpec[]): void {
 function listen(id: string, plan: PlannedListener, server: net.Server): void {
   forwarders.get(id)?.close();
   if (!settings) return void server.close();
-  const budgets = processBudgets(settings.settings, settings.workers);
+  const budgets = processBudgets(settings.settings);
   const fwd = new TcpForwarder({
     host: plan.host, port: plan.port, server, balancer: pickerFor(plan.balancerKey), counters: countersFor(plan), log,
     admit: admissionFor(plan), dialTimeoutsMs: settings.dialTimeoutsMs, budget: budgets.tcp, idleTimeoutMs: settings.settings.idleTimeoutMs,
@@ -85,7 +88,17 @@ process.on('message', (m: ToWorker, handle?: net.Server) => {
   switch (m.op) {
     case 'init':
       settings = m;
+      if (m.capBatch > 0 && !lease) {
+        lease = new CapLease(m.capBatch, (n) => send({ op: 'cap-want', n }), (n) => send({ op: 'cap-return', n }));
+        processBudgets(m.settings).tcp.shared = lease;
+      }
       send({ op: 'ready' });
+      return;
+    case 'cap-grant':
+      lease?.granted(m.n);
+      return;
+    case 'cap-reclaim':
+      send({ op: 'cap-returned', req: m.req, n: lease?.reclaim() ?? 0 });
       return;
     case 'balancers':
       setBalancers(m.list);

@@ -8,16 +8,25 @@
 // same endpoint whichever process accepted it. UDP stays in kproxy's process (its sessions
 // are per client address and need one owner).
 //
-// Workers are node processes forked with an IPC channel (not tools: src/exec/runner.ts is
-// for those); they exit when kproxy's process goes (IPC disconnect), and one that dies is
-// started again and given every listener.
-import { fork, type ChildProcess } from 'node:child_process';
+// Workers are node processes started with src/exec/runner.ts's forkNode (an argument array,
+// an IPC channel, their own process group): the pool supervises them. One that exits is
+// started again after a back-off (1 s, doubling to 30 s; back to 1 s once a worker lived
+// 10 s) and given every listener; a fork the host refuses (EMFILE, EAGAIN) is logged,
+// counted and retried the same way, never thrown. Workers exit when kproxy's process goes
+// (IPC disconnect); stop() signals each worker's process group.
+//
+// userspace.maxConnections is node-wide: kproxy's process owns the cap and lends workers
+// tokens in batches (worker-cap.ts).
+import type { ChildProcess } from 'node:child_process';
 import type net from 'node:net';
 import type { UserspaceSettings } from '../config/config.ts';
 import type { Logger } from '../log.ts';
 import type { PlannedListener } from '../modes/userspace/plan.ts';
 import type { BalancedEndpoint } from './balancer.ts';
 import type { ForwardCounters } from './tcp.ts';
+import { forkNode, killGroup, type ForkOptions } from '../exec/runner.ts';
+import { KproxyError } from '../errors.ts';
+import { leaseBatch, type CapOwner } from './worker-cap.ts';
 
 export interface BalancerSpec {
   key: string;
@@ -27,19 +36,24 @@ export interface BalancerSpec {
 
 /** kproxy → worker */
 export type ToWorker =
-  | { op: 'init'; settings: UserspaceSettings; workers: number; dialTimeoutsMs?: number[] }
+  | { op: 'init'; settings: UserspaceSettings; workers: number; dialTimeoutsMs?: number[]; capBatch: number }
   | { op: 'balancers'; list: BalancerSpec[] }
   | { op: 'listen'; id: string; plan: PlannedListener }
   | { op: 'update'; id: string; plan: PlannedListener }
   | { op: 'close'; id: string; req: number }
-  | { op: 'picked'; req: number; endpoint: BalancedEndpoint | null };
+  | { op: 'picked'; req: number; endpoint: BalancedEndpoint | null }
+  | { op: 'cap-grant'; n: number }
+  | { op: 'cap-reclaim'; req: number };
 
 /** worker → kproxy */
 export type FromWorker =
   | { op: 'ready' }
   | { op: 'pick'; req: number; key: string; clientIP: string; reset: boolean; exclude: string[] }
   | { op: 'closed'; req: number }
-  | { op: 'counters'; totals: [string, ForwardCounters][] };
+  | { op: 'counters'; totals: [string, ForwardCounters][] }
+  | { op: 'cap-want'; n: number }
+  | { op: 'cap-return'; n: number }
+  | { op: 'cap-returned'; req: number; n: number };
 
 export interface WorkerPoolOptions {
   /** processes to fork (kproxy's own process accepts too) */
@@ -51,18 +65,44 @@ export interface WorkerPoolOptions {
   pick: (balancerKey: string, clientIP: string, reset: boolean, exclude: ReadonlySet<string>) => BalancedEndpoint | null;
   /** the worker entry; default: worker-main.ts next to this file (or the bundle's userspace-worker.js) */
   entry?: URL;
+  /** the node-wide maxConnections (absent: each process bounds itself by its fd limit) */
+  cap?: CapOwner;
+  /** starts a worker; default: runner.ts's forkNode (tests inject failures) */
+  fork?: (entry: URL, args: string[], opts: ForkOptions) => ChildProcess;
+  /** first restart delay; doubles per consecutive failure up to RESTART_MAX_MS */
+  restartDelayMs?: number;
+}
+
+export interface WorkerPoolStats {
+  /** workers started again after an exit or a failed start */
+  restarts: number;
+  /** starts the host refused (EMFILE, EAGAIN, ...) */
+  forkErrors: number;
 }
 
 interface Worker {
   index: number;
+  /** the cap's name of this process (a restarted worker is a new holder) */
+  id: string;
   child: ChildProcess;
   ready: Promise<void>;
+  markReady: () => void;
+  startedAt: number;
   totals: Map<string, ForwardCounters>;
   accepted: number;
+  /** set once the pool knows this process is gone */
+  gone: boolean;
 }
 
 const CLOSE_ACK_MS = 3000;
 const RESTART_DELAY_MS = 1000;
+const RESTART_MAX_MS = 30_000;
+/** a worker that lived this long starts the back-off again from its first step */
+const STABLE_MS = 10_000;
+const RECLAIM_ACK_MS = 1000;
+const STOP_GRACE_MS = 3000;
+
+let poolSeq = 0;
 
 export function workerEntry(): { url: URL; execArgv: string[] } {
   const fromSources = import.meta.url.endsWith('.ts');
@@ -72,42 +112,102 @@ export function workerEntry(): { url: URL; execArgv: string[] } {
 
 export class WorkerPool {
   private readonly workers: (Worker | null)[] = [];
+  private readonly backoff: number[] = [];
+  private readonly restartTimers = new Set<NodeJS.Timeout>();
   private readonly listeners = new Map<string, { plan: PlannedListener; server: net.Server }>();
   private balancers: BalancerSpec[] = [];
   private readonly pendingClose = new Map<number, () => void>();
+  private readonly pendingReclaim = new Map<number, () => void>();
   private nextReq = 1;
   private stopped = false;
+  private readonly seq = ++poolSeq;
+  private generation = 0;
+  private readonly counts: WorkerPoolStats = { restarts: 0, forkErrors: 0 };
 
   constructor(private readonly opts: WorkerPoolOptions) {
-    for (let i = 0; i < opts.count; i++) this.workers.push(this.start(i));
+    for (let i = 0; i < opts.count; i++) {
+      this.workers.push(null);
+      this.backoff.push(this.firstDelay);
+      this.start(i);
+    }
   }
 
-  private start(index: number): Worker {
+  private get firstDelay(): number {
+    return this.opts.restartDelayMs ?? RESTART_DELAY_MS;
+  }
+
+  /** Forks worker `index`; a refused fork schedules another try, it never throws. */
+  private start(index: number, again = false): void {
     const { url, execArgv } = this.opts.entry ? { url: this.opts.entry, execArgv: this.opts.entry.pathname.endsWith('.ts') ? ['--import', 'tsx'] : [] } : workerEntry();
-    const child = fork(url, [], { execArgv, stdio: ['ignore', 'inherit', 'inherit', 'ipc'], serialization: 'json' });
+    const fork = this.opts.fork ?? forkNode;
+    let child: ChildProcess;
+    try {
+      child = fork(url, [], { execArgv });
+    } catch (e) {
+      this.startFailed(index, e);
+      return;
+    }
     let markReady: () => void = () => {};
-    const w: Worker = { index, child, ready: new Promise((r) => (markReady = r)), totals: new Map(), accepted: 0 };
-    child.on('message', (m: FromWorker) => this.onMessage(w, m, markReady));
-    child.on('error', (e) => this.opts.log.warn({ err: e.message, worker: index }, 'userspace worker error'));
-    child.on('exit', (code, signal) => {
-      if (this.stopped || this.workers[index] !== w) return;
-      this.opts.log.warn({ worker: index, code, signal }, 'userspace worker exited; starting it again');
-      this.workers[index] = null;
-      setTimeout(() => {
-        if (this.stopped) return;
-        const again = this.start(index);
-        this.workers[index] = again;
-        void this.replay(again);
-      }, RESTART_DELAY_MS).unref();
+    const ready = new Promise<void>((r) => (markReady = r));
+    const w: Worker = { index, id: `${this.seq}.${index}.${++this.generation}`, child, ready, markReady, startedAt: Date.now(), totals: new Map(), accepted: 0, gone: false };
+    this.workers[index] = w;
+    this.opts.cap?.attach(w.id, { reclaim: () => this.reclaim(w) });
+    child.on('message', (m: FromWorker) => this.onMessage(w, m));
+    child.on('error', (e) => {
+      // No pid: the process never started (node reports EMFILE/EAGAIN here); else an IPC error.
+      if (child.pid === undefined) this.exited(w, () => this.startFailed(index, e));
+      else this.opts.log.warn({ err: e.message, worker: index }, 'userspace worker error');
     });
-    this.send(w, { op: 'init', settings: this.opts.settings, workers: this.opts.count + 1, dialTimeoutsMs: this.opts.dialTimeoutsMs });
-    return w;
+    child.on('exit', (code, signal) =>
+      this.exited(w, () => {
+        this.opts.log.warn({ worker: index, code, signal }, 'userspace worker exited; starting it again');
+        if (Date.now() - w.startedAt >= STABLE_MS) this.backoff[index] = this.firstDelay;
+        this.scheduleRestart(index);
+      }),
+    );
+    void this.send(w, { op: 'init', settings: this.opts.settings, workers: this.opts.count + 1, dialTimeoutsMs: this.opts.dialTimeoutsMs, capBatch: this.capBatch });
+    if (again) void this.replay(w);
   }
 
-  private onMessage(w: Worker, m: FromWorker, markReady: () => void): void {
+  private get capBatch(): number {
+    return this.opts.cap ? leaseBatch(this.opts.cap.max, this.opts.count + 1) : 0;
+  }
+
+  /** Once per worker process: forget it (its lease, its counters' share stays counted) and react. */
+  private exited(w: Worker, then: () => void): void {
+    if (w.gone) return;
+    w.gone = true;
+    w.markReady();
+    this.opts.cap?.detach(w.id);
+    if (this.workers[w.index] === w) this.workers[w.index] = null;
+    if (!this.stopped) then();
+  }
+
+  private startFailed(index: number, e: unknown): void {
+    this.counts.forkErrors++;
+    const err = e instanceof KproxyError ? e : null;
+    this.opts.log.warn({ code: err?.code ?? 'KPROXY_EXEC_SPAWN_FAILED', err: (e as Error)?.message ?? String(e), worker: index, retryInMs: this.backoff[index] }, 'userspace worker could not be started; trying again later');
+    this.scheduleRestart(index);
+  }
+
+  private scheduleRestart(index: number): void {
+    if (this.stopped) return;
+    const delay = this.backoff[index];
+    this.backoff[index] = Math.min(delay * 2, RESTART_MAX_MS);
+    const t = setTimeout(() => {
+      this.restartTimers.delete(t);
+      if (this.stopped || this.workers[index]) return;
+      this.counts.restarts++;
+      this.start(index, true);
+    }, delay);
+    t.unref();
+    this.restartTimers.add(t);
+  }
+
+  private onMessage(w: Worker, m: FromWorker): void {
     switch (m.op) {
       case 'ready':
-        markReady();
+        w.markReady();
         return;
       case 'pick': {
         let endpoint: BalancedEndpoint | null = null;
@@ -116,7 +216,7 @@ export class WorkerPool {
         } catch (e) {
           this.opts.log.error({ err: e }, 'userspace worker pick failed');
         }
-        this.send(w, { op: 'picked', req: m.req, endpoint });
+        void this.send(w, { op: 'picked', req: m.req, endpoint });
         return;
       }
       case 'closed':
@@ -127,12 +227,42 @@ export class WorkerPool {
         w.accepted = 0;
         for (const c of w.totals.values()) w.accepted += c.accepted;
         return;
+      case 'cap-want': {
+        const cap = this.opts.cap;
+        if (!cap) return void this.send(w, { op: 'cap-grant', n: 0 });
+        void cap.want(w.id, m.n).then((n) => this.send(w, { op: 'cap-grant', n }));
+        return;
+      }
+      case 'cap-return':
+        this.opts.cap?.giveBack(w.id, m.n);
+        return;
+      case 'cap-returned':
+        // Applied whenever it arrives, even after the reclaim gave up waiting: the worker did give them back.
+        this.opts.cap?.giveBack(w.id, m.n);
+        this.pendingReclaim.get(m.req)?.();
+        return;
     }
+  }
+
+  /** Asks a worker for its unused tokens; resolves once applied, or after RECLAIM_ACK_MS. */
+  private reclaim(w: Worker): Promise<void> {
+    if (w.gone || !w.child.connected) return Promise.resolve();
+    const req = this.nextReq++;
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(t);
+        this.pendingReclaim.delete(req);
+        resolve();
+      };
+      const t = setTimeout(done, RECLAIM_ACK_MS);
+      this.pendingReclaim.set(req, done);
+      void this.send(w, { op: 'cap-reclaim', req });
+    });
   }
 
   private send(w: Worker, m: ToWorker, handle?: net.Server): Promise<void> {
     return new Promise((resolve) => {
-      if (!w.child.connected) return resolve();
+      if (w.gone || !w.child.connected) return resolve();
       try {
         w.child.send(m, handle as never, {}, () => resolve());
       } catch {
@@ -219,20 +349,28 @@ export class WorkerPool {
     return this.workers.filter((w): w is Worker => !!w).map((w) => ({ pid: w.child.pid ?? 0, accepted: w.accepted }));
   }
 
+  /** Restarts and refused starts since the pool began. */
+  health(): WorkerPoolStats {
+    return { ...this.counts };
+  }
+
+  /** Stops restarting; SIGTERM to each worker's process group, SIGKILL after a grace period. */
   async stop(): Promise<void> {
     this.stopped = true;
+    for (const t of this.restartTimers) clearTimeout(t);
+    this.restartTimers.clear();
     await Promise.all(this.workers.map((w) => {
       if (!w || w.child.exitCode !== null || w.child.signalCode !== null) return undefined;
       return new Promise<void>((resolve) => {
         const t = setTimeout(() => {
-          w.child.kill('SIGKILL');
+          killGroup(w.child);
           resolve();
-        }, 3000);
+        }, STOP_GRACE_MS);
         w.child.once('exit', () => {
           clearTimeout(t);
           resolve();
         });
-        w.child.kill('SIGTERM');
+        killGroup(w.child, 'SIGTERM');
       });
     }));
   }

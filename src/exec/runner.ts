@@ -1,7 +1,7 @@
 // The only way kproxy starts a process: an argument array (never a shell string), the
 // payload on stdin, a time limit. Executors take a CommandRunner so tests can substitute a
 // stateful fake that models the kernel.
-import { spawn, type ChildProcess } from 'node:child_process';
+import { fork, spawn, type ChildProcess } from 'node:child_process';
 import { KproxyError, type ErrorCode } from '../errors.ts';
 
 export interface RunResult {
@@ -63,18 +63,19 @@ export function spawnError(cmd: string, e: unknown): ExecError {
 }
 
 /**
- * SIGKILL to the child's whole process group (it was spawned detached, so it leads its own
- * group): grandchildren that still hold the pipes die with it. Never our own group.
+ * A signal (SIGKILL unless told) to the child's whole process group (it was spawned
+ * detached, so it leads its own group): grandchildren that still hold the pipes die with it.
+ * Never our own group.
  */
-function killGroup(child: ChildProcess): void {
+export function killGroup(child: ChildProcess, signal: NodeJS.Signals = 'SIGKILL'): void {
   const pid = child.pid;
   if (typeof pid !== 'number' || pid <= 1 || pid === process.pid) return;
   try {
-    process.kill(-pid, 'SIGKILL');
+    process.kill(-pid, signal);
   } catch {
     // the group is already gone; the direct child may still need its own kill
     try {
-      child.kill('SIGKILL');
+      child.kill(signal);
     } catch {
       // gone too
     }
@@ -148,4 +149,29 @@ export async function runChecked(runner: CommandRunner, cmd: string, args: strin
     throw new ExecError('KPROXY_EXEC_FAILED', `${cmd} ${args.join(' ')} exited ${r.code}: ${r.stderr.trim()}`, r);
   }
   return r;
+}
+
+export interface ForkOptions {
+  /** node options of the child (e.g. ['--import', 'tsx'] for a TypeScript entry) */
+  execArgv?: string[];
+  env?: NodeJS.ProcessEnv;
+}
+
+/**
+ * The one way kproxy starts a long-lived Node child with an IPC channel (userspace workers):
+ * an argument array, stdio inherited for logs, JSON over IPC, and its own process group
+ * (detached) so killGroup() also takes whatever it started. Nothing is waited for here: the
+ * caller supervises the child (exit, restart). A fork the host refuses (EMFILE, EAGAIN,
+ * ENOMEM) is an ExecError, thrown or emitted as 'error' on the returned child (node does
+ * either, depending on the errno): never an uncaught exception.
+ */
+export function forkNode(entry: URL | string, args: string[], opts: ForkOptions = {}): ChildProcess {
+  const name = typeof entry === 'string' ? entry : entry.pathname;
+  let child: ChildProcess;
+  try {
+    child = fork(entry, args, { execArgv: opts.execArgv ?? [], env: opts.env, stdio: ['ignore', 'inherit', 'inherit', 'ipc'], serialization: 'json', detached: true });
+  } catch (e) {
+    throw spawnError(name, e);
+  }
+  return child;
 }

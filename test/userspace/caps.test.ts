@@ -5,7 +5,6 @@
 import { afterEach, test } from 'node:test';
 import assert from 'node:assert/strict';
 import dgram from 'node:dgram';
-import { readdirSync } from 'node:fs';
 import net from 'node:net';
 import { parseConfigText, resolveConfig } from '../../src/config/config.ts';
 import { RoundRobinBalancer } from '../../src/dataplane/balancer.ts';
@@ -16,7 +15,7 @@ import { UdpForwarder, UdpSessionBudget } from '../../src/dataplane/udp.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, startUdpBackend, tcpExchange } from '../support/backends.ts';
-import { planInput, sleep, slice, svc, testConfig, waitFor } from './helpers.ts';
+import { firstLine, openFds, planInput, sleep, slice, svc, testConfig, waitFor } from './helpers.ts';
 
 const BP = 20000 + ((process.pid + 13) % 20000);
 const VIP = '127.0.24.10';
@@ -31,10 +30,6 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-function openFds(): number {
-  return readdirSync('/proc/self/fd').length;
-}
-
 async function proxyTo(userspace: Record<string, unknown>): Promise<UserspaceProxier> {
   const backend = await startTcpBackend('127.0.24.1', BP, 'b1');
   cleanups.push(() => backend.close());
@@ -42,34 +37,11 @@ async function proxyTo(userspace: Record<string, unknown>): Promise<UserspacePro
   const p = new UserspaceProxier({
     config, log: silentLogger(), runner: refusingRunner, redirect: false, localAddresses: () => [],
     // A budget of this test's own, so other tests' connections in this process do not count.
-    budgets: { tcp: newBudget(effectiveMaxConnections(config.userspace.maxConnections, 1, fdLimit())), udp: new UdpSessionBudget(8192, 1024) },
+    budgets: { tcp: newBudget(effectiveMaxConnections(config.userspace.maxConnections, fdLimit())), udp: new UdpSessionBudget(8192, 1024) },
   });
   cleanups.push(() => p.stop());
   await p.sync(planInput([svc('web', { clusterIP: VIP, ports: [{ port: 80 }] }), slice('web', [{ ip: '127.0.24.1' }], [{ port: BP }])]), new Set(), true);
   return p;
-}
-
-/** Connects and resolves with the first line (the backend's id) or how the connection ended without one. */
-function firstLine(sock: net.Socket): Promise<string> {
-  return new Promise((resolve) => {
-    let got = '';
-    const t = setTimeout(() => resolve(`timeout ${got}`), 10_000);
-    sock.on('data', (d: Buffer) => {
-      got += d.toString();
-      if (got.includes('\n')) {
-        clearTimeout(t);
-        resolve(got.split('\n')[0]);
-      }
-    });
-    sock.on('error', (e: NodeJS.ErrnoException) => {
-      clearTimeout(t);
-      resolve(`error ${e.code}`);
-    });
-    sock.on('close', () => {
-      clearTimeout(t);
-      resolve(`closed ${got}`);
-    });
-  });
 }
 
 test('maxConnections: the connection beyond the cap is closed at once and counted; the proxy keeps serving; fds return to baseline', async () => {
@@ -149,9 +121,9 @@ test('config: userspace block defaults, flags over the file, and bad values refu
 test('automatic maxConnections: half of what the fd limit leaves after a reserve', () => {
   assert.equal(fdLimit('Max open files            1024                 4096                 files\n'), 1024);
   assert.equal(fdLimit('Max open files            unlimited            unlimited            files\n'), Number.MAX_SAFE_INTEGER);
-  assert.equal(effectiveMaxConnections(0, 1, 20_000), (20_000 - 512) / 2);
-  assert.equal(effectiveMaxConnections(0, 1, 600), 64);
-  assert.equal(effectiveMaxConnections(1000, 4, 20_000), 250, 'an explicit cap is split over the workers');
+  assert.equal(effectiveMaxConnections(0, 20_000), (20_000 - 512) / 2);
+  assert.equal(effectiveMaxConnections(0, 600), 64);
+  assert.equal(effectiveMaxConnections(1000, 20_000), 1000, 'an explicit cap is node-wide: the workers share it (worker-cap.ts)');
   const b = processBudgets(resolveConfig({ mode: 'userspace' }).userspace);
   assert.ok(b.tcp.max > 0, 'this process has a finite fd limit, so a finite cap');
 });

@@ -1,5 +1,7 @@
 // Builders for userspace tests: Services and EndpointSlices as the API shapes them, turned
 // into planner input through the real conversion (stateOf), so tests exercise validation too.
+import { readdirSync } from 'node:fs';
+import type net from 'node:net';
 import { resolveConfig, type ProxyConfig } from '../../src/config/config.ts';
 import { stateOf } from '../../src/conformance/case.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
@@ -86,4 +88,32 @@ export async function waitFor(cond: () => boolean | Promise<boolean>, timeoutMs:
     await sleep(20);
   }
   throw new Error(`timed out after ${timeoutMs}ms waiting for ${what}`);
+}
+
+/** Open fds of a process (this one by default), from /proc. */
+export function openFds(pid: number | 'self' = 'self'): number {
+  return readdirSync(`/proc/${pid}/fd`).length;
+}
+
+/** Resolves with the first line a connection reads (the backend's id) or how it ended without one. */
+export function firstLine(sock: net.Socket, timeoutMs = 10_000): Promise<string> {
+  return new Promise((resolve) => {
+    let got = '';
+    const t = setTimeout(() => resolve(`timeout ${got}`), timeoutMs);
+    sock.on('data', (d: Buffer) => {
+      got += d.toString();
+      if (got.includes('\n')) {
+        clearTimeout(t);
+        resolve(got.split('\n')[0]);
+      }
+    });
+    sock.on('error', (e: NodeJS.ErrnoException) => {
+      clearTimeout(t);
+      resolve(`error ${e.code}`);
+    });
+    sock.on('close', () => {
+      clearTimeout(t);
+      resolve(`closed ${got}`);
+    });
+  });
 }

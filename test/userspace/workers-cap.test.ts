@@ -1,0 +1,156 @@
+// userspace.maxConnections is node-wide with userspace.workers > 1: kproxy's process owns the
+// cap and lends workers tokens (src/dataplane/worker-cap.ts). The lease logic is checked as a
+// property over random interleavings (never more than max open; in a quiet system a
+// connection is refused only when max are open), then on real sockets with 3 processes: the
+// K+1-th concurrent connection is refused and counted once, kproxy and its workers live,
+// fds return to their baselines.
+import { afterEach, test } from 'node:test';
+import assert from 'node:assert/strict';
+import net from 'node:net';
+import fc from 'fast-check';
+import { UserspaceProxier } from '../../src/dataplane/proxier.ts';
+import { newBudget } from '../../src/dataplane/tcp.ts';
+import { UdpSessionBudget } from '../../src/dataplane/udp.ts';
+import { CapLease, CapOwner, leaseBatch } from '../../src/dataplane/worker-cap.ts';
+import type { CommandRunner } from '../../src/exec/runner.ts';
+import { silentLogger } from '../../src/log.ts';
+import { startTcpBackend } from '../support/backends.ts';
+import { firstLine, openFds, planInput, slice, svc, testConfig, waitFor } from './helpers.ts';
+
+const cleanups: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+/** kproxy's process and `workers` leases wired by an async in-memory transport (as IPC is). */
+function simulated(max: number, workers: number) {
+  const owner = new CapOwner(max);
+  const batch = leaseBatch(max, workers + 1);
+  const leases: CapLease[] = [];
+  for (let i = 0; i < workers; i++) {
+    const id = `w${i}`;
+    const lease: CapLease = new CapLease(
+      batch,
+      (n) => void Promise.resolve().then(() => owner.want(id, n)).then((g) => setImmediate(() => lease.granted(g))),
+      (n) => void Promise.resolve().then(() => owner.giveBack(id, n)),
+      60_000,
+    );
+    owner.attach(id, { reclaim: () => new Promise((r) => setImmediate(() => { owner.giveBack(id, lease.reclaim()); r(); })) });
+    leases.push(lease);
+  }
+  const procs = [owner.local, ...leases];
+  return { owner, procs, leases };
+}
+
+const settle = () => new Promise<void>((r) => setTimeout(r, 5));
+
+test('lease property: never more than max open; a quiet node refuses only when max are open', async () => {
+  await fc.assert(
+    fc.asyncProperty(
+      fc.integer({ min: 1, max: 40 }),
+      fc.integer({ min: 1, max: 4 }),
+      fc.array(fc.tuple(fc.boolean(), fc.nat(), fc.integer({ min: 1, max: 8 })), { minLength: 1, maxLength: 40 }),
+      async (max, workers, steps) => {
+        const { procs } = simulated(max, workers);
+        const held: number[][] = procs.map(() => []);
+        let open = 0;
+        for (const [opening, who, count] of steps) {
+          const p = who % procs.length;
+          if (opening) {
+            // a burst of concurrent takes in one process, answered in any order
+            const answers = await Promise.all(Array.from({ length: count }, () => procs[p].take()));
+            for (const ok of answers) if (ok) held[p].push(1), open++;
+            assert.ok(open <= max, `open ${open} > max ${max}`);
+            const refused = answers.filter((a) => !a).length;
+            // refused only when the node is full (every answer came after a reclaim round)
+            if (refused > 0) assert.equal(open, max, `refused ${refused} with ${open}/${max} open`);
+          } else {
+            for (let i = 0; i < count && held[p].length; i++) {
+              held[p].pop();
+              open--;
+              procs[p].release();
+            }
+          }
+          await settle();
+        }
+      },
+    ),
+    { numRuns: 60 },
+  );
+});
+
+test('a batch is small next to the cap: a quarter of each process\'s share, 1 to 64', () => {
+  assert.equal(leaseBatch(4, 3), 1);
+  assert.equal(leaseBatch(24, 3), 2);
+  assert.equal(leaseBatch(100_000, 4), 64);
+});
+
+test('a worker holding more than two batches unused gives the excess back unasked', async () => {
+  const { owner, leases } = simulated(100, 1);
+  const batch = leaseBatch(100, 2);
+  const got = await Promise.all(Array.from({ length: 30 }, () => leases[0].take()));
+  assert.ok(got.every(Boolean));
+  for (let i = 0; i < 30; i++) leases[0].release();
+  await settle();
+  assert.ok(leases[0].lease <= 2 * batch, `at most two batches kept idle (holds ${leases[0].lease}, batch ${batch})`);
+  assert.ok(leases[0].lease >= batch, 'a batch kept for the next connections');
+  assert.equal(owner.free, 100 - leases[0].lease);
+});
+
+const BP = 20000 + ((process.pid + 17) % 20000);
+const VIP = '127.0.25.10';
+const refusingRunner: CommandRunner = {
+  run: async (cmd, args) => {
+    throw new Error(`unexpected command: ${cmd} ${args.join(' ')}`);
+  },
+};
+
+test('3 processes, maxConnections 24: the 25th concurrent connection is refused and counted once; kproxy and its workers live; fds return to baseline', async () => {
+  const K = 24;
+  const backend = await startTcpBackend('127.0.25.1', BP, 'b1');
+  cleanups.push(() => backend.close());
+  const p = new UserspaceProxier({
+    config: testConfig({ userspace: { workers: 3, maxConnections: K } }), log: silentLogger(), runner: refusingRunner, redirect: false,
+    localAddresses: () => [], budgets: { tcp: newBudget(K), udp: new UdpSessionBudget(8192, 1024) },
+  });
+  cleanups.push(() => p.stop());
+  await p.sync(planInput([svc('web', { clusterIP: VIP, ports: [{ port: 80 }] }), slice('web', [{ ip: '127.0.25.1' }], [{ port: BP }])]), new Set(), true);
+  const pids = p.workerStats().map((w) => w.pid);
+  assert.equal(pids.length, 2);
+  const c = () => p.counters().find((x) => x.servicePort.startsWith('ns/web'))!;
+
+  // A first connection through every process is not guaranteed (the kernel picks the
+  // acceptor); rounds of K concurrent connections until the workers took some, bounded.
+  // Baselines after the first round: a worker receives its listeners' handles and opens its
+  // lazily made fds while it serves its first connections.
+  let fdBase = new Map<number | 'self', number>();
+  const deadline = Date.now() + 60_000;
+  let rounds = 0;
+  do {
+    rounds++;
+    const held = Array.from({ length: K }, () => net.connect({ host: VIP, port: 80 }));
+    const lines = await Promise.all(held.map((s) => firstLine(s)));
+    assert.deepEqual(lines, Array(K).fill('b1'), `round ${rounds}: all ${K} served`);
+    const beyond = net.connect({ host: VIP, port: 80 });
+    const t0 = Date.now();
+    assert.match(await firstLine(beyond), /^(closed |error )/, `round ${rounds}: the ${K + 1}th refused`);
+    assert.ok(Date.now() - t0 < 5000, 'refused at once, not left to time out');
+    // each earlier round also served one connection after a close
+    await waitFor(() => c().refused === rounds && c().accepted === rounds * K + rounds - 1, 5000, `round ${rounds}: counted once (accepted ${c().accepted}, refused ${c().refused})`);
+    // Room again once one closes, in whichever process takes the next connection.
+    held.pop()!.destroy();
+    await waitFor(() => c().active === K - 1, 5000, 'the closed connection released');
+    const again = net.connect({ host: VIP, port: 80 });
+    held.push(again);
+    assert.equal(await firstLine(again), 'b1', 'served again once one closed');
+    for (const s of held) s.destroy();
+    await waitFor(() => c().active === 0, 5000, 'every connection closed');
+    if (rounds === 1) fdBase = new Map([['self', openFds()], ...pids.map((pid) => [pid, openFds(pid)] as const)]);
+  } while ((rounds < 3 || p.workerStats().every((w) => w.accepted === 0)) && rounds < 10 && Date.now() < deadline);
+  await waitFor(() => p.workerStats().some((w) => w.accepted > 0), 5000, 'a worker accepted connections');
+  assert.deepEqual(p.workerStats().map((w) => w.pid), pids, 'no worker died');
+  assert.deepEqual(p.workerHealth(), { restarts: 0, forkErrors: 0 });
+  for (const [pid, base] of fdBase) {
+    await waitFor(() => openFds(pid) <= base, 5000, `fds of ${pid} back to baseline ${base} (now ${openFds(pid)})`);
+  }
+});
