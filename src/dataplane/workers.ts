@@ -24,7 +24,7 @@ import type { Logger } from '../log.ts';
 import type { PlannedListener } from '../modes/userspace/plan.ts';
 import type { BalancedEndpoint } from './balancer.ts';
 import type { ForwardCounters } from './tcp.ts';
-import { forkNode, killGroup, type ForkOptions } from '../exec/runner.ts';
+import { forkNode, killGroup, spawnError, type ForkOptions } from '../exec/runner.ts';
 import { KproxyError } from '../errors.ts';
 import { leaseBatch, type CapOwner } from './worker-cap.ts';
 
@@ -155,7 +155,7 @@ export class WorkerPool {
     child.on('message', (m: FromWorker) => this.onMessage(w, m));
     child.on('error', (e) => {
       // No pid: the process never started (node reports EMFILE/EAGAIN here); else an IPC error.
-      if (child.pid === undefined) this.exited(w, () => this.startFailed(index, e));
+      if (child.pid === undefined) this.exited(w, () => this.startFailed(index, spawnError('userspace worker', e)));
       else this.opts.log.warn({ err: e.message, worker: index }, 'userspace worker error');
     });
     child.on('exit', (code, signal) =>

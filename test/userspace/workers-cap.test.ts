@@ -145,7 +145,7 @@ test('3 processes, maxConnections 24: the 25th concurrent connection is refused 
     assert.equal(await firstLine(again), 'b1', 'served again once one closed');
     for (const s of held) s.destroy();
     await waitFor(() => c().active === 0, 5000, 'every connection closed');
-    if (rounds === 1) fdBase = new Map([['self', openFds()], ...pids.map((pid) => [pid, openFds(pid)] as const)]);
+    if (rounds === 1) fdBase = new Map<number | 'self', number>([['self', openFds()], ...pids.map((pid) => [pid, openFds(pid)] as [number, number])]);
   } while ((rounds < 3 || p.workerStats().every((w) => w.accepted === 0)) && rounds < 10 && Date.now() < deadline);
   await waitFor(() => p.workerStats().some((w) => w.accepted > 0), 5000, 'a worker accepted connections');
   assert.deepEqual(p.workerStats().map((w) => w.pid), pids, 'no worker died');

@@ -1,0 +1,121 @@
+// Worker process management (src/dataplane/workers.ts over runner.ts's forkNode): a worker
+// killed with SIGKILL is started again, its listeners serve again, ClientIP affinity holds
+// across the restart; a fork the host refuses (EMFILE thrown, or EAGAIN emitted as 'error')
+// is counted and retried with back-off, never thrown.
+import { after, test } from 'node:test';
+import assert from 'node:assert/strict';
+import type { ChildProcess } from 'node:child_process';
+import { EventEmitter } from 'node:events';
+import { resolveConfig } from '../../src/config/config.ts';
+import { UserspaceProxier } from '../../src/dataplane/proxier.ts';
+import { WorkerPool } from '../../src/dataplane/workers.ts';
+import { forkNode, spawnError, type CommandRunner } from '../../src/exec/runner.ts';
+import { silentLogger } from '../../src/log.ts';
+import { startTcpBackend, tcpExchange } from '../support/backends.ts';
+import { planInput, slice, svc, testConfig, waitFor } from './helpers.ts';
+
+const BACKENDS = ['127.0.26.1', '127.0.26.2', '127.0.26.3'];
+const BP = 20000 + ((process.pid + 19) % 20000);
+const refusingRunner: CommandRunner = {
+  run: async (cmd, args) => {
+    throw new Error(`unexpected command: ${cmd} ${args.join(' ')}`);
+  },
+};
+
+const cleanups: (() => Promise<void> | void)[] = [];
+after(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+/** n connections at once from `from`; the backend id each reached. */
+async function burst(from: string, n: number): Promise<string[]> {
+  const replies = await Promise.all(Array.from({ length: n }, () => tcpExchange('127.0.26.10', 80, 'x', { localAddress: from, timeoutMs: 10_000 })));
+  return replies.map((r) => r.id);
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test('a killed worker is started again: it serves the listeners again and ClientIP affinity still holds', async () => {
+  const backends = await Promise.all(BACKENDS.map((ip, i) => startTcpBackend(ip, BP, `b${i + 1}`)));
+  cleanups.push(async () => {
+    await Promise.all(backends.map((b) => b.close()));
+  });
+  const p = new UserspaceProxier({
+    config: testConfig({ userspace: { workers: 3 } }), log: silentLogger(), runner: refusingRunner, redirect: false,
+    localAddresses: () => [], dialTimeoutsMs: [1000, 1000, 1000, 1000],
+  });
+  cleanups.push(() => p.stop());
+  await p.sync(planInput([
+    svc('sticky', { clusterIP: '127.0.26.10', ports: [{ port: 80 }], affinitySeconds: 600 }),
+    slice('sticky', BACKENDS.map((ip) => ({ ip })), [{ port: BP }]),
+  ]), new Set(), true);
+  const clients = ['127.0.27.1', '127.0.27.2', '127.0.27.3', '127.0.27.4'];
+  const endpointOf = new Map<string, string>();
+  for (const c of clients) {
+    const ids = new Set(await burst(c, 10));
+    assert.equal(ids.size, 1, `client ${c} reached ${[...ids].join(', ')}`);
+    endpointOf.set(c, [...ids][0]);
+  }
+
+  const [victim, other] = p.workerStats().map((w) => w.pid);
+  process.kill(victim, 'SIGKILL');
+  await waitFor(() => p.workerStats().length === 2 && !p.workerStats().some((w) => w.pid === victim), 15_000, 'the killed worker replaced');
+  const fresh = p.workerStats().find((w) => w.pid !== other)!.pid;
+  assert.ok(alive(fresh));
+  assert.deepEqual(p.workerHealth(), { restarts: 1, forkErrors: 0 });
+
+  // Bursts until the new worker has accepted connections (the kernel picks the acceptor),
+  // bounded; every connection of a client still reaches its endpoint.
+  const deadline = Date.now() + 40_000;
+  let rounds = 0;
+  const freshAccepted = () => p.workerStats().find((w) => w.pid === fresh)?.accepted ?? 0;
+  do {
+    for (const c of clients) {
+      for (const id of await burst(c, 10)) assert.equal(id, endpointOf.get(c), `client ${c} kept its endpoint after the restart`);
+    }
+    rounds++;
+  } while (freshAccepted() === 0 && rounds < 20 && Date.now() < deadline);
+  await waitFor(() => freshAccepted() > 0, 5000, 'the restarted worker serves the listener');
+
+  // stop() ends every worker's process group.
+  await p.stop();
+  await waitFor(() => !alive(fresh) && !alive(other), 10_000, 'the workers gone after stop');
+});
+
+test('a fork the host refuses is counted and retried with back-off, never thrown', async () => {
+  let calls = 0;
+  const starts: number[] = [];
+  const fork = (entry: URL, args: string[], opts: { execArgv?: string[] }): ChildProcess => {
+    calls++;
+    starts.push(Date.now());
+    if (calls === 1) throw spawnError('userspace-worker', Object.assign(new Error('spawn EMFILE'), { code: 'EMFILE' }));
+    if (calls === 2) {
+      // node's other way: a child without a pid that emits 'error' on the next tick
+      const fake = Object.assign(new EventEmitter(), { pid: undefined, connected: false, exitCode: null, signalCode: null, send: () => false });
+      setImmediate(() => fake.emit('error', Object.assign(new Error('spawn EAGAIN'), { code: 'EAGAIN' })));
+      return fake as unknown as ChildProcess;
+    }
+    return forkNode(entry, args, opts);
+  };
+  const warnings: string[] = [];
+  const log = Object.assign(silentLogger(), { warn: (o: { code?: string }, msg?: string) => void warnings.push(`${o.code ?? ''} ${msg ?? ''}`) });
+  const pool = new WorkerPool({
+    count: 1, settings: resolveConfig({ mode: 'userspace' }).userspace, log: log as never, pick: () => null, fork, restartDelayMs: 50,
+  });
+  cleanups.push(() => pool.stop());
+  await waitFor(() => pool.stats().length === 1 && alive(pool.stats()[0].pid), 15_000, 'the worker up on the third try');
+  assert.equal(calls, 3);
+  assert.deepEqual(pool.health(), { restarts: 2, forkErrors: 2 });
+  assert.ok(starts[2] - starts[1] >= starts[1] - starts[0], 'the delay grows');
+  assert.ok(warnings.filter((w) => w.startsWith('KPROXY_EXEC_SPAWN_FAILED')).length >= 1, warnings.join('\n'));
+  const pid = pool.stats()[0].pid;
+  await pool.stop();
+  await waitFor(() => !alive(pid), 10_000, 'the worker gone after stop');
+});
