@@ -19,25 +19,7 @@ import { DEFAULT_FACTS, optionsFromConfig } from '../../src/modes/iptables/optio
 import { planIptables } from '../../src/modes/iptables/plan.ts';
 import { chunkLinesFor, DEFAULT_CHUNK_LINES, IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
-
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-function kernelState(k: FakeIptables): string {
-  const out: string[] = [];
-  for (const table of ['filter', 'nat']) {
-    for (const c of k.chains(table).sort()) out.push(`${table} :${c}`, ...k.rules(table, c).map((r) => `${table} -A ${c} ${r}`));
-  }
-  return out.join('\n');
-}
+import { kernelState, rng } from '../support/iptables-state.ts';
 
 /** The nat chains reachable from `chain` (its own service's chains), with their rules. */
 function closure(k: FakeIptables, chain: string): string {

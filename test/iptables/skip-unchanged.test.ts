@@ -11,27 +11,7 @@ import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/proxy
 import { silentLogger } from '../../src/log.ts';
 import { FakeIptables } from '../../src/iptables/fake.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
-
-/** mulberry32: a small seeded PRNG, so a failure replays. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-/** nat and filter of a fake kernel, order-free across chains, rule order kept within. */
-function kernelState(k: FakeIptables): string {
-  const out: string[] = [];
-  for (const table of ['filter', 'nat']) {
-    for (const c of k.chains(table).sort()) out.push(`${table} :${c}`, ...k.rules(table, c).map((r) => `${table} -A ${c} ${r}`));
-  }
-  return out.join('\n');
-}
+import { kernelState, rng } from '../support/iptables-state.ts';
 
 interface Model {
   exists: boolean;

@@ -12,18 +12,12 @@ import { effectiveMaxConnections, fdLimit, processBudgets } from '../../src/data
 import { UserspaceProxier } from '../../src/dataplane/proxier.ts';
 import { newBudget, newCounters } from '../../src/dataplane/tcp.ts';
 import { UdpForwarder, UdpSessionBudget } from '../../src/dataplane/udp.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, startUdpBackend, tcpExchange } from '../support/backends.ts';
-import { firstLine, openFds, planInput, sleep, slice, svc, testConfig, waitFor } from './helpers.ts';
+import { firstLine, openFds, planInput, refusingRunner, sleep, slice, svc, testConfig, waitFor } from './helpers.ts';
 
 const BP = 20000 + ((process.pid + 13) % 20000);
 const VIP = '127.0.24.10';
-const refusingRunner: CommandRunner = {
-  run: async (cmd, args) => {
-    throw new Error(`unexpected command: ${cmd} ${args.join(' ')}`);
-  },
-};
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {

@@ -5,6 +5,7 @@ import type net from 'node:net';
 import { resolveConfig, type ProxyConfig } from '../../src/config/config.ts';
 import { stateOf } from '../../src/conformance/case.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { CommandRunner } from '../../src/exec/runner.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 
 export const NODE = 'node-a';
@@ -62,6 +63,13 @@ export function slice(
     ports: ports.map((p) => ({ name: p.name ?? '', port: p.port, protocol: p.protocol ?? 'TCP' })),
   } as K8sEndpointSlice;
 }
+
+/** A runner for proxiers that must not run any command (no REDIRECT rules: redirect: false). */
+export const refusingRunner: CommandRunner = {
+  run: async (cmd, args) => {
+    throw new Error(`unexpected command: ${cmd} ${args.join(' ')}`);
+  },
+};
 
 export function testConfig(raw: Record<string, unknown> = {}): ProxyConfig {
   return resolveConfig({ mode: 'userspace', ...raw });

@@ -4,18 +4,12 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { UserspaceProxier } from '../../src/dataplane/proxier.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, tcpExchange, type Backend } from '../support/backends.ts';
-import { planInput, slice, svc, testConfig, waitFor } from './helpers.ts';
+import { planInput, refusingRunner, slice, svc, testConfig, waitFor } from './helpers.ts';
 
 const BACKENDS = ['127.0.22.1', '127.0.22.2', '127.0.22.3'];
 const BP = 20000 + ((process.pid + 7) % 20000);
-const refusingRunner: CommandRunner = {
-  run: async (cmd, args) => {
-    throw new Error(`unexpected command: ${cmd} ${args.join(' ')}`);
-  },
-};
 
 const cleanups: (() => Promise<void> | void)[] = [];
 after(async () => {

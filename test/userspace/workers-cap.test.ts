@@ -12,10 +12,9 @@ import { UserspaceProxier } from '../../src/dataplane/proxier.ts';
 import { newBudget } from '../../src/dataplane/tcp.ts';
 import { UdpSessionBudget } from '../../src/dataplane/udp.ts';
 import { CapLease, CapOwner, leaseBatch } from '../../src/dataplane/worker-cap.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend } from '../support/backends.ts';
-import { firstLine, openFds, planInput, slice, svc, testConfig, waitFor } from './helpers.ts';
+import { firstLine, openFds, planInput, refusingRunner, slice, svc, testConfig, waitFor } from './helpers.ts';
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -99,11 +98,6 @@ test('a worker holding more than two batches unused gives the excess back unaske
 
 const BP = 20000 + ((process.pid + 17) % 20000);
 const VIP = '127.0.25.10';
-const refusingRunner: CommandRunner = {
-  run: async (cmd, args) => {
-    throw new Error(`unexpected command: ${cmd} ${args.join(' ')}`);
-  },
-};
 
 test('3 processes, maxConnections 24: the 25th concurrent connection is refused and counted once; kproxy and its workers live; fds return to baseline', async () => {
   const K = 24;
