@@ -26,9 +26,9 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createInterface } from 'node:readline';
 import { Netns, repoRoot, sh, uniqueName, vethPair, waitFor } from '../support/netns.ts';
 import type { KObject } from '../support/apiserver.ts';
+import { ApiServerChild, applyOp, removeOp } from '../support/apiserver-child.ts';
 
 const NS = 't';
 const WEB_IP = '172.30.0.10';
@@ -79,101 +79,10 @@ const nodeObject: KObject = {
   status: { addresses: [{ type: 'InternalIP', address: '192.168.0.2' }] },
 };
 
-// ---------- the API server child ----------
+// ---------- the API server child (test/support/apiserver-child.ts) ----------
 
-interface Reply {
-  id?: number;
-  ok: boolean;
-  result?: unknown;
-  error?: string;
-  event?: string;
-}
-
-interface ApiStatus {
-  running: boolean;
-  resourceVersion: number;
-  watches: number;
-  lists: Record<string, number>;
-  watchRequests: Record<string, number>;
-  firstRequestAfterStartMs: Record<string, number | null>;
-}
-
-/** test/support/apiserver-main.ts inside the node namespace, driven line by line. */
-class ApiServerChild {
-  private nextId = 1;
-  private readonly pending = new Map<number, { resolve: (r: Reply) => void; timer: NodeJS.Timeout }>();
-  private readyResolve?: () => void;
-  readonly ready: Promise<void>;
-  output = '';
-
-  constructor(readonly proc: ChildProcess) {
-    this.ready = new Promise((r) => (this.readyResolve = r));
-    createInterface({ input: proc.stdout! }).on('line', (line) => this.onLine(line));
-    proc.stderr!.on('data', (d: Buffer) => (this.output = (this.output + d.toString()).slice(-4000)));
-  }
-
-  static start(ns: Netns): ApiServerChild {
-    const proc = spawn(
-      'ip',
-      ['netns', 'exec', ns.name, process.execPath, '--import', 'tsx', join(repoRoot, 'test/support/apiserver-main.ts'),
-        '--port', String(API_PORT), '--tls', '--token', TOKEN, '--kubeconfig', kubeconfig],
-      { stdio: ['pipe', 'pipe', 'pipe'], detached: true },
-    );
-    return new ApiServerChild(proc);
-  }
-
-  private onLine(line: string): void {
-    let r: Reply;
-    try {
-      r = JSON.parse(line) as Reply;
-    } catch {
-      this.output += line + '\n';
-      return;
-    }
-    if (r.event === 'ready') return this.readyResolve?.();
-    const p = r.id !== undefined ? this.pending.get(r.id) : undefined;
-    if (!p) return;
-    clearTimeout(p.timer);
-    this.pending.delete(r.id!);
-    p.resolve(r);
-  }
-
-  async call(cmd: Record<string, unknown>): Promise<unknown> {
-    const id = this.nextId++;
-    const reply = await new Promise<Reply>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        this.pending.delete(id);
-        reject(new Error(`API server child: no answer to ${JSON.stringify(cmd)} in 10 s\n${this.output}`));
-      }, 10_000);
-      this.pending.set(id, { resolve, timer });
-      this.proc.stdin!.write(JSON.stringify({ ...cmd, id }) + '\n');
-    });
-    if (!reply.ok) throw new Error(`API server child: ${JSON.stringify(cmd)}: ${reply.error}`);
-    return reply.result;
-  }
-
-  apply(resource: string, object: KObject) {
-    return { op: 'apply', resource, object };
-  }
-  remove(resource: string, name: string) {
-    return { op: 'remove', resource, namespace: NS, name };
-  }
-  batch(...ops: Array<Record<string, unknown>>): Promise<unknown[]> {
-    return this.call({ op: 'batch', ops }) as Promise<unknown[]>;
-  }
-  status(): Promise<ApiStatus> {
-    return this.call({ op: 'status' }) as Promise<ApiStatus>;
-  }
-
-  kill(): void {
-    if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
-    try {
-      process.kill(-this.proc.pid!, 'SIGKILL');
-    } catch {
-      /* gone */
-    }
-  }
-}
+const apply = applyOp;
+const remove = (resource: string, name: string) => removeOp(resource, NS, name);
 
 // ---------- running things in the namespaces (async: the test keeps its event loop) ----------
 
@@ -343,9 +252,9 @@ before(async () => {
     return withTimeout(`backend ${id} READY`, new Promise<void>((r) => p.stdout!.once('data', () => r())), 30_000);
   });
 
-  api = ApiServerChild.start(node);
+  api = ApiServerChild.start(node, { port: API_PORT, token: TOKEN, kubeconfig });
   await withTimeout('API server child ready', api.ready, 30_000).catch((e: Error) => assert.fail(`${e.message}\n${api?.output}`));
-  await api.batch(api.apply('nodes', nodeObject));
+  await api.batch(apply('nodes', nodeObject));
 
   kproxy = node.kproxy(
     ['run', '--mode', 'iptables', '--kubeconfig', kubeconfig, '--hostname-override', 'node-a', '--cluster-cidr', '10.0.0.0/8',
@@ -368,24 +277,24 @@ after(async () => {
 
 test('add, update and delete through the API server reach the data plane within 5 s', async (t) => {
   let t0 = Date.now();
-  await api!.batch(api!.apply('services', service('web', WEB_IP)), api!.apply('endpointslices', slice('web-1', 'web', ['pod-1', 'pod-2'])));
+  await api!.batch(apply('services', service('web', WEB_IP)), apply('endpointslices', slice('web-1', 'web', ['pod-1', 'pod-2'])));
   const addMs = await converge('new service reaches both endpoints', WEB_IP, 6, (r) => only(r, ['pod-1', 'pod-2']) && sees(r, 'pod-1') && sees(r, 'pod-2'), t0);
   await assertReachesExactly(WEB_IP, ['pod-1', 'pod-2']);
 
   t0 = Date.now();
-  await api!.batch(api!.apply('endpointslices', slice('web-1', 'web', ['pod-1', 'pod-2', 'pod-3'])));
+  await api!.batch(apply('endpointslices', slice('web-1', 'web', ['pod-1', 'pod-2', 'pod-3'])));
   const endpointMs = await converge('added endpoint gets traffic', WEB_IP, 6, (r) => only(r, ['pod-1', 'pod-2', 'pod-3']) && sees(r, 'pod-3'), t0, { marker: 'pod-3' });
   await assertReachesExactly(WEB_IP, ['pod-1', 'pod-2', 'pod-3']);
 
   // No endpoints left: the service's traffic is REJECTed (connection refused at once).
   t0 = Date.now();
-  await api!.batch(api!.remove('endpointslices', 'web-1'));
+  await api!.batch(remove('endpointslices', 'web-1'));
   const rejectMs = await converge('service without endpoints is rejected', WEB_IP, 3, refusedOnly, t0, { marker: 'ECONNREFUSED' });
   assert.match(node.exec('iptables-save', ['-t', 'filter']), /t\/web:http has no endpoints.*-j REJECT/);
 
   // Service deleted: its rules go, nothing answers on the ClusterIP any more.
   t0 = Date.now();
-  await api!.batch(api!.remove('services', 'web'));
+  await api!.batch(remove('services', 'web'));
   const deleteMs = await converge('deleted service has no rules', WEB_IP, 1, (r) => Object.keys(r.replies).length === 0 && !r.errors.ECONNREFUSED
     && !/t\/web:http/.test(node.exec('iptables-save', [])), t0, { marker: 'ETIMEDOUT', timeoutS: 0.5 });
   t.diagnostic(`service added ${addMs} ms, endpoint added ${endpointMs} ms, endpoints removed → REJECT ${rejectMs} ms, service deleted ${deleteMs} ms`);
@@ -393,13 +302,13 @@ test('add, update and delete through the API server reach the data plane within 
 
 test('a dropped watch loses no event: the watch resumes from its resourceVersion', async (t) => {
   let t0 = Date.now();
-  await api!.batch(api!.apply('services', service('web', WEB_IP)), api!.apply('endpointslices', slice('web-1', 'web', ['pod-1'])));
+  await api!.batch(apply('services', service('web', WEB_IP)), apply('endpointslices', slice('web-1', 'web', ['pod-1'])));
   await converge('service back', WEB_IP, 3, (r) => only(r, ['pod-1']), t0);
   const before = await api!.status();
 
   // Cut every stream and change an endpoint before any client can reconnect (one batch).
   t0 = Date.now();
-  const [dropped] = await api!.batch({ op: 'dropWatches' }, api!.apply('endpointslices', slice('web-1', 'web', ['pod-1', 'pod-2'])));
+  const [dropped] = await api!.batch({ op: 'dropWatches' }, apply('endpointslices', slice('web-1', 'web', ['pod-1', 'pod-2'])));
   assert.ok((dropped as number) >= 3, `services, endpointslices and node watches were open (${dropped})`);
   const ms = await converge('endpoint added while the watch was down', WEB_IP, 6, (r) => only(r, ['pod-1', 'pod-2']) && sees(r, 'pod-2'), t0, { marker: 'pod-2' });
   await assertReachesExactly(WEB_IP, ['pod-1', 'pod-2']);
@@ -413,7 +322,7 @@ test('a dropped watch loses no event: the watch resumes from its resourceVersion
 
 test('410 Gone: history compacted while the watch was down → relist converges, deletes included', async (t) => {
   let t0 = Date.now();
-  await api!.batch(api!.apply('services', service('old', OLD_IP)), api!.apply('endpointslices', slice('old-1', 'old', ['pod-3'])));
+  await api!.batch(apply('services', service('old', OLD_IP)), apply('endpointslices', slice('old-1', 'old', ['pod-3'])));
   await converge('second service up', OLD_IP, 2, (r) => only(r, ['pod-3']), t0);
   const before = await api!.status();
 
@@ -422,10 +331,10 @@ test('410 Gone: history compacted while the watch was down → relist converges,
   t0 = Date.now();
   await api!.batch(
     { op: 'dropWatches' },
-    api!.remove('services', 'old'),
+    remove('services', 'old'),
     { op: 'compact' },
-    api!.apply('endpointslices', slice('web-1', 'web', ['pod-2', 'pod-3'])),
-    api!.remove('endpointslices', 'old-1'),
+    apply('endpointslices', slice('web-1', 'web', ['pod-2', 'pod-3'])),
+    remove('endpointslices', 'old-1'),
   );
   const updateMs = await converge('update after 410', WEB_IP, 6, (r) => only(r, ['pod-2', 'pod-3']) && sees(r, 'pod-3'), t0, { marker: 'pod-3' });
   const deleteMs = await converge('service deleted during the gap', OLD_IP, 1, (r) => Object.keys(r.replies).length === 0 && !r.errors.ECONNREFUSED
@@ -475,7 +384,7 @@ test('API server down for 30 s: traffic and rules untouched, /healthz shows stal
   assert.ok(prevStale >= OUTAGE_MS / 1000 - 5, `staleSeconds reached ${prevStale}`);
 
   // Back, with a change made while it was away.
-  await api!.batch(api!.apply('endpointslices', slice('web-1', 'web', ['pod-1', 'pod-2'])));
+  await api!.batch(apply('endpointslices', slice('web-1', 'web', ['pod-1', 'pod-2'])));
   const outageMs = Date.now() - down;
   await api!.call({ op: 'start' });
   const up = Date.now();

@@ -7,6 +7,26 @@ import { join } from 'node:path';
 import { repoRoot, type Netns } from './netns.ts';
 import type { KObject } from './apiserver.ts';
 
+/** What the child's `status` command reports (see apiserver-main.ts). */
+export interface ApiStatus {
+  running: boolean;
+  resourceVersion: number;
+  watches: number;
+  lists: Record<string, number>;
+  watchRequests: Record<string, number>;
+  firstRequestAfterStartMs: Record<string, number | null>;
+}
+
+/** One command of a batch: create or replace an object. */
+export function applyOp(resource: string, object: KObject): Record<string, unknown> {
+  return { op: 'apply', resource, object };
+}
+
+/** One command of a batch: delete an object. */
+export function removeOp(resource: string, namespace: string, name: string): Record<string, unknown> {
+  return { op: 'remove', resource, namespace, name };
+}
+
 interface Reply {
   id?: number;
   ok: boolean;
@@ -71,7 +91,16 @@ export class ApiServerChild {
 
   /** Creates or replaces objects, back to back. */
   apply(...items: Array<[resource: string, object: KObject]>): Promise<unknown> {
-    return this.call({ op: 'batch', ops: items.map(([resource, object]) => ({ op: 'apply', resource, object })) });
+    return this.batch(...items.map(([resource, object]) => applyOp(resource, object)));
+  }
+
+  /** Runs commands (applyOp, removeOp, {op: 'dropWatches'}, ...) back to back; one result each. */
+  batch(...ops: Array<Record<string, unknown>>): Promise<unknown[]> {
+    return this.call({ op: 'batch', ops }) as Promise<unknown[]>;
+  }
+
+  status(): Promise<ApiStatus> {
+    return this.call({ op: 'status' }) as Promise<ApiStatus>;
   }
 
   kill(): void {
