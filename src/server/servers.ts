@@ -370,6 +370,34 @@ export class Metrics {
 
   private readonly usPlanRefused = new client.Gauge({ name: 'kproxy_userspace_refused_service_ports', help: 'Service ports the userspace mode refuses at plan time (reason="sctp": Node has no SCTP sockets)', labelNames: ['reason'], registers: [this.registry] });
 
+  private readonly usWorkers = new client.Gauge({ name: 'kproxy_userspace_workers', help: 'userspace.workers processes running besides kproxy\'s own', registers: [this.registry] });
+  private readonly usWorkerRestarts = new client.Counter({ name: 'kproxy_userspace_worker_restarts_total', help: 'userspace worker processes started again after an exit or a refused start', registers: [this.registry] });
+  private readonly usWorkerStartFailures = new client.Counter({ name: 'kproxy_userspace_worker_start_failures_total', help: 'userspace worker starts the host refused (EMFILE, EAGAIN, ...)', registers: [this.registry] });
+  private usWorkersSeen = { restarts: 0, failures: 0 };
+
+  /** The userspace worker processes (userspace.workers > 1), summed over the families. */
+  collectUserspaceWorkers(proxiers: unknown): void {
+    let live = 0;
+    let restarts = 0;
+    let failures = 0;
+    let any = false;
+    for (const proxier of Array.isArray(proxiers) ? proxiers : [proxiers]) {
+      const p = proxier as Partial<UserspaceProxier> | null;
+      const h = p && typeof p.workerHealth === 'function' ? p.workerHealth() : null;
+      if (!h || typeof p?.workerStats !== 'function') continue;
+      any = true;
+      live += p.workerStats().filter((w) => w.pid > 0).length;
+      restarts += h.restarts;
+      failures += h.forkErrors;
+    }
+    if (!any) return;
+    this.usWorkers.set(live);
+    // the pools keep monotonic totals; the counters get the deltas
+    if (restarts > this.usWorkersSeen.restarts) this.usWorkerRestarts.inc(restarts - this.usWorkersSeen.restarts);
+    if (failures > this.usWorkersSeen.failures) this.usWorkerStartFailures.inc(failures - this.usWorkersSeen.failures);
+    this.usWorkersSeen = { restarts, failures };
+  }
+
   /** Service ports the userspace proxiers refuse at plan time (SCTP), summed over the families. */
   collectUserspaceRefusals(proxiers: unknown): void {
     let sctp: number | null = null;
@@ -420,6 +448,7 @@ export async function startServers(deps: ServerDeps, healthzAddr: string, metric
     if (url.startsWith('/metrics')) {
       metrics.collectUserspace(deps.ctrl.families.map((f) => f.proxier));
       metrics.collectUserspaceRefusals(deps.ctrl.families.map((f) => f.proxier));
+      metrics.collectUserspaceWorkers(deps.ctrl.families.map((f) => f.proxier));
       res.writeHead(200, { 'content-type': metrics.registry.contentType });
       return res.end(await metrics.registry.metrics());
     }

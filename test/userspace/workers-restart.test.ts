@@ -11,6 +11,7 @@ import { UserspaceProxier } from '../../src/dataplane/proxier.ts';
 import { WorkerPool } from '../../src/dataplane/workers.ts';
 import { forkNode, spawnError } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
+import { Metrics } from '../../src/server/servers.ts';
 import { startTcpBackend, tcpExchange } from '../support/backends.ts';
 import { planInput, refusingRunner, slice, svc, testConfig, waitFor } from './helpers.ts';
 
@@ -65,6 +66,12 @@ test('a killed worker is started again: it serves the listeners again and Client
   const fresh = p.workerStats().find((w) => w.pid !== other)!.pid;
   assert.ok(alive(fresh));
   assert.deepEqual(p.workerHealth(), { restarts: 1, forkErrors: 0 });
+  const m = new Metrics({ mode: 'userspace', processMetrics: false });
+  m.collectUserspaceWorkers([p]);
+  const text = await m.registry.metrics();
+  assert.match(text, /^kproxy_userspace_worker_restarts_total 1$/m);
+  assert.match(text, /^kproxy_userspace_workers 2$/m);
+  assert.match(text, /^kproxy_userspace_worker_start_failures_total 0$/m);
 
   // Bursts until the new worker has accepted connections (the kernel picks the acceptor),
   // bounded; every connection of a client still reaches its endpoint.
