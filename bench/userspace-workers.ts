@@ -7,7 +7,10 @@
 // repetition; each figure is the median of --repeat runs of --duration seconds:
 //   new conn/s                 wrk -t1 -c16 -H 'Connection: close' (each request a connection)
 //   keep-alive req/s (c=32)    wrk -t1 -c32
-// The 1-minute load average is read before every repetition and reported with the figures.
+// The 1-minute load average is read before every run and reported with the figures. On a
+// shared machine the rates depend on the CPU share each variant wins, so the CPU time the
+// variant's process tree used (utime + stime from /proc, every worker included) is measured
+// too: requests per CPU-second is the cost figure the machine's load does not skew much.
 //
 //   sudo scripts/bench-install.sh     # nginx, wrk
 //   sudo node --import tsx bench/userspace-workers.ts [--workers-list 1,2,3,4] [--duration 3]
@@ -19,12 +22,15 @@ import { availableParallelism, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { Netns, repoRoot, uniqueName } from '../test/support/netns.ts';
-import { BACKEND, HTTP_PORT, inNs, median, nginxBackendConf, parseWrk, waitListening } from './userspace.ts';
+import { BACKEND, HTTP_PORT, inNs, median, nginxBackendConf, parseWrk, processTree, waitListening } from './userspace.ts';
 
 export interface WorkersRun {
   connPerSec: number;
   keepAliveRps: number;
   load1: number;
+  /** requests per CPU-second of the proxy's process tree (NaN for direct) */
+  connPerCpuSec?: number;
+  keepAlivePerCpuSec?: number;
 }
 export interface WorkersVariant {
   key: string;
@@ -85,42 +91,77 @@ function load1(): number {
   return Number(readFileSync('/proc/loadavg', 'utf8').split(' ')[0]);
 }
 
+const CLK_TCK = 100;
+
+/** CPU seconds (user + system) used so far by a process and everything below it. */
+function treeCpuSeconds(pid: number | undefined): number {
+  if (!pid) return NaN;
+  let ticks = 0;
+  for (const p of processTree(pid)) {
+    try {
+      const stat = readFileSync(`/proc/${p}/stat`, 'utf8');
+      const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      ticks += Number(f[11]) + Number(f[12]);
+    } catch {
+      // gone
+    }
+  }
+  return ticks / CLK_TCK;
+}
+
+/** wrk's total requests ("N requests in 3.00s"). */
+function wrkRequests(out: string): number {
+  return Number(/(\d+) requests in/.exec(out)?.[1] ?? NaN);
+}
+
+async function wrkWithCpu(ns: Netns, t: Target, args: string[], limit: number): Promise<{ rps: number; perCpuSec: number; errors: number }> {
+  const c0 = treeCpuSeconds(t.proc?.pid);
+  const out = await inNs(ns, 'wrk', args, limit);
+  const cpu = treeCpuSeconds(t.proc?.pid) - c0;
+  const r = parseWrk(out);
+  return { rps: r.rps, perCpuSec: cpu > 0 ? wrkRequests(out) / cpu : NaN, errors: r.errors };
+}
+
 async function measure(ns: Netns, t: Target, durationS: number): Promise<WorkersRun> {
   const url = `http://${t.host}:${t.port}/`;
   const limit = (durationS + 30) * 1000;
   const load = load1();
-  const close = parseWrk(await inNs(ns, 'wrk', ['-t1', '-c16', `-d${durationS}s`, '-H', 'Connection: close', url], limit));
-  const ka = parseWrk(await inNs(ns, 'wrk', ['-t1', '-c32', `-d${durationS}s`, url], limit));
+  const close = await wrkWithCpu(ns, t, ['-t1', '-c16', `-d${durationS}s`, '-H', 'Connection: close', url], limit);
+  const ka = await wrkWithCpu(ns, t, ['-t1', '-c32', `-d${durationS}s`, url], limit);
   if (close.errors + ka.errors > 0) process.stderr.write(`  ${t.key}: ${close.errors + ka.errors} socket errors / non-2xx\n`);
-  return { connPerSec: close.rps, keepAliveRps: ka.rps, load1: load };
+  return { connPerSec: close.rps, keepAliveRps: ka.rps, load1: load, connPerCpuSec: close.perCpuSec, keepAlivePerCpuSec: ka.perCpuSec };
 }
 
 const fmt = (v: number, d = 0) => (Number.isFinite(v) ? v.toLocaleString('en-US', { maximumFractionDigits: d, minimumFractionDigits: d }) : 'n/a');
 
-function medians(v: WorkersVariant): { conn: number; ka: number; load: number } {
-  return { conn: median(v.runs.map((r) => r.connPerSec)), ka: median(v.runs.map((r) => r.keepAliveRps)), load: median(v.runs.map((r) => r.load1)) };
+function medians(v: WorkersVariant): { conn: number; ka: number; load: number; connCpu: number; kaCpu: number } {
+  const m = (f: (r: WorkersRun) => number | undefined) => median(v.runs.map((r) => f(r) ?? NaN));
+  return { conn: m((r) => r.connPerSec), ka: m((r) => r.keepAliveRps), load: m((r) => r.load1), connCpu: m((r) => r.connPerCpuSec), kaCpu: m((r) => r.keepAlivePerCpuSec) };
 }
 
 export function workersMarkdown(r: WorkersReport): string {
   const one = r.variants.find((v) => v.workers === 1 && v.maxConnections === 0);
   const base = one ? medians(one) : null;
   const lines = [
-    '| variant | new conn/s (Connection: close) | × 1 worker | keep-alive req/s (c=32) | × 1 worker | runs | load (1 min, median) |',
-    '|---|---:|---:|---:|---:|---:|---:|',
+    '| variant | new conn/s (Connection: close) | × 1 worker | conn / CPU-s | keep-alive req/s (c=32) | × 1 worker | req / CPU-s | runs | load (1 min, median) |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|',
   ];
   for (const v of r.variants) {
     const m = medians(v);
     const x = (a: number, b: number | undefined) => (b && v.workers > 0 && Number.isFinite(a / b) ? `${fmt(a / b, 2)}×` : '–');
-    lines.push(`| ${v.name}${v.error ? ' (failed)' : ''} | ${fmt(m.conn)} | ${x(m.conn, base?.conn)} | ${fmt(m.ka)} | ${x(m.ka, base?.ka)} | ${v.runs.length} | ${fmt(m.load, 2)} |`);
+    const cpu = (a: number) => (Number.isFinite(a) ? fmt(a) : '–');
+    lines.push(`| ${v.name}${v.error ? ' (failed)' : ''} | ${fmt(m.conn)} | ${x(m.conn, base?.conn)} | ${cpu(m.connCpu)} | ${fmt(m.ka)} | ${x(m.ka, base?.ka)} | ${cpu(m.kaCpu)} | ${v.runs.length} | ${fmt(m.load, 2)} |`);
   }
   return lines.join('\n');
 }
 
-/** Two bar panels (conn/s, keep-alive req/s), one bar per variant. */
+/** Bar panels (conn/s, keep-alive req/s, and each per CPU-second), one bar per variant. */
 export function workersSvg(r: WorkersReport): string {
   const panels = [
     { title: 'new connections / s (Connection: close, c=16)', pick: (v: WorkersVariant) => medians(v).conn },
     { title: 'keep-alive requests / s (c=32)', pick: (v: WorkersVariant) => medians(v).ka },
+    { title: 'new connections per CPU-second of kproxy (all its processes)', pick: (v: WorkersVariant) => medians(v).connCpu },
+    { title: 'keep-alive requests per CPU-second of kproxy', pick: (v: WorkersVariant) => medians(v).kaCpu },
   ];
   const barH = 16;
   const panelH = 34 + r.variants.length * (barH + 4);
