@@ -123,6 +123,8 @@ export class WorkerPool {
   private readonly seq = ++poolSeq;
   private generation = 0;
   private readonly counts: WorkerPoolStats = { restarts: 0, forkErrors: 0 };
+  /** the totals of workers that exited */
+  private readonly retired = new Map<string, ForwardCounters>();
 
   constructor(private readonly opts: WorkerPoolOptions) {
     for (let i = 0; i < opts.count; i++) {
@@ -173,12 +175,14 @@ export class WorkerPool {
     return this.opts.cap ? leaseBatch(this.opts.cap.max, this.opts.count + 1) : 0;
   }
 
-  /** Once per worker process: forget it (its lease, its counters' share stays counted) and react. */
+  /** Once per worker process: forget it (its lease; its totals stay counted) and react. */
   private exited(w: Worker, then: () => void): void {
     if (w.gone) return;
     w.gone = true;
     w.markReady();
     this.opts.cap?.detach(w.id);
+    // Totals stay monotonic for the metrics; its open connections died with it.
+    for (const [k, c] of w.totals) addCounters(this.retired, k, { ...c, active: 0 });
     if (this.workers[w.index] === w) this.workers[w.index] = null;
     if (!this.stopped) then();
   }
@@ -334,13 +338,10 @@ export class WorkerPool {
   /** Totals per "servicePort|protocol" over every worker. */
   counters(): Map<string, ForwardCounters> {
     const out = new Map<string, ForwardCounters>();
+    for (const [k, c] of this.retired) addCounters(out, k, c);
     for (const w of this.workers) {
       if (!w) continue;
-      for (const [k, c] of w.totals) {
-        const s = out.get(k);
-        if (!s) out.set(k, { ...c });
-        else for (const f of Object.keys(c) as (keyof ForwardCounters)[]) s[f] += c[f];
-      }
+      for (const [k, c] of w.totals) addCounters(out, k, c);
     }
     return out;
   }
@@ -374,4 +375,10 @@ export class WorkerPool {
       });
     }));
   }
+}
+
+function addCounters(into: Map<string, ForwardCounters>, key: string, c: ForwardCounters): void {
+  const s = into.get(key);
+  if (!s) into.set(key, { ...c });
+  else for (const f of Object.keys(c) as (keyof ForwardCounters)[]) s[f] += c[f];
 }

@@ -60,6 +60,9 @@ test('a killed worker is started again: it serves the listeners again and Client
     endpointOf.set(c, [...ids][0]);
   }
 
+  // Every connection so far counted (workers report every half second), then one worker killed.
+  const accepted = () => p.counters().find((c) => c.servicePort.includes('sticky'))!.accepted;
+  await waitFor(() => accepted() === clients.length * 10, 5000, 'the first connections counted');
   const [victim, other] = p.workerStats().map((w) => w.pid);
   process.kill(victim, 'SIGKILL');
   await waitFor(() => p.workerStats().length === 2 && !p.workerStats().some((w) => w.pid === victim), 15_000, 'the killed worker replaced');
@@ -85,6 +88,8 @@ test('a killed worker is started again: it serves the listeners again and Client
     rounds++;
   } while (freshAccepted() === 0 && rounds < 20 && Date.now() < deadline);
   await waitFor(() => freshAccepted() > 0, 5000, 'the restarted worker serves the listener');
+  // The killed worker's connections still count: the totals never go down.
+  await waitFor(() => accepted() === clients.length * 10 * (rounds + 1), 5000, `every connection counted once (${accepted()})`);
 
   // stop() ends every worker's process group.
   await p.stop();

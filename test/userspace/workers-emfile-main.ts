@@ -1,0 +1,30 @@
+// Helper of test/userspace/workers-emfile.test.ts, run under `prlimit --nofile=N`: takes every
+// free fd, starts a WorkerPool of one worker (whose fork fails: EMFILE), waits, gives the fds
+// back, waits for the worker to come up, and prints one JSON line:
+//   {"held": fds taken, "during": pool health while out of fds, "after": health once up, "pid": worker pid}
+// It must exit 0 by itself: a crash is what the test looks for.
+import { openSync, closeSync } from 'node:fs';
+import { resolveConfig } from '../../src/config/config.ts';
+import { WorkerPool } from '../../src/dataplane/workers.ts';
+import { silentLogger } from '../../src/log.ts';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const held: number[] = [];
+for (let i = 0; i < 100_000; i++) {
+  try {
+    held.push(openSync('/dev/null', 'r'));
+  } catch {
+    break;
+  }
+}
+const pool = new WorkerPool({ count: 1, settings: resolveConfig({ mode: 'userspace' }).userspace, log: silentLogger(), pick: () => null, restartDelayMs: 100 });
+await sleep(700);
+const during = pool.health();
+const taken = held.length;
+for (const fd of held.splice(0)) closeSync(fd);
+const deadline = Date.now() + 30_000;
+while (Date.now() < deadline && !(pool.stats()[0]?.pid > 0)) await sleep(100);
+const pid = pool.stats()[0]?.pid ?? 0;
+process.stdout.write(`${JSON.stringify({ held: taken, during, after: pool.health(), pid })}\n`);
+await pool.stop();
+process.exit(0);
