@@ -195,7 +195,7 @@ function targets(list: number[], cap: number): Target[] {
   list.forEach((n, i) => out.push({ key: `w${n}`, name: `kproxy, ${n} worker${n > 1 ? 's' : ''}`, workers: n, maxConnections: 0, runs: [], host: `127.0.0.${20 + i}`, port: 80 }));
   const most = Math.max(...list);
   if (cap > 0 && most > 1) {
-    out.push({ key: `w${most}-cap`, name: `kproxy, ${most} workers, maxConnections ${cap}`, workers: most, maxConnections: cap, runs: [], host: '127.0.0.40', port: 80 });
+    out.push({ key: `w${most}-cap`, name: `kproxy, ${most} workers, cap ${cap}`, workers: most, maxConnections: cap, runs: [], host: '127.0.0.40', port: 80 });
   }
   return out;
 }
