@@ -106,3 +106,12 @@ test('nothing under src/core or src/modes reaches host code, however indirectly'
   }
   assert.deepEqual(offences, []);
 });
+
+test('processes start only in src/exec (runner.ts: argument arrays, time limits, process groups)', () => {
+  const offences: string[] = [];
+  for (const [file, targets] of importGraph()) {
+    if (file.startsWith('src:exec/')) continue;
+    if (targets.includes('node:child_process')) offences.push(file.replace(/^src:/, ''));
+  }
+  assert.deepEqual(offences, [], 'start processes through src/exec/runner.ts (run, or forkNode for a Node child with IPC)');
+});
