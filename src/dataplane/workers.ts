@@ -8,7 +8,7 @@
 // same endpoint whichever process accepted it. UDP stays in kproxy's process (its sessions
 // are per client address and need one owner).
 //
-// Workers are node processes started with src/exec/runner.ts's forkNode (an argument array,
+// Workers are forked at the first TCP listener (ensureStarted), as node processes started with src/exec/runner.ts's forkNode (an argument array,
 // an IPC channel, their own process group): the pool supervises them. One that exits is
 // started again after a back-off (1 s, doubling to 30 s; back to 1 s once a worker lived
 // 10 s) and given every listener; a fork the host refuses (EMFILE, EAGAIN) is logged,
@@ -92,6 +92,8 @@ interface Worker {
   accepted: number;
   /** set once the pool knows this process is gone */
   gone: boolean;
+  /** resolves once it was sent what the pool holds (balancers, listeners) */
+  replayed?: Promise<void>;
 }
 
 const CLOSE_ACK_MS = 3000;
@@ -123,6 +125,7 @@ export class WorkerPool {
   private readonly seq = ++poolSeq;
   private generation = 0;
   private readonly counts: WorkerPoolStats = { restarts: 0, forkErrors: 0 };
+  private started: Promise<void> | null = null;
   /** the totals of workers that exited */
   private readonly retired = new Map<string, ForwardCounters>();
 
@@ -130,8 +133,21 @@ export class WorkerPool {
     for (let i = 0; i < opts.count; i++) {
       this.workers.push(null);
       this.backoff.push(this.firstDelay);
-      this.start(i);
     }
+  }
+
+  /**
+   * Forks the workers, once: at the first TCP listener (a proxier with none, e.g. the IPv6
+   * one of a node without IPv6 Services, starts no process). Each is sent what the pool holds.
+   */
+  ensureStarted(): Promise<void> {
+    if (!this.started) {
+      this.started = (async () => {
+        for (let i = 0; i < this.opts.count; i++) this.start(i);
+        await Promise.all(this.workers.map((w) => w?.replayed));
+      })();
+    }
+    return this.started;
   }
 
   private get firstDelay(): number {
@@ -139,7 +155,7 @@ export class WorkerPool {
   }
 
   /** Forks worker `index`; a refused fork schedules another try, it never throws. */
-  private start(index: number, again = false): void {
+  private start(index: number): void {
     const { url, execArgv } = this.opts.entry ? { url: this.opts.entry, execArgv: this.opts.entry.pathname.endsWith('.ts') ? ['--import', 'tsx'] : [] } : workerEntry();
     const fork = this.opts.fork ?? forkNode;
     let child: ChildProcess;
@@ -168,7 +184,7 @@ export class WorkerPool {
       }),
     );
     void this.send(w, { op: 'init', settings: this.opts.settings, workers: this.opts.count + 1, dialTimeoutsMs: this.opts.dialTimeoutsMs, capBatch: this.capBatch });
-    if (again) void this.replay(w);
+    w.replayed = this.replay(w);
   }
 
   private get capBatch(): number {
@@ -202,7 +218,7 @@ export class WorkerPool {
       this.restartTimers.delete(t);
       if (this.stopped || this.workers[index]) return;
       this.counts.restarts++;
-      this.start(index, true);
+      this.start(index);
     }, delay);
     t.unref();
     this.restartTimers.add(t);
@@ -299,6 +315,8 @@ export class WorkerPool {
   /** Gives every worker a copy of a listening TCP socket. */
   async addListener(plan: PlannedListener, server: net.Server): Promise<void> {
     this.listeners.set(plan.id, { plan, server });
+    // The first listener starts the workers, whose start sends every listener held.
+    if (!this.started) return this.ensureStarted();
     await Promise.all(this.workers.map(async (w) => {
       if (!w) return;
       await w.ready;

@@ -18,6 +18,7 @@ for (let i = 0; i < 100_000; i++) {
   }
 }
 const pool = new WorkerPool({ count: 1, settings: resolveConfig({ mode: 'userspace' }).userspace, log: silentLogger(), pick: () => null, restartDelayMs: 100 });
+void pool.ensureStarted();
 await sleep(700);
 const during = pool.health();
 const taken = held.length;

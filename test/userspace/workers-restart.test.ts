@@ -117,6 +117,8 @@ test('a fork the host refuses is counted and retried with back-off, never thrown
     count: 1, settings: resolveConfig({ mode: 'userspace' }).userspace, log: log as never, pick: () => null, fork, restartDelayMs: 50,
   });
   cleanups.push(() => pool.stop());
+  assert.equal(pool.stats().length, 0, 'no process before the first listener');
+  void pool.ensureStarted();
   await waitFor(() => pool.stats().length === 1 && pool.stats()[0].pid > 0 && alive(pool.stats()[0].pid), 15_000, 'the worker up on the third try');
   assert.equal(calls, 3);
   assert.deepEqual(pool.health(), { restarts: 2, forkErrors: 2 });
@@ -127,4 +129,15 @@ test('a fork the host refuses is counted and retried with back-off, never thrown
   const pid = pool.stats()[0].pid;
   await pool.stop();
   await waitFor(() => !alive(pid), 10_000, 'the worker gone after stop');
+});
+
+test('a proxier without TCP listeners (e.g. the IPv6 one of a node without IPv6 Services) forks no worker', async () => {
+  const p = new UserspaceProxier({ config: testConfig({ userspace: { workers: 3 } }), log: silentLogger(), runner: refusingRunner, redirect: false, localAddresses: () => [] });
+  cleanups.push(() => p.stop());
+  await p.sync(planInput([
+    svc('dns', { clusterIP: '127.0.26.20', ports: [{ port: 53, protocol: 'UDP' }] }),
+    slice('dns', [{ ip: '127.0.26.1' }], [{ port: 5353, protocol: 'UDP' }]),
+  ]), new Set(), true);
+  assert.match(p.dump(), /UDP/, 'the UDP listener is open');
+  assert.deepEqual(p.workerStats(), [], 'UDP stays in kproxy\'s process: no worker needed');
 });
