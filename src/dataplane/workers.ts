@@ -102,6 +102,7 @@ const RESTART_MAX_MS = 30_000;
 /** a worker that lived this long starts the back-off again from its first step */
 const STABLE_MS = 10_000;
 const RECLAIM_ACK_MS = 1000;
+const READY_MS = 30_000;
 const STOP_GRACE_MS = 3000;
 
 let poolSeq = 0;
@@ -165,8 +166,19 @@ export class WorkerPool {
       this.startFailed(index, e);
       return;
     }
-    let markReady: () => void = () => {};
-    const ready = new Promise<void>((r) => (markReady = r));
+    let resolveReady: () => void = () => {};
+    const ready = new Promise<void>((r) => (resolveReady = r));
+    // A worker that never says ready must not hold up the sync: killed (and so restarted).
+    const readyTimer = setTimeout(() => {
+      this.opts.log.warn({ worker: index, pid: child.pid }, `userspace worker not ready within ${READY_MS} ms; killing it`);
+      killGroup(child);
+      resolveReady();
+    }, READY_MS);
+    readyTimer.unref();
+    const markReady = () => {
+      clearTimeout(readyTimer);
+      resolveReady();
+    };
     const w: Worker = { index, id: `${this.seq}.${index}.${++this.generation}`, child, ready, markReady, startedAt: Date.now(), totals: new Map(), accepted: 0, gone: false };
     this.workers[index] = w;
     this.opts.cap?.attach(w.id, { reclaim: () => this.reclaim(w) });
