@@ -96,6 +96,16 @@ test('a worker holding more than two batches unused gives the excess back unaske
   assert.equal(owner.free, 100 - leases[0].lease);
 });
 
+test('a worker that dies gives its whole lease back: its connections died with it', async () => {
+  const { owner, leases } = simulated(10, 2);
+  const got = await Promise.all(Array.from({ length: 10 }, () => leases[0].take()));
+  assert.equal(got.filter(Boolean).length, 10);
+  assert.equal(await owner.local.take(), false, 'the node is full');
+  owner.detach('w0');
+  assert.equal(owner.free, 10);
+  assert.equal(await leases[1].take(), true, 'another process gets room at once');
+});
+
 const BP = 20000 + ((process.pid + 17) % 20000);
 const VIP = '127.0.25.10';
 
