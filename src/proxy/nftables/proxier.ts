@@ -37,6 +37,10 @@ export class NftProxier implements Proxier {
   /** retired chain → when it was flushed */
   private readonly staleChains = new Map<string, number>();
   private lastTransaction = '';
+  /** whether the last syncAttempt wrote a partial transaction */
+  private lastAttemptPartial = false;
+  /** partial transactions refused and repaired by a full sync in the same call (tests, /debug) */
+  partialFallbacks = 0;
   /** per-port fragments kept between syncs, so a partial sync replans only what changed */
   readonly planner = new IncrementalPlanner();
   /** what `applied` was assembled from, for dump() in planRuleset's order */
@@ -95,11 +99,22 @@ export class NftProxier implements Proxier {
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     this.exclusions.startSync(changed, full);
     (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(input);
+    let fellBack = false;
     for (let retry = 0; ; retry++) {
       try {
         const stats = await this.syncAttempt({ ...input, state: this.exclusions.filter(input.state) }, changed, full);
         return this.exclusions.size ? { ...stats, excludedServices: this.exclusions.keys() } : stats;
       } catch (e) {
+        // A refused partial transaction most likely means the table is not what kproxy last
+        // wrote (changed or deleted behind its back: a partial sync has no `add table`);
+        // a full sync in the same call repairs it. Only a full sync's refusal isolates Services.
+        if (this.lastAttemptPartial && !fellBack && e instanceof NftApplyError) {
+          fellBack = true;
+          this.partialFallbacks++;
+          this.log.warn({ err: (e as Error).message }, coded('KPROXY_NFT_APPLY', 'partial sync refused; running a full sync now'));
+          retry--;
+          continue;
+        }
         if (!(e instanceof NftApplyError) || retry >= MAX_ISOLATION_RETRIES || !this.excludeRefused(e)) throw e;
       }
     }
@@ -135,14 +150,15 @@ export class NftProxier implements Proxier {
     const family = desired.family;
 
     let tx: Transaction;
-    if (fullSync || this.needFull || !this.applied) {
+    this.lastAttemptPartial = !(fullSync || this.needFull || !this.applied);
+    if (!this.lastAttemptPartial) {
       const live = await this.liveNames(family);
       tx = fullTransaction(desired, live, { recreateBaseChains: !this.baseChainsRecreated });
     } else if (plan.previous) {
       tx = partialTransactionFor(desired, plan.previous);
     } else {
       // The options changed (e.g. node addresses): every port was replanned, diff it all.
-      tx = partialTransaction(desired, this.applied);
+      tx = partialTransaction(desired, this.applied!);
     }
     if (tx.ops > 0) {
       this.lastTransaction = tx.text;
