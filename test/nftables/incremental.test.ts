@@ -13,7 +13,7 @@ import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
 import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
-import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
+import { countObjects, dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { partialTransaction } from '../../src/modes/nftables/transaction.ts';
 import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
 
@@ -117,8 +117,10 @@ test('a partial sync replans only the changed service and yields the full render
     assert.equal(changed.size, 1, step.name);
     const before = proxier.planner.plannedTotal;
     const prevTx = proxier.lastTransactionText();
-    await proxier.sync(input, changed, false);
+    const stats = await proxier.sync(input, changed, false);
     assert.equal(proxier.planner.plannedTotal - before, step.planned, `${step.name}: ports replanned`);
+    // The object count is kept by the patch, not recounted: it must equal a recount.
+    assert.equal(stats.rulesTotal, countObjects(planRuleset(tracker.state, o)), `${step.name}: rulesTotal`);
 
     const fullRender = dumpRuleset(planRuleset(tracker.state, o));
     assert.equal(proxier.dump(), fullRender, `${step.name}: the proxier's table is the full render`);

@@ -6,10 +6,11 @@ import type { CommandRunner } from '../../exec/runner.ts';
 import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
+import type { ServicePort } from '../../core/model.ts';
 import { parseNftText } from '../../modes/nftables/parse.ts';
-import { assembleRuleset, optionsFromInput, type NftPlanOptions, type PortFragment } from '../../modes/nftables/plan.ts';
+import { assembleRuleset, optionsFromInput, type NftPlanOptions } from '../../modes/nftables/plan.ts';
 import { IncrementalPlanner } from '../../modes/nftables/incremental.ts';
-import { countObjects, dumpRuleset, type NftFamily, type Ruleset } from '../../modes/nftables/ruleset.ts';
+import { dumpRuleset, type NftFamily, type Ruleset } from '../../modes/nftables/ruleset.ts';
 import { deleteChainsTransaction, fullTransaction, partialTransaction, partialTransactionFor, type LiveNames, type Transaction } from '../../modes/nftables/transaction.ts';
 import { TABLE } from '../../modes/nftables/names.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
@@ -22,6 +23,13 @@ export interface NftProxierOptions {
   now?: () => number;
   /** how long a retired chain is kept (flushed) before it is deleted */
   staleChainDelayMs?: number;
+}
+
+/** The input restricted to the ports of `services` (what a partial sync may have changed). */
+function onlyServices(input: PlanInput, services: ReadonlySet<string>): PlanInput {
+  const ports = new Map<string, ServicePort>();
+  if (services.size) for (const [k, sp] of input.state.services) if (services.has(sp.serviceKey)) ports.set(k, sp);
+  return { ...input, state: { services: ports, endpoints: new Map() } };
 }
 
 export class NftProxier implements Proxier {
@@ -43,8 +51,8 @@ export class NftProxier implements Proxier {
   partialFallbacks = 0;
   /** per-port fragments kept between syncs, so a partial sync replans only what changed */
   readonly planner = new IncrementalPlanner();
-  /** what `applied` was assembled from, for dump() in planRuleset's order */
-  private appliedParts: { options: NftPlanOptions; fragments: PortFragment[] } | null = null;
+  /** what `applied` was assembled from, for dump() in planRuleset's order (fragments: the planner's, at that generation) */
+  private appliedParts: { options: NftPlanOptions; generation: number } | null = null;
 
   /** Services nft refused, left out of the table until they change (modes/isolation.ts) */
   readonly exclusions = new ServiceExclusions();
@@ -98,7 +106,7 @@ export class NftProxier implements Proxier {
    */
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     this.exclusions.startSync(changed, full);
-    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(input);
+    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(full || this.needFull ? input : onlyServices(input, changed));
     let fellBack = false;
     for (let retry = 0; ; retry++) {
       try {
@@ -173,19 +181,23 @@ export class NftProxier implements Proxier {
     }
     // Retired chains are tracked in staleChains, not here, so partial syncs diff only live content.
     this.applied = desired;
-    this.appliedParts = { options, fragments: this.planner.fragments() };
+    this.appliedParts = { options, generation: this.planner.generation };
     this.log.debug({ ops: tx.ops }, tx.summary);
     // After the change is in the kernel, not before: `delete chain` makes nft 1.0.6 list every
     // chain of the table (half a second at 10,000 Services), which must not delay the change.
     await this.deleteStaleChains(family, desired);
     const cleanupFailures = this.cleanupFailures;
     this.cleanupFailures = 0;
-    return { rulesWritten: tx.ops, rulesTotal: countObjects(desired), diff: tx.summary, ...(cleanupFailures ? { cleanupFailures } : {}) };
+    return { rulesWritten: tx.ops, rulesTotal: this.planner.objectCount, diff: tx.summary, ...(cleanupFailures ? { cleanupFailures } : {}) };
   }
 
   dump(): string {
     // A partial sync patches the table (new objects last); dump it in the planner's order.
-    return this.appliedParts ? dumpRuleset(assembleRuleset(this.appliedParts.options, this.appliedParts.fragments)) : '';
+    if (!this.appliedParts || !this.applied) return '';
+    // A later attempt that failed has replanned (and patched the table in place): then only
+    // the table object is left, in its patched order.
+    if (this.appliedParts.generation !== this.planner.generation) return dumpRuleset(this.applied);
+    return dumpRuleset(assembleRuleset(this.appliedParts.options, this.planner.fragments()));
   }
 
   async stop(): Promise<void> {}
