@@ -15,7 +15,8 @@
 //   - floors on a table of that size: one `add element` to cluster-ips (old form), the same
 //     element as an `add set ... { elements = { } }` (new form), and one rule with a jump
 //     into an unreferenced chain (the kernel's table validation, which any rule with a
-//     jump, goto or dnat triggers).
+//     jump, goto or dnat triggers);
+//   - a Service deleted (median of up to 3): its elements go with `delete element`.
 //
 //   node --import tsx bench/nft-scale.ts [--quick] [--sizes 100,1000,10000,50000] [--endpoints 5]
 //        [--reps 3] [--changes 7] [--upstream-max 2000] [--iptables-max 20000] [--timeout 300]
@@ -80,6 +81,13 @@ class ScaleWorkload {
     this.tracker.endpoints.update(before, sliceObject(i, this.counts[i], this.stride));
     return this.tracker.apply();
   }
+
+  /** Deletes service i and its slice. */
+  deleteService(i: number): Set<string> {
+    this.tracker.services.update(this.service(i), null);
+    this.tracker.endpoints.update(sliceObject(i, this.counts[i], this.stride), null);
+    return this.tracker.apply();
+  }
 }
 
 interface Row {
@@ -105,6 +113,8 @@ interface Row {
   floorSetBodyMs: number[];
   /** one rule with a jump, in a chain nothing references: the kernel's validation walk */
   floorJumpMs: number[];
+  /** one Service deleted (its map elements go: `delete element`, which nft 1.0.6 runs after listing every chain) */
+  deleteMs: number[];
   /** 1-minute load average when the changes were measured */
   load: number;
 }
@@ -188,6 +198,7 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
         floorMs: [],
         floorSetBodyMs: [],
         floorJumpMs: [],
+        deleteMs: [],
         load: NaN,
       };
       const reps = n >= 50_000 ? 1 : o.reps;
@@ -237,8 +248,15 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
               push(row.floorJumpMs, await timedNft(runner, `add chain ip kube-proxy kpb-scratch-${c}\nadd chain ip kube-proxy kpb-scratch-${c} { jump mark-for-masquerade ; }\n`));
               runner.take();
             }
+            for (let c = 0; c < Math.min(3, o.changes); c++) {
+              const changed = w.deleteService(Math.floor((n * (2 * c + 1)) / (2 * o.changes + 2)));
+              const t1 = performance.now();
+              await proxier.sync(w.input('nftables'), changed, false);
+              row.deleteMs.push(performance.now() - t1);
+              runner.take();
+            }
             log(
-              `N=${n}: one-Service change median ${fmtMs(median(row.changeMs))} ms (nft ${fmtMs(median(row.changeNftMs))} ms, own ${fmtMs(median(row.changeOwnMs))} ms, ${median(row.changeCommands)} commands); ` +
+              `N=${n}: service deleted median ${fmtMs(median(row.deleteMs))} ms; one-Service change median ${fmtMs(median(row.changeMs))} ms (nft ${fmtMs(median(row.changeNftMs))} ms, own ${fmtMs(median(row.changeOwnMs))} ms, ${median(row.changeCommands)} commands); ` +
                 `raw same tx ${fmtMs(median(row.rawChangeMs))} ms, old forms ${fmtMs(median(row.oldFormChangeMs))} ms; floors: add element ${fmtMs(median(row.floorMs))}, set body ${fmtMs(median(row.floorSetBodyMs))}, one jump ${fmtMs(median(row.floorJumpMs))} ms; load ${row.load.toFixed(1)}`,
             );
           }
@@ -276,14 +294,14 @@ export function changeTable(rows: Row[]): string {
   const m = (xs: number[]) => (xs.length ? fmtMs(median(xs)) : '–');
   const base = rows.find((r) => r.changeMs.length)?.changeMs;
   const lines = [
-    '| services | load (1 min) | one-Service change (ms) | ÷ smallest size | of which nft (ms) | kproxy own (ms) | commands | raw nft -f, same transaction (ms) | raw nft -f, old forms (ms) | floor: add element (ms) | floor: set body (ms) | floor: one jump rule (ms) |',
-    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    '| services | load (1 min) | one-Service change (ms) | ÷ smallest size | of which nft (ms) | kproxy own (ms) | commands | raw nft -f, same transaction (ms) | raw nft -f, old forms (ms) | floor: add element (ms) | floor: set body (ms) | floor: one jump rule (ms) | Service deleted (ms) |',
+    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
   ];
   for (const r of rows) {
     if (!r.changeMs.length) continue;
     const ratio = base ? median(r.changeMs) / median(base) : NaN;
     lines.push(
-      `| ${r.n.toLocaleString('en-US')} | ${r.load.toFixed(1)} | ${m(r.changeMs)} | ${ratio.toFixed(1)}× | ${m(r.changeNftMs)} | ${m(r.changeOwnMs)} | ${median(r.changeCommands)} | ${m(r.rawChangeMs)} | ${m(r.oldFormChangeMs)} | ${m(r.floorMs)} | ${m(r.floorSetBodyMs)} | ${m(r.floorJumpMs)} |`,
+      `| ${r.n.toLocaleString('en-US')} | ${r.load.toFixed(1)} | ${m(r.changeMs)} | ${ratio.toFixed(1)}× | ${m(r.changeNftMs)} | ${m(r.changeOwnMs)} | ${median(r.changeCommands)} | ${m(r.rawChangeMs)} | ${m(r.oldFormChangeMs)} | ${m(r.floorMs)} | ${m(r.floorSetBodyMs)} | ${m(r.floorJumpMs)} | ${m(r.deleteMs)} |`,
     );
   }
   return lines.join('\n');
