@@ -23,6 +23,13 @@ export interface NftProxierOptions {
   now?: () => number;
   /** how long a retired chain is kept (flushed) before it is deleted */
   staleChainDelayMs?: number;
+  /**
+   * least time between two transactions that only delete retired chains (default 10 s):
+   * `delete chain` makes nft 1.0.6 list every chain of the table first (seconds at 10,000
+   * Services on a loaded node), so retirements are batched, or ride along with a partial
+   * transaction that deletes elements and so pays that listing anyway
+   */
+  staleChainBatchMs?: number;
 }
 
 /** The input restricted to the ports of `services` (what a partial sync may have changed). */
@@ -37,6 +44,8 @@ export class NftProxier implements Proxier {
   private readonly log: Logger;
   private readonly now: () => number;
   private readonly delayMs: number;
+  private readonly batchMs: number;
+  private lastChainDeletion = Number.NEGATIVE_INFINITY;
   private applied: Ruleset | null = null;
   private needFull = true;
   /** failed stale-chain deletions since the last successful sync (nftables_cleanup_failures_total) */
@@ -64,6 +73,7 @@ export class NftProxier implements Proxier {
     this.log = opts.log;
     this.now = opts.now ?? Date.now;
     this.delayMs = opts.staleChainDelayMs ?? 1000;
+    this.batchMs = opts.staleChainBatchMs ?? 10_000;
   }
 
   /** the text of the last transaction sent to nft (for /debug and tests) */
@@ -80,14 +90,22 @@ export class NftProxier implements Proxier {
     return { chains: new Set(rs.chains.keys()), sets: new Map([...rs.sets.values()].map((s) => [s.name, s.kind])) };
   }
 
-  /** Deletes chains retired at least delayMs ago, in their own transaction; failures only log. */
-  private async deleteStaleChains(family: NftFamily, desired: Ruleset): Promise<void> {
+  /** Chains retired at least delayMs ago that the desired table does not use again. */
+  private dueStaleChains(desired: Ruleset): string[] {
     const due: string[] = [];
     for (const [name, since] of this.staleChains) {
       if (desired.chains.has(name)) this.staleChains.delete(name);
       else if (this.now() - since >= this.delayMs) due.push(name);
     }
+    return due;
+  }
+
+  /** Deletes due retired chains in their own transaction, at most once per batchMs; failures only log. */
+  private async deleteStaleChains(family: NftFamily, desired: Ruleset): Promise<void> {
+    if (this.now() - this.lastChainDeletion < this.batchMs) return;
+    const due = this.dueStaleChains(desired);
     if (due.length === 0) return;
+    this.lastChainDeletion = this.now();
     for (const c of due) this.staleChains.delete(c);
     try {
       await this.exec.apply(deleteChainsTransaction({ family, table: TABLE }, due));
@@ -165,6 +183,9 @@ export class NftProxier implements Proxier {
       // The options changed (e.g. node addresses): every port was replanned, diff it all.
       tx = partialTransaction(desired, this.applied!);
     }
+    // nft lists every chain for this transaction's deletes anyway: retire due chains with it.
+    const riders = this.lastAttemptPartial && /^delete /m.test(tx.text) ? this.dueStaleChains(desired) : [];
+    if (riders.length) tx = { ...tx, text: tx.text + deleteChainsTransaction({ family, table: TABLE }, riders), ops: tx.ops + riders.length };
     if (tx.ops > 0) {
       this.lastTransaction = tx.text;
       try {
@@ -174,6 +195,7 @@ export class NftProxier implements Proxier {
         throw e;
       }
     }
+    for (const c of riders) this.staleChains.delete(c);
     this.baseChainsRecreated = true;
     this.needFull = false;
     for (const c of tx.staleChains) {
