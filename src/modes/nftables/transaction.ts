@@ -2,7 +2,8 @@
 // flushes everything kproxy owns (affinity sets excepted: re-adding keeps their entries, so
 // session affinity survives syncs); a partial sync writes only what differs from the
 // table last applied: changed chains are flushed and rewritten, set and map elements are
-// added and deleted one by one. Chains that fall out of use are flushed now and deleted in
+// added and deleted one by one, in command forms nft 1.0.6 runs without listing every chain
+// of the table first (assemblePartial). Chains that fall out of use are flushed now and deleted in
 // a later transaction: a kernel older than 6.2 still sees them referenced by a map element
 // deleted in the same batch. Pure.
 import {
