@@ -113,6 +113,8 @@ interface Row {
   floorSetBodyMs: number[];
   /** one rule with a jump, in a chain nothing references: the kernel's validation walk */
   floorJumpMs: number[];
+  /** floor: one jump rule, on the raw table of upstream's shape */
+  upstreamFloorJumpMs: number[];
   /** one Service deleted (its map elements go: `delete element`, which nft 1.0.6 runs after listing every chain) */
   deleteMs: number[];
   /** 1-minute load average when the changes were measured */
@@ -144,14 +146,16 @@ async function timedNft(runner: TimedRunner, text: string): Promise<number | nul
   return r.code === 0 ? performance.now() - t0 : null;
 }
 
-async function timedApply(nss: Namespaces, cmd: string, args: string[], payload: string, timeoutS: number): Promise<number> {
+async function timedApply(nss: Namespaces, cmd: string, args: string[], payload: string, timeoutS: number, then?: (r: TimedRunner) => Promise<void>): Promise<number> {
   const ns = await nss.create('raw');
   try {
     const t0 = performance.now();
-    const r = await new TimedRunner(ns).run(cmd, args, { input: payload, timeoutMs: timeoutS * 1000 }).catch(() => null);
+    const runner = new TimedRunner(ns);
+    const r = await runner.run(cmd, args, { input: payload, timeoutMs: timeoutS * 1000 }).catch(() => null);
     const ms = performance.now() - t0;
     // The runner throws (or nft exits non-zero) when killed at the limit.
     if (!r || r.code !== 0) return ms >= timeoutS * 1000 ? Number.POSITIVE_INFINITY : Number.NaN;
+    await then?.(runner);
     return ms;
   } finally {
     await nss.delete(ns);
@@ -199,6 +203,7 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
         floorSetBodyMs: [],
         floorJumpMs: [],
         deleteMs: [],
+        upstreamFloorJumpMs: [],
         load: NaN,
       };
       const reps = n >= 50_000 ? 1 : o.reps;
@@ -211,7 +216,15 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
         row.rawNftMs.push(await timedApply(nss, 'nft', ['-f', '-'], nftText, o.timeoutS));
         log(`N=${n} rep ${rep}: raw nft -f (kproxy's table) ${fmtMs(row.rawNftMs.at(-1))} ms`);
         if (upstreamText) {
-          row.rawUpstreamShapeMs.push(await timedApply(nss, 'nft', ['-f', '-'], upstreamText, o.timeoutS));
+          // The kernel-validation floor on upstream's shape too (one jump rule, as below).
+          const floor = async (r: TimedRunner) => {
+            if (rep > 0) return;
+            for (let c = 0; c < o.changes; c++) {
+              const v = await timedNft(r, `add chain ip kube-proxy kpb-scratch-${c}\nadd chain ip kube-proxy kpb-scratch-${c} { jump mark-for-masquerade ; }\n`);
+              if (v !== null) row.upstreamFloorJumpMs.push(v);
+            }
+          };
+          row.rawUpstreamShapeMs.push(await timedApply(nss, 'nft', ['-f', '-'], upstreamText, o.timeoutS, floor));
           log(`N=${n} rep ${rep}: raw nft -f (upstream's shape) ${fmtMs(row.rawUpstreamShapeMs.at(-1))} ms`);
         }
         const ns = await nss.create('kp');
@@ -294,14 +307,14 @@ export function changeTable(rows: Row[]): string {
   const m = (xs: number[]) => (xs.length ? fmtMs(median(xs)) : '–');
   const base = rows.find((r) => r.changeMs.length)?.changeMs;
   const lines = [
-    '| services | load (1 min) | one-Service change (ms) | ÷ smallest size | of which nft (ms) | kproxy own (ms) | commands | raw nft -f, same transaction (ms) | raw nft -f, old forms (ms) | floor: add element (ms) | floor: set body (ms) | floor: one jump rule (ms) | Service deleted (ms) |',
-    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    '| services | load (1 min) | one-Service change (ms) | ÷ smallest size | of which nft (ms) | kproxy own (ms) | commands | raw nft -f, same transaction (ms) | raw nft -f, old forms (ms) | floor: add element (ms) | floor: set body (ms) | floor: one jump rule (ms) | same, upstream shape (ms) | Service deleted (ms) |',
+    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
   ];
   for (const r of rows) {
     if (!r.changeMs.length) continue;
     const ratio = base ? median(r.changeMs) / median(base) : NaN;
     lines.push(
-      `| ${r.n.toLocaleString('en-US')} | ${r.load.toFixed(1)} | ${m(r.changeMs)} | ${ratio.toFixed(1)}× | ${m(r.changeNftMs)} | ${m(r.changeOwnMs)} | ${median(r.changeCommands)} | ${m(r.rawChangeMs)} | ${m(r.oldFormChangeMs)} | ${m(r.floorMs)} | ${m(r.floorSetBodyMs)} | ${m(r.floorJumpMs)} | ${m(r.deleteMs)} |`,
+      `| ${r.n.toLocaleString('en-US')} | ${r.load.toFixed(1)} | ${m(r.changeMs)} | ${ratio.toFixed(1)}× | ${m(r.changeNftMs)} | ${m(r.changeOwnMs)} | ${median(r.changeCommands)} | ${m(r.rawChangeMs)} | ${m(r.oldFormChangeMs)} | ${m(r.floorMs)} | ${m(r.floorSetBodyMs)} | ${m(r.floorJumpMs)} | ${m(r.upstreamFloorJumpMs)} | ${m(r.deleteMs)} |`,
     );
   }
   return lines.join('\n');
