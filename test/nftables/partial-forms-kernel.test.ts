@@ -193,3 +193,27 @@ test('a table changed behind kproxy\'s back: the refused partial sync is repaire
   assert.doesNotMatch(sent[0], /^add table/m);
   assert.deepEqual(await table(NS.partial), await freshTable(input));
 });
+
+test('options changed (node address and masquerade-all): the whole-table diff uses the same forms and lands on a fresh full sync\'s table', async () => {
+  const tracker = new ProxyStateTracker(4, NODE.nodeName);
+  for (let i = 0; i < 6; i++) {
+    tracker.services.update(null, service(i, { sticky: i === 1, local: i === 2 }));
+    tracker.endpoints.update(null, slice(i, 2));
+  }
+  const config = resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' });
+  const runner = new RecordingRunner(NS.partial);
+  await runner.run('nft', ['delete', 'table', 'ip', 'kube-proxy'], { timeoutMs: 10_000 });
+  const proxier = new NftProxier({ runner, log: silentLogger() });
+  await proxier.sync({ state: tracker.state, config, node: NODE }, tracker.apply(), true);
+  runner.take();
+
+  const input: PlanInput = { state: tracker.state, config: { ...config, masqueradeAll: true }, node: { ...NODE, nodeIPs: ['192.168.0.3'] } };
+  const stats = await proxier.sync(input, new Set(), false);
+  const sent = runner.take();
+  assert.equal(sent.length, 1);
+  assert.ok(stats.rulesWritten > 0);
+  assert.deepEqual(lines(sent[0]).filter((l) => !PARTIAL_O1_COMMANDS.test(l) && !/^delete element /.test(l)), []);
+  assert.match(sent[0], /jump mark-for-masquerade/);
+  assert.equal(proxier.partialFallbacks, 0);
+  assert.deepEqual(await table(NS.partial), await freshTable(input));
+});
