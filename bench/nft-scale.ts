@@ -6,12 +6,23 @@
 //     table in upstream's shape (one anonymous numgen map per service) up to --upstream-max;
 //   - kproxy's cold start: NftProxier.sync(full) wall time (planning + nft), and its nft part;
 //   - one-Service change: one endpoint added to one Service, then NftProxier.sync(partial)
-//     (the manifest → rules-in-the-kernel path minus the source), median of --changes.
+//     (the manifest → rules-in-the-kernel path minus the source), median of --changes; split
+//     into nft and kproxy's own part (plan + diff + text);
+//   - beside each change, in the same namespace: raw `nft -f` of the very transaction the
+//     proxier sent (idempotent: re-adding the chain and elements), and of the same change in
+//     the command forms used before (`add table` + `add rule` + `add element`, which make
+//     nft 1.0.6 list every chain first);
+//   - floors on a table of that size: one `add element` to cluster-ips (old form), the same
+//     element as an `add set ... { elements = { } }` (new form), and one rule with a jump
+//     into an unreferenced chain (the kernel's table validation, which any rule with a
+//     jump, goto or dnat triggers);
+//   - a Service deleted (median of up to 3): its elements go with `delete element`.
 //
 //   node --import tsx bench/nft-scale.ts [--quick] [--sizes 100,1000,10000,50000] [--endpoints 5]
 //        [--reps 3] [--changes 7] [--upstream-max 2000] [--iptables-max 20000] [--timeout 300]
 //
 // --quick: sizes 100,1000,10000, one cold start each, 5 changes, upstream shape up to 1000.
+// The load average (1 min) is printed per size, next to its changes.
 // Services past 35,535 have no NodePort (the port range is full). Prints a markdown table.
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -25,6 +36,7 @@ import { getMode } from '../src/proxy/registry.ts';
 import { dumpRuleset } from '../src/modes/nftables/ruleset.ts';
 import { optionsFromInput, planRuleset } from '../src/modes/nftables/plan.ts';
 import { expandSelection } from '../src/modes/nftables/selection.ts';
+import { splitTopLevel } from '../src/modes/nftables/parse.ts';
 import { execMs, isWrite, Namespaces, TimedRunner } from './netns.ts';
 import { benchConfig, MAX_NODE_PORT_SERVICES, NODE, serviceObject, sliceObject } from './workload.ts';
 import { fmtMs, median } from './report.ts';
@@ -69,6 +81,13 @@ class ScaleWorkload {
     this.tracker.endpoints.update(before, sliceObject(i, this.counts[i], this.stride));
     return this.tracker.apply();
   }
+
+  /** Deletes service i and its slice. */
+  deleteService(i: number): Set<string> {
+    this.tracker.services.update(this.service(i), null);
+    this.tracker.endpoints.update(sliceObject(i, this.counts[i], this.stride), null);
+    return this.tracker.apply();
+  }
 }
 
 interface Row {
@@ -82,18 +101,61 @@ interface Row {
   changeMs: number[];
   changeNftMs: number[];
   changeCommands: number[];
-  /** `nft -f` of one cluster-ips element into the table: the floor of any transaction */
+  /** kproxy's own part of a change: sync wall time minus every nft call */
+  changeOwnMs: number[];
+  /** raw `nft -f` of the transaction the proxier sent */
+  rawChangeMs: number[];
+  /** raw `nft -f` of the same change in the old forms (add table, add rule, add element) */
+  oldFormChangeMs: number[];
+  /** `nft -f` of one cluster-ips element (`add element`): the old floor */
   floorMs: number[];
+  /** the same element as `add set cluster-ips { ... elements = { } }` */
+  floorSetBodyMs: number[];
+  /** one rule with a jump, in a chain nothing references: the kernel's validation walk */
+  floorJumpMs: number[];
+  /** floor: one jump rule, on the raw table of upstream's shape */
+  upstreamFloorJumpMs: number[];
+  /** one Service deleted (its map elements go: `delete element`, which nft 1.0.6 runs after listing every chain) */
+  deleteMs: number[];
+  /** 1-minute load average when the changes were measured */
+  load: number;
 }
 
-async function timedApply(nss: Namespaces, cmd: string, args: string[], payload: string, timeoutS: number): Promise<number> {
+/** A partial transaction in the forms used before (and by upstream): add table, add rule, add element. */
+export function oldForms(text: string): string {
+  const out: string[] = [];
+  let table = '';
+  for (const line of text.split('\n').filter(Boolean)) {
+    const chain = /^add chain (\S+ \S+) (\S+) \{ (.*) \}$/.exec(line);
+    const set = /^add (?:set|map) (\S+ \S+) (\S+) \{ .*? elements = \{ (.*) \} ; \}$/.exec(line);
+    if (chain && !/^type /.test(chain[3])) {
+      table = chain[1];
+      out.push(`add chain ${chain[1]} ${chain[2]}`);
+      for (const r of splitTopLevel(chain[3], ';')) out.push(`add rule ${chain[1]} ${chain[2]} ${r}`);
+    } else if (set) {
+      table = set[1];
+      for (const e of splitTopLevel(set[3], ',')) out.push(`add element ${set[1]} ${set[2]} { ${e} }`);
+    } else out.push(line);
+  }
+  return [`add table ${table || 'ip kube-proxy'} { comment "rules for kube-proxy" ; }`, ...out].join('\n') + '\n';
+}
+
+async function timedNft(runner: TimedRunner, text: string): Promise<number | null> {
+  const t0 = performance.now();
+  const r = await runner.run('nft', ['-f', '-'], { input: text, timeoutMs: 120_000 });
+  return r.code === 0 ? performance.now() - t0 : null;
+}
+
+async function timedApply(nss: Namespaces, cmd: string, args: string[], payload: string, timeoutS: number, then?: (r: TimedRunner) => Promise<void>): Promise<number> {
   const ns = await nss.create('raw');
   try {
     const t0 = performance.now();
-    const r = await new TimedRunner(ns).run(cmd, args, { input: payload, timeoutMs: timeoutS * 1000 }).catch(() => null);
+    const runner = new TimedRunner(ns);
+    const r = await runner.run(cmd, args, { input: payload, timeoutMs: timeoutS * 1000 }).catch(() => null);
     const ms = performance.now() - t0;
     // The runner throws (or nft exits non-zero) when killed at the limit.
     if (!r || r.code !== 0) return ms >= timeoutS * 1000 ? Number.POSITIVE_INFINITY : Number.NaN;
+    await then?.(runner);
     return ms;
   } finally {
     await nss.delete(ns);
@@ -134,7 +196,15 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
         changeMs: [],
         changeNftMs: [],
         changeCommands: [],
+        changeOwnMs: [],
+        rawChangeMs: [],
+        oldFormChangeMs: [],
         floorMs: [],
+        floorSetBodyMs: [],
+        floorJumpMs: [],
+        deleteMs: [],
+        upstreamFloorJumpMs: [],
+        load: NaN,
       };
       const reps = n >= 50_000 ? 1 : o.reps;
       for (let rep = 0; rep < reps; rep++) {
@@ -146,7 +216,15 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
         row.rawNftMs.push(await timedApply(nss, 'nft', ['-f', '-'], nftText, o.timeoutS));
         log(`N=${n} rep ${rep}: raw nft -f (kproxy's table) ${fmtMs(row.rawNftMs.at(-1))} ms`);
         if (upstreamText) {
-          row.rawUpstreamShapeMs.push(await timedApply(nss, 'nft', ['-f', '-'], upstreamText, o.timeoutS));
+          // The kernel-validation floor on upstream's shape too (one jump rule, as below).
+          const floor = async (r: TimedRunner) => {
+            if (rep > 0) return;
+            for (let c = 0; c < o.changes; c++) {
+              const v = await timedNft(r, `add chain ip kube-proxy kpb-scratch-${c}\nadd chain ip kube-proxy kpb-scratch-${c} { jump mark-for-masquerade ; }\n`);
+              if (v !== null) row.upstreamFloorJumpMs.push(v);
+            }
+          };
+          row.rawUpstreamShapeMs.push(await timedApply(nss, 'nft', ['-f', '-'], upstreamText, o.timeoutS, floor));
           log(`N=${n} rep ${rep}: raw nft -f (upstream's shape) ${fmtMs(row.rawUpstreamShapeMs.at(-1))} ms`);
         }
         const ns = await nss.create('kp');
@@ -160,22 +238,40 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
           row.coldNftMs.push(execMs(runner.take(), isWrite));
           log(`N=${n} rep ${rep}: kproxy cold start ${fmtMs(row.coldMs.at(-1))} ms (nft ${fmtMs(row.coldNftMs.at(-1))} ms)`);
           if (rep === 0) {
+            row.load = os.loadavg()[0];
+            const nftProxier = proxier as unknown as { lastTransactionText(): string };
+            const push = (xs: number[], v: number | null) => v !== null && xs.push(v);
             for (let c = 0; c < o.changes; c++) {
               const changed = w.addEndpoint(Math.floor((n * (c + 1)) / (o.changes + 1)));
               const t1 = performance.now();
               const stats = await proxier.sync(w.input('nftables'), changed, false);
-              row.changeMs.push(performance.now() - t1);
-              row.changeNftMs.push(execMs(runner.take(), isWrite));
+              const wall = performance.now() - t1;
+              const recs = runner.take();
+              row.changeMs.push(wall);
+              row.changeNftMs.push(execMs(recs, isWrite));
+              row.changeOwnMs.push(wall - execMs(recs));
               row.changeCommands.push(stats.rulesWritten);
+              // Interleaved with the change, so load hits every column alike.
+              const sent = nftProxier.lastTransactionText();
+              push(row.rawChangeMs, await timedNft(runner, sent));
+              push(row.oldFormChangeMs, await timedNft(runner, oldForms(sent)));
+              const ip = `172.31.255.${c + 1}`;
+              push(row.floorMs, await timedNft(runner, `add element ip kube-proxy cluster-ips { ${ip} }\n`));
+              push(row.floorSetBodyMs, await timedNft(runner, `add set ip kube-proxy cluster-ips { type ipv4_addr ; comment "Active ClusterIPs" ; elements = { 172.31.254.${c + 1} } ; }\n`));
+              push(row.floorJumpMs, await timedNft(runner, `add chain ip kube-proxy kpb-scratch-${c}\nadd chain ip kube-proxy kpb-scratch-${c} { jump mark-for-masquerade ; }\n`));
+              runner.take();
             }
-            for (let c = 0; c < o.changes; c++) {
-              const t2 = performance.now();
-              const verb = c % 2 === 0 ? 'add' : 'delete';
-              const r = await runner.run('nft', ['-f', '-'], { input: `${verb} element ip kube-proxy cluster-ips { 172.31.255.1 }\n`, timeoutMs: 60_000 });
-              if (r.code === 0) row.floorMs.push(performance.now() - t2);
+            for (let c = 0; c < Math.min(3, o.changes); c++) {
+              const changed = w.deleteService(Math.floor((n * (2 * c + 1)) / (2 * o.changes + 2)));
+              const t1 = performance.now();
+              await proxier.sync(w.input('nftables'), changed, false);
+              row.deleteMs.push(performance.now() - t1);
+              runner.take();
             }
-            runner.take();
-            log(`N=${n}: one-Service change median ${fmtMs(median(row.changeMs))} ms (nft ${fmtMs(median(row.changeNftMs))} ms, ${median(row.changeCommands)} commands); one-element nft -f ${fmtMs(median(row.floorMs))} ms`);
+            log(
+              `N=${n}: service deleted median ${fmtMs(median(row.deleteMs))} ms; one-Service change median ${fmtMs(median(row.changeMs))} ms (nft ${fmtMs(median(row.changeNftMs))} ms, own ${fmtMs(median(row.changeOwnMs))} ms, ${median(row.changeCommands)} commands); ` +
+                `raw same tx ${fmtMs(median(row.rawChangeMs))} ms, old forms ${fmtMs(median(row.oldFormChangeMs))} ms; floors: add element ${fmtMs(median(row.floorMs))}, set body ${fmtMs(median(row.floorSetBodyMs))}, one jump ${fmtMs(median(row.floorJumpMs))} ms; load ${row.load.toFixed(1)}`,
+            );
           }
           await proxier.stop();
         } finally {
@@ -193,13 +289,32 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
 export function scaleTable(rows: Row[]): string {
   const m = (xs: number[]) => (xs.length ? fmtMs(median(xs)) : '–');
   const lines = [
-    '| services × 5 endpoints | nft objects | raw iptables-restore, flushing (ms) | raw nft -f, kproxy table (ms) | raw nft -f, upstream shape (ms) | kproxy cold start (ms) | of which nft (ms) | cold ÷ raw iptables | one-Service change (ms) | of which nft (ms) | commands | one-element nft -f (ms) |',
-    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    '| services × 5 endpoints | nft objects | raw iptables-restore, flushing (ms) | raw nft -f, kproxy table (ms) | raw nft -f, upstream shape (ms) | kproxy cold start (ms) | of which nft (ms) | cold ÷ raw iptables |',
+    '|---:|---:|---:|---:|---:|---:|---:|---:|',
   ];
   for (const r of rows) {
     const ratio = median(r.coldMs) / median(r.rawIptablesMs);
     lines.push(
-      `| ${r.n.toLocaleString('en-US')} | ${r.objects.toLocaleString('en-US')} | ${m(r.rawIptablesMs)} | ${m(r.rawNftMs)} | ${m(r.rawUpstreamShapeMs)} | ${m(r.coldMs)} | ${m(r.coldNftMs)} | ${Number.isFinite(ratio) ? ratio.toFixed(2) : '–'} | ${m(r.changeMs)} | ${m(r.changeNftMs)} | ${r.changeCommands.length ? median(r.changeCommands) : '–'} | ${m(r.floorMs)} |`,
+      `| ${r.n.toLocaleString('en-US')} | ${r.objects.toLocaleString('en-US')} | ${m(r.rawIptablesMs)} | ${m(r.rawNftMs)} | ${m(r.rawUpstreamShapeMs)} | ${m(r.coldMs)} | ${m(r.coldNftMs)} | ${Number.isFinite(ratio) ? ratio.toFixed(2) : '–'} |`,
+    );
+  }
+  lines.push('', changeTable(rows));
+  return lines.join('\n');
+}
+
+/** The one-Service change, side by side with raw nft of the same change and the floors. */
+export function changeTable(rows: Row[]): string {
+  const m = (xs: number[]) => (xs.length ? fmtMs(median(xs)) : '–');
+  const base = rows.find((r) => r.changeMs.length)?.changeMs;
+  const lines = [
+    '| services | load (1 min) | one-Service change (ms) | ÷ smallest size | of which nft (ms) | kproxy own (ms) | commands | raw nft -f, same transaction (ms) | raw nft -f, old forms (ms) | floor: add element (ms) | floor: set body (ms) | floor: one jump rule (ms) | same, upstream shape (ms) | Service deleted (ms) |',
+    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+  ];
+  for (const r of rows) {
+    if (!r.changeMs.length) continue;
+    const ratio = base ? median(r.changeMs) / median(base) : NaN;
+    lines.push(
+      `| ${r.n.toLocaleString('en-US')} | ${r.load.toFixed(1)} | ${m(r.changeMs)} | ${ratio.toFixed(1)}× | ${m(r.changeNftMs)} | ${m(r.changeOwnMs)} | ${median(r.changeCommands)} | ${m(r.rawChangeMs)} | ${m(r.oldFormChangeMs)} | ${m(r.floorMs)} | ${m(r.floorSetBodyMs)} | ${m(r.floorJumpMs)} | ${m(r.upstreamFloorJumpMs)} | ${m(r.deleteMs)} |`,
     );
   }
   return lines.join('\n');

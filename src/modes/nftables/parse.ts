@@ -140,6 +140,25 @@ function addElements(set: NftSet, body: string): void {
   }
 }
 
+/** `add chain T NAME { [type ... ;] [comment "..." ;] [RULE ; ...] }`: the rules are appended, as nft does. */
+function applyChainBody(ch: NftChain, body: string): void {
+  for (const part of splitTopLevel(body, ';')) {
+    if (/^type\s+\w+\s+hook/.test(part)) applyChainSpec(ch, `${part} ;`);
+    else if (/^comment "[^"]*"$/.test(part)) ch.comment = /"([^"]*)"/.exec(part)![1];
+    else if (!/^policy \w+$/.test(part)) ch.rules.push(splitRuleComment(part));
+  }
+}
+
+/** `add set|map T NAME { type ... ; [flags ...;] [comment ...;] [elements = { ... } ;] }`: elements are added. */
+function applySetBody(set: NftSet, body: string): void {
+  const spec: string[] = [];
+  for (const part of splitTopLevel(body, ';')) {
+    if (part.startsWith('elements = ')) addElements(set, innerBraces(part));
+    else spec.push(`${part} ;`);
+  }
+  applySetSpec(set, spec.join(' '));
+}
+
 /** One command line of the `nft -f` form. */
 function applyCommand(ctx: Tables, line: string, lineNo: number): void {
   const m = /^(add|create|insert|flush|delete|destroy)\s+(table|chain|rule|set|map|element)\s+(ip6?|inet|arp|bridge|netdev)\s+(\S+)\s*(.*)$/.exec(line);
@@ -169,7 +188,7 @@ function applyCommand(ctx: Tables, line: string, lineNo: number): void {
     case 'chain':
       if (verb === 'delete' || verb === 'destroy') rs.chains.delete(name);
       else if (verb === 'flush') getChain(rs, name).rules = [];
-      else applyChainSpec(getChain(rs, name), tail);
+      else applyChainBody(getChain(rs, name), innerBraces(tail));
       return;
     case 'rule': {
       const r = splitRuleComment(tail);
@@ -181,7 +200,7 @@ function applyCommand(ctx: Tables, line: string, lineNo: number): void {
     case 'map':
       if (verb === 'delete' || verb === 'destroy') rs.sets.delete(name);
       else if (verb === 'flush') getSet(rs, obj, name).elements.clear();
-      else applySetSpec(getSet(rs, obj, name), innerBraces(tail));
+      else applySetBody(getSet(rs, obj, name), innerBraces(tail));
       return;
     case 'element': {
       const set = rs.sets.get(name) ?? getSet(rs, 'set', name);

@@ -136,6 +136,42 @@ export function addElementLine(rs: Ruleset, set: string, el: NftElement): string
   return `add element ${tableRef(rs)} ${set} ${elementText(el)}`;
 }
 
+/**
+ * A chain's rules as one `add chain` command with a body: `add chain T NAME { RULE ; ... }`.
+ * nft 1.0.6 lists every chain of every table before any `add rule` or `add element`
+ * (src/cache.c: NFT_CACHE_CHAIN for CMD_OBJ_RULE and CMD_OBJ_ELEMENTS), 60,000 chains at
+ * 10,000 Services, half a second or more per transaction; an `add chain` (and `add set`/
+ * `add map`) needs only the table list, so partial syncs write rules and elements this way.
+ * On an existing chain the body's rules are appended, as `add rule` would.
+ */
+export function chainWithRulesLine(rs: Ruleset, ch: NftChain): string {
+  const parts: string[] = [];
+  if (ch.type && ch.hook !== undefined) parts.push(`type ${ch.type} hook ${ch.hook} priority ${ch.priority ?? 0} ;`);
+  if (ch.comment !== undefined) parts.push(`comment ${quote(ch.comment)} ;`);
+  for (const r of ch.rules) parts.push(`${ruleText(r)} ;`);
+  return `add chain ${tableRef(rs)} ${ch.name}${parts.length ? ` { ${parts.join(' ')} }` : ''}`;
+}
+
+/** One element of `elements = { ... }` in a set body: `KEY [comment "..."] [: VERDICT]`. */
+export function elementBodyText(el: NftElement): string {
+  let t = el.key.join(' . ');
+  if (el.comment !== undefined) t += ` comment ${quote(el.comment)}`;
+  if (el.value !== undefined) t += ` : ${el.value}`;
+  return t;
+}
+
+/**
+ * Elements added by re-declaring their set with the same specification and an `elements`
+ * body: `add map T NAME { type ... ; elements = { E1 , E2 } ; }`. For nft 1.0.6 this is an
+ * `add set` command (the table list is its only cache), where `add element` makes nft list
+ * every chain first (chainWithRulesLine). The kernel accepts a re-declaration whose type and
+ * flags match the live set and adds the elements.
+ */
+export function addElementsBySetLine(rs: Ruleset, s: NftSet, els: NftElement[]): string {
+  const spec = setSpec(s).slice(0, -2);
+  return `add ${s.kind} ${tableRef(rs)} ${s.name}${spec} elements = { ${els.map(elementBodyText).join(' , ')} } ; }`;
+}
+
 export function addTableLine(rs: Ruleset): string {
   return `add table ${tableRef(rs)}${rs.comment !== undefined ? ` { comment ${quote(rs.comment)} ; }` : ''}`;
 }

@@ -2,15 +2,18 @@
 // flushes everything kproxy owns (affinity sets excepted: re-adding keeps their entries, so
 // session affinity survives syncs); a partial sync writes only what differs from the
 // table last applied: changed chains are flushed and rewritten, set and map elements are
-// added and deleted one by one. Chains that fall out of use are flushed now and deleted in
+// added and deleted one by one, in command forms nft 1.0.6 runs without listing every chain
+// of the table first (assemblePartial). Chains that fall out of use are flushed now and deleted in
 // a later transaction: a kernel older than 6.2 still sees them referenced by a map element
 // deleted in the same batch. Pure.
 import {
   addChainLine,
   addElementLine,
+  addElementsBySetLine,
   addRuleLine,
   addSetLine,
   addTableLine,
+  chainWithRulesLine,
   elementKey,
   ruleText,
   tableRef,
@@ -112,7 +115,7 @@ export function partialTransaction(desired: Ruleset, applied: Ruleset): Transact
       const prev = oldEls.get(k);
       if (prev && sameElement(prev, el)) continue;
       if (prev) delLines.push(deleteElementLine(desired, s.name, prev));
-      addLines.push(addElementLine(desired, s.name, el));
+      addLines.push(addElementsBySetLine(desired, s, [el]));
     }
     for (const [k, el] of oldEls) if (!s.elements.has(k)) delLines.push(deleteElementLine(desired, s.name, el));
   }
@@ -123,13 +126,34 @@ export function partialTransaction(desired: Ruleset, applied: Ruleset): Transact
     changedChains.push(ch.name);
     chainLines.push(addChainLine(desired, ch));
     if (old) chainLines.push(`flush chain ${t} ${ch.name}`);
-    for (const r of ch.rules) ruleLines.push(addRuleLine(desired, ch.name, r));
+    if (ch.rules.length) ruleLines.push(chainWithRulesLine(desired, ch));
   }
+  declareReferencedSets(desired, changedChains, setLines);
 
   const staleChains = [...applied.chains.keys()].filter((c) => !desired.chains.has(c)).sort();
   const staleSets = [...applied.sets.keys()].filter((s) => !desired.sets.has(s)).sort();
   const tail = [...staleChains.map((c) => `flush chain ${t} ${c}`), ...staleSets.map((s) => `delete ${applied.sets.get(s)!.kind} ${t} ${s}`)];
   return assemblePartial(desired, { setLines, chainLines, ruleLines, delLines, addLines, tail }, changedChains.length, staleChains);
+}
+
+/**
+ * nft resolves `@set` in a rule from its cache, and a partial transaction's cache holds only
+ * the sets it declares itself (assemblePartial): re-declare, with their unchanged
+ * specification, the sets the rewritten chains use. Re-declaring keeps a set's elements
+ * (affinity entries survive).
+ */
+function declareReferencedSets(desired: Ruleset, chains: string[], setLines: string[]): void {
+  const declared = new Set(setLines.map((l) => / (?:set|map) \S+ \S+ (\S+)/.exec(l)?.[1]));
+  for (const name of chains) {
+    for (const r of desired.chains.get(name)!.rules) {
+      for (const m of r.rule.matchAll(/@(\S+)/g)) {
+        const s = desired.sets.get(m[1]);
+        if (!s || declared.has(s.name)) continue;
+        declared.add(s.name);
+        setLines.push(addSetLine(desired, s));
+      }
+    }
+  }
 }
 
 /** Deletes chains retired by earlier syncs. */
@@ -161,7 +185,7 @@ export function partialTransactionFor(desired: Ruleset, previous: PreviousValues
       const el = want?.get(k);
       if (el && prev && (el === prev || sameElement(prev, el))) continue;
       if (prev) delLines.push(deleteElementLine(desired, setName, prev));
-      if (el) addLines.push(addElementLine(desired, setName, el));
+      if (el) addLines.push(addElementsBySetLine(desired, desired.sets.get(setName)!, [el]));
     }
   }
   const staleChains: string[] = [];
@@ -175,15 +199,28 @@ export function partialTransactionFor(desired: Ruleset, previous: PreviousValues
     changedChains.push(name);
     chainLines.push(addChainLine(desired, ch));
     if (old) chainLines.push(`flush chain ${t} ${name}`);
-    for (const r of ch.rules) ruleLines.push(addRuleLine(desired, name, r));
+    if (ch.rules.length) ruleLines.push(chainWithRulesLine(desired, ch));
   }
+  declareReferencedSets(desired, changedChains, setLines);
   staleChains.sort();
   const staleSets = [...previous.sets].filter(([s, old]) => old && !desired.sets.has(s)).map(([s, old]) => [s, old!.kind] as const).sort();
   const tail = [...staleChains.map((c) => `flush chain ${t} ${c}`), ...staleSets.map(([s, kind]) => `delete ${kind} ${t} ${s}`)];
   return assemblePartial(desired, { setLines, chainLines, ruleLines, delLines, addLines, tail }, changedChains.length, staleChains);
 }
 
-/** The partial transaction's text, in the order nft needs: sets, chains, rules, elements, retirements. */
+/** The commands of a partial sync whose nft 1.0.6 cache is only the table list (see assemblePartial). */
+export const PARTIAL_O1_COMMANDS = /^(?:add chain|flush chain|add set|add map) /;
+
+/**
+ * The partial transaction's text, in the order nft needs: sets, chain declarations (and
+ * flushes), chains' rules, elements, retirements. It uses only commands whose nft cache is
+ * the table list (nft 1.0.6, src/cache.c), so its cost follows the change, not the table:
+ * no `add table` with a body (a full chain listing), rules as `add chain NAME { ... }`
+ * (chainWithRulesLine), elements as `add set|map NAME { ... elements = { ... } }`
+ * (addElementsBySetLine), `flush chain`. Only removals (`delete element`, `delete set`)
+ * still make nft 1.0.6 list every chain (CMD_DELETE). Without `add table` a table deleted
+ * behind kproxy's back fails the transaction; the proxier then runs a full sync.
+ */
 function assemblePartial(
   desired: Ruleset,
   p: { setLines: string[]; chainLines: string[]; ruleLines: string[]; delLines: string[]; addLines: string[]; tail: string[] },
@@ -193,7 +230,7 @@ function assemblePartial(
   const body = [...p.setLines, ...p.chainLines, ...p.ruleLines, ...p.delLines, ...p.addLines, ...p.tail];
   if (body.length === 0) return { text: '', ops: 0, staleChains: [], summary: 'no changes' };
   return {
-    text: [addTableLine(desired), ...body].join('\n') + '\n',
+    text: body.join('\n') + '\n',
     ops: body.length,
     staleChains,
     summary:

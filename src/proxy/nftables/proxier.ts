@@ -6,10 +6,11 @@ import type { CommandRunner } from '../../exec/runner.ts';
 import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
+import type { ServicePort } from '../../core/model.ts';
 import { parseNftText } from '../../modes/nftables/parse.ts';
-import { assembleRuleset, optionsFromInput, type NftPlanOptions, type PortFragment } from '../../modes/nftables/plan.ts';
+import { assembleRuleset, optionsFromInput, type NftPlanOptions } from '../../modes/nftables/plan.ts';
 import { IncrementalPlanner } from '../../modes/nftables/incremental.ts';
-import { countObjects, dumpRuleset, type NftFamily, type Ruleset } from '../../modes/nftables/ruleset.ts';
+import { dumpRuleset, type NftFamily, type Ruleset } from '../../modes/nftables/ruleset.ts';
 import { deleteChainsTransaction, fullTransaction, partialTransaction, partialTransactionFor, type LiveNames, type Transaction } from '../../modes/nftables/transaction.ts';
 import { TABLE } from '../../modes/nftables/names.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
@@ -22,6 +23,20 @@ export interface NftProxierOptions {
   now?: () => number;
   /** how long a retired chain is kept (flushed) before it is deleted */
   staleChainDelayMs?: number;
+  /**
+   * least time between two transactions that only delete retired chains (default 10 s):
+   * `delete chain` makes nft 1.0.6 list every chain of the table first (seconds at 10,000
+   * Services on a loaded node), so retirements are batched, or ride along with a partial
+   * transaction that deletes elements and so pays that listing anyway
+   */
+  staleChainBatchMs?: number;
+}
+
+/** The input restricted to the ports of `services` (what a partial sync may have changed). */
+function onlyServices(input: PlanInput, services: ReadonlySet<string>): PlanInput {
+  const ports = new Map<string, ServicePort>();
+  if (services.size) for (const [k, sp] of input.state.services) if (services.has(sp.serviceKey)) ports.set(k, sp);
+  return { ...input, state: { services: ports, endpoints: new Map() } };
 }
 
 export class NftProxier implements Proxier {
@@ -29,6 +44,8 @@ export class NftProxier implements Proxier {
   private readonly log: Logger;
   private readonly now: () => number;
   private readonly delayMs: number;
+  private readonly batchMs: number;
+  private lastChainDeletion = Number.NEGATIVE_INFINITY;
   private applied: Ruleset | null = null;
   private needFull = true;
   /** failed stale-chain deletions since the last successful sync (nftables_cleanup_failures_total) */
@@ -37,10 +54,14 @@ export class NftProxier implements Proxier {
   /** retired chain → when it was flushed */
   private readonly staleChains = new Map<string, number>();
   private lastTransaction = '';
+  /** whether the last syncAttempt wrote a partial transaction */
+  private lastAttemptPartial = false;
+  /** partial transactions refused and repaired by a full sync in the same call (tests, /debug) */
+  partialFallbacks = 0;
   /** per-port fragments kept between syncs, so a partial sync replans only what changed */
   readonly planner = new IncrementalPlanner();
-  /** what `applied` was assembled from, for dump() in planRuleset's order */
-  private appliedParts: { options: NftPlanOptions; fragments: PortFragment[] } | null = null;
+  /** what `applied` was assembled from, for dump() in planRuleset's order (fragments: the planner's, at that generation) */
+  private appliedParts: { options: NftPlanOptions; generation: number } | null = null;
 
   /** Services nft refused, left out of the table until they change (modes/isolation.ts) */
   readonly exclusions = new ServiceExclusions();
@@ -52,6 +73,7 @@ export class NftProxier implements Proxier {
     this.log = opts.log;
     this.now = opts.now ?? Date.now;
     this.delayMs = opts.staleChainDelayMs ?? 1000;
+    this.batchMs = opts.staleChainBatchMs ?? 10_000;
   }
 
   /** the text of the last transaction sent to nft (for /debug and tests) */
@@ -68,14 +90,22 @@ export class NftProxier implements Proxier {
     return { chains: new Set(rs.chains.keys()), sets: new Map([...rs.sets.values()].map((s) => [s.name, s.kind])) };
   }
 
-  /** Deletes chains retired at least delayMs ago, in their own transaction; failures only log. */
-  private async deleteStaleChains(family: NftFamily, desired: Ruleset): Promise<void> {
+  /** Chains retired at least delayMs ago that the desired table does not use again. */
+  private dueStaleChains(desired: Ruleset): string[] {
     const due: string[] = [];
     for (const [name, since] of this.staleChains) {
       if (desired.chains.has(name)) this.staleChains.delete(name);
       else if (this.now() - since >= this.delayMs) due.push(name);
     }
+    return due;
+  }
+
+  /** Deletes due retired chains in their own transaction, at most once per batchMs; failures only log. */
+  private async deleteStaleChains(family: NftFamily, desired: Ruleset): Promise<void> {
+    if (this.now() - this.lastChainDeletion < this.batchMs) return;
+    const due = this.dueStaleChains(desired);
     if (due.length === 0) return;
+    this.lastChainDeletion = this.now();
     for (const c of due) this.staleChains.delete(c);
     try {
       await this.exec.apply(deleteChainsTransaction({ family, table: TABLE }, due));
@@ -94,12 +124,23 @@ export class NftProxier implements Proxier {
    */
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     this.exclusions.startSync(changed, full);
-    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(input);
+    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(full || this.needFull ? input : onlyServices(input, changed));
+    let fellBack = false;
     for (let retry = 0; ; retry++) {
       try {
         const stats = await this.syncAttempt({ ...input, state: this.exclusions.filter(input.state) }, changed, full);
         return this.exclusions.size ? { ...stats, excludedServices: this.exclusions.keys() } : stats;
       } catch (e) {
+        // A refused partial transaction most likely means the table is not what kproxy last
+        // wrote (changed or deleted behind its back: a partial sync has no `add table`);
+        // a full sync in the same call repairs it. Only a full sync's refusal isolates Services.
+        if (this.lastAttemptPartial && !fellBack && e instanceof NftApplyError) {
+          fellBack = true;
+          this.partialFallbacks++;
+          this.log.warn({ err: (e as Error).message }, coded('KPROXY_NFT_APPLY', 'partial sync refused; running a full sync now'));
+          retry--;
+          continue;
+        }
         if (!(e instanceof NftApplyError) || retry >= MAX_ISOLATION_RETRIES || !this.excludeRefused(e)) throw e;
       }
     }
@@ -127,23 +168,24 @@ export class NftProxier implements Proxier {
     const fullSync = full || this.needFull || !this.applied;
     // A full sync plans every port afresh (and so also resets the fragment cache).
     const options = optionsFromInput(input);
-    let plan = this.planner.plan(input.state, options, fullSync ? null : changed);
-    await this.deleteStaleChains(plan.desired.family, plan.desired);
-    // A failed deletion asks for a full sync: plan it afresh, as every full sync is.
-    if (!fullSync && this.needFull) plan = this.planner.plan(input.state, options, null);
+    const plan = this.planner.plan(input.state, options, fullSync ? null : changed);
     const desired = plan.desired;
     const family = desired.family;
 
     let tx: Transaction;
-    if (fullSync || this.needFull || !this.applied) {
+    this.lastAttemptPartial = !(fullSync || this.needFull || !this.applied);
+    if (!this.lastAttemptPartial) {
       const live = await this.liveNames(family);
       tx = fullTransaction(desired, live, { recreateBaseChains: !this.baseChainsRecreated });
     } else if (plan.previous) {
       tx = partialTransactionFor(desired, plan.previous);
     } else {
       // The options changed (e.g. node addresses): every port was replanned, diff it all.
-      tx = partialTransaction(desired, this.applied);
+      tx = partialTransaction(desired, this.applied!);
     }
+    // nft lists every chain for this transaction's deletes anyway: retire due chains with it.
+    const riders = this.lastAttemptPartial && /^delete /m.test(tx.text) ? this.dueStaleChains(desired) : [];
+    if (riders.length) tx = { ...tx, text: tx.text + deleteChainsTransaction({ family, table: TABLE }, riders), ops: tx.ops + riders.length };
     if (tx.ops > 0) {
       this.lastTransaction = tx.text;
       try {
@@ -153,6 +195,7 @@ export class NftProxier implements Proxier {
         throw e;
       }
     }
+    for (const c of riders) this.staleChains.delete(c);
     this.baseChainsRecreated = true;
     this.needFull = false;
     for (const c of tx.staleChains) {
@@ -160,16 +203,23 @@ export class NftProxier implements Proxier {
     }
     // Retired chains are tracked in staleChains, not here, so partial syncs diff only live content.
     this.applied = desired;
-    this.appliedParts = { options, fragments: this.planner.fragments() };
+    this.appliedParts = { options, generation: this.planner.generation };
     this.log.debug({ ops: tx.ops }, tx.summary);
+    // After the change is in the kernel, not before: `delete chain` makes nft 1.0.6 list every
+    // chain of the table (half a second at 10,000 Services), which must not delay the change.
+    await this.deleteStaleChains(family, desired);
     const cleanupFailures = this.cleanupFailures;
     this.cleanupFailures = 0;
-    return { rulesWritten: tx.ops, rulesTotal: countObjects(desired), diff: tx.summary, ...(cleanupFailures ? { cleanupFailures } : {}) };
+    return { rulesWritten: tx.ops, rulesTotal: this.planner.objectCount, diff: tx.summary, ...(cleanupFailures ? { cleanupFailures } : {}) };
   }
 
   dump(): string {
     // A partial sync patches the table (new objects last); dump it in the planner's order.
-    return this.appliedParts ? dumpRuleset(assembleRuleset(this.appliedParts.options, this.appliedParts.fragments)) : '';
+    if (!this.appliedParts || !this.applied) return '';
+    // A later attempt that failed has replanned (and patched the table in place): then only
+    // the table object is left, in its patched order.
+    if (this.appliedParts.generation !== this.planner.generation) return dumpRuleset(this.applied);
+    return dumpRuleset(assembleRuleset(this.appliedParts.options, this.planner.fragments()));
   }
 
   async stop(): Promise<void> {}
