@@ -10,6 +10,9 @@ import type { CommandRunner, RunOptions } from '../../src/exec/runner.ts';
 import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/proxy/iptables/proxier.ts';
 import { silentLogger } from '../../src/log.ts';
 import { FakeIptables } from '../../src/iptables/fake.ts';
+import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
+import { planIptablesFast } from '../../src/modes/iptables/plan.ts';
+import { IptablesSyncState } from '../../src/modes/iptables/sync-state.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 
 /** mulberry32: a small seeded PRNG, so a failure replays. */
@@ -227,4 +230,40 @@ test('jump rules: one iptables-save and at most one restore per full sync, same 
     'iptables-save -t nat',
     'iptables-restore --noflush --counters',
   ]);
+});
+
+test('the fast partial plan: taken for an endpoint-only change, refused when dispatch rules change', async () => {
+  const config = testConfig();
+  const t = tracker();
+  const slices: K8sEndpointSlice[] = [];
+  for (let i = 0; i < 20; i++) {
+    t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.9.${i + 1}`, type: 'NodePort', nodePort: 30400 + i }));
+    slices.push(slice(`ns${i}`, `svc${i}`, 's', [{ ip: `10.180.9.${i + 1}` }], [{ port: 8080 }]));
+    t.endpoints.update(null, slices[i]);
+  }
+  const input = planInput(t, config);
+  const opts = optionsFromConfig(config, input.node);
+  const s = new IptablesSyncState({ skipUnchangedChains: true });
+  s.installedNatChains = new Set();
+  const full = s.plan(t.state, opts, t.apply(), true);
+  s.commit(full);
+  // An endpoint replaced: only svc3's KUBE-SVC and the new KUBE-SEP, the old KUBE-SEP deleted.
+  t.endpoints.update(slices[3], slice('ns3', 'svc3', 's', [{ ip: '10.180.9.99' }], [{ port: 8080 }]));
+  const changed = t.apply();
+  const partial = s.plan(t.state, opts, changed, false);
+  assert.ok(partial.blockUpdates, 'the fast path planned it');
+  assert.equal(partial.writtenServices, 1);
+  assert.equal(partial.deletedChains.length, 1);
+  assert.equal(partial.natRulesTotal, full.natRulesTotal);
+  assert.doesNotMatch(partial.payload, /KUBE-SERVICES|KUBE-NODEPORTS|\*filter/);
+  s.commit(partial);
+  // A new service needs KUBE-SERVICES: the fast path declines, the full scan plans it.
+  t.services.update(null, svc('nsx', 'svcx', { clusterIP: '172.30.9.200' }));
+  t.endpoints.update(null, slice('nsx', 'svcx', 's', [{ ip: '10.180.9.200' }], [{ port: 8080 }]));
+  t.apply();
+  const applied = (s as unknown as { applied: Parameters<typeof planIptablesFast>[0]['applied'] }).applied;
+  assert.equal(planIptablesFast({ state: t.state, opts, applied, lastChainDigests: s.chainDigests!, deferStale: true }), null);
+  const next = s.plan(t.state, opts, new Set(['nsx/svcx']), false);
+  assert.equal(next.blockUpdates, undefined);
+  assert.match(next.payload, /^-A KUBE-SERVICES .*172\.30\.9\.200/m);
 });

@@ -45,6 +45,24 @@ export interface PlanRequest {
    * holding whole services (kproxy, not upstream; see chunkedPayloads). Unset or 0: one payload.
    */
   chunkLines?: number;
+  /**
+   * What the last applied sync rendered (the production proxier's IptablesSyncState). With
+   * it, a partial sync also writes any service whose rendered block changed, and the plan
+   * returns `blocks` for the next one.
+   */
+  applied?: AppliedBlocks;
+}
+
+/**
+ * The per-service-port blocks the last applied sync rendered, and the render settings they
+ * were rendered with: the base of a fast partial sync (planIptablesFast). Opaque outside.
+ */
+export interface AppliedBlocks {
+  ctxKey: string;
+  /** sp.key → its block */
+  blocks: Map<string, ServiceBlock>;
+  /** nat rules of all blocks plus the dispatch and static chains (Plan.natRulesTotal) */
+  natRulesTotal: number;
 }
 
 export interface Plan {
@@ -72,6 +90,10 @@ export interface Plan {
    * union is exactly `payload`'s content. Otherwise undefined.
    */
   chunks?: string[];
+  /** with `applied` in the request: what this plan renders, for the next sync (commit it) */
+  blocks?: AppliedBlocks;
+  /** a fast partial plan: the blocks it changed (undefined: the service port is gone) */
+  blockUpdates?: Array<[string, ServiceBlock | undefined]>;
 }
 
 /** the sysctl localhost NodePorts need: packets to 127.0.0.0/8 may be DNATed and routed off lo */
@@ -121,7 +143,7 @@ function sepName(svcName: string, protocol: string, ep: Endpoint): string {
 }
 
 /** Everything one service port contributes to a sync. */
-interface ServiceBlock {
+export interface ServiceBlock {
   /** filter table rules (always rendered; written unless unchanged, see lastChainDigests) */
   filter: string[];
   /** nat KUBE-SERVICES / KUBE-NODEPORTS rules (always rendered; written unless unchanged) */
@@ -291,6 +313,14 @@ function renderService(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): Se
   return b;
 }
 
+// The same settings give the same string object, so the block cache's key check (once per
+// service per sync) compares pointers, not a kilobyte of JSON.
+let lastKey = '';
+function internKey(key: string): string {
+  if (key !== lastKey) lastKey = key;
+  return lastKey;
+}
+
 function renderContext(state: ProxyState, opts: IptablesOptions): RenderContext {
   let totalEndpoints = 0;
   for (const sp of state.services.values()) totalEndpoints += state.endpoints.get(sp.key)?.length ?? 0;
@@ -300,7 +330,7 @@ function renderContext(state: ProxyState, opts: IptablesOptions): RenderContext 
     largeClusterMode,
     ifLocal: opts.localDetector ? opts.localDetector.ifLocal.join(' ') : '',
     ifNotLocal: opts.localDetector ? opts.localDetector.ifNotLocal.join(' ') : '',
-    key: JSON.stringify([opts, largeClusterMode]),
+    key: internKey(JSON.stringify([opts, largeClusterMode])),
   };
 }
 
@@ -349,14 +379,18 @@ export function planIptables(req: PlanRequest): Plan {
   let skippedRules = 0;
   /** natServiceUnits index where each written service's units start */
   const serviceStarts: number[] = [];
+  const blocks = req.applied ? new Map<string, ServiceBlock>() : undefined;
+  // A block rendered differently from the applied one (other settings) is written too.
+  const prev = req.applied && req.applied.ctxKey === ctx.key ? req.applied.blocks : undefined;
 
   for (const sp of services) {
     const b = serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx);
+    blocks?.set(sp.key, b);
     for (const l of b.filter) filterRules.push(l);
     for (const l of b.natTop) natStatic.push(l);
     for (const c of b.active) active.add(c);
     // Unchanged services' chains are already installed: count their rules, don't write them.
-    if (req.full || !req.changed || req.changed.has(sp.serviceKey)) {
+    if (req.full || !req.changed || req.changed.has(sp.serviceKey) || (req.applied && prev?.get(sp.key) !== b)) {
       writtenServices++;
       serviceStarts.push(natServiceUnits.length);
       for (const u of b.units) natServiceUnits.push(u);
@@ -465,6 +499,137 @@ export function planIptables(req: PlanRequest): Plan {
     chainDigests,
     skippedChains,
     chunks,
+    blocks: blocks && { ctxKey: ctx.key, blocks, natRulesTotal },
+  };
+}
+
+const sameLines = (a: readonly string[] | undefined, b: readonly string[] | undefined): boolean => {
+  const x = a ?? EMPTY_LINES;
+  const y = b ?? EMPTY_LINES;
+  if (x.length !== y.length) return false;
+  for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return false;
+  return true;
+};
+const EMPTY_LINES: string[] = [];
+
+export interface FastPlanRequest {
+  state: ProxyState;
+  opts: IptablesOptions;
+  applied: AppliedBlocks;
+  /** digests of the chain contents last applied: a written service's unchanged chains are left out */
+  lastChainDigests: ReadonlyMap<string, string>;
+  /**
+   * Large-cluster mode only: true defers the deletion of the chains that became stale (they
+   * stay installed, unreferenced, until a sync that scans for stale chains: planIptables).
+   */
+  deferStale: boolean;
+}
+
+/**
+ * A partial sync in O(changed services) rather than O(all services) (kproxy, not upstream):
+ * compares each service port's rendered block with the one last applied (by identity: the
+ * block cache returns the same object while the ServicePort, its endpoint list and the
+ * settings are the same, see serviceBlock), and when no changed service's dispatch rules
+ * (nat KUBE-SERVICES / KUBE-NODEPORTS, every filter rule) differ, writes only the changed
+ * services' own chains whose content changed, declaring only those, and deletes the chains
+ * that became stale (or defers them, `deferStale`). KUBE-SERVICES, KUBE-NODEPORTS and the
+ * filter table are left alone: an endpoint change touches only KUBE-SVC/SVL/EXT/FW/SEP chains.
+ *
+ * Returns null when this shortcut does not apply (the caller then runs planIptables): the
+ * render settings changed, a changed service's dispatch rules differ (a Service added or
+ * removed, a VIP, port or node port changed, endpoints appeared or all went away), or stale
+ * chains must be deleted in large-cluster mode (planIptables scans for every stale chain,
+ * including the deferred ones). The kernel ends in the state planIptables would leave it in.
+ */
+export function planIptablesFast(req: FastPlanRequest): Plan | null {
+  const { state, opts, applied } = req;
+  const ctx = renderContext(state, opts);
+  if (ctx.key !== applied.ctxKey) return null;
+  const touched: Array<[string, ServiceBlock | undefined, ServiceBlock | undefined]> = [];
+  let matched = 0;
+  for (const sp of state.services.values()) {
+    const b = serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx);
+    const old = applied.blocks.get(sp.key);
+    if (old) matched++;
+    if (old !== b) touched.push([sp.key, old, b]);
+  }
+  if (matched < applied.blocks.size) {
+    for (const [key, old] of applied.blocks) if (!state.services.has(key)) touched.push([key, old, undefined]);
+  }
+  let deltaRules = 0;
+  for (const [, old, b] of touched) {
+    if (!sameLines(old?.natTop, b?.natTop) || !sameLines(old?.filter, b?.filter)) return null;
+    deltaRules += (b?.rules.length ?? 0) - (old?.rules.length ?? 0);
+  }
+  const stale: string[] = [];
+  for (const [, old, b] of touched) {
+    if (!old) continue;
+    const now = new Set(b?.active ?? EMPTY_LINES);
+    for (const c of old.active) if (!now.has(c)) stale.push(c);
+  }
+  // Large-cluster mode, cleanup due: planIptables scans for every stale chain, the deferred too.
+  if (ctx.largeClusterMode && !req.deferStale) return null;
+  const deleted = ctx.largeClusterMode ? [] : stale;
+
+  const units: ChainUnit[] = [];
+  const chainDigests = new Map<string, string>();
+  const active = new Set<string>();
+  let skippedChains = 0;
+  let writtenServices = 0;
+  for (const [, , b] of touched) {
+    if (!b) continue;
+    writtenServices++;
+    for (const c of b.active) active.add(c);
+    for (const u of b.units) {
+      const key = `nat/${u.name}`;
+      if (u.declare) {
+        const d = unitDigest(u);
+        if (req.lastChainDigests.get(key) === d) {
+          skippedChains++;
+          continue;
+        }
+        chainDigests.set(key, d);
+      }
+      units.push(u);
+    }
+  }
+  // A chain that became stale in one service port and is active in another stays.
+  const deletedChains = deleted.filter((c) => !active.has(c));
+  let natRulesWritten = 0;
+  for (const u of units) natRulesWritten += u.rules.length;
+  let payload = '';
+  if (units.length || deletedChains.length) {
+    const out: string[] = ['*nat'];
+    for (const u of units) if (u.declare) out.push(chainLine(u.name));
+    for (const c of deletedChains) out.push(chainLine(c));
+    for (const u of units) for (const r of u.rules) out.push(r);
+    for (const c of deletedChains) out.push(`-X ${c}`);
+    out.push('COMMIT');
+    payload = out.join('\n') + '\n';
+  }
+  const natRulesTotal = applied.natRulesTotal + deltaRules;
+  const sysctls: Plan['sysctls'] = [];
+  if (opts.family !== 6 && opts.localhostNodePorts) {
+    for (const sp of state.services.values()) {
+      if (sp.nodePort === 0) continue;
+      sysctls.push({ name: SYSCTL_ROUTE_LOCALNET, value: '1' });
+      break;
+    }
+  }
+  return {
+    sysctls,
+    payload,
+    natRulesWritten,
+    natRulesTotal,
+    filterRules: 0,
+    activeNatChains: active,
+    deletedChains,
+    staleDeletion: false,
+    writtenServices,
+    largeClusterMode: ctx.largeClusterMode,
+    chainDigests,
+    skippedChains,
+    blockUpdates: touched.map(([key, , b]) => [key, b]),
   };
 }
 
