@@ -5,12 +5,16 @@
 //   and, for the record, the raw `--noflush` restore of that one payload (what kproxy did
 //   before chunking) where it finishes within the limit;
 // - one-Service change: one endpoint added to one service, then IptablesProxier.sync of that
-//   service (partial sync), in the namespace the cold start filled; median of --changes.
+//   service (partial sync), in the namespace the cold start filled; median of --changes;
+//   beside it, in that same namespace, the raw floors (median of --changes runs each): an
+//   empty `*nat COMMIT` --noflush restore (the process, the cache fetch and, on legacy, the
+//   whole-table read and write-back) and a one-chain restore (`:KPB-FLOOR` and one rule: the
+//   smallest write, i.e. what the kernel charges for any rule change in that table).
 // Per backend: nf_tables (iptables-restore) and legacy (iptables-legacy-restore, via the
 // binary renaming bench/netns.ts does, as update-alternatives would on a node).
 //
 //   sudo node --import tsx bench/iptables-scale.ts [--sizes 100,1000,10000] [--backends nf_tables,legacy]
-//        [--endpoints 5] [--changes 5] [--chunk-lines 5000] [--timeout 600] [--no-noflush-ref]
+//        [--endpoints 5] [--changes 7] [--chunk-lines 5000] [--timeout 600] [--no-noflush-ref]
 //
 // Prints one markdown table per backend. The machine is shared: medians, and the load average
 // is printed with each table. 50,000 services: ClusterIP services above 35,535 (no node
@@ -89,6 +93,9 @@ export interface ScaleRow {
   changeAll: number[];
   /** time inside iptables-restore of each change */
   changeRestoreMs: number[];
+  /** raw `--noflush` restores into the filled namespace: `*nat COMMIT` and one chain with one rule */
+  floorEmptyMs: number[];
+  floorChainMs: number[];
   load: string;
   error?: string;
 }
@@ -132,7 +139,7 @@ export async function iptablesScale(o: ScaleOptions, log: (l: string) => void): 
       for (const backend of o.backends) {
         const rename = backend === 'legacy' ? LEGACY_IPTABLES : {};
         const restore = backend === 'legacy' ? 'iptables-legacy-restore' : 'iptables-restore';
-        const row: ScaleRow = { n, backend, rules: natRules, rawFlushMs: NaN, coldMs: NaN, coldRestores: 0, coldRules: 0, changeAll: [], changeRestoreMs: [], load: loadavg().map((x) => x.toFixed(1)).join(' ') };
+        const row: ScaleRow = { n, backend, rules: natRules, rawFlushMs: NaN, coldMs: NaN, coldRestores: 0, coldRules: 0, changeAll: [], changeRestoreMs: [], floorEmptyMs: [], floorChainMs: [], load: loadavg().map((x) => x.toFixed(1)).join(' ') };
         // The raw reference: a flushing restore of the whole payload into an empty namespace.
         let ns = await nss.create('raw');
         try {
@@ -175,6 +182,13 @@ export async function iptablesScale(o: ScaleOptions, log: (l: string) => void): 
               log(`  change ${k}: ${fmtMs(row.changeAll[k])}: ${ran.map((r) => `${r.cmd} ${r.args.filter((a) => a.startsWith('-') && a !== '-w').join(' ')} ${fmtMs(r.ms)}`).join('; ')}`);
             }
             if (row.changeAll.length) row.changeMs = median(row.changeAll);
+            // The floors, in the same namespace (kproxy's rules in place): a chain of no one's.
+            const floorArgs = ['-w', '5', '--noflush', '--counters'];
+            for (let k = 0; k < Math.max(3, o.changes); k++) {
+              row.floorEmptyMs.push(await timed(runner, 'iptables-restore', floorArgs, '*nat\nCOMMIT\n', timeoutMs));
+              row.floorChainMs.push(await timed(runner, 'iptables-restore', floorArgs, `*nat\n:KPB-FLOOR - [0:0]\n-A KPB-FLOOR -m comment --comment "floor ${k}" -j RETURN\nCOMMIT\n`, timeoutMs));
+            }
+            log(`N=${n} ${backend}: raw floors: empty commit ${row.floorEmptyMs.map((x) => fmtMs(x)).join(', ')}; one chain ${row.floorChainMs.map((x) => fmtMs(x)).join(', ')}`);
             log(`N=${n} ${backend}: one-service change ${row.changeAll.map((x) => fmtMs(x)).join(', ')}`);
           } catch (e) {
             row.error = (e as Error).message.split('\n')[0].slice(0, 200);
@@ -197,13 +211,13 @@ const cell = (ms: number | undefined) => (ms === undefined ? '–' : ms === Numb
 
 export function scaleTable(rows: ScaleRow[], backend: Backend): string {
   const out = [
-    `| services (N) | nat rules | raw flushing restore | raw --noflush restore (one payload) | kproxy first sync (restores) | ratio to raw flushing | one-service change (median) | of which iptables-restore | load |`,
-    '|---:|---:|---:|---:|---:|---:|---:|---:|---|',
+    `| services (N) | nat rules | raw flushing restore | raw --noflush restore (one payload) | kproxy first sync (restores) | ratio to raw flushing | one-service change (median) | of which iptables-restore | of which kproxy | raw floor: empty commit | raw floor: one chain | load |`,
+    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|',
   ];
   for (const r of rows.filter((x) => x.backend === backend)) {
     const ratio = r.error ? '–' : (r.coldMs / r.rawFlushMs).toFixed(2) + '×';
     const cold = r.error ? `failed after ${cell(r.coldMs)}` : `${cell(r.coldMs)} (${r.coldRestores})`;
-    out.push(`| ${r.n.toLocaleString('en-US')} | ${r.rules.toLocaleString('en-US')} | ${cell(r.rawFlushMs)} | ${cell(r.rawNoflushMs)} | ${cold} | ${ratio} | ${cell(r.changeMs)} | ${r.changeRestoreMs.length ? cell(median(r.changeRestoreMs)) : '–'} | ${r.load} |`);
+    out.push(`| ${r.n.toLocaleString('en-US')} | ${r.rules.toLocaleString('en-US')} | ${cell(r.rawFlushMs)} | ${cell(r.rawNoflushMs)} | ${cold} | ${ratio} | ${cell(r.changeMs)} | ${r.changeRestoreMs.length ? cell(median(r.changeRestoreMs)) : '–'} | ${r.changeAll.length ? cell(median(r.changeAll.map((x, i) => x - r.changeRestoreMs[i]))) : '–'} | ${r.floorEmptyMs.length ? cell(median(r.floorEmptyMs)) : '–'} | ${r.floorChainMs.length ? cell(median(r.floorChainMs)) : '–'} | ${r.load} |`);
   }
   return out.join('\n');
 }
@@ -214,7 +228,7 @@ async function main(): Promise<void> {
       sizes: { type: 'string', default: '100,1000,10000' },
       backends: { type: 'string', default: 'nf_tables,legacy' },
       endpoints: { type: 'string', default: '5' },
-      changes: { type: 'string', default: '5' },
+      changes: { type: 'string', default: '7' },
       'chunk-lines': { type: 'string' },
       timeout: { type: 'string', default: '600' },
       'no-noflush-ref': { type: 'boolean', default: false },
