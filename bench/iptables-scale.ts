@@ -209,6 +209,13 @@ export async function iptablesScale(o: ScaleOptions, log: (l: string) => void): 
 
 const cell = (ms: number | undefined) => (ms === undefined ? '–' : ms === Number.POSITIVE_INFINITY ? 'timeout' : Number.isNaN(ms) ? 'failed' : fmtMs(ms));
 
+/** Median of the runs that worked, and how many failed (e.g. the host-wide xtables lock taken for longer than -w 5). */
+function floorCell(xs: number[]): string {
+  const ok = xs.filter(Number.isFinite);
+  if (!xs.length) return '–';
+  return `${ok.length ? cell(median(ok)) : 'failed'}${ok.length < xs.length ? ` (${xs.length - ok.length} failed)` : ''}`;
+}
+
 export function scaleTable(rows: ScaleRow[], backend: Backend): string {
   const out = [
     `| services (N) | nat rules | raw flushing restore | raw --noflush restore (one payload) | kproxy first sync (restores) | ratio to raw flushing | one-service change (median) | of which iptables-restore | of which kproxy | raw floor: empty commit | raw floor: one chain | load |`,
@@ -217,7 +224,7 @@ export function scaleTable(rows: ScaleRow[], backend: Backend): string {
   for (const r of rows.filter((x) => x.backend === backend)) {
     const ratio = r.error ? '–' : (r.coldMs / r.rawFlushMs).toFixed(2) + '×';
     const cold = r.error ? `failed after ${cell(r.coldMs)}` : `${cell(r.coldMs)} (${r.coldRestores})`;
-    out.push(`| ${r.n.toLocaleString('en-US')} | ${r.rules.toLocaleString('en-US')} | ${cell(r.rawFlushMs)} | ${cell(r.rawNoflushMs)} | ${cold} | ${ratio} | ${cell(r.changeMs)} | ${r.changeRestoreMs.length ? cell(median(r.changeRestoreMs)) : '–'} | ${r.changeAll.length ? cell(median(r.changeAll.map((x, i) => x - r.changeRestoreMs[i]))) : '–'} | ${r.floorEmptyMs.length ? cell(median(r.floorEmptyMs)) : '–'} | ${r.floorChainMs.length ? cell(median(r.floorChainMs)) : '–'} | ${r.load} |`);
+    out.push(`| ${r.n.toLocaleString('en-US')} | ${r.rules.toLocaleString('en-US')} | ${cell(r.rawFlushMs)} | ${cell(r.rawNoflushMs)} | ${cold} | ${ratio} | ${cell(r.changeMs)} | ${r.changeRestoreMs.length ? cell(median(r.changeRestoreMs)) : '–'} | ${r.changeAll.length ? cell(median(r.changeAll.map((x, i) => x - r.changeRestoreMs[i]))) : '–'} | ${floorCell(r.floorEmptyMs)} | ${floorCell(r.floorChainMs)} | ${r.load} |`);
   }
   return out.join('\n');
 }

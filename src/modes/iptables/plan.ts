@@ -90,6 +90,11 @@ export interface Plan {
    * union is exactly `payload`'s content. Otherwise undefined.
    */
   chunks?: string[];
+  /**
+   * Stale service chains this plan leaves installed (large-cluster mode defers their
+   * deletion); set by IptablesSyncState for planIptables' plans, by planIptablesFast for its own.
+   */
+  deferredChains?: string[];
   /** with `applied` in the request: what this plan renders, for the next sync (commit it) */
   blocks?: AppliedBlocks;
   /** a fast partial plan: the blocks it changed (undefined: the service port is gone) */
@@ -520,9 +525,12 @@ export interface FastPlanRequest {
   lastChainDigests: ReadonlyMap<string, string>;
   /**
    * Large-cluster mode only: true defers the deletion of the chains that became stale (they
-   * stay installed, unreferenced, until a sync that scans for stale chains: planIptables).
+   * stay installed, unreferenced, until the cleanup is due); false deletes them and every
+   * chain in `deferred`.
    */
   deferStale: boolean;
+  /** the stale chains earlier syncs left installed (Plan.deferredChains of the last applied plan) */
+  deferred: ReadonlySet<string>;
 }
 
 /**
@@ -536,10 +544,11 @@ export interface FastPlanRequest {
  * filter table are left alone: an endpoint change touches only KUBE-SVC/SVL/EXT/FW/SEP chains.
  *
  * Returns null when this shortcut does not apply (the caller then runs planIptables): the
- * render settings changed, a changed service's dispatch rules differ (a Service added or
- * removed, a VIP, port or node port changed, endpoints appeared or all went away), or stale
- * chains must be deleted in large-cluster mode (planIptables scans for every stale chain,
- * including the deferred ones). The kernel ends in the state planIptables would leave it in.
+ * render settings changed (large-cluster mode on or off included), or a changed service's
+ * dispatch rules differ (a Service added or removed, a VIP, port or node port changed,
+ * endpoints appeared or all went away). The kernel ends in the state planIptables would
+ * leave it in; the deferred stale chains are known (`deferred`), so no scan of the 70k
+ * installed chains is needed when their deletion comes due.
  */
 export function planIptablesFast(req: FastPlanRequest): Plan | null {
   const { state, opts, applied } = req;
@@ -567,9 +576,8 @@ export function planIptablesFast(req: FastPlanRequest): Plan | null {
     const now = new Set(b?.active ?? EMPTY_LINES);
     for (const c of old.active) if (!now.has(c)) stale.push(c);
   }
-  // Large-cluster mode, cleanup due: planIptables scans for every stale chain, the deferred too.
-  if (ctx.largeClusterMode && !req.deferStale) return null;
-  const deleted = ctx.largeClusterMode ? [] : stale;
+  // Outside large-cluster mode nothing is ever deferred; inside, until the cleanup is due.
+  const defer = ctx.largeClusterMode && req.deferStale;
 
   const units: ChainUnit[] = [];
   const chainDigests = new Map<string, string>();
@@ -593,8 +601,9 @@ export function planIptablesFast(req: FastPlanRequest): Plan | null {
       units.push(u);
     }
   }
-  // A chain that became stale in one service port and is active in another stays.
-  const deletedChains = deleted.filter((c) => !active.has(c));
+  // A deferred chain that a changed service uses again is no longer stale.
+  const gone = [...req.deferred, ...stale].filter((c) => !active.has(c));
+  const deletedChains = defer ? [] : gone;
   let natRulesWritten = 0;
   for (const u of units) natRulesWritten += u.rules.length;
   let payload = '';
@@ -630,6 +639,7 @@ export function planIptablesFast(req: FastPlanRequest): Plan | null {
     chainDigests,
     skippedChains,
     blockUpdates: touched.map(([key, , b]) => [key, b]),
+    deferredChains: defer ? gone : [],
   };
 }
 

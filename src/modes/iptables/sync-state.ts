@@ -23,6 +23,8 @@ export class IptablesSyncState {
   chunkLines = 0;
   /** with skipUnchangedChains: the blocks the last applied sync rendered; null until a full sync */
   private applied: AppliedBlocks | null = null;
+  /** installed stale service chains whose deletion is deferred (large-cluster mode) */
+  private deferred: ReadonlySet<string> = new Set();
 
   constructor(o: { skipUnchangedChains?: boolean } = {}) {
     this.skipUnchangedChains = o.skipUnchangedChains ?? false;
@@ -45,16 +47,19 @@ export class IptablesSyncState {
     };
     // O(changed) when only changed services' own chains differ (plan.ts planIptablesFast).
     if (!doFull && this.applied && this.chainDigests && this.installedNatChains) {
-      const fast = planIptablesFast({ state, opts, applied: this.applied, lastChainDigests: this.chainDigests, deferStale: skipCleanup });
+      const fast = planIptablesFast({ state, opts, applied: this.applied, lastChainDigests: this.chainDigests, deferStale: skipCleanup, deferred: this.deferred });
       if (fast) {
-        if (!fast.largeClusterMode) this.pendingCleanupMs = nowMs;
+        if (!fast.largeClusterMode || !skipCleanup) this.pendingCleanupMs = nowMs;
         return { ...fast, full: false };
       }
     }
     let plan = planIptables({ state, opts, full: doFull, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale: true, ...digests });
+    plan.deferredChains = [];
     if (plan.largeClusterMode && skipCleanup) {
       if (plan.deletedChains.length) {
+        const deferred = plan.deletedChains;
         plan = planIptables({ state, opts, full: doFull, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale: false, ...digests });
+        plan.deferredChains = deferred;
       }
     } else if (this.installedNatChains) {
       this.pendingCleanupMs = nowMs;
@@ -91,6 +96,7 @@ export class IptablesSyncState {
       for (const c of plan.deletedChains) installed.delete(c);
       for (const c of plan.activeNatChains) installed.add(c);
     }
+    if (plan.deferredChains) this.deferred = new Set(plan.deferredChains);
     this.needFullSync = false;
     if (this.pendingCleanupMs !== null) this.lastCleanupMs = this.pendingCleanupMs;
     this.pendingCleanupMs = null;
