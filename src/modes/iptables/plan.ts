@@ -58,7 +58,8 @@ export interface PlanRequest {
  * were rendered with: the base of a fast partial sync (planIptablesFast). Opaque outside.
  */
 export interface AppliedBlocks {
-  ctxKey: string;
+  /** the render settings the blocks were rendered with (undefined: none yet) */
+  ctx?: RenderContext;
   /** sp.key → its block */
   blocks: Map<string, ServiceBlock>;
   /** nat rules of all blocks plus the dispatch and static chains (Plan.natRulesTotal) */
@@ -386,7 +387,7 @@ export function planIptables(req: PlanRequest): Plan {
   const serviceStarts: number[] = [];
   const blocks = req.applied ? new Map<string, ServiceBlock>() : undefined;
   // A block rendered differently from the applied one (other settings) is written too.
-  const prev = req.applied && req.applied.ctxKey === ctx.key ? req.applied.blocks : undefined;
+  const prev = req.applied && req.applied.ctx?.key === ctx.key ? req.applied.blocks : undefined;
 
   for (const sp of services) {
     const b = serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx);
@@ -504,7 +505,7 @@ export function planIptables(req: PlanRequest): Plan {
     chainDigests,
     skippedChains,
     chunks,
-    blocks: blocks && { ctxKey: ctx.key, blocks, natRulesTotal },
+    blocks: blocks && { ctx, blocks, natRulesTotal },
   };
 }
 
@@ -552,16 +553,22 @@ export interface FastPlanRequest {
  */
 export function planIptablesFast(req: FastPlanRequest): Plan | null {
   const { state, opts, applied } = req;
-  const ctx = renderContext(state, opts);
-  if (ctx.key !== applied.ctxKey) return null;
+  // The applied settings, if the options are the same; large-cluster mode is checked after
+  // the scan, which counts the endpoints on the way (one pass over the services, not two).
+  const ctx = applied.ctx;
+  if (!ctx || internKey(JSON.stringify([opts, ctx.largeClusterMode])) !== ctx.key) return null;
   const touched: Array<[string, ServiceBlock | undefined, ServiceBlock | undefined]> = [];
   let matched = 0;
+  let totalEndpoints = 0;
   for (const sp of state.services.values()) {
-    const b = serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx);
+    const eps = state.endpoints.get(sp.key) ?? EMPTY;
+    totalEndpoints += eps.length;
+    const b = serviceBlock(sp, eps, ctx);
     const old = applied.blocks.get(sp.key);
     if (old) matched++;
     if (old !== b) touched.push([sp.key, old, b]);
   }
+  if (totalEndpoints > opts.largeClusterEndpointsThreshold !== ctx.largeClusterMode) return null;
   if (matched < applied.blocks.size) {
     for (const [key, old] of applied.blocks) if (!state.services.has(key)) touched.push([key, old, undefined]);
   }

@@ -9,7 +9,7 @@ import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
 import { planIptables, planIptablesFast, type AppliedBlocks, type Plan } from './plan.ts';
 
-const NO_BLOCKS: AppliedBlocks = { ctxKey: '', blocks: new Map(), natRulesTotal: 0 };
+const NO_BLOCKS: AppliedBlocks = { blocks: new Map(), natRulesTotal: 0 };
 
 export class IptablesSyncState {
   /** nat chains believed installed; null until the first full sync told us */
