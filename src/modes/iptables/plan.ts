@@ -4,11 +4,14 @@
 // but not built. Pure: no I/O. Output is built as arrays of lines joined once.
 //
 // Unlike upstream, a partial sync can also leave out every chain whose content is exactly
-// what kproxy last wrote for it (`lastChainDigests`, given by the production proxier only):
-// upstream rewrites KUBE-SERVICES, KUBE-NODEPORTS and the static chains on every partial
-// sync (2N + 26 nat rules for a one-endpoint change); leaving them out makes that write a
-// small constant. With --noflush an omitted chain keeps its kernel content, which is the
-// content it would have been rewritten with, so the resulting tables are the same.
+// what kproxy last wrote for it (given by the production proxier only: `applied`, the
+// blocks last applied, for the services' own chains; `lastChainDigests` for the static and
+// dispatch chains): upstream rewrites KUBE-SERVICES, KUBE-NODEPORTS and the static chains on
+// every partial sync (2N + 26 nat rules for a one-endpoint change); leaving them out makes
+// that write a small constant. With --noflush an omitted chain keeps its kernel content,
+// which is the content it would have been rewritten with, so the resulting tables are the
+// same. When no changed service's dispatch rules differ, planIptablesFast plans the partial
+// sync without visiting the other services' rules at all (O(changed), see there).
 import { hash } from 'node:crypto';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
 import { portView } from '../../core/nodeview.ts';
@@ -385,6 +388,10 @@ export function planIptables(req: PlanRequest): Plan {
   let skippedRules = 0;
   /** natServiceUnits index where each written service's units start */
   const serviceStarts: number[] = [];
+  // With the applied blocks, a partial sync compares a written service's chains with its
+  // last applied block (no digest per service chain: 70k sha1 and map entries at 10k).
+  const skipByBlock = !req.full && req.lastChainDigests !== undefined && req.applied !== undefined;
+  let skippedChains = 0;
   const blocks = req.applied ? new Map<string, ServiceBlock>() : undefined;
   // A block rendered differently from the applied one (other settings) is written too.
   const prev = req.applied && req.applied.ctx?.key === ctx.key ? req.applied.blocks : undefined;
@@ -399,7 +406,16 @@ export function planIptables(req: PlanRequest): Plan {
     if (req.full || !req.changed || req.changed.has(sp.serviceKey) || (req.applied && prev?.get(sp.key) !== b)) {
       writtenServices++;
       serviceStarts.push(natServiceUnits.length);
-      for (const u of b.units) natServiceUnits.push(u);
+      const old = skipByBlock ? prev?.get(sp.key) : undefined;
+      for (const u of b.units) {
+        // A chain the last applied block has with the same rules is in the kernel as is.
+        if (old && u.declare && sameUnitIn(old, u)) {
+          skippedChains++;
+          skippedRules += u.rules.length;
+        } else {
+          natServiceUnits.push(u);
+        }
+      }
     } else {
       skippedRules += b.rules.length;
     }
@@ -438,7 +454,6 @@ export function planIptables(req: PlanRequest): Plan {
   const skipping = !req.full && req.lastChainDigests !== undefined;
   const record = req.recordDigests === true;
   const chainDigests = new Map<string, string>();
-  let skippedChains = 0;
   const choose = (table: string, units: ChainUnit[]): ChainUnit[] => {
     if (!skipping && !record) return units;
     const out: ChainUnit[] = [];
@@ -456,8 +471,10 @@ export function planIptables(req: PlanRequest): Plan {
     return out;
   };
   const filterUnits = choose('filter', groupByChain(filterDeclared, filterRules));
-  const natAll = [...groupByChain(natDeclared, natStatic), ...natServiceUnits];
-  const natUnits = choose('nat', natAll);
+  const natStaticUnits = groupByChain(natDeclared, natStatic);
+  const natAll = [...natStaticUnits, ...natServiceUnits];
+  // With the applied blocks only the static and dispatch chains carry digests.
+  const natUnits = req.applied ? [...choose('nat', natStaticUnits), ...natServiceUnits] : choose('nat', natAll);
 
   let natRulesTotal = skippedRules;
   for (const u of natAll) natRulesTotal += u.rules.length;
@@ -518,12 +535,16 @@ const sameLines = (a: readonly string[] | undefined, b: readonly string[] | unde
 };
 const EMPTY_LINES: string[] = [];
 
+/** Whether `block` has a declared chain named as `u` with the same rules. */
+function sameUnitIn(block: ServiceBlock, u: ChainUnit): boolean {
+  for (const o of block.units) if (o.name === u.name) return o.declare && sameLines(o.rules, u.rules);
+  return false;
+}
+
 export interface FastPlanRequest {
   state: ProxyState;
   opts: IptablesOptions;
   applied: AppliedBlocks;
-  /** digests of the chain contents last applied: a written service's unchanged chains are left out */
-  lastChainDigests: ReadonlyMap<string, string>;
   /**
    * Large-cluster mode only: true defers the deletion of the chains that became stale (they
    * stay installed, unreferenced, until the cleanup is due); false deletes them and every
@@ -540,7 +561,8 @@ export interface FastPlanRequest {
  * block cache returns the same object while the ServicePort, its endpoint list and the
  * settings are the same, see serviceBlock), and when no changed service's dispatch rules
  * (nat KUBE-SERVICES / KUBE-NODEPORTS, every filter rule) differ, writes only the changed
- * services' own chains whose content changed, declaring only those, and deletes the chains
+ * services' own chains whose content changed (compared with the applied block), declaring
+ * only those, and deletes the chains
  * that became stale (or defers them, `deferStale`). KUBE-SERVICES, KUBE-NODEPORTS and the
  * filter table are left alone: an endpoint change touches only KUBE-SVC/SVL/EXT/FW/SEP chains.
  *
@@ -587,23 +609,17 @@ export function planIptablesFast(req: FastPlanRequest): Plan | null {
   const defer = ctx.largeClusterMode && req.deferStale;
 
   const units: ChainUnit[] = [];
-  const chainDigests = new Map<string, string>();
   const active = new Set<string>();
   let skippedChains = 0;
   let writtenServices = 0;
-  for (const [, , b] of touched) {
+  for (const [, old, b] of touched) {
     if (!b) continue;
     writtenServices++;
     for (const c of b.active) active.add(c);
     for (const u of b.units) {
-      const key = `nat/${u.name}`;
-      if (u.declare) {
-        const d = unitDigest(u);
-        if (req.lastChainDigests.get(key) === d) {
-          skippedChains++;
-          continue;
-        }
-        chainDigests.set(key, d);
+      if (old && u.declare && sameUnitIn(old, u)) {
+        skippedChains++;
+        continue;
       }
       units.push(u);
     }
@@ -643,7 +659,7 @@ export function planIptablesFast(req: FastPlanRequest): Plan | null {
     staleDeletion: false,
     writtenServices,
     largeClusterMode: ctx.largeClusterMode,
-    chainDigests,
+    chainDigests: new Map(),
     skippedChains,
     blockUpdates: touched.map(([key, , b]) => [key, b]),
     deferredChains: defer ? gone : [],

@@ -2,9 +2,11 @@
 // are installed (refreshed from iptables-save at every full sync), whether the next sync
 // must be full, and when stale chains were last cleaned. Pure: the caller does the I/O.
 // With skipUnchangedChains (the production proxier; not the conformance adapter, whose
-// goldens are upstream's payloads) it also keeps a digest of every chain's last applied
-// content, rebuilt from what a full sync wrote and updated by each partial sync, so partial
-// syncs leave out chains whose content did not change (see plan.ts).
+// goldens are upstream's payloads) it also keeps what was last applied: each service port's
+// rendered block and a digest of each static and dispatch chain, replaced by a full sync and
+// updated by each partial sync, so partial syncs leave out chains whose content did not
+// change and, when only services' own chains change, plan in O(changed) (see plan.ts); and
+// the stale chains whose deletion large-cluster mode defers, deleted when the cleanup is due.
 import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
 import { planIptables, planIptablesFast, type AppliedBlocks, type Plan } from './plan.ts';
@@ -47,7 +49,7 @@ export class IptablesSyncState {
     };
     // O(changed) when only changed services' own chains differ (plan.ts planIptablesFast).
     if (!doFull && this.applied && this.chainDigests && this.installedNatChains) {
-      const fast = planIptablesFast({ state, opts, applied: this.applied, lastChainDigests: this.chainDigests, deferStale: skipCleanup, deferred: this.deferred });
+      const fast = planIptablesFast({ state, opts, applied: this.applied, deferStale: skipCleanup, deferred: this.deferred });
       if (fast) {
         if (!fast.largeClusterMode || !skipCleanup) this.pendingCleanupMs = nowMs;
         return { ...fast, full: false };
