@@ -21,10 +21,22 @@ const SPECIAL: Array<{ cidr: string; reason: string }> = [
 // Parsed once: this check runs for every VIP of every Service at a full sync.
 const SPECIAL_PARSED = SPECIAL.map((s) => ({ cidr: parseCIDR(s.cidr)!, reason: s.reason }));
 
+/**
+ * A canonical address outside every SPECIAL range, told from its first octet or its first
+ * characters (a cheap filter; false means "check the ranges"): at a full sync this runs for
+ * every VIP of every Service.
+ */
+function surelyOrdinary(c: string): boolean {
+  if (c.includes(':')) return c !== '::' && c !== '::1' && !c.startsWith('fe') && !c.startsWith('ff');
+  const o = parseInt(c, 10);
+  return o !== 0 && o !== 127 && o !== 169 && o < 224;
+}
+
 /** Why `ip` can never be a Service VIP, or null when it can. */
 export function unsafeVIPReason(ip: string): string | null {
   const c = canonicalIP(ip);
   if (!c) return 'not an IP address';
+  if (surelyOrdinary(c)) return null;
   for (const s of SPECIAL_PARSED) if (cidrContains(s.cidr, c)) return s.reason;
   return null;
 }
