@@ -323,11 +323,15 @@ function renderService(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): Se
 }
 
 // The same settings give the same string object, so the block cache's key check (once per
-// service per sync) compares pointers, not a kilobyte of JSON.
-let lastKey = '';
+// service per sync) compares pointers, not a kilobyte of JSON. A few entries: one per family
+// (and a test's variations); cleared when full.
+const keys = new Map<string, string>();
 function internKey(key: string): string {
-  if (key !== lastKey) lastKey = key;
-  return lastKey;
+  const hit = keys.get(key);
+  if (hit !== undefined) return hit;
+  if (keys.size >= 16) keys.clear();
+  keys.set(key, key);
+  return key;
 }
 
 function renderContext(state: ProxyState, opts: IptablesOptions): RenderContext {
