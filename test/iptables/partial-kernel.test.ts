@@ -2,7 +2,8 @@
 // this test creates: a seeded random sequence of changes applied with partial syncs (the
 // production proxier: unchanged chains left out, the O(changed) fast path, stale chains
 // deleted at once or, in large-cluster mode, deferred until the cleanup is due) leaves the
-// nat and filter tables as a fresh proxier's full sync of the same state leaves them. While
+// nat and filter tables as a fresh proxier's full sync of the same state leaves them, rule
+// order within each chain included (new Services' dispatch rules are inserted in place). While
 // deletions are deferred, the only difference allowed is the deferred chains themselves:
 // service chains nothing jumps to. Once the cleanup is due they are gone and the tables are
 // identical. An endpoint-only change's restore input writes neither KUBE-SERVICES nor
@@ -40,16 +41,21 @@ function nsRunner(ns: () => Netns, inputs: string[] = []): CommandRunner {
   };
 }
 
-/** nat + filter as iptables-save prints them, without counters and comment lines, sorted. */
+/**
+ * nat + filter as iptables-save prints them, without counters and comment lines: chains in
+ * name order (their order in the save is creation order), rules in their order in the chain.
+ */
 function tableLines(ns: Netns, family: 4 | 6): string[] {
   const save = family === 6 ? 'ip6tables-save' : 'iptables-save';
   const out: string[] = [];
   for (const t of ['nat', 'filter']) {
     for (const l of ns.exec(save, ['-t', t]).split('\n')) {
-      if (l && !l.startsWith('#')) out.push(`${t} ${l.replace(/ \[\d+:\d+\]$/, '')}`);
+      if (l && !l.startsWith('#') && !l.startsWith('*') && l !== 'COMMIT') out.push(`${t} ${l.replace(/ \[\d+:\d+\]$/, '')}`);
     }
   }
-  return out.sort();
+  // Stable: declarations (":") before rules ("-A"), each chain's rules keep their order.
+  const key = (l: string) => `${l.split(' ')[0]} ${chainOf(l)} ${l.split(' ')[1].startsWith(':') ? 0 : 1}`;
+  return out.sort((a, b) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
 }
 
 /** Chain of a `:CHAIN` or `-A CHAIN` line (after the table prefix). */

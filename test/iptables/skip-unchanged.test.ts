@@ -11,7 +11,7 @@ import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/proxy
 import { silentLogger } from '../../src/log.ts';
 import { FakeIptables } from '../../src/iptables/fake.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
-import { planIptablesFast } from '../../src/modes/iptables/plan.ts';
+import { planIptables, planIptablesFast } from '../../src/modes/iptables/plan.ts';
 import { IptablesSyncState } from '../../src/modes/iptables/sync-state.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 
@@ -232,7 +232,7 @@ test('jump rules: one iptables-save and at most one restore per full sync, same 
   ]);
 });
 
-test('the fast partial plan: taken for an endpoint-only change, refused when dispatch rules change', async () => {
+test('the fast partial plan: an endpoint change writes no dispatch chain, a new Service inserts its dispatch rules in place', async () => {
   const config = testConfig();
   const t = tracker();
   const slices: K8sEndpointSlice[] = [];
@@ -257,13 +257,27 @@ test('the fast partial plan: taken for an endpoint-only change, refused when dis
   assert.equal(partial.natRulesTotal, full.natRulesTotal);
   assert.doesNotMatch(partial.payload, /KUBE-SERVICES|KUBE-NODEPORTS|\*filter/);
   s.commit(partial);
-  // A new service needs KUBE-SERVICES: the fast path declines, the full scan plans it.
-  t.services.update(null, svc('nsx', 'svcx', { clusterIP: '172.30.9.200' }));
+  // A new service: its dispatch rules are inserted where a full sync puts them (sorted by
+  // key: nsx/svcx after ns9/svc9, i.e. after the other 20 services' one rule each in nat
+  // KUBE-SERVICES and KUBE-NODEPORTS), nothing else in those chains is rewritten.
+  t.services.update(null, svc('nsx', 'svcx', { clusterIP: '172.30.9.200', type: 'NodePort', nodePort: 30499 }));
   t.endpoints.update(null, slice('nsx', 'svcx', 's', [{ ip: '10.180.9.200' }], [{ port: 8080 }]));
-  t.apply();
+  const added = t.apply();
+  const next = s.plan(t.state, opts, added, false);
+  assert.ok(next.blockUpdates, 'the fast path planned it');
+  assert.doesNotMatch(next.payload, /^:KUBE-(SERVICES|NODEPORTS) /m);
+  assert.match(next.payload, /^-I KUBE-SERVICES 21 .*-d 172\.30\.9\.200 .*-j KUBE-SVC-/m);
+  assert.match(next.payload, /^-I KUBE-NODEPORTS 21 .*--dport 30499 -j KUBE-EXT-/m);
+  // 2 dispatch rules, KUBE-SVC (masquerade, 1 endpoint), KUBE-SEP (2), KUBE-EXT (2)
+  assert.equal(next.natRulesTotal, full.natRulesTotal + 8);
+  assert.equal(next.natRulesTotal, planIptables({ state: t.state, opts, full: true }).natRulesTotal);
+  s.commit(next);
+  // Too many services' dispatch rules at once: the full scan rewrites the chains.
+  for (let i = 0; i < 201; i++) t.services.update(null, svc(`nsy${i}`, 'svc', { clusterIP: `172.30.10.${i + 1}` }));
+  const many = t.apply();
   const applied = (s as unknown as { applied: Parameters<typeof planIptablesFast>[0]['applied'] }).applied;
   assert.equal(planIptablesFast({ state: t.state, opts, applied, deferStale: true, deferred: new Set() }), null);
-  const next = s.plan(t.state, opts, new Set(['nsx/svcx']), false);
-  assert.equal(next.blockUpdates, undefined);
-  assert.match(next.payload, /^-A KUBE-SERVICES .*172\.30\.9\.200/m);
+  const rewrite = s.plan(t.state, opts, many, false);
+  assert.equal(rewrite.blockUpdates, undefined);
+  assert.match(rewrite.payload, /^:KUBE-SERVICES /m);
 });
