@@ -636,19 +636,20 @@ export interface FastPlanRequest {
  * A partial sync in O(changed services) rather than O(all services) (kproxy, not upstream):
  * compares each service port's rendered block with the one last applied (by identity: the
  * block cache returns the same object while the ServicePort, its endpoint list and the
- * settings are the same, see serviceBlock), and when no changed service's dispatch rules
- * (nat KUBE-SERVICES / KUBE-NODEPORTS, every filter rule) differ, writes only the changed
- * services' own chains whose content changed (compared with the applied block), declaring
- * only those, and deletes the chains
- * that became stale (or defers them, `deferStale`). KUBE-SERVICES, KUBE-NODEPORTS and the
- * filter table are left alone: an endpoint change touches only KUBE-SVC/SVL/EXT/FW/SEP chains.
+ * settings are the same, see serviceBlock) and writes only the changed services' own chains
+ * whose content changed (compared with the applied block), declaring only those; deletes the
+ * chains that became stale, or defers them (`deferStale`, large-cluster mode) and deletes the
+ * deferred ones when the cleanup is due. When no changed service's dispatch rules (nat
+ * KUBE-SERVICES / KUBE-NODEPORTS, every filter rule) differ, which is the case for an endpoint
+ * change, the restore leaves those chains and the filter table alone; when some do (a Service
+ * added or removed, a VIP, port or node port changed, endpoints appearing or all going), they
+ * are edited in place (dispatchEdits) rather than rewritten.
  *
  * Returns null when this shortcut does not apply (the caller then runs planIptables): the
- * render settings changed (large-cluster mode on or off included), or a changed service's
- * dispatch rules differ (a Service added or removed, a VIP, port or node port changed,
- * endpoints appeared or all went away). The kernel ends in the state planIptables would
- * leave it in; the deferred stale chains are known (`deferred`), so no scan of the 70k
- * installed chains is needed when their deletion comes due.
+ * render settings changed (large-cluster mode on or off included), or more than
+ * MAX_DISPATCH_EDITS services' dispatch rules changed. The kernel ends in the state
+ * planIptables would leave it in, rule order included; the deferred stale chains are known
+ * (`deferred`), so no scan of the 70k installed chains is needed when their deletion comes due.
  */
 export function planIptablesFast(req: FastPlanRequest): Plan | null {
   const { state, opts, applied } = req;
