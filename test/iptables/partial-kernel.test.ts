@@ -1,4 +1,5 @@
-// Real kernel (the machine's default iptables backend), both families, in two namespaces
+// Real kernel (the machine's default iptables backend in both families, and legacy for
+// IPv4), in two namespaces
 // this test creates: a seeded random sequence of changes applied with partial syncs (the
 // production proxier: unchanged chains left out, the O(changed) fast path, stale chains
 // deleted at once or, in large-cluster mode, deferred until the cleanup is due) leaves the
@@ -31,12 +32,17 @@ after(async () => {
   await refNs?.destroy();
 });
 
+type Backend = 'default' | 'legacy';
+
+/** The binary for a backend: the legacy ones by name, as update-alternatives would switch them. */
+const bin = (cmd: string, backend: Backend) => (backend === 'legacy' ? cmd.replace(/^(ip6?tables)/, '$1-legacy') : cmd);
+
 /** Runs in a namespace and keeps every restore input. */
-function nsRunner(ns: () => Netns, inputs: string[] = []): CommandRunner {
+function nsRunner(ns: () => Netns, backend: Backend, inputs: string[] = []): CommandRunner {
   return {
     run: (cmd: string, args: string[], opts?: RunOptions) => {
       if (cmd.endsWith('-restore') && opts?.input) inputs.push(opts.input);
-      return hostRunner.run('ip', ['netns', 'exec', ns().name, cmd, ...args], { timeoutMs: 60_000, ...opts });
+      return hostRunner.run('ip', ['netns', 'exec', ns().name, bin(cmd, backend), ...args], { timeoutMs: 60_000, ...opts });
     },
   };
 }
@@ -45,8 +51,8 @@ function nsRunner(ns: () => Netns, inputs: string[] = []): CommandRunner {
  * nat + filter as iptables-save prints them, without counters and comment lines: chains in
  * name order (their order in the save is creation order), rules in their order in the chain.
  */
-function tableLines(ns: Netns, family: 4 | 6): string[] {
-  const save = family === 6 ? 'ip6tables-save' : 'iptables-save';
+function tableLines(ns: Netns, family: 4 | 6, backend: Backend): string[] {
+  const save = bin(family === 6 ? 'ip6tables-save' : 'iptables-save', backend);
   const out: string[] = [];
   for (const t of ['nat', 'filter']) {
     for (const l of ns.exec(save, ['-t', t]).split('\n')) {
@@ -85,9 +91,20 @@ interface Model {
 
 const KINDS = ['endpoint-add', 'endpoint-add', 'endpoint-remove', 'service-add', 'service-remove', 'port', 'policy', 'type', 'tick'] as const;
 
-for (const family of [4, 6] as const) {
-  for (const large of [false, true]) {
-    test(`IPv${family}${large ? ', large-cluster mode (deferred deletions)' : ''}: random partial syncs leave the kernel as a fresh full sync`, async () => {
+// The machine's default backend (nf_tables on Debian) in both families; legacy (x_tables,
+// whole-table commits) for IPv4.
+const VARIANTS: Array<{ family: 4 | 6; large: boolean; backend: Backend }> = [
+  { family: 4, large: false, backend: 'default' },
+  { family: 4, large: true, backend: 'default' },
+  { family: 6, large: false, backend: 'default' },
+  { family: 6, large: true, backend: 'default' },
+  { family: 4, large: false, backend: 'legacy' },
+  { family: 4, large: true, backend: 'legacy' },
+];
+
+for (const { family, large, backend } of VARIANTS) {
+  {
+    test(`IPv${family}${backend === 'legacy' ? ' (legacy)' : ''}${large ? ', large-cluster mode (deferred deletions)' : ''}: random partial syncs leave the kernel as a fresh full sync`, async () => {
       const v6 = family === 6;
       const random = rng(large ? 20261203 : 20261204);
       const pick = <T>(xs: readonly T[]): T => xs[Math.floor(random() * xs.length)];
@@ -101,9 +118,12 @@ for (const family of [4, 6] as const) {
       const now = () => clock;
       const inputs: string[] = [];
       for (const ns of [partNs, refNs]) {
-        for (const t of ['nat', 'filter']) ns.exec(v6 ? 'ip6tables' : 'iptables', ['-w', '5', '-t', t, '-F'], { allowFail: true });
+        for (const t of ['nat', 'filter']) {
+          ns.exec(bin(v6 ? 'ip6tables' : 'iptables', backend), ['-w', '5', '-t', t, '-F'], { allowFail: true });
+          ns.exec(bin(v6 ? 'ip6tables' : 'iptables', backend), ['-w', '5', '-t', t, '-X'], { allowFail: true });
+        }
       }
-      const p = new IptablesProxier({ runner: nsRunner(() => partNs, inputs), log: silentLogger(), config, facts, now });
+      const p = new IptablesProxier({ runner: nsRunner(() => partNs, backend, inputs), log: silentLogger(), config, facts, now });
       const t = tracker(family);
       const N = 8;
       const models: Model[] = [];
@@ -129,10 +149,10 @@ for (const family of [4, 6] as const) {
       await p.sync(planInput(t, config, family, nodeIPs), t.apply(), true);
 
       const compare = async (label: string, exact: boolean): Promise<number> => {
-        const ref = new IptablesProxier({ runner: nsRunner(() => refNs), log: silentLogger(), config, facts, now });
+        const ref = new IptablesProxier({ runner: nsRunner(() => refNs, backend), log: silentLogger(), config, facts, now });
         await ref.sync(planInput(t, config, family, nodeIPs), new Set(), true);
-        const want = tableLines(refNs, family);
-        const got = tableLines(partNs, family);
+        const want = tableLines(refNs, family, backend);
+        const got = tableLines(partNs, family, backend);
         const wantChains = new Set(want.map(chainOf));
         const extra = new Set(got.map(chainOf).filter((c): c is string => c !== undefined && !wantChains.has(c)));
         for (const c of extra) {
