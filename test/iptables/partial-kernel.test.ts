@@ -1,14 +1,14 @@
-// Real kernel (the machine's default iptables backend in both families, and legacy for
-// IPv4), in two namespaces
-// this test creates: a seeded random sequence of changes applied with partial syncs (the
-// production proxier: unchanged chains left out, the O(changed) fast path, stale chains
-// deleted at once or, in large-cluster mode, deferred until the cleanup is due) leaves the
-// nat and filter tables as a fresh proxier's full sync of the same state leaves them, rule
-// order within each chain included (new Services' dispatch rules are inserted in place). While
-// deletions are deferred, the only difference allowed is the deferred chains themselves:
-// service chains nothing jumps to. Once the cleanup is due they are gone and the tables are
-// identical. An endpoint-only change's restore input writes neither KUBE-SERVICES nor
-// KUBE-NODEPORTS nor the filter table. Both namespaces are removed in `after`, also on failure.
+// Real kernel, in two namespaces this test creates (the machine's default iptables backend
+// in both families, and legacy for IPv4): a seeded random sequence of changes applied with
+// partial syncs (the production proxier: unchanged chains left out, the O(changed) fast
+// path, dispatch rules edited in place, stale chains deleted at once or, in large-cluster
+// mode, deferred until the cleanup is due) leaves the nat and filter tables as a fresh
+// proxier's full sync of the same state leaves them, rule order within each chain included.
+// While deletions are deferred, the only difference allowed is the deferred chains
+// themselves: service chains only other deferred chains jump to. Once the cleanup is due
+// they are gone and the tables are identical. An endpoint-only change's restore input writes
+// neither KUBE-SERVICES nor KUBE-NODEPORTS nor the filter table. Both namespaces are removed
+// in `after`, also on failure.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
