@@ -11,7 +11,7 @@ import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/proxy
 import { silentLogger } from '../../src/log.ts';
 import { FakeIptables } from '../../src/iptables/fake.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
-import { planIptables, planIptablesFast } from '../../src/modes/iptables/plan.ts';
+import { ownerOfPayloadLine, planIptables, planIptablesFast } from '../../src/modes/iptables/plan.ts';
 import { IptablesSyncState } from '../../src/modes/iptables/sync-state.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 
@@ -268,6 +268,9 @@ test('the fast partial plan: an endpoint change writes no dispatch chain, a new 
   assert.doesNotMatch(next.payload, /^:KUBE-(SERVICES|NODEPORTS) /m);
   assert.match(next.payload, /^-I KUBE-SERVICES 21 .*-d 172\.30\.9\.200 .*-j KUBE-SVC-/m);
   assert.match(next.payload, /^-I KUBE-NODEPORTS 21 .*--dport 30499 -j KUBE-EXT-/m);
+  // A refused inserted line names its Service (isolation excludes it and retries at once).
+  const inserted = next.payload.split('\n').find((l) => l.startsWith('-I KUBE-SERVICES '))!;
+  assert.equal(ownerOfPayloadLine(t.state, opts, inserted)?.serviceKey, 'nsx/svcx');
   // 2 dispatch rules, KUBE-SVC (masquerade, 1 endpoint), KUBE-SEP (2), KUBE-EXT (2)
   assert.equal(next.natRulesTotal, full.natRulesTotal + 8);
   assert.equal(next.natRulesTotal, planIptables({ state: t.state, opts, full: true }).natRulesTotal);

@@ -352,7 +352,10 @@ function renderContext(state: ProxyState, opts: IptablesOptions): RenderContext 
  * (the fixed rules, stale chain deletions). Names the Service whose line iptables-restore
  * refused; a linear scan over the (cached) blocks, only run after a failure.
  */
-export function ownerOfPayloadLine(state: ProxyState, opts: IptablesOptions, line: string): ServicePort | null {
+export function ownerOfPayloadLine(state: ProxyState, opts: IptablesOptions, text: string): ServicePort | null {
+  // A dispatch rule inserted in place (dispatchEdits) is the block's `-A` line at a position.
+  const ins = /^-I (\S+) \d+ (.*)$/.exec(text);
+  const line = ins ? `-A ${ins[1]} ${ins[2]}` : text;
   const ctx = renderContext(state, opts);
   for (const sp of state.services.values()) {
     const b = serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx);
