@@ -5,12 +5,16 @@
 //   and, for the record, the raw `--noflush` restore of that one payload (what kproxy did
 //   before chunking) where it finishes within the limit;
 // - one-Service change: one endpoint added to one service, then IptablesProxier.sync of that
-//   service (partial sync), in the namespace the cold start filled; median of --changes.
+//   service (partial sync), in the namespace the cold start filled; median of --changes;
+//   beside it, in that same namespace, the raw floors (median of --changes runs each): an
+//   empty `*nat COMMIT` --noflush restore (the process, the cache fetch and, on legacy, the
+//   whole-table read and write-back) and a one-chain restore (`:KPB-FLOOR` and one rule: the
+//   smallest write, i.e. what the kernel charges for any rule change in that table).
 // Per backend: nf_tables (iptables-restore) and legacy (iptables-legacy-restore, via the
 // binary renaming bench/netns.ts does, as update-alternatives would on a node).
 //
 //   sudo node --import tsx bench/iptables-scale.ts [--sizes 100,1000,10000] [--backends nf_tables,legacy]
-//        [--endpoints 5] [--changes 5] [--chunk-lines 5000] [--timeout 600] [--no-noflush-ref]
+//        [--endpoints 5] [--changes 7] [--adds 3] [--chunk-lines 5000] [--timeout 600] [--no-noflush-ref]
 //
 // Prints one markdown table per backend. The machine is shared: medians, and the load average
 // is printed with each table. 50,000 services: ClusterIP services above 35,535 (no node
@@ -63,6 +67,21 @@ class ScaleWorkload {
     return this.counts[i] < this.stride;
   }
 
+  private added = 0;
+
+  /** A new Service (with E endpoints) after the N: its dispatch rules are new. */
+  addService(): Set<string> {
+    const i = this.n + this.added++;
+    const s = serviceObject(i);
+    if (i >= MAX_NODE_PORT_SERVICES) {
+      s.spec!.type = 'ClusterIP';
+      for (const p of s.spec!.ports ?? []) delete p.nodePort;
+    }
+    this.tracker.services.update(null, s);
+    this.tracker.endpoints.update(null, sliceObject(i, this.e, this.stride));
+    return this.tracker.apply();
+  }
+
   addEndpoint(i: number): Set<string> {
     const before = sliceObject(i, this.counts[i], this.stride);
     this.counts[i]++;
@@ -89,6 +108,11 @@ export interface ScaleRow {
   changeAll: number[];
   /** time inside iptables-restore of each change */
   changeRestoreMs: number[];
+  /** a new Service each (KUBE-SERVICES and KUBE-NODEPORTS change: the full-scan partial sync) */
+  addAll: number[];
+  /** raw `--noflush` restores into the filled namespace: `*nat COMMIT` and one chain with one rule */
+  floorEmptyMs: number[];
+  floorChainMs: number[];
   load: string;
   error?: string;
 }
@@ -101,6 +125,8 @@ export interface ScaleOptions {
   chunkLines?: number;
   timeoutS: number;
   noflushRef: boolean;
+  /** one-Service additions measured after the changes (dispatch rules change) */
+  adds: number;
 }
 
 async function timed(runner: TimedRunner, cmd: string, args: string[], input: string, timeoutMs: number): Promise<number> {
@@ -126,13 +152,14 @@ export async function iptablesScale(o: ScaleOptions, log: (l: string) => void): 
   try {
     for (const n of o.sizes) {
       const w = new ScaleWorkload(n, o.endpoints);
-      const payload = getMode('iptables').render(w.input());
-      let natRules = 0;
-      for (let i = payload.indexOf('\n-A KUBE-', payload.indexOf('*nat')); i >= 0; i = payload.indexOf('\n-A KUBE-', i + 1)) natRules++;
       for (const backend of o.backends) {
+        // Rendered per backend: the previous backend's changes and additions are in the state.
+        const payload = getMode('iptables').render(w.input());
+        let natRules = 0;
+        for (let i = payload.indexOf('\n-A KUBE-', payload.indexOf('*nat')); i >= 0; i = payload.indexOf('\n-A KUBE-', i + 1)) natRules++;
         const rename = backend === 'legacy' ? LEGACY_IPTABLES : {};
         const restore = backend === 'legacy' ? 'iptables-legacy-restore' : 'iptables-restore';
-        const row: ScaleRow = { n, backend, rules: natRules, rawFlushMs: NaN, coldMs: NaN, coldRestores: 0, coldRules: 0, changeAll: [], changeRestoreMs: [], load: loadavg().map((x) => x.toFixed(1)).join(' ') };
+        const row: ScaleRow = { n, backend, rules: natRules, rawFlushMs: NaN, coldMs: NaN, coldRestores: 0, coldRules: 0, changeAll: [], changeRestoreMs: [], addAll: [], floorEmptyMs: [], floorChainMs: [], load: loadavg().map((x) => x.toFixed(1)).join(' ') };
         // The raw reference: a flushing restore of the whole payload into an empty namespace.
         let ns = await nss.create('raw');
         try {
@@ -175,6 +202,22 @@ export async function iptablesScale(o: ScaleOptions, log: (l: string) => void): 
               log(`  change ${k}: ${fmtMs(row.changeAll[k])}: ${ran.map((r) => `${r.cmd} ${r.args.filter((a) => a.startsWith('-') && a !== '-w').join(' ')} ${fmtMs(r.ms)}`).join('; ')}`);
             }
             if (row.changeAll.length) row.changeMs = median(row.changeAll);
+            for (let k = 0; k < o.adds; k++) {
+              const changed = w.addService();
+              runner.take();
+              const t1 = performance.now();
+              await p.sync(w.input(), changed, false);
+              row.addAll.push(performance.now() - t1);
+              const ran = runner.take();
+              log(`  service add ${k}: ${fmtMs(row.addAll[k])}: ${ran.map((r) => `${r.cmd} ${fmtMs(r.ms)} in=${r.inputBytes}`).join('; ')}`);
+            }
+            // The floors, in the same namespace (kproxy's rules in place): a chain of no one's.
+            const floorArgs = ['-w', '5', '--noflush', '--counters'];
+            for (let k = 0; k < Math.max(3, o.changes); k++) {
+              row.floorEmptyMs.push(await timed(runner, 'iptables-restore', floorArgs, '*nat\nCOMMIT\n', timeoutMs));
+              row.floorChainMs.push(await timed(runner, 'iptables-restore', floorArgs, `*nat\n:KPB-FLOOR - [0:0]\n-A KPB-FLOOR -m comment --comment "floor ${k}" -j RETURN\nCOMMIT\n`, timeoutMs));
+            }
+            log(`N=${n} ${backend}: raw floors: empty commit ${row.floorEmptyMs.map((x) => fmtMs(x)).join(', ')}; one chain ${row.floorChainMs.map((x) => fmtMs(x)).join(', ')}`);
             log(`N=${n} ${backend}: one-service change ${row.changeAll.map((x) => fmtMs(x)).join(', ')}`);
           } catch (e) {
             row.error = (e as Error).message.split('\n')[0].slice(0, 200);
@@ -195,15 +238,22 @@ export async function iptablesScale(o: ScaleOptions, log: (l: string) => void): 
 
 const cell = (ms: number | undefined) => (ms === undefined ? '–' : ms === Number.POSITIVE_INFINITY ? 'timeout' : Number.isNaN(ms) ? 'failed' : fmtMs(ms));
 
+/** Median of the runs that worked, and how many failed (e.g. the host-wide xtables lock taken for longer than -w 5). */
+function floorCell(xs: number[]): string {
+  const ok = xs.filter(Number.isFinite);
+  if (!xs.length) return '–';
+  return `${ok.length ? cell(median(ok)) : 'failed'}${ok.length < xs.length ? ` (${xs.length - ok.length} failed)` : ''}`;
+}
+
 export function scaleTable(rows: ScaleRow[], backend: Backend): string {
   const out = [
-    `| services (N) | nat rules | raw flushing restore | raw --noflush restore (one payload) | kproxy first sync (restores) | ratio to raw flushing | one-service change (median) | of which iptables-restore | load |`,
-    '|---:|---:|---:|---:|---:|---:|---:|---:|---|',
+    `| services (N) | nat rules | raw flushing restore | raw --noflush restore (one payload) | kproxy first sync (restores) | ratio to raw flushing | one-service change (median) | of which iptables-restore | of which kproxy | raw floor: empty commit | raw floor: one chain | Service added (median) | load |`,
+    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|',
   ];
   for (const r of rows.filter((x) => x.backend === backend)) {
     const ratio = r.error ? '–' : (r.coldMs / r.rawFlushMs).toFixed(2) + '×';
     const cold = r.error ? `failed after ${cell(r.coldMs)}` : `${cell(r.coldMs)} (${r.coldRestores})`;
-    out.push(`| ${r.n.toLocaleString('en-US')} | ${r.rules.toLocaleString('en-US')} | ${cell(r.rawFlushMs)} | ${cell(r.rawNoflushMs)} | ${cold} | ${ratio} | ${cell(r.changeMs)} | ${r.changeRestoreMs.length ? cell(median(r.changeRestoreMs)) : '–'} | ${r.load} |`);
+    out.push(`| ${r.n.toLocaleString('en-US')} | ${r.rules.toLocaleString('en-US')} | ${cell(r.rawFlushMs)} | ${cell(r.rawNoflushMs)} | ${cold} | ${ratio} | ${cell(r.changeMs)} | ${r.changeRestoreMs.length ? cell(median(r.changeRestoreMs)) : '–'} | ${r.changeAll.length ? cell(median(r.changeAll.map((x, i) => x - r.changeRestoreMs[i]))) : '–'} | ${floorCell(r.floorEmptyMs)} | ${floorCell(r.floorChainMs)} | ${r.addAll.length ? cell(median(r.addAll)) : '–'} | ${r.load} |`);
   }
   return out.join('\n');
 }
@@ -214,10 +264,11 @@ async function main(): Promise<void> {
       sizes: { type: 'string', default: '100,1000,10000' },
       backends: { type: 'string', default: 'nf_tables,legacy' },
       endpoints: { type: 'string', default: '5' },
-      changes: { type: 'string', default: '5' },
+      changes: { type: 'string', default: '7' },
       'chunk-lines': { type: 'string' },
       timeout: { type: 'string', default: '600' },
       'no-noflush-ref': { type: 'boolean', default: false },
+      adds: { type: 'string', default: '3' },
     },
   });
   const sizes = values.sizes!.split(',').map(Number);
@@ -233,6 +284,7 @@ async function main(): Promise<void> {
       chunkLines: values['chunk-lines'] === undefined ? undefined : Number(values['chunk-lines']),
       timeoutS: Number(values.timeout),
       noflushRef: !values['no-noflush-ref'],
+      adds: Number(values.adds),
     },
     (l) => process.stderr.write(l + '\n'),
   );

@@ -3,7 +3,7 @@
 // validation at the boundary missed it. A ClusterIP of 127.0.0.1 would otherwise make the
 // no-endpoints reject rule (or a DNAT) match all of localhost. Upstream's API validation
 // refuses these (ValidateNonSpecialIP); the planners drop the address and say why. Pure.
-import { canonicalIP, cidrContains } from '../core/ip.ts';
+import { canonicalIP, cidrContains, parseCIDR } from '../core/ip.ts';
 import type { ServicePort } from '../core/model.ts';
 
 const SPECIAL: Array<{ cidr: string; reason: string }> = [
@@ -18,11 +18,26 @@ const SPECIAL: Array<{ cidr: string; reason: string }> = [
   { cidr: 'ff00::/8', reason: 'multicast address' },
 ];
 
+// Parsed once: this check runs for every VIP of every Service at a full sync.
+const SPECIAL_PARSED = SPECIAL.map((s) => ({ cidr: parseCIDR(s.cidr)!, reason: s.reason }));
+
+/**
+ * A canonical address outside every SPECIAL range, told from its first octet or its first
+ * characters (a cheap filter; false means "check the ranges"): at a full sync this runs for
+ * every VIP of every Service.
+ */
+function surelyOrdinary(c: string): boolean {
+  if (c.includes(':')) return c !== '::' && c !== '::1' && !c.startsWith('fe') && !c.startsWith('ff');
+  const o = parseInt(c, 10);
+  return o !== 0 && o !== 127 && o !== 169 && o < 224;
+}
+
 /** Why `ip` can never be a Service VIP, or null when it can. */
 export function unsafeVIPReason(ip: string): string | null {
   const c = canonicalIP(ip);
   if (!c) return 'not an IP address';
-  for (const s of SPECIAL) if (cidrContains(s.cidr, c)) return s.reason;
+  if (surelyOrdinary(c)) return null;
+  for (const s of SPECIAL_PARSED) if (cidrContains(s.cidr, c)) return s.reason;
   return null;
 }
 

@@ -10,6 +10,9 @@ import type { CommandRunner, RunOptions } from '../../src/exec/runner.ts';
 import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/proxy/iptables/proxier.ts';
 import { silentLogger } from '../../src/log.ts';
 import { FakeIptables } from '../../src/iptables/fake.ts';
+import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
+import { ownerOfPayloadLine, planIptables, planIptablesFast } from '../../src/modes/iptables/plan.ts';
+import { IptablesSyncState } from '../../src/modes/iptables/sync-state.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 import { kernelState, rng } from '../support/iptables-state.ts';
 
@@ -207,4 +210,57 @@ test('jump rules: one iptables-save and at most one restore per full sync, same 
     'iptables-save -t nat',
     'iptables-restore --noflush --counters',
   ]);
+});
+
+test('the fast partial plan: an endpoint change writes no dispatch chain, a new Service inserts its dispatch rules in place', async () => {
+  const config = testConfig();
+  const t = tracker();
+  const slices: K8sEndpointSlice[] = [];
+  for (let i = 0; i < 20; i++) {
+    t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.9.${i + 1}`, type: 'NodePort', nodePort: 30400 + i }));
+    slices.push(slice(`ns${i}`, `svc${i}`, 's', [{ ip: `10.180.9.${i + 1}` }], [{ port: 8080 }]));
+    t.endpoints.update(null, slices[i]);
+  }
+  const input = planInput(t, config);
+  const opts = optionsFromConfig(config, input.node);
+  const s = new IptablesSyncState({ skipUnchangedChains: true });
+  s.installedNatChains = new Set();
+  const full = s.plan(t.state, opts, t.apply(), true);
+  s.commit(full);
+  // An endpoint replaced: only svc3's KUBE-SVC and the new KUBE-SEP, the old KUBE-SEP deleted.
+  t.endpoints.update(slices[3], slice('ns3', 'svc3', 's', [{ ip: '10.180.9.99' }], [{ port: 8080 }]));
+  const changed = t.apply();
+  const partial = s.plan(t.state, opts, changed, false);
+  assert.ok(partial.blockUpdates, 'the fast path planned it');
+  assert.equal(partial.writtenServices, 1);
+  assert.equal(partial.deletedChains.length, 1);
+  assert.equal(partial.natRulesTotal, full.natRulesTotal);
+  assert.doesNotMatch(partial.payload, /KUBE-SERVICES|KUBE-NODEPORTS|\*filter/);
+  s.commit(partial);
+  // A new service: its dispatch rules are inserted where a full sync puts them (sorted by
+  // key: nsx/svcx after ns9/svc9, i.e. after the other 20 services' one rule each in nat
+  // KUBE-SERVICES and KUBE-NODEPORTS), nothing else in those chains is rewritten.
+  t.services.update(null, svc('nsx', 'svcx', { clusterIP: '172.30.9.200', type: 'NodePort', nodePort: 30499 }));
+  t.endpoints.update(null, slice('nsx', 'svcx', 's', [{ ip: '10.180.9.200' }], [{ port: 8080 }]));
+  const added = t.apply();
+  const next = s.plan(t.state, opts, added, false);
+  assert.ok(next.blockUpdates, 'the fast path planned it');
+  assert.doesNotMatch(next.payload, /^:KUBE-(SERVICES|NODEPORTS) /m);
+  assert.match(next.payload, /^-I KUBE-SERVICES 21 .*-d 172\.30\.9\.200 .*-j KUBE-SVC-/m);
+  assert.match(next.payload, /^-I KUBE-NODEPORTS 21 .*--dport 30499 -j KUBE-EXT-/m);
+  // A refused inserted line names its Service (isolation excludes it and retries at once).
+  const inserted = next.payload.split('\n').find((l) => l.startsWith('-I KUBE-SERVICES '))!;
+  assert.equal(ownerOfPayloadLine(t.state, opts, inserted)?.serviceKey, 'nsx/svcx');
+  // 2 dispatch rules, KUBE-SVC (masquerade, 1 endpoint), KUBE-SEP (2), KUBE-EXT (2)
+  assert.equal(next.natRulesTotal, full.natRulesTotal + 8);
+  assert.equal(next.natRulesTotal, planIptables({ state: t.state, opts, full: true }).natRulesTotal);
+  s.commit(next);
+  // Too many services' dispatch rules at once: the full scan rewrites the chains.
+  for (let i = 0; i < 201; i++) t.services.update(null, svc(`nsy${i}`, 'svc', { clusterIP: `172.30.10.${i + 1}` }));
+  const many = t.apply();
+  const applied = (s as unknown as { applied: Parameters<typeof planIptablesFast>[0]['applied'] }).applied;
+  assert.equal(planIptablesFast({ state: t.state, opts, applied, deferStale: true, deferred: new Set() }), null);
+  const rewrite = s.plan(t.state, opts, many, false);
+  assert.equal(rewrite.blockUpdates, undefined);
+  assert.match(rewrite.payload, /^:KUBE-SERVICES /m);
 });

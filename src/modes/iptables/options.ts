@@ -64,6 +64,8 @@ export interface RuntimeFacts {
   nfacctCounters: string[];
   /** every local address, for nodePortAddresses (defaults to node.nodeIPs + loopback) */
   localIPs?: string[];
+  /** large-cluster mode above this many endpoints (upstream: 1000; tests lower it) */
+  largeClusterEndpointsThreshold?: number;
 }
 
 export const DEFAULT_FACTS: RuntimeFacts = { hasRandomFully: false, conntrackTCPLiberal: false, nfacctCounters: [] };
@@ -92,6 +94,6 @@ export function optionsFromSettings(s: NodeSettings, facts: RuntimeFacts = DEFAU
     hasRandomFully: facts.hasRandomFully,
     nfacctCTStateInvalidDropped: facts.nfacctCounters.includes(NFACCT_CT_STATE_INVALID_DROPPED),
     nfacctLocalhostNodePortsAccepted: facts.nfacctCounters.includes(NFACCT_LOCALHOST_NODEPORTS_ACCEPTED),
-    largeClusterEndpointsThreshold: 1000,
+    largeClusterEndpointsThreshold: facts.largeClusterEndpointsThreshold ?? 1000,
   };
 }

@@ -2,12 +2,16 @@
 // are installed (refreshed from iptables-save at every full sync), whether the next sync
 // must be full, and when stale chains were last cleaned. Pure: the caller does the I/O.
 // With skipUnchangedChains (the production proxier; not the conformance adapter, whose
-// goldens are upstream's payloads) it also keeps a digest of every chain's last applied
-// content, rebuilt from what a full sync wrote and updated by each partial sync, so partial
-// syncs leave out chains whose content did not change (see plan.ts).
+// goldens are upstream's payloads) it also keeps what was last applied: each service port's
+// rendered block and a digest of each static and dispatch chain, replaced by a full sync and
+// updated by each partial sync, so partial syncs leave out chains whose content did not
+// change and, when only services' own chains change, plan in O(changed) (see plan.ts); and
+// the stale chains whose deletion large-cluster mode defers, deleted when the cleanup is due.
 import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
-import { planIptables, type Plan } from './plan.ts';
+import { planIptables, planIptablesFast, type AppliedBlocks, type Plan } from './plan.ts';
+
+const NO_BLOCKS: AppliedBlocks = { blocks: new Map(), natRulesTotal: 0 };
 
 export class IptablesSyncState {
   /** nat chains believed installed; null until the first full sync told us */
@@ -19,6 +23,10 @@ export class IptablesSyncState {
   readonly skipUnchangedChains: boolean;
   /** full syncs larger than this many nat lines are applied in chunks (0: never; see plan.ts) */
   chunkLines = 0;
+  /** with skipUnchangedChains: the blocks the last applied sync rendered; null until a full sync */
+  private applied: AppliedBlocks | null = null;
+  /** installed stale service chains whose deletion is deferred (large-cluster mode) */
+  private deferred: ReadonlySet<string> = new Set();
 
   constructor(o: { skipUnchangedChains?: boolean } = {}) {
     this.skipUnchangedChains = o.skipUnchangedChains ?? false;
@@ -36,11 +44,24 @@ export class IptablesSyncState {
       recordDigests: this.skipUnchangedChains,
       lastChainDigests: this.skipUnchangedChains && !doFull ? (this.chainDigests ?? undefined) : undefined,
       chunkLines: this.chunkLines,
+      // the plan returns its blocks: the base of the next fast partial sync
+      applied: this.skipUnchangedChains ? (this.applied ?? NO_BLOCKS) : undefined,
     };
+    // O(changed) when only changed services' own chains differ (plan.ts planIptablesFast).
+    if (!doFull && this.applied && this.chainDigests && this.installedNatChains) {
+      const fast = planIptablesFast({ state, opts, applied: this.applied, deferStale: skipCleanup, deferred: this.deferred });
+      if (fast) {
+        if (!fast.largeClusterMode || !skipCleanup) this.pendingCleanupMs = nowMs;
+        return { ...fast, full: false };
+      }
+    }
     let plan = planIptables({ state, opts, full: doFull, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale: true, ...digests });
+    plan.deferredChains = [];
     if (plan.largeClusterMode && skipCleanup) {
       if (plan.deletedChains.length) {
+        const deferred = plan.deletedChains;
         plan = planIptables({ state, opts, full: doFull, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale: false, ...digests });
+        plan.deferredChains = deferred;
       }
     } else if (this.installedNatChains) {
       this.pendingCleanupMs = nowMs;
@@ -58,6 +79,14 @@ export class IptablesSyncState {
       for (const c of plan.deletedChains) d.delete(`nat/${c}`);
       for (const [k, v] of plan.chainDigests) d.set(k, v);
       this.chainDigests = d;
+      if (plan.blocks) this.applied = plan.blocks;
+      else if (plan.blockUpdates && this.applied) {
+        for (const [key, b] of plan.blockUpdates) {
+          if (b) this.applied.blocks.set(key, b);
+          else this.applied.blocks.delete(key);
+        }
+        this.applied.natRulesTotal = plan.natRulesTotal;
+      }
     }
     // Stale-chain deletion ran (every installed service chain that is not active was
     // deleted): what is installed is what is active. Otherwise (deferred in large-cluster
@@ -69,6 +98,7 @@ export class IptablesSyncState {
       for (const c of plan.deletedChains) installed.delete(c);
       for (const c of plan.activeNatChains) installed.add(c);
     }
+    if (plan.deferredChains) this.deferred = new Set(plan.deferredChains);
     this.needFullSync = false;
     if (this.pendingCleanupMs !== null) this.lastCleanupMs = this.pendingCleanupMs;
     this.pendingCleanupMs = null;
@@ -79,5 +109,6 @@ export class IptablesSyncState {
     this.needFullSync = true;
     this.pendingCleanupMs = null;
     this.chainDigests = null;
+    this.applied = null;
   }
 }

@@ -14,6 +14,7 @@ import { appendedArgs, chainsFromSave, readSave } from '../../iptables/save.ts';
 import { quoteArg } from '../../iptables/tokenize.ts';
 import type { Logger } from '../../log.ts';
 import type { ProxyConfig } from '../../config/config.ts';
+import type { ServicePort } from '../../core/model.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
 import {
   KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY,
@@ -147,6 +148,13 @@ export interface IptablesProxierDeps {
   chunkLines?: number;
 }
 
+/** The input with only the service ports of `changed` services (for per-service checks). */
+function changedOnly(input: PlanInput, changed: Set<string>): PlanInput {
+  const services = new Map<string, ServicePort>();
+  for (const [k, sp] of input.state.services) if (changed.has(sp.serviceKey)) services.set(k, sp);
+  return { ...input, state: { services, endpoints: input.state.endpoints } };
+}
+
 export class IptablesProxier implements Proxier {
   private readonly families = new Map<4 | 6, FamilyState>();
   private readonly now: () => number;
@@ -177,7 +185,8 @@ export class IptablesProxier implements Proxier {
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     const fs = this.familyState(input.node.family);
     fs.exclusions.startSync(changed, full);
-    (this.skippedVIPs ??= new SkippedVIPReporter(this.deps.log)).report(input);
+    // A partial sync can only add skipped VIPs of the changed services: check only those.
+    (this.skippedVIPs ??= new SkippedVIPReporter(this.deps.log)).report(full ? input : changedOnly(input, changed));
     for (let retry = 0; ; retry++) {
       const refusal: { last?: Refusal } = {};
       try {
