@@ -62,7 +62,7 @@ export const BACKEND = '127.0.0.2';
 export const HTTP_PORT = 8080;
 const IPERF_PORT = 5201;
 
-interface Peer {
+export interface Peer {
   name: string;
   key: string;
   host: string;
@@ -260,7 +260,8 @@ endpoints:
 `;
 }
 
-function kproxyPeer(name: string, key: string, vip: string, workers: number, ports: { metrics: number; healthz: number }): Peer {
+/** `node [nodeArgs] bin/kproxy.js run --mode userspace` serving one ClusterIP Service on `vip` (ports 80 and 5201). */
+export function kproxyPeer(name: string, key: string, vip: string, workers: number, ports: { metrics: number; healthz: number }, nodeArgs: string[] = []): Peer {
   const p: Peer = {
     name, key, host: vip, httpPort: 80, iperfPort: IPERF_PORT, procs: [],
     async start(ns, dir) {
@@ -270,9 +271,12 @@ function kproxyPeer(name: string, key: string, vip: string, workers: number, por
       writeFileSync(join(mdir, 'svc.yaml'), kproxyManifest(vip));
       const cfg = join(dir, `config-${key}.yaml`);
       const userspace = workers > 0 ? `userspace:\n  workers: ${workers}\n` : '';
-      writeFileSync(cfg, `apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\n${userspace}`);
-      p.procs.push(ns.spawn(process.execPath, [resolve(repoRoot, 'bin/kproxy.js'), 'run', '--config', cfg, '--manifests', mdir, '--hostname-override', 'bench-node',
-        '--metrics-bind-address', `127.0.0.1:${ports.metrics}`, '--healthz-bind-address', `127.0.0.1:${ports.healthz}`, '--log-level', 'warn'],
+      // With --config the bind-address flags are ignored (as kube-proxy does): two kproxy peers
+      // in one namespace need their own metrics and healthz ports in the file.
+      writeFileSync(cfg, `apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\n` +
+        `metricsBindAddress: 127.0.0.1:${ports.metrics}\nhealthzBindAddress: 127.0.0.1:${ports.healthz}\n${userspace}`);
+      p.procs.push(ns.spawn(process.execPath, [...nodeArgs, resolve(repoRoot, 'bin/kproxy.js'), 'run', '--config', cfg, '--manifests', mdir, '--hostname-override', 'bench-node',
+        '--log-level', 'warn'],
         { env: { KPROXY_USERSPACE_REDIRECT: '0' }, onOutput: (s) => process.stderr.write(`[${key}] ${s}`) }));
       await waitListening(ns, vip, 80, 60_000);
       await waitListening(ns, vip, IPERF_PORT, 10_000);
