@@ -111,7 +111,7 @@ async function main(): Promise<void> {
       loads: { type: 'string', default: 'iperf3,close,ka' },
       'svg-dir': { type: 'string' },
       keep: { type: 'string' },
-      prof: { type: 'boolean', default: true },
+      'no-prof': { type: 'boolean', default: false },
       only: { type: 'string' },
     },
   });
@@ -138,7 +138,7 @@ async function main(): Promise<void> {
       for (const p of procs) {
         const pdir = join(dir, `${p.key}-${load}`);
         mkdirSync(pdir);
-        started.push({ ...p, pdir, proc: await p.start(ns, dir, values.prof ? ['--cpu-prof', '--cpu-prof-dir', pdir] : []) });
+        started.push({ ...p, pdir, proc: await p.start(ns, dir, !values['no-prof'] ? ['--cpu-prof', '--cpu-prof-dir', pdir] : []) });
       }
       // Warm-up, not measured.
       for (const p of started) await runLoad(ns, load, p.host, 80, 1).catch(() => 0);
@@ -160,7 +160,7 @@ async function main(): Promise<void> {
       out.push(`| ${load} (${unit}) | ${procs.map((p) => median(fig.get(p.key)!).toFixed(0)).join(' | ')} | ${loadAvg.join(', ')} |`);
       out.push(`| ${load}: proxy CPU µs per ${load === 'iperf3' ? 'MB' : 'request'} | ${procs.map((p) => median(cpu.get(p.key)!).toFixed(1)).join(' | ')} | |`);
       for (const p of started) {
-        if (!values.prof) {
+        if (values['no-prof']) {
           await ns.kill(p.proc, 'SIGTERM');
           continue;
         }

@@ -1,17 +1,21 @@
 // One TCP listener of the userspace proxy: accepts client connections, dials an endpoint
 // chosen by the balancer (retrying refused or timed-out dials on the next endpoint, as
-// upstream's tryConnect), then splices the two sockets with pipe(): back-pressure through
+// upstream's tryConnect), then forwards both directions: back-pressure through
 // pause/resume, and each direction's FIN forwarded on its own (allowHalfOpen) so a client
 // that shuts its write side still gets the whole reply.
 //
-// The hot path is kept cheap (bench/userspace-profile.ts: the time goes to the write and
-// connect syscalls, not to JavaScript): no promise or closure per dial attempt beyond the
-// socket's own listeners, counters are plain fields (the metrics server reads them), and
-// pipe() moves each chunk as it was read (64 KB reads, no copy). Bounds: a connection
-// beyond the shared ConnectionBudget is closed at once and counted in `refused`; an
-// idle timeout closes a spliced pair whose both sides were silent that long; accept errors
-// (EMFILE when the fd limit is reached) are counted and logged at most once per 10 s,
-// never thrown.
+// The hot path is kept cheap (bench/userspace-profile.ts; docs/benchmarks.md "Profile of the
+// TCP path": the time goes to the write and connect syscalls, not to JavaScript): each
+// direction is a 'data' handler that writes the chunk as it was read (no pipe() machinery,
+// no copy), the socket handlers are shared functions reading their state off the socket (no
+// closures per connection), the dial is synchronous when the picker answers at once (no
+// promise per connection), a 128 KB high-water mark keeps a full 64 KB read from reporting
+// back-pressure, and the idle timeout is one coarse sweep per listener (a flag set per
+// chunk) instead of a timer per socket refreshed on every read and write. Counters are plain
+// fields (the metrics server reads them). Bounds: a connection beyond the shared
+// ConnectionBudget is closed at once and counted in `refused`; an idle timeout closes a
+// spliced pair whose both sides were silent that long; accept errors (EMFILE when the fd
+// limit is reached) are counted and logged at most once per 10 s, never thrown.
 import net from 'node:net';
 import type { Logger } from '../log.ts';
 import type { BalancedEndpoint } from './balancer.ts';
@@ -92,6 +96,14 @@ export function plainAddress(a: string | undefined): string {
 
 const ACCEPT_ERROR_LOG_MS = 10_000;
 
+/**
+ * The streams' high-water mark: above the 64 KB a read returns, so a chunk the kernel takes
+ * at once does not report back-pressure (with Node's 16 KB default every full read paused
+ * the reader and resumed it on 'drain', a round of stream bookkeeping per chunk). It costs
+ * nothing while idle: only a peer that does not keep up makes a direction buffer up to it.
+ */
+const HIGH_WATER_MARK = 128 * 1024;
+
 export class TcpForwarder {
   balancer: EndpointPicker;
   counters: ForwardCounters;
@@ -121,12 +133,12 @@ export class TcpForwarder {
       // A server received over IPC is created without options: the accepted sockets read
       // these two fields (node:net onconnection), so set them as the constructor would.
       this.server = opts.server;
-      Object.assign(this.server, { allowHalfOpen: true, pauseOnConnect: true });
+      Object.assign(this.server, { allowHalfOpen: true, pauseOnConnect: true, highWaterMark: HIGH_WATER_MARK });
       this.server.on('connection', onClient);
       this.server.on('error', (e) => this.onServerError(e));
     } else {
       // pauseOnConnect: nothing is read from the client until an endpoint accepted.
-      this.server = net.createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true }, onClient);
+      this.server = net.createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true, highWaterMark: HIGH_WATER_MARK }, onClient);
     }
   }
 
@@ -248,7 +260,8 @@ export class TcpForwarder {
     if (!ep || client.destroyed) return this.dialFailed(client);
     let up: Tagged;
     try {
-      up = net.connect({ host: ep.ip, port: ep.port, allowHalfOpen: true, noDelay: true }) as Tagged;
+      // highWaterMark reaches the socket's Duplex options (the types of connect() omit it).
+      up = net.connect({ host: ep.ip, port: ep.port, allowHalfOpen: true, noDelay: true, highWaterMark: HIGH_WATER_MARK } as net.NetConnectOpts) as Tagged;
     } catch (e) {
       // EMFILE can surface synchronously: a failed dial, not a crash.
       return this.dialRetry(client, clientIP, ep, attempt, tried, e as Error);
