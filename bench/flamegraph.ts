@@ -31,8 +31,11 @@ export function frameName(f: CpuProfileNode['callFrame']): string {
   return `${f.functionName || '(anonymous)'}${file ? ` ${file}:${f.lineNumber + 1}` : ''}`;
 }
 
-/** The profile's call tree with sample counts (children sorted by name, as flame graphs are). */
-export function callTree(p: CpuProfile): Frame {
+/**
+ * The profile's call tree with sample counts (children sorted by name, as flame graphs are).
+ * busyOnly leaves out the (idle) samples, so widths are shares of the time the process worked.
+ */
+export function callTree(p: CpuProfile, busyOnly = false): Frame {
   const byId = new Map(p.nodes.map((n) => [n.id, n]));
   const selfCount = new Map<number, number>();
   for (const id of p.samples) selfCount.set(id, (selfCount.get(id) ?? 0) + 1);
@@ -53,7 +56,7 @@ export function callTree(p: CpuProfile): Frame {
         m.children.push(...c.children);
       }
     }
-    const self = selfCount.get(n.id) ?? 0;
+    const self = busyOnly && n.callFrame.functionName === '(idle)' ? 0 : selfCount.get(n.id) ?? 0;
     const kids = [...merged.values()].sort((a, b) => (a.name < b.name ? -1 : 1));
     return { name: n.callFrame.functionName === '(root)' ? 'all' : frameName(n.callFrame), self, total: self + kids.reduce((s, c) => s + c.total, 0), children: kids };
   };
@@ -71,7 +74,7 @@ function colour(name: string): string {
 }
 
 /** The flame graph: frames narrower than minPct of all samples are left out. */
-export function flameSvg(tree: Frame, opts: { title: string; subtitle?: string; width?: number; minPct?: number }): string {
+export function flameSvg(tree: Frame, opts: { title: string; subtitle?: string; width?: number; minPct?: number; busyNote?: boolean }): string {
   const W = opts.width ?? 1200;
   const rowH = 17;
   const minPct = opts.minPct ?? 0.3;
@@ -96,7 +99,7 @@ export function flameSvg(tree: Frame, opts: { title: string; subtitle?: string; 
     `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" font-family="monospace" font-size="11">`,
     `<rect width="100%" height="100%" fill="white"/>`,
     `<text x="10" y="20" font-family="sans-serif" font-size="15" font-weight="bold">${esc(opts.title)}</text>`,
-    `<text x="10" y="38" font-family="sans-serif" font-size="12" fill="#555">${esc(opts.subtitle ?? '')} ${total} samples; width = share of samples; red = kproxy (src/), orange = node: internals, grey = native/idle; hover for names</text>`,
+    `<text x="10" y="38" font-family="sans-serif" font-size="12" fill="#555">${esc(opts.subtitle ?? '')} ${total} samples${opts.busyNote ? ' (idle left out)' : ''}; width = share of samples; red = kproxy (src/), orange = node: internals, grey = native/idle; hover for names</text>`,
   ];
   for (const b of boxes) {
     const y = H - 30 - (b.depth + 1) * rowH;
@@ -115,11 +118,11 @@ export function flameSvg(tree: Frame, opts: { title: string; subtitle?: string; 
 }
 
 async function main(): Promise<void> {
-  const { values, positionals } = parseArgs({ allowPositionals: true, options: { title: { type: 'string' }, 'min-pct': { type: 'string', default: '0.3' } } });
+  const { values, positionals } = parseArgs({ allowPositionals: true, options: { title: { type: 'string' }, subtitle: { type: 'string' }, busy: { type: 'boolean', default: false }, 'min-pct': { type: 'string', default: '0.3' } } });
   const [input, output] = positionals;
   if (!input || !output) throw new Error('usage: bench/flamegraph.ts PROFILE.cpuprofile OUT.svg [--title TEXT]');
   const p = JSON.parse(readFileSync(input, 'utf8')) as CpuProfile;
-  writeFileSync(output, flameSvg(callTree(p), { title: values.title ?? input, minPct: Number(values['min-pct']) }));
+  writeFileSync(output, flameSvg(callTree(p, values.busy), { title: values.title ?? input, subtitle: values.subtitle, busyNote: values.busy, minPct: Number(values['min-pct']) }));
 }
 
 if (process.argv[1]?.endsWith('bench/flamegraph.ts')) {

@@ -169,7 +169,8 @@ async function main(): Promise<void> {
         for (const t of topFrames(prof, 12)) frames.push(`| ${t.selfPct.toFixed(1)} | \`${t.frame}\` |`);
         if (values['svg-dir'] && p.key === 'kproxy') {
           const m = median(fig.get(p.key)!);
-          writeFileSync(join(values['svg-dir'], `userspace-flame-${load}.svg`), flameSvg(callTree(prof), {
+          writeFileSync(join(values['svg-dir'], `userspace-flame-${load}.svg`), flameSvg(callTree(prof, true), {
+            busyNote: true,
             title: `kproxy run --mode userspace under ${load === 'iperf3' ? 'iperf3, 1 stream' : load === 'close' ? 'wrk -c16, Connection: close' : 'wrk -c32, keep-alive'}`,
             subtitle: `${new Date().toISOString().slice(0, 16)}Z, bench/userspace-profile.ts, ${repeat} × ${d}s, median ${m.toFixed(0)} ${unit} (naive pipe ${median(fig.get('naive') ?? []).toFixed(0)}), load avg ${loadAvg.join('/')};`,
           }));

@@ -10,7 +10,8 @@
 //
 // Backends: nginx (http, `return 200`, 1 worker) on 127.0.0.2:8080 and `iperf3 -s` on
 // 127.0.0.2:5201. Figures, each a median of --repeat runs of --duration seconds, the peers
-// interleaved within a repetition:
+// interleaved within a repetition (each repetition starting one proxy further on), the load
+// average recorded beside them:
 //   1-stream throughput MB/s   iperf3 -c HOST -p 5201 -t D -J (received bytes / s)
 //   new conn/s                 wrk -t1 -c16 -H 'Connection: close' (each request a connection)
 //   p50 / p99 at c=1 (µs)      wrk -t1 -c1 --latency (keep-alive)
@@ -56,6 +57,8 @@ export interface BenchReport {
   repeat: number;
   workers: number;
   peers: PeerResult[];
+  /** 1-minute load average at the start of each proxy's measurement */
+  loadAverages?: number[];
 }
 
 export const BACKEND = '127.0.0.2';
@@ -375,6 +378,8 @@ export function markdown(r: BenchReport): string {
     const idle = p.idle ? `${fmt(p.idle.rssBytesPerConn)} B / ${fmt(p.idle.fdsPerConn, 2)}` : '–';
     lines.push(`| ${p.name}${p.error ? ' (failed)' : ''} | ${fmt(m.throughputMBs)} | ${fmt(m.connPerSec)} | ${fmt(m.p50us)} | ${fmt(m.p99us)} | ${fmt(m.keepAliveRps)} | ${idle} |`);
   }
+  const la = (r.loadAverages ?? []).filter(Number.isFinite);
+  if (la.length) lines.push('', `Load average (1 min) during the run: ${fmt(Math.min(...la), 1)}–${fmt(Math.max(...la), 1)}, median ${fmt(median(la), 1)} (${r.host.cpus} cores).`);
   return lines.join('\n');
 }
 
@@ -423,7 +428,7 @@ export function svg(r: BenchReport): string {
   const out = [`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${60 + panels.length * panelH}" font-family="sans-serif" font-size="12">`,
     `<rect width="100%" height="100%" fill="white"/>`,
     `<text x="10" y="20" font-size="15" font-weight="bold">userspace proxies on loopback, one network namespace, medians of ${r.repeat} × ${r.durationS}s</text>`,
-    `<text x="10" y="38" fill="#555">${esc(r.date)}, ${r.host.cpus} cores (shared, noisy), node ${esc(r.host.node)}, 1 worker each unless named</text>`];
+    `<text x="10" y="38" fill="#555">${esc(r.date)}, ${r.host.cpus} cores (shared, noisy${r.loadAverages?.length ? `: load average ${fmt(median(r.loadAverages), 1)}` : ''}), node ${esc(r.host.node)}, 1 worker each unless named</text>`];
   panels.forEach((pn, i) => {
     const y0 = 60 + i * panelH;
     const vals = peersOk.map((p) => p.median[pn.key]);
@@ -486,6 +491,7 @@ async function main(): Promise<void> {
   const onSignal = () => void cleanup().then(() => process.exit(130));
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
+  const loadAverages: number[] = [];
   const results = new Map<string, PeerResult>(list.map((p) => [p.key, { key: p.key, name: p.name, runs: [], median: medianFigures([]) }]));
   try {
     writeFileSync(join(dir, 'nginx-backend.conf'), nginxBackendConf(dir));
@@ -505,7 +511,10 @@ async function main(): Promise<void> {
     // Warm-up: JIT and connection pools, not measured.
     for (const p of live) await inNs(ns, 'wrk', ['-t1', '-c32', '-d1s', `http://${p.host}:${p.httpPort}/`], 30_000).catch(() => '');
     for (let rep = 0; rep < repeat && Date.now() < deadline; rep++) {
-      for (const p of live) {
+      // Each repetition starts with the next proxy: no proxy always runs right after the same one.
+      const k = rep % live.length;
+      for (const p of [...live.slice(k), ...live.slice(0, k)]) {
+        loadAverages.push(Number(readFileSync('/proc/loadavg', 'utf8').split(' ')[0]));
         try {
           const f = await measure(ns, p, durationS);
           results.get(p.key)!.runs.push(f);
@@ -532,7 +541,7 @@ async function main(): Promise<void> {
   const kernel = readFileSync('/proc/sys/kernel/osrelease', 'utf8').trim();
   const report: BenchReport = {
     date: new Date().toISOString(), host: { cpus: (await import('node:os')).availableParallelism(), node: process.version, kernel },
-    durationS, repeat, workers, peers: [...results.values()],
+    durationS, repeat, workers, peers: [...results.values()], loadAverages,
   };
   if (values.json) writeFileSync(values.json, JSON.stringify(report, null, 2));
   if (values.svg) writeFileSync(values.svg, svg(report));
