@@ -264,7 +264,7 @@ endpoints:
 }
 
 /** `node [nodeArgs] bin/kproxy.js run --mode userspace` serving one ClusterIP Service on `vip` (ports 80 and 5201). */
-export function kproxyPeer(name: string, key: string, vip: string, workers: number, ports: { metrics: number; healthz: number }, nodeArgs: string[] = []): Peer {
+export function kproxyPeer(name: string, key: string, vip: string, workers: number, ports: { metrics: number; healthz: number }, nodeArgs: string[] = [], env: NodeJS.ProcessEnv = {}): Peer {
   const p: Peer = {
     name, key, host: vip, httpPort: 80, iperfPort: IPERF_PORT, procs: [],
     async start(ns, dir) {
@@ -280,13 +280,16 @@ export function kproxyPeer(name: string, key: string, vip: string, workers: numb
         `metricsBindAddress: 127.0.0.1:${ports.metrics}\nhealthzBindAddress: 127.0.0.1:${ports.healthz}\n${userspace}`);
       p.procs.push(ns.spawn(process.execPath, [...nodeArgs, resolve(repoRoot, 'bin/kproxy.js'), 'run', '--config', cfg, '--manifests', mdir, '--hostname-override', 'bench-node',
         '--log-level', 'warn'],
-        { env: { KPROXY_USERSPACE_REDIRECT: '0' }, onOutput: (s) => process.stderr.write(`[${key}] ${s}`) }));
+        { env: { KPROXY_USERSPACE_REDIRECT: '0', ...env }, onOutput: (s) => process.stderr.write(`[${key}] ${s}`) }));
       await waitListening(ns, vip, 80, 60_000);
       await waitListening(ns, vip, IPERF_PORT, 10_000);
     },
   };
   return p;
 }
+
+/** glibc malloc without heap trimming and without mmap for the 64 KB read buffers (a DaemonSet can set the same env). */
+export const MALLOC_ENV = { MALLOC_TRIM_THRESHOLD_: String(256 << 20), MALLOC_MMAP_THRESHOLD_: String(256 << 20) };
 
 function peers(workers: number): Peer[] {
   return [
@@ -317,6 +320,9 @@ function peers(workers: number): Peer[] {
       },
     },
     kproxyPeer('kproxy userspace (1 worker)', 'kproxy', '127.0.0.6', 0, { metrics: 10249, healthz: 10256 }),
+    // The same with glibc's heap trimming off (docs/benchmarks.md "Profile of the TCP path": the
+    // per-read 64 KB buffers freed in bulk by V8's GC were trimmed and faulted back in).
+    kproxyPeer('kproxy userspace (1 worker, MALLOC_TRIM_THRESHOLD_)', 'kproxy-mt', '127.0.0.8', 0, { metrics: 10269, healthz: 10276 }, [], MALLOC_ENV),
     ...(workers > 1 ? [kproxyPeer(`kproxy userspace (${workers} workers)`, `kproxy-w${workers}`, '127.0.0.7', workers, { metrics: 10259, healthz: 10266 })] : []),
   ];
 }
@@ -327,7 +333,14 @@ async function measure(ns: Netns, p: Peer, durationS: number): Promise<Figures> 
   const url = `http://${p.host}:${p.httpPort}/`;
   const t = (durationS + 30) * 1000;
   const d = `${durationS}s`;
-  const iperf = parseIperfMBs(await inNs(ns, 'iperf3', ['-c', p.host, '-p', String(p.iperfPort), '-t', String(durationS), '-J'], t));
+  const iperfOnce = async () => parseIperfMBs(await inNs(ns, 'iperf3', ['-c', p.host, '-p', String(p.iperfPort), '-t', String(durationS), '-J'], t));
+  // iperf3 -s serves one test at a time: a probe's connection (waitListening) can leave it
+  // busy for a moment ("control socket has closed unexpectedly"); one retry after a second.
+  const iperf = await iperfOnce().catch(async (e: Error) => {
+    process.stderr.write(`  ${p.key} iperf3: ${e.message.slice(0, 120)}; retrying once\n`);
+    await new Promise((r) => setTimeout(r, 1000));
+    return iperfOnce();
+  });
   const close = parseWrk(await inNs(ns, 'wrk', ['-t1', '-c16', `-d${d}`, '-H', 'Connection: close', url], t));
   const lat = parseWrk(await inNs(ns, 'wrk', ['-t1', '-c1', `-d${d}`, '--latency', url], t));
   const ka = parseWrk(await inNs(ns, 'wrk', ['-t1', '-c32', `-d${d}`, url], t));
