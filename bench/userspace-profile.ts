@@ -1,17 +1,22 @@
-// Profiles the userspace TCP data path next to the naive Node pipe, like for like: both are
-// plain processes listening on their own loopback address of one fresh network namespace
-// (no DNAT, no extra hop for either), forwarding to the same nginx / iperf3 backends, each
-// under `node --cpu-prof`. One pair of processes per load, so each profile holds one load:
+// Profiles the userspace TCP data path next to the naive Node pipe, like for like: every
+// proxy is a plain process listening on its own loopback address of one fresh network
+// namespace (no DNAT, no extra hop for any), forwarding to the same nginx / iperf3 backends:
+//   naive       bench/userspace-naive-pipe.ts
+//   fwd         kproxy's TcpForwarder alone (bench/userspace-forwarder-main.ts, 24 h idle timeout as kproxy's default)
+//   kproxy      `node bin/kproxy.js run --mode userspace` (bench/userspace.ts's kproxy peer)
+//   kproxy-mt   the same with glibc's heap trimming off (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_)
+// One set of processes per load, so each profile holds one load:
 //   iperf3   1 stream, -t D (client → backend bytes)
 //   close    wrk -t1 -c16 -H 'Connection: close' (a new connection per request)
 //   ka       wrk -t1 -c32 (keep-alive requests)
-// The two proxies are measured alternately (--repeat times); the figures are medians. Prints
-// the figures and kproxy's top frames by self time; --svg-dir DIR writes a flame graph per
-// load (userspace-flame-LOAD.svg, bench/flamegraph.ts) and --keep DIR keeps the .cpuprofiles.
-// The forwarder runs with kproxy's default idle timeout (24 h: a timer per socket), as
-// `kproxy run` does.
+// The proxies are measured in turn (--repeat times); figures are medians, with each proxy's
+// CPU (user + system, /proc/PID/stat) and minor page faults per MB or per request, which
+// the machine's noise moves less than the rates. Each runs under `node --cpu-prof` unless
+// --no-prof; the top frames by self time are printed, --svg-dir DIR writes kproxy's flame
+// graph per load (userspace-flame-LOAD.svg, bench/flamegraph.ts, idle samples left out) and
+// --keep DIR keeps the .cpuprofiles.
 //   sudo node --import tsx bench/userspace-profile.ts [--duration 5] [--repeat 2] [--loads iperf3,close,ka]
-//        [--svg-dir docs] [--keep DIR]
+//        [--only naive,fwd,kproxy,kproxy-mt] [--no-prof] [--svg-dir docs] [--keep DIR]
 import type { ChildProcess } from 'node:child_process';
 import { cpSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -19,7 +24,7 @@ import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { Netns, repoRoot, uniqueName } from '../test/support/netns.ts';
 import { callTree, flameSvg, frameName, type CpuProfile } from './flamegraph.ts';
-import { BACKEND, HTTP_PORT, inNs, kproxyPeer, median, nginxBackendConf, parseIperfMBs, parseWrk, waitListening } from './userspace.ts';
+import { BACKEND, HTTP_PORT, MALLOC_ENV, inNs, kproxyPeer, median, nginxBackendConf, parseIperfMBs, parseWrk, waitListening } from './userspace.ts';
 
 const IPERF_PORT = 5201;
 
@@ -68,6 +73,14 @@ const PROCS: Proc[] = [
       return peer.procs[0];
     },
   },
+  {
+    key: 'kproxy-mt', name: 'kproxy run, MALLOC_TRIM_THRESHOLD_', host: '127.0.0.7',
+    async start(ns, dir, nodeArgs) {
+      const peer = kproxyPeer('kproxy-mt', 'kproxy-mt', '127.0.0.7', 0, { metrics: 10259, healthz: 10266 }, nodeArgs, MALLOC_ENV);
+      await peer.start(ns, dir);
+      return peer.procs[0];
+    },
+  },
 ];
 
 async function runLoad(ns: Netns, load: Load, host: string, port: number, d: number): Promise<number> {
@@ -78,14 +91,14 @@ async function runLoad(ns: Netns, load: Load, host: string, port: number, d: num
   return parseWrk(await inNs(ns, 'wrk', args, t)).rps;
 }
 
-/** user + system CPU seconds of a process (/proc/PID/stat utime and stime, in clock ticks of 1/100 s). */
-function cpuSeconds(pid: number): number {
+/** user + system CPU seconds (utime + stime, clock ticks of 1/100 s) and minor page faults of a process. */
+function usage(pid: number): { cpuS: number; minflt: number } {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
     const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(f[11]) + Number(f[12])) / 100;
+    return { cpuS: (Number(f[11]) + Number(f[12])) / 100, minflt: Number(f[7]) };
   } catch {
-    return NaN;
+    return { cpuS: NaN, minflt: NaN };
   }
 }
 
@@ -144,21 +157,26 @@ async function main(): Promise<void> {
       for (const p of started) await runLoad(ns, load, p.host, 80, 1).catch(() => 0);
       const fig = new Map<string, number[]>(procs.map((p) => [p.key, []]));
       const cpu = new Map<string, number[]>(procs.map((p) => [p.key, []]));
+      const faults = new Map<string, number[]>(procs.map((p) => [p.key, []]));
       const loadAvg: string[] = [];
       for (let i = 0; i < repeat; i++) {
         loadAvg.push(readFileSync('/proc/loadavg', 'utf8').split(' ')[0]);
         for (const p of started) {
-          const before = cpuSeconds(p.proc.pid!);
+          const before = usage(p.proc.pid!);
           const v = await runLoad(ns, load, p.host, 80, d);
+          const after = usage(p.proc.pid!);
           fig.get(p.key)!.push(v);
-          // CPU (user + system: the syscalls are the proxy's work too) per unit of work.
-          cpu.get(p.key)!.push(((cpuSeconds(p.proc.pid!) - before) * 1e6) / (v * d));
+          // CPU (user + system: the syscalls are the proxy's work too) and page faults per unit of work.
+          cpu.get(p.key)!.push(((after.cpuS - before.cpuS) * 1e6) / (v * d));
+          faults.get(p.key)!.push((after.minflt - before.minflt) / (v * d));
         }
         process.stderr.write(`${load} ${i + 1}: ${started.map((p) => `${p.key} ${fig.get(p.key)!.at(-1)!.toFixed(0)}`).join(', ')}\n`);
       }
       const unit = load === 'iperf3' ? 'MB/s' : 'req/s';
       out.push(`| ${load} (${unit}) | ${procs.map((p) => median(fig.get(p.key)!).toFixed(0)).join(' | ')} | ${loadAvg.join(', ')} |`);
-      out.push(`| ${load}: proxy CPU µs per ${load === 'iperf3' ? 'MB' : 'request'} | ${procs.map((p) => median(cpu.get(p.key)!).toFixed(1)).join(' | ')} | |`);
+      const per = load === 'iperf3' ? 'MB' : 'request';
+      out.push(`| ${load}: proxy CPU µs per ${per} | ${procs.map((p) => median(cpu.get(p.key)!).toFixed(1)).join(' | ')} | |`);
+      out.push(`| ${load}: proxy minor page faults per ${per} | ${procs.map((p) => median(faults.get(p.key)!).toFixed(2)).join(' | ')} | |`);
       for (const p of started) {
         if (values['no-prof']) {
           await ns.kill(p.proc, 'SIGTERM');
