@@ -16,8 +16,8 @@
 //   new conn/s                 wrk -t1 -c16 -H 'Connection: close' (each request a connection)
 //   p50 / p99 at c=1 (µs)      wrk -t1 -c1 --latency (keep-alive)
 //   keep-alive req/s (c=32)    wrk -t1 -c32
-// and once per proxy: memory and fds per idle connection (--idle N connections held open,
-// RSS and fd deltas of the proxy's process tree / N).
+// and once per proxy, before the loads: memory and fds per idle connection (--idle N
+// connections held open, RSS and fd deltas of the proxy's process tree / N).
 //
 //   sudo scripts/bench-install.sh          # nginx + stream module, haproxy, iperf3, wrk
 //   sudo node --import tsx bench/userspace.ts [--duration 3] [--repeat 3] [--workers 2]
@@ -521,6 +521,18 @@ async function main(): Promise<void> {
       }
     }
     const live = list.filter((p) => !results.get(p.key)!.error);
+    // Idle connections first, on fresh processes: after the loads a proxy's heap holds garbage
+    // that new connections reuse, and the RSS delta comes out too small or even negative.
+    if (idleN > 0) {
+      for (const p of live.filter((x) => x.key !== 'direct')) {
+        try {
+          results.get(p.key)!.idle = await measureIdle(ns, p, idleN);
+          process.stderr.write(`idle ${p.key}: ${JSON.stringify(results.get(p.key)!.idle)}\n`);
+        } catch (e) {
+          process.stderr.write(`idle ${p.key}: ${(e as Error).message}\n`);
+        }
+      }
+    }
     // Warm-up: JIT and connection pools, not measured.
     for (const p of live) await inNs(ns, 'wrk', ['-t1', '-c32', '-d1s', `http://${p.host}:${p.httpPort}/`], 30_000).catch(() => '');
     for (let rep = 0; rep < repeat && Date.now() < deadline; rep++) {
@@ -534,16 +546,6 @@ async function main(): Promise<void> {
           process.stderr.write(`rep ${rep + 1} ${p.key}: ${JSON.stringify(f)}\n`);
         } catch (e) {
           process.stderr.write(`rep ${rep + 1} ${p.key}: ${(e as Error).message}\n`);
-        }
-      }
-    }
-    if (idleN > 0) {
-      for (const p of live.filter((x) => x.key !== 'direct')) {
-        try {
-          results.get(p.key)!.idle = await measureIdle(ns, p, idleN);
-          process.stderr.write(`idle ${p.key}: ${JSON.stringify(results.get(p.key)!.idle)}\n`);
-        } catch (e) {
-          process.stderr.write(`idle ${p.key}: ${(e as Error).message}\n`);
         }
       }
     }
