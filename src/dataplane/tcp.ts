@@ -295,7 +295,7 @@ export class TcpForwarder {
     }
     this.counters.active++;
     this.open.add(upstream);
-    const pair: Pair = { client, upstream, ends: 0, active: true, lastActiveMs: coarseNow };
+    const pair: Pair = { client, upstream, counters: this.counters, ends: 0, active: true, lastActiveMs: coarseNow };
     client[PAIR] = pair;
     upstream[PAIR] = pair;
     client[PEER] = upstream;
@@ -319,7 +319,8 @@ export class TcpForwarder {
   /** @internal one end of a spliced pair closed */
   pairEnded(pair: Pair): void {
     if (++pair.ends !== 2) return;
-    this.counters.active--;
+    // The counters the pair was counted in, even if a sync gave the listener new ones since.
+    pair.counters.active--;
     this.pairs.delete(pair);
   }
 
@@ -373,6 +374,7 @@ export class TcpForwarder {
 interface Pair {
   client: Tagged;
   upstream: Tagged;
+  counters: ForwardCounters;
   /** sides closed (2: the pair is over) */
   ends: number;
   /** a byte moved since the last idle sweep */
