@@ -4,6 +4,8 @@
 // proxy should beat.
 import net from 'node:net';
 
+// SIGTERM exits normally, so that `node --cpu-prof` (bench/userspace-profile.ts) writes its profile.
+process.on('SIGTERM', () => process.exit(0));
 for (const arg of process.argv.slice(2)) {
   const [listen, target] = arg.split('=');
   const [lh, lp] = listen.split(':');

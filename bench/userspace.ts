@@ -10,13 +10,14 @@
 //
 // Backends: nginx (http, `return 200`, 1 worker) on 127.0.0.2:8080 and `iperf3 -s` on
 // 127.0.0.2:5201. Figures, each a median of --repeat runs of --duration seconds, the peers
-// interleaved within a repetition:
+// interleaved within a repetition (each repetition starting one proxy further on), the load
+// average recorded beside them:
 //   1-stream throughput MB/s   iperf3 -c HOST -p 5201 -t D -J (received bytes / s)
 //   new conn/s                 wrk -t1 -c16 -H 'Connection: close' (each request a connection)
 //   p50 / p99 at c=1 (µs)      wrk -t1 -c1 --latency (keep-alive)
 //   keep-alive req/s (c=32)    wrk -t1 -c32
-// and once per proxy: memory and fds per idle connection (--idle N connections held open,
-// RSS and fd deltas of the proxy's process tree / N).
+// and once per proxy, before the loads: memory and fds per idle connection (--idle N
+// connections held open, RSS and fd deltas of the proxy's process tree / N).
 //
 //   sudo scripts/bench-install.sh          # nginx + stream module, haproxy, iperf3, wrk
 //   sudo node --import tsx bench/userspace.ts [--duration 3] [--repeat 3] [--workers 2]
@@ -56,13 +57,15 @@ export interface BenchReport {
   repeat: number;
   workers: number;
   peers: PeerResult[];
+  /** 1-minute load average at the start of each proxy's measurement */
+  loadAverages?: number[];
 }
 
 export const BACKEND = '127.0.0.2';
 export const HTTP_PORT = 8080;
 const IPERF_PORT = 5201;
 
-interface Peer {
+export interface Peer {
   name: string;
   key: string;
   host: string;
@@ -260,7 +263,8 @@ endpoints:
 `;
 }
 
-function kproxyPeer(name: string, key: string, vip: string, workers: number, ports: { metrics: number; healthz: number }): Peer {
+/** `node [nodeArgs] bin/kproxy.js run --mode userspace` serving one ClusterIP Service on `vip` (ports 80 and 5201). */
+export function kproxyPeer(name: string, key: string, vip: string, workers: number, ports: { metrics: number; healthz: number }, nodeArgs: string[] = [], env: NodeJS.ProcessEnv = {}): Peer {
   const p: Peer = {
     name, key, host: vip, httpPort: 80, iperfPort: IPERF_PORT, procs: [],
     async start(ns, dir) {
@@ -270,16 +274,22 @@ function kproxyPeer(name: string, key: string, vip: string, workers: number, por
       writeFileSync(join(mdir, 'svc.yaml'), kproxyManifest(vip));
       const cfg = join(dir, `config-${key}.yaml`);
       const userspace = workers > 0 ? `userspace:\n  workers: ${workers}\n` : '';
-      writeFileSync(cfg, `apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\n${userspace}`);
-      p.procs.push(ns.spawn(process.execPath, [resolve(repoRoot, 'bin/kproxy.js'), 'run', '--config', cfg, '--manifests', mdir, '--hostname-override', 'bench-node',
-        '--metrics-bind-address', `127.0.0.1:${ports.metrics}`, '--healthz-bind-address', `127.0.0.1:${ports.healthz}`, '--log-level', 'warn'],
-        { env: { KPROXY_USERSPACE_REDIRECT: '0' }, onOutput: (s) => process.stderr.write(`[${key}] ${s}`) }));
+      // With --config the bind-address flags are ignored (as kube-proxy does): two kproxy peers
+      // in one namespace need their own metrics and healthz ports in the file.
+      writeFileSync(cfg, `apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\n` +
+        `metricsBindAddress: 127.0.0.1:${ports.metrics}\nhealthzBindAddress: 127.0.0.1:${ports.healthz}\n${userspace}`);
+      p.procs.push(ns.spawn(process.execPath, [...nodeArgs, resolve(repoRoot, 'bin/kproxy.js'), 'run', '--config', cfg, '--manifests', mdir, '--hostname-override', 'bench-node',
+        '--log-level', 'warn'],
+        { env: { KPROXY_USERSPACE_REDIRECT: '0', ...env }, onOutput: (s) => process.stderr.write(`[${key}] ${s}`) }));
       await waitListening(ns, vip, 80, 60_000);
       await waitListening(ns, vip, IPERF_PORT, 10_000);
     },
   };
   return p;
 }
+
+/** glibc malloc without heap trimming and without mmap for the 64 KB read buffers (a DaemonSet can set the same env). */
+export const MALLOC_ENV = { MALLOC_TRIM_THRESHOLD_: String(256 << 20), MALLOC_MMAP_THRESHOLD_: String(256 << 20) };
 
 function peers(workers: number): Peer[] {
   return [
@@ -310,6 +320,9 @@ function peers(workers: number): Peer[] {
       },
     },
     kproxyPeer('kproxy userspace (1 worker)', 'kproxy', '127.0.0.6', 0, { metrics: 10249, healthz: 10256 }),
+    // The same with glibc's heap trimming off (docs/benchmarks.md "Profile of the TCP path": the
+    // per-read 64 KB buffers freed in bulk by V8's GC were trimmed and faulted back in).
+    kproxyPeer('kproxy userspace (1 worker, MALLOC_TRIM_THRESHOLD_)', 'kproxy-mt', '127.0.0.8', 0, { metrics: 10269, healthz: 10276 }, [], MALLOC_ENV),
     ...(workers > 1 ? [kproxyPeer(`kproxy userspace (${workers} workers)`, `kproxy-w${workers}`, '127.0.0.7', workers, { metrics: 10259, healthz: 10266 })] : []),
   ];
 }
@@ -320,7 +333,14 @@ async function measure(ns: Netns, p: Peer, durationS: number): Promise<Figures> 
   const url = `http://${p.host}:${p.httpPort}/`;
   const t = (durationS + 30) * 1000;
   const d = `${durationS}s`;
-  const iperf = parseIperfMBs(await inNs(ns, 'iperf3', ['-c', p.host, '-p', String(p.iperfPort), '-t', String(durationS), '-J'], t));
+  const iperfOnce = async () => parseIperfMBs(await inNs(ns, 'iperf3', ['-c', p.host, '-p', String(p.iperfPort), '-t', String(durationS), '-J'], t));
+  // iperf3 -s serves one test at a time: a probe's connection (waitListening) can leave it
+  // busy for a moment ("control socket has closed unexpectedly"); one retry after a second.
+  const iperf = await iperfOnce().catch(async (e: Error) => {
+    process.stderr.write(`  ${p.key} iperf3: ${e.message.slice(0, 120)}; retrying once\n`);
+    await new Promise((r) => setTimeout(r, 1000));
+    return iperfOnce();
+  });
   const close = parseWrk(await inNs(ns, 'wrk', ['-t1', '-c16', `-d${d}`, '-H', 'Connection: close', url], t));
   const lat = parseWrk(await inNs(ns, 'wrk', ['-t1', '-c1', `-d${d}`, '--latency', url], t));
   const ka = parseWrk(await inNs(ns, 'wrk', ['-t1', '-c32', `-d${d}`, url], t));
@@ -371,6 +391,8 @@ export function markdown(r: BenchReport): string {
     const idle = p.idle ? `${fmt(p.idle.rssBytesPerConn)} B / ${fmt(p.idle.fdsPerConn, 2)}` : '–';
     lines.push(`| ${p.name}${p.error ? ' (failed)' : ''} | ${fmt(m.throughputMBs)} | ${fmt(m.connPerSec)} | ${fmt(m.p50us)} | ${fmt(m.p99us)} | ${fmt(m.keepAliveRps)} | ${idle} |`);
   }
+  const la = (r.loadAverages ?? []).filter(Number.isFinite);
+  if (la.length) lines.push('', `Load average (1 min) during the run: ${fmt(Math.min(...la), 1)}–${fmt(Math.max(...la), 1)}, median ${fmt(median(la), 1)} (${r.host.cpus} cores).`);
   return lines.join('\n');
 }
 
@@ -419,7 +441,7 @@ export function svg(r: BenchReport): string {
   const out = [`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${60 + panels.length * panelH}" font-family="sans-serif" font-size="12">`,
     `<rect width="100%" height="100%" fill="white"/>`,
     `<text x="10" y="20" font-size="15" font-weight="bold">userspace proxies on loopback, one network namespace, medians of ${r.repeat} × ${r.durationS}s</text>`,
-    `<text x="10" y="38" fill="#555">${esc(r.date)}, ${r.host.cpus} cores (shared, noisy), node ${esc(r.host.node)}, 1 worker each unless named</text>`];
+    `<text x="10" y="38" fill="#555">${esc(r.date)}, ${r.host.cpus} cores (shared, noisy${r.loadAverages?.length ? `: load average ${fmt(median(r.loadAverages), 1)}` : ''}), node ${esc(r.host.node)}, 1 worker each unless named</text>`];
   panels.forEach((pn, i) => {
     const y0 = 60 + i * panelH;
     const vals = peersOk.map((p) => p.median[pn.key]);
@@ -482,6 +504,7 @@ async function main(): Promise<void> {
   const onSignal = () => void cleanup().then(() => process.exit(130));
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
+  const loadAverages: number[] = [];
   const results = new Map<string, PeerResult>(list.map((p) => [p.key, { key: p.key, name: p.name, runs: [], median: medianFigures([]) }]));
   try {
     writeFileSync(join(dir, 'nginx-backend.conf'), nginxBackendConf(dir));
@@ -498,19 +521,8 @@ async function main(): Promise<void> {
       }
     }
     const live = list.filter((p) => !results.get(p.key)!.error);
-    // Warm-up: JIT and connection pools, not measured.
-    for (const p of live) await inNs(ns, 'wrk', ['-t1', '-c32', '-d1s', `http://${p.host}:${p.httpPort}/`], 30_000).catch(() => '');
-    for (let rep = 0; rep < repeat && Date.now() < deadline; rep++) {
-      for (const p of live) {
-        try {
-          const f = await measure(ns, p, durationS);
-          results.get(p.key)!.runs.push(f);
-          process.stderr.write(`rep ${rep + 1} ${p.key}: ${JSON.stringify(f)}\n`);
-        } catch (e) {
-          process.stderr.write(`rep ${rep + 1} ${p.key}: ${(e as Error).message}\n`);
-        }
-      }
-    }
+    // Idle connections first, on fresh processes: after the loads a proxy's heap holds garbage
+    // that new connections reuse, and the RSS delta comes out too small or even negative.
     if (idleN > 0) {
       for (const p of live.filter((x) => x.key !== 'direct')) {
         try {
@@ -521,6 +533,22 @@ async function main(): Promise<void> {
         }
       }
     }
+    // Warm-up: JIT and connection pools, not measured.
+    for (const p of live) await inNs(ns, 'wrk', ['-t1', '-c32', '-d1s', `http://${p.host}:${p.httpPort}/`], 30_000).catch(() => '');
+    for (let rep = 0; rep < repeat && Date.now() < deadline; rep++) {
+      // Each repetition starts with the next proxy: no proxy always runs right after the same one.
+      const k = rep % live.length;
+      for (const p of [...live.slice(k), ...live.slice(0, k)]) {
+        loadAverages.push(Number(readFileSync('/proc/loadavg', 'utf8').split(' ')[0]));
+        try {
+          const f = await measure(ns, p, durationS);
+          results.get(p.key)!.runs.push(f);
+          process.stderr.write(`rep ${rep + 1} ${p.key}: ${JSON.stringify(f)}\n`);
+        } catch (e) {
+          process.stderr.write(`rep ${rep + 1} ${p.key}: ${(e as Error).message}\n`);
+        }
+      }
+    }
   } finally {
     await cleanup();
   }
@@ -528,7 +556,7 @@ async function main(): Promise<void> {
   const kernel = readFileSync('/proc/sys/kernel/osrelease', 'utf8').trim();
   const report: BenchReport = {
     date: new Date().toISOString(), host: { cpus: (await import('node:os')).availableParallelism(), node: process.version, kernel },
-    durationS, repeat, workers, peers: [...results.values()],
+    durationS, repeat, workers, peers: [...results.values()], loadAverages,
   };
   if (values.json) writeFileSync(values.json, JSON.stringify(report, null, 2));
   if (values.svg) writeFileSync(values.svg, svg(report));

@@ -1,17 +1,21 @@
 // One TCP listener of the userspace proxy: accepts client connections, dials an endpoint
 // chosen by the balancer (retrying refused or timed-out dials on the next endpoint, as
-// upstream's tryConnect), then splices the two sockets with pipe(): back-pressure through
+// upstream's tryConnect), then forwards both directions: back-pressure through
 // pause/resume, and each direction's FIN forwarded on its own (allowHalfOpen) so a client
 // that shuts its write side still gets the whole reply.
 //
-// The hot path is kept cheap (bench/userspace-profile.ts: the time goes to the write and
-// connect syscalls, not to JavaScript): no promise or closure per dial attempt beyond the
-// socket's own listeners, counters are plain fields (the metrics server reads them), and
-// pipe() moves each chunk as it was read (64 KB reads, no copy). Bounds: a connection
-// beyond the shared ConnectionBudget is closed at once and counted in `refused`; an
-// idle timeout closes a spliced pair whose both sides were silent that long; accept errors
-// (EMFILE when the fd limit is reached) are counted and logged at most once per 10 s,
-// never thrown.
+// The hot path is kept cheap (bench/userspace-profile.ts; docs/benchmarks.md "Profile of the
+// TCP path": the time goes to the write and connect syscalls, not to JavaScript): each
+// direction is a 'data' handler that writes the chunk as it was read (no pipe() machinery,
+// no copy), the socket handlers are shared functions reading their state off the socket (no
+// closures per connection), the dial is synchronous when the picker answers at once (no
+// promise per connection), a 128 KB high-water mark keeps a full 64 KB read from reporting
+// back-pressure, and the idle timeout is one coarse sweep per listener (a flag set per
+// chunk) instead of a timer per socket refreshed on every read and write. Counters are plain
+// fields (the metrics server reads them). Bounds: a connection beyond the shared
+// ConnectionBudget is closed at once and counted in `refused`; an idle timeout closes a
+// spliced pair whose both sides were silent that long; accept errors (EMFILE when the fd
+// limit is reached) are counted and logged at most once per 10 s, never thrown.
 import net from 'node:net';
 import type { Logger } from '../log.ts';
 import type { BalancedEndpoint } from './balancer.ts';
@@ -98,12 +102,22 @@ export function plainAddress(a: string | undefined): string {
 
 const ACCEPT_ERROR_LOG_MS = 10_000;
 
+/**
+ * The streams' high-water mark: above the 64 KB a read returns, so a chunk the kernel takes
+ * at once does not report back-pressure (with Node's 16 KB default every full read paused
+ * the reader and resumed it on 'drain', a round of stream bookkeeping per chunk). It costs
+ * nothing while idle: only a peer that does not keep up makes a direction buffer up to it.
+ */
+const HIGH_WATER_MARK = 128 * 1024;
+
 export class TcpForwarder {
   balancer: EndpointPicker;
   counters: ForwardCounters;
   admit: AdmitFn | undefined;
-  idleTimeoutMs: number;
   readonly budget: ConnectionBudget;
+  private idleMs: number;
+  private readonly pairs = new Set<Pair>();
+  private sweep: NodeJS.Timeout | null = null;
   private readonly server: net.Server;
   private readonly open = new Set<net.Socket>();
   private readonly log: Logger;
@@ -117,7 +131,7 @@ export class TcpForwarder {
     this.counters = opts.counters;
     this.admit = opts.admit;
     this.log = opts.log;
-    this.idleTimeoutMs = opts.idleTimeoutMs ?? 0;
+    this.idleMs = opts.idleTimeoutMs ?? 0;
     this.budget = opts.budget ?? newBudget();
     this.dialTimeouts = opts.dialTimeoutsMs ?? DIAL_TIMEOUTS_MS;
     const onClient = (c: net.Socket) => this.onClient(c);
@@ -125,12 +139,12 @@ export class TcpForwarder {
       // A server received over IPC is created without options: the accepted sockets read
       // these two fields (node:net onconnection), so set them as the constructor would.
       this.server = opts.server;
-      Object.assign(this.server, { allowHalfOpen: true, pauseOnConnect: true });
+      Object.assign(this.server, { allowHalfOpen: true, pauseOnConnect: true, highWaterMark: HIGH_WATER_MARK });
       this.server.on('connection', onClient);
       this.server.on('error', (e) => this.onServerError(e));
     } else {
       // pauseOnConnect: nothing is read from the client until an endpoint accepted.
-      this.server = net.createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true }, onClient);
+      this.server = net.createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true, highWaterMark: HIGH_WATER_MARK }, onClient);
     }
   }
 
@@ -161,7 +175,7 @@ export class TcpForwarder {
   /** Open client connections of this listener. */
   get openClients(): number {
     let n = 0;
-    for (const s of this.open) if ((s as TaggedSocket)[CLIENT]) n++;
+    for (const s of this.open) if ((s as Tagged)[CLIENT]) n++;
     return n;
   }
 
@@ -175,8 +189,14 @@ export class TcpForwarder {
   /** Stops accepting and cuts every open connection. */
   destroy(): void {
     this.close();
+    this.stopSweep();
     for (const s of this.open) s.destroy();
     this.open.clear();
+  }
+
+  /** @internal a socket of this listener closed */
+  forget(s: net.Socket): void {
+    this.open.delete(s);
   }
 
   private onServerError(e: NodeJS.ErrnoException): void {
@@ -225,130 +245,253 @@ export class TcpForwarder {
     const budget = this.budget;
     budget.open++;
     this.counters.accepted++;
-    (client as TaggedSocket)[CLIENT] = true;
+    const c = client as Tagged;
+    c[CLIENT] = true;
+    c[OWNER] = this;
     this.open.add(client);
-    client.on('error', destroySelf);
-    client.once('close', () => {
-      budget.open--;
-      budget.shared?.release();
-      this.open.delete(client);
-    });
-    void this.dial(clientIP, client);
+    client.on('error', onSocketError);
+    client.on('close', onClientClose);
+    this.dial(c, clientIP, 0, undefined);
   }
 
-  /** Tries distinct endpoints, at most one per timeout step, forgetting affinity after a failure. */
-  private async dial(clientIP: string, client: net.Socket): Promise<void> {
-    let tried: Set<string> | undefined;
-    for (let attempt = 0; attempt < this.dialTimeouts.length; attempt++) {
-      let ep: BalancedEndpoint | null;
-      try {
-        ep = await this.balancer.next(clientIP, attempt > 0, tried);
-      } catch (e) {
-        this.log.error({ err: e }, 'userspace endpoint choice failed');
-        ep = null;
-      }
-      if (!ep || client.destroyed) break;
-      (tried ??= new Set()).add(ep.key);
-      const upstream = await connectOnce(ep, this.dialTimeouts[attempt]);
-      if (upstream instanceof net.Socket) {
-        if (client.destroyed || this.closedAndDestroyed(client)) {
-          upstream.destroy();
-          return;
-        }
-        this.splice(client, upstream);
-        return;
-      }
-      this.counters.retries++;
-      this.log.debug({ endpoint: ep.key, err: upstream.message }, 'userspace dial failed, trying the next endpoint');
-      if (client.destroyed) break;
+  /**
+   * One dial attempt to the endpoint the picker chooses (synchronously when it can: no
+   * promise per connection unless the picker is remote); a failure retries on a distinct
+   * endpoint at the next timeout step, forgetting affinity, as upstream's tryConnect.
+   */
+  private dial(client: Tagged, clientIP: string, attempt: number, tried: Set<string> | undefined): void {
+    if (attempt >= this.dialTimeouts.length || client.destroyed) return this.dialFailed(client);
+    let ep: BalancedEndpoint | null | Promise<BalancedEndpoint | null>;
+    try {
+      ep = this.balancer.next(clientIP, attempt > 0, tried);
+    } catch (e) {
+      this.log.error({ err: e }, 'userspace endpoint choice failed');
+      ep = null;
     }
+    if (ep instanceof Promise) {
+      ep.then(
+        (e) => this.dialTo(client, clientIP, e, attempt, tried),
+        (e: unknown) => {
+          this.log.error({ err: e }, 'userspace endpoint choice failed');
+          this.dialFailed(client);
+        },
+      );
+      return;
+    }
+    this.dialTo(client, clientIP, ep, attempt, tried);
+  }
+
+  private dialTo(client: Tagged, clientIP: string, ep: BalancedEndpoint | null, attempt: number, tried: Set<string> | undefined): void {
+    if (!ep || client.destroyed) return this.dialFailed(client);
+    let up: Tagged;
+    try {
+      // highWaterMark reaches the socket's Duplex options (the types of connect() omit it).
+      up = net.connect({ host: ep.ip, port: ep.port, allowHalfOpen: true, noDelay: true, highWaterMark: HIGH_WATER_MARK } as net.NetConnectOpts) as Tagged;
+    } catch (e) {
+      // EMFILE can surface synchronously: a failed dial, not a crash.
+      return this.dialRetry(client, clientIP, ep, attempt, tried, e as Error);
+    }
+    up[DIAL] = { client, clientIP, ep, attempt, tried };
+    up[OWNER] = this;
+    up.setTimeout(this.dialTimeouts[attempt], onDialTimeout);
+    up.once('error', onDialError);
+    up.once('connect', onDialConnect);
+  }
+
+  /** @internal a dial failed (refused, timed out): count it and try the next endpoint */
+  dialRetry(client: Tagged, clientIP: string, ep: BalancedEndpoint, attempt: number, tried: Set<string> | undefined, err: Error): void {
+    this.counters.retries++;
+    this.log.debug({ endpoint: ep.key, err: err.message }, 'userspace dial failed, trying the next endpoint');
+    (tried ??= new Set()).add(ep.key);
+    this.dial(client, clientIP, attempt + 1, tried);
+  }
+
+  private dialFailed(client: Tagged): void {
     this.counters.failed++;
     // A reset, as the kernel modes' REJECT: the client learns at once there is no endpoint.
     if (!client.destroyed) client.resetAndDestroy();
   }
 
-  private closedAndDestroyed(client: net.Socket): boolean {
-    return !this.open.has(client);
+  /** @internal both ends connected: forward each direction as it arrives */
+  splice(client: Tagged, upstream: Tagged): void {
+    if (client.destroyed || !this.open.has(client)) {
+      upstream.destroy();
+      return;
+    }
+    this.counters.active++;
+    this.open.add(upstream);
+    const pair: Pair = { client, upstream, counters: this.counters, ends: 0, active: true, lastActiveMs: coarseNow };
+    client[PAIR] = pair;
+    upstream[PAIR] = pair;
+    client[PEER] = upstream;
+    upstream[PEER] = client;
+    this.pairs.add(pair);
+    upstream.on('error', onSocketError);
+    upstream.on('close', onUpstreamClose);
+    // Each direction by hand rather than pipe(): a chunk is written as it was read, and a
+    // write the peer cannot take at once pauses the reader until the peer drains. No
+    // per-chunk work beyond that and one field store for the idle sweep.
+    client.on('data', onData);
+    upstream.on('data', onData);
+    client.on('drain', onDrain);
+    upstream.on('drain', onDrain);
+    client.on('end', onEnd);
+    upstream.on('end', onEnd);
+    if (this.idleMs > 0) this.startSweep();
+    client.resume();
   }
 
-  private splice(client: net.Socket, upstream: net.Socket): void {
-    const counters = this.counters;
-    counters.active++;
-    this.open.add(upstream);
-    upstream.setNoDelay(true);
-    let closed = 0;
-    const onClose = () => {
-      if (++closed === 2) counters.active--;
-    };
-    // An error or reset on one side ends the other; a clean close leaves the peer to flush.
-    client.on('close', (hadError: boolean) => {
-      onClose();
-      if (hadError) upstream.destroy();
-    });
-    upstream.on('close', (hadError: boolean) => {
-      this.open.delete(upstream);
-      onClose();
-      if (hadError) client.destroy();
-    });
-    client.removeListener('error', destroySelf);
-    client.on('error', () => {
-      client.destroy();
-      upstream.destroy();
-    });
-    upstream.on('error', () => {
-      upstream.destroy();
-      client.destroy();
-    });
-    if (this.idleTimeoutMs > 0) {
-      // Each socket's timer is refreshed by its own reads and writes; the pair is idle when
-      // one of them saw nothing either way, since every byte crosses both.
-      const onIdle = () => {
-        counters.idleClosed++;
-        client.destroy();
-        upstream.destroy();
-      };
-      client.setTimeout(this.idleTimeoutMs, onIdle);
-      upstream.setTimeout(this.idleTimeoutMs, onIdle);
-    }
-    client.pipe(upstream);
-    upstream.pipe(client);
+  /** @internal one end of a spliced pair closed */
+  pairEnded(pair: Pair): void {
+    if (++pair.ends !== 2) return;
+    // The counters the pair was counted in, even if a sync gave the listener new ones since.
+    pair.counters.active--;
+    this.pairs.delete(pair);
   }
+
+  /** closes a spliced pair whose both sides were silent idleTimeoutMs */
+  get idleTimeoutMs(): number {
+    return this.idleMs;
+  }
+
+  set idleTimeoutMs(ms: number) {
+    if (ms === this.idleMs) return;
+    this.idleMs = ms;
+    this.stopSweep();
+    if (ms > 0 && this.pairs.size > 0) this.startSweep();
+  }
+
+  /**
+   * One coarse timer per listener instead of a timer per socket refreshed on every chunk:
+   * every idleTimeout/4 (25 ms … 30 s) a pair that moved a byte since the last sweep is
+   * stamped, one that did not for idleTimeout is closed (so it closes between 1 and 1.25 ×
+   * idleTimeout after its last byte).
+   */
+  private startSweep(): void {
+    if (this.sweep) return;
+    const every = Math.min(30_000, Math.max(25, Math.floor(this.idleMs / 4)));
+    this.sweep = setInterval(() => this.sweepIdle(), every);
+    this.sweep.unref();
+  }
+
+  private stopSweep(): void {
+    if (this.sweep) clearInterval(this.sweep);
+    this.sweep = null;
+  }
+
+  private sweepIdle(): void {
+    coarseNow = Date.now();
+    if (this.pairs.size === 0 || this.idleMs <= 0) return this.stopSweep();
+    for (const p of this.pairs) {
+      if (p.active) {
+        p.active = false;
+        p.lastActiveMs = coarseNow;
+      } else if (coarseNow - p.lastActiveMs >= this.idleMs) {
+        this.counters.idleClosed++;
+        p.client.destroy();
+        p.upstream.destroy();
+      }
+    }
+  }
+}
+
+/** A spliced client and upstream connection. */
+interface Pair {
+  client: Tagged;
+  upstream: Tagged;
+  counters: ForwardCounters;
+  /** sides closed (2: the pair is over) */
+  ends: number;
+  /** a byte moved since the last idle sweep */
+  active: boolean;
+  lastActiveMs: number;
+}
+
+interface Dial {
+  client: Tagged;
+  clientIP: string;
+  ep: BalancedEndpoint;
+  attempt: number;
+  tried: Set<string> | undefined;
+}
+
+/** The clock of the idle sweeps (a pair's stamps need no more precision than a sweep). */
+let coarseNow = Date.now();
+
+const OWNER = Symbol('kproxy.forwarder');
+const PAIR = Symbol('kproxy.pair');
+const PEER = Symbol('kproxy.peer');
+const DIAL = Symbol('kproxy.dial');
+type Tagged = net.Socket & { [CLIENT]?: boolean; [OWNER]?: TcpForwarder; [PAIR]?: Pair; [PEER]?: Tagged; [DIAL]?: Dial };
+
+// The socket handlers are shared functions reading their state off the socket: no closures
+// per connection.
+
+function onData(this: Tagged, chunk: Buffer): void {
+  this[PAIR]!.active = true;
+  if (!this[PEER]!.write(chunk)) this.pause();
+}
+
+function onDrain(this: Tagged): void {
+  this[PEER]!.resume();
+}
+
+/** Each direction's FIN on its own (allowHalfOpen): a client that shut its write side still gets the reply. */
+function onEnd(this: Tagged): void {
+  this[PEER]!.end();
+}
+
+/** An error on one side ends both. */
+function onSocketError(this: Tagged): void {
+  this.destroy();
+  this[PEER]?.destroy();
+}
+
+function onClientClose(this: Tagged, hadError: boolean): void {
+  const fwd = this[OWNER]!;
+  fwd.budget.open--;
+  fwd.budget.shared?.release();
+  fwd.forget(this);
+  const pair = this[PAIR];
+  if (!pair) return;
+  // A reset ends the other side; a clean close leaves the peer to flush.
+  if (hadError) pair.upstream.destroy();
+  fwd.pairEnded(pair);
+}
+
+function onUpstreamClose(this: Tagged, hadError: boolean): void {
+  const fwd = this[OWNER]!;
+  fwd.forget(this);
+  const pair = this[PAIR]!;
+  if (hadError) pair.client.destroy();
+  fwd.pairEnded(pair);
+}
+
+function onDialConnect(this: Tagged): void {
+  this.setTimeout(0);
+  this.removeListener('timeout', onDialTimeout);
+  this.removeListener('error', onDialError);
+  const d = this[DIAL]!;
+  this[DIAL] = undefined;
+  this[OWNER]!.splice(d.client, this);
+}
+
+function onDialError(this: Tagged, e: Error): void {
+  this.setTimeout(0);
+  this.removeListener('timeout', onDialTimeout);
+  this.removeListener('connect', onDialConnect);
+  this.destroy();
+  const d = this[DIAL]!;
+  this[DIAL] = undefined;
+  this[OWNER]!.dialRetry(d.client, d.clientIP, d.ep, d.attempt, d.tried, e);
+}
+
+function onDialTimeout(this: Tagged): void {
+  const ms = this.timeout ?? 0;
+  onDialError.call(this, Object.assign(new Error(`dial ${this[DIAL]!.ep.key} timed out after ${ms}ms`), { code: 'ETIMEDOUT' }));
 }
 
 const CLIENT = Symbol('kproxy.client');
-type TaggedSocket = net.Socket & { [CLIENT]?: boolean };
 
 function noop(): void {}
 
-function destroySelf(this: net.Socket): void {
-  this.destroy();
-}
-
-/** One dial: the connected socket, or the error (a refused or timed-out endpoint). */
-function connectOnce(ep: BalancedEndpoint, timeoutMs: number): Promise<net.Socket | Error> {
-  return new Promise((resolve) => {
-    let s: net.Socket;
-    try {
-      s = net.connect({ host: ep.ip, port: ep.port, allowHalfOpen: true, noDelay: true });
-    } catch (e) {
-      // EMFILE can surface synchronously: a failed dial, not a crash.
-      resolve(e as Error);
-      return;
-    }
-    const onTimeout = () => onError(Object.assign(new Error(`dial ${ep.key} timed out after ${timeoutMs}ms`), { code: 'ETIMEDOUT' }));
-    const onError = (e: Error) => {
-      s.setTimeout(0);
-      s.removeListener('timeout', onTimeout);
-      s.destroy();
-      resolve(e);
-    };
-    s.setTimeout(timeoutMs, onTimeout);
-    s.once('error', onError);
-    s.once('connect', () => {
-      s.setTimeout(0);
-      s.removeListener('timeout', onTimeout);
-      s.removeListener('error', onError);
-      resolve(s);
-    });
-  });
-}

@@ -41,10 +41,12 @@ test('report: medians, a row per proxy, goals against the naive pipe and nginx, 
       peer('nginx', 'nginx stream', [f(400, 40, 500, 100)]),
       { ...peer('kproxy', 'kproxy userspace (1 worker)', [f(250, 25, 800, 70)]), idle: { connections: 5000, rssBytesPerConn: 6000, fdsPerConn: 2 } },
     ],
+    loadAverages: [9.5, 12.25, 8],
   };
   assert.deepEqual(r.peers[0].median, f(200, 20, 1000, 60));
   const md = markdown(r);
   assert.match(md, /\| kproxy userspace \(1 worker\) \| 250 \| 25 \| 50 \| 800 \| 70 \| 6,000 B \/ 2\.00 \|/);
+  assert.match(md, /Load average \(1 min\) during the run: 8\.0–12\.3, median 9\.5 \(2 cores\)/);
   const g = goals(r);
   assert.match(g, /throughput ≥ naive pipe \| 250 \| ≥ 200 \| yes/);
   assert.match(g, /conn\/s ≥ 0\.6× nginx \| 25 \| ≥ 24 \| yes/);
@@ -53,5 +55,6 @@ test('report: medians, a row per proxy, goals against the naive pipe and nginx, 
   assert.match(g, /memory per idle connection ≤ 8 KB \(bytes\) \| 6,000 \| ≤ 8,192 \| yes/);
   const s = svg(r);
   assert.match(s, /^<svg /);
+  assert.match(s, /load average 9\.5/);
   assert.equal((s.match(/<rect x=/g) ?? []).length, 4 * 3, 'a bar per proxy in each of the four panels');
 });
