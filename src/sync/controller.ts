@@ -16,6 +16,7 @@ import type { K8sNode, Source } from '../sources/types.ts';
 import { SyncLoop } from './loop.ts';
 import type { StaleFlowCleaner } from '../exec/conntrack.ts';
 import { ProxyHealth } from './health.ts';
+import { GarbageAfterSync } from './memory.ts';
 
 export interface ControllerOptions {
   config: ProxyConfig;
@@ -195,6 +196,8 @@ export class ProxyController {
   private readonly invalidListeners: Array<(kind: ObjectKind, source: string) => void> = [];
   /** objects skipped as invalid since start, by kind */
   readonly invalidCounts: Record<ObjectKind, number> = { Service: 0, EndpointSlice: 0, Node: 0 };
+  /** returns the garbage of a big full sync to the OS (src/sync/memory.ts) */
+  private readonly gcAfterSync = new GarbageAfterSync();
 
   constructor(private readonly opts: ControllerOptions) {
     const log = opts.log;
@@ -558,6 +561,8 @@ export class ProxyController {
         );
         if (rec.stats?.diff) this.opts.log.debug({ diff: rec.stats.diff }, 'sync diff');
       }
+      // after the record and the log line: the rules are in the kernel already
+      this.gcAfterSync.afterSync({ ok: rec.ok, full, rulesTotal: rec.stats?.rulesTotal });
     }
   }
 }
