@@ -134,6 +134,11 @@ interface ServiceBlock {
   active: string[];
   /** `chains` + `rules` grouped per chain (built once, with the block) */
   units: ChainUnit[];
+  /**
+   * compactServiceBlocks dropped `chains`, `rules` and `units` (the text of the service's own
+   * chains, needed only when they are written): a write renders the block again
+   */
+  compact?: { ruleCount: number };
 }
 
 interface RenderContext {
@@ -151,9 +156,9 @@ const EMPTY: Endpoint[] = [];
 // replace those objects on change) or the settings do: unchanged services are not rebuilt.
 const blockCache = new WeakMap<ServicePort, { eps: Endpoint[]; key: string; block: ServiceBlock }>();
 
-function serviceBlock(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): ServiceBlock {
+function serviceBlock(sp: ServicePort, eps: Endpoint[], ctx: RenderContext, needChains = true): ServiceBlock {
   const hit = blockCache.get(sp);
-  if (hit && hit.eps === eps && hit.key === ctx.key) return hit.block;
+  if (hit && hit.eps === eps && hit.key === ctx.key && !(needChains && hit.block.compact)) return hit.block;
   // A loopback (or other special) VIP would make a reject or DNAT rule match all of it.
   const block = renderService(safeServicePort(sp).sp, eps, ctx);
   blockCache.set(sp, { eps, key: ctx.key, block });
@@ -305,6 +310,23 @@ function renderContext(state: ProxyState, opts: IptablesOptions): RenderContext 
 }
 
 /**
+ * Memory (kproxy, not upstream): after a full sync the cached blocks of every service keep
+ * only what a partial sync reads for a service it does not write (its KUBE-SERVICES /
+ * KUBE-NODEPORTS and filter rules, its chain names, its rule count); the text of its own
+ * chains, two thirds of the block and ~50 MiB at 10,000 Services × 5 endpoints, is dropped
+ * and rendered again when the service changes or a full sync writes it (docs/benchmarks.md,
+ * "Where the memory goes"). Blocks of services not in the state are left alone.
+ */
+export function compactServiceBlocks(state: ProxyState): void {
+  for (const sp of state.services.values()) {
+    const hit = blockCache.get(sp);
+    if (!hit || hit.block.compact) continue;
+    const b = hit.block;
+    hit.block = { filter: b.filter, natTop: b.natTop, active: b.active, chains: [], rules: [], units: [], compact: { ruleCount: b.rules.length } };
+  }
+}
+
+/**
  * The service port whose rules or chain declarations include this payload line, or null
  * (the fixed rules, stale chain deletions). Names the Service whose line iptables-restore
  * refused; a linear scan over the (cached) blocks, only run after a failure.
@@ -351,17 +373,18 @@ export function planIptables(req: PlanRequest): Plan {
   const serviceStarts: number[] = [];
 
   for (const sp of services) {
-    const b = serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx);
+    const write = req.full || !req.changed || req.changed.has(sp.serviceKey);
+    const b = serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx, write);
     for (const l of b.filter) filterRules.push(l);
     for (const l of b.natTop) natStatic.push(l);
     for (const c of b.active) active.add(c);
     // Unchanged services' chains are already installed: count their rules, don't write them.
-    if (req.full || !req.changed || req.changed.has(sp.serviceKey)) {
+    if (write) {
       writtenServices++;
       serviceStarts.push(natServiceUnits.length);
       for (const u of b.units) natServiceUnits.push(u);
     } else {
-      skippedRules += b.rules.length;
+      skippedRules += b.compact?.ruleCount ?? b.rules.length;
     }
   }
 
