@@ -7,7 +7,7 @@
 //
 // V8 exposes a gc() function only with --expose-gc; setting the flag at run time and reading
 // `gc` from a fresh context gives the same function without changing how kproxy is started.
-import { setFlagsFromString } from 'node:v8';
+import { getHeapSpaceStatistics, setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 
 let gcFn: (() => void) | null | undefined;
@@ -26,11 +26,28 @@ function gcFunction(): (() => void) | null {
   return gcFn;
 }
 
-/** Runs one full garbage collection; false when this runtime offers none (nothing happened). */
+/**
+ * Runs one full, compacting garbage collection; false when this runtime offers none (nothing
+ * happened). Compacting: a plain full collection frees objects but keeps every page that
+ * still holds one live object, and after a first sync most pages hold a few survivors among
+ * the garbage; moving them together lets V8 return the emptied pages (measured: ~20 % less
+ * committed heap on a fragmented heap).
+ */
 export function collectGarbage(): boolean {
   const gc = gcFunction();
   if (!gc) return false;
-  gc();
+  let compacting = false;
+  try {
+    setFlagsFromString('--compact-on-every-full-gc');
+    compacting = true;
+  } catch {
+    /* a runtime without the flag: a plain full collection */
+  }
+  try {
+    gc();
+  } finally {
+    if (compacting) setFlagsFromString('--no-compact-on-every-full-gc');
+  }
   return true;
 }
 
@@ -45,6 +62,14 @@ export class GarbageAfterSync {
   constructor(
     private readonly o: { minRules?: number; minIntervalMs?: number; now?: () => number; collect?: () => boolean } = {},
   ) {}
+
+  /** What the process holds, in MiB: for the log line after a collection. */
+  static usage(): Record<string, number> {
+    const m = process.memoryUsage();
+    const mib = (b: number) => Math.round(b / 2 ** 17) / 8;
+    const spaces = Object.fromEntries(getHeapSpaceStatistics().map((s) => [s.space_name, mib(s.space_size)]));
+    return { rss: mib(m.rss), heapTotal: mib(m.heapTotal), heapUsed: mib(m.heapUsed), external: mib(m.external), arrayBuffers: mib(m.arrayBuffers), ...spaces };
+  }
 
   /** Collects now when the sync qualifies; true when it did. */
   afterSync(sync: { ok: boolean; full: boolean; rulesTotal?: number }): boolean {
