@@ -24,6 +24,9 @@ export interface NftProxierOptions {
   staleChainDelayMs?: number;
 }
 
+/** a successful transaction longer than this is not kept for lastTransactionText() */
+export const MAX_KEPT_TRANSACTION_CHARS = 1 << 20;
+
 export class NftProxier implements Proxier {
   private readonly exec: NftExecutor;
   private readonly log: Logger;
@@ -54,7 +57,7 @@ export class NftProxier implements Proxier {
     this.delayMs = opts.staleChainDelayMs ?? 1000;
   }
 
-  /** the text of the last transaction sent to nft (for /debug and tests) */
+  /** the text of the last transaction sent to nft (for /debug and tests); '' after a successful one over MAX_KEPT_TRANSACTION_CHARS */
   lastTransactionText(): string {
     return this.lastTransaction;
   }
@@ -153,6 +156,9 @@ export class NftProxier implements Proxier {
         throw e;
       }
     }
+    // memory: a full transaction at 10,000 Services is tens of MiB of text; it is needed only
+    // to name the Services of refused lines, right after a failed apply (excludeRefused)
+    if (this.lastTransaction.length > MAX_KEPT_TRANSACTION_CHARS) this.lastTransaction = '';
     this.baseChainsRecreated = true;
     this.needFull = false;
     for (const c of tx.staleChains) {
