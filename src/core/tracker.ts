@@ -67,6 +67,11 @@ export class ServiceChangeTracker {
     return this.pending.size;
   }
 
+  /** The servicePortKeys a service ("ns/name") has in the state since the last apply. */
+  portKeysOf(serviceKey: string): Iterable<string> {
+    return this.applied.get(serviceKey)?.keys() ?? [];
+  }
+
   /** Applies pending changes to state.services; returns the service keys ("ns/name") that changed. */
   apply(state: ProxyState): Set<string> {
     const changed = new Set<string>();

@@ -318,13 +318,18 @@ export class ProxyController {
     };
   }
 
-  planInput(family: 4 | 6 = this.families[0]?.family ?? 4): PlanInput {
+  /**
+   * The input of a sync. With `changed` (the services changed since the family's last
+   * successful sync, whose view is lastView), only their ports are decided again.
+   */
+  planInput(family: 4 | 6 = this.families[0]?.family ?? 4, changed?: ReadonlySet<string>): PlanInput {
     const f = this.families.find((x) => x.family === family);
     if (!f) throw kproxyError('KPROXY_FAMILY_UNAVAILABLE', `IPv${family} does not run on this node`);
     const input: PlanInput = { state: f.tracker.state, config: this.opts.config, node: this.nodeContext(family) };
     // The view is computed once per sync and family; the last applied one gives the stale
     // UDP/SCTP flows of this sync.
-    return { ...input, view: buildNodeView(input, f.lastView) };
+    const changes = changed && { services: changed, portKeysOf: (k: string) => f.tracker.services.portKeysOf(k) };
+    return { ...input, view: buildNodeView(input, f.lastView, changes) };
   }
 
   /**
@@ -494,7 +499,7 @@ export class ProxyController {
         const famFull = full || f.failed;
         try {
           if (!f.proxier) throw new Error('proxier not created');
-          const input = this.planInput(f.family);
+          const input = this.planInput(f.family, famFull ? undefined : changed);
           const stats = await f.proxier.sync(input, changed, famFull);
           f.lastView = input.view;
           f.changedSinceSuccess.clear();
