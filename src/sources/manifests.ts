@@ -15,6 +15,7 @@ import { setImmediate as yieldToEventLoop } from 'node:timers/promises';
 import { Composer, LineCounter, Parser, isMap, isSeq, type Document } from 'yaml';
 import { load as loadYaml, CORE_SCHEMA } from 'js-yaml';
 import { isDeepStrictEqual } from 'node:util';
+import { hash } from 'node:crypto';
 import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
 import type { Logger } from '../log.ts';
 import type { K8sNode, Source, SourceHandler, SourceHealth } from './types.ts';
@@ -361,16 +362,21 @@ export interface ManifestsSourceOptions {
 }
 
 /**
- * How the source remembers an object between scans: its JSON text, not the parsed object.
- * A parsed object graph takes several times the memory of its text (at 10,000 Services ×
- * 5 endpoints, 62 MiB of heap against about 10 MiB of text), and the source only needs it
- * to tell what changed (text equality) and, for a change or delete, to hand the handler the
- * old object (parsed again then: rare). An object JSON cannot carry exactly (a non-finite
- * number from `.inf` / `.nan`) is kept as parsed. Objects are delivered from the text too
- * (see publish).
+ * How the source remembers an object between scans: a digest of its JSON text, not the object
+ * nor its text. At 10,000 Services × 5 endpoints the parsed objects took 62 MiB of heap and
+ * their texts 25 MiB; the source needs neither: it tells what changed by comparing digests,
+ * and the old object of an update or delete it hands over carries the object's identity
+ * (kind, metadata.name, metadata.namespace) only, which is all a handler may rely on (see
+ * SourceHandler). The text is kept from the read until the object is delivered (objects are
+ * delivered parsed from it: see publish), and for an object another file overrides (it may
+ * win again). An object JSON cannot carry exactly (a non-finite number from `.inf` / `.nan`)
+ * is kept as parsed.
  */
 export interface StoredObject {
   kind: Kind;
+  /** sha256 of the JSON text, base64 */
+  digest?: string;
+  /** the JSON text, until the object is delivered */
   text?: string;
   obj?: Obj;
 }
@@ -386,19 +392,27 @@ export function storeObject(kind: Kind, obj: Obj): StoredObject {
     // V8 builds a long JSON.stringify result as a tree of pieces; reading a character
     // flattens it into one string in place, so the pieces' overhead is not kept.
     text.charCodeAt(0);
-    return { kind, text };
+    return { kind, text, digest: hash('sha256', text, 'base64') };
   } catch {
     return { kind, obj };
   }
 }
 
-export function restoreObject(s: StoredObject): Obj {
-  return s.obj ?? (JSON.parse(s.text!) as Obj);
+/** The object, while its text is kept (or it is kept as parsed); undefined once only its digest is. */
+export function restoreObject(s: StoredObject): Obj | undefined {
+  return s.obj ?? (s.text === undefined ? undefined : (JSON.parse(s.text) as Obj));
+}
+
+/** What a handler gets as the old object of an update or delete: the object's identity. */
+export function identityObject(key: string, kind: Kind): Obj {
+  const [, namespace, ...name] = key.split('/');
+  return { kind, metadata: kind === 'Node' ? { name: name.join('/') } : { name: name.join('/'), namespace } } as Obj;
 }
 
 function sameStored(a: StoredObject, b: StoredObject): boolean {
-  if (a.text !== undefined && b.text !== undefined) return a.text === b.text;
-  return isDeepStrictEqual(restoreObject(a), restoreObject(b));
+  if (a.digest !== undefined && b.digest !== undefined) return a.digest === b.digest;
+  if (a.obj !== undefined && b.obj !== undefined) return isDeepStrictEqual(a.obj, b.obj);
+  return false;
 }
 
 /** Yields to the event loop once a slice of synchronous work has run for sliceMs. */
@@ -655,9 +669,11 @@ export class ManifestsSource implements Source {
     // What is delivered counts as told at once: a stop in the middle leaves nothing to redo.
     const deletes: Array<[string, StoredObject]> = [];
     const updates: Array<[string, StoredObject | undefined, StoredObject]> = [];
+    /** files to read again: the text of an object that wins again was dropped */
+    const reread = new Set<string>();
     for (const key of affected) {
       const old = this.current.get(key);
-      const v = this.winner(key);
+      const [file, v] = this.winner(key) ?? [];
       if (!v) {
         if (old) {
           this.current.delete(key);
@@ -669,18 +685,41 @@ export class ManifestsSource implements Source {
         this.current.set(key, v);
         continue;
       }
+      if (v.text === undefined && v.obj === undefined) {
+        // it lost to another file when its text was dropped, and wins again now: read its
+        // file again (the current object stays what the handler has until then)
+        reread.add(file!);
+        continue;
+      }
       this.current.set(key, v);
       updates.push([key, old, v]);
     }
+    for (const f of reread) {
+      const entry = this.files.get(f);
+      if (entry) entry.sig = '';
+      if (this.dirty !== 'all') this.dirty.add(f);
+      this.rescan = true;
+    }
     // Delivered objects are parsed again from their JSON text, not the YAML parser's objects:
     // those hold slices of the file's text, and the trackers keep strings of every slice.
-    for (const [key, old] of deletes) {
-      deliver(key, old.kind, restoreObject(old), null);
-      if ((await this.slice.maybeYield()) && this.handler !== h) return;
-    }
-    for (const [key, old, v] of updates) {
-      deliver(key, v.kind, old ? restoreObject(old) : null, restoreObject(v));
-      if ((await this.slice.maybeYield()) && this.handler !== h) return;
+    // Only winners drop their text: an overridden object keeps it, as it may win again.
+    const dropText = () => {
+      for (const key of affected) {
+        const v = this.current.get(key);
+        if (v) v.text = undefined;
+      }
+    };
+    try {
+      for (const [key, old] of deletes) {
+        deliver(key, old.kind, old.obj ?? identityObject(key, old.kind), null);
+        if ((await this.slice.maybeYield()) && this.handler !== h) return;
+      }
+      for (const [key, old, v] of updates) {
+        deliver(key, v.kind, old ? (old.obj ?? identityObject(key, old.kind)) : null, restoreObject(v)!);
+        if ((await this.slice.maybeYield()) && this.handler !== h) return;
+      }
+    } finally {
+      dropText();
     }
   }
 
@@ -713,12 +752,13 @@ export class ManifestsSource implements Source {
     }
   }
 
-  /** The definition in force: the last file in name order that defines the key. */
-  private winner(key: string): StoredObject | undefined {
+  /** The definition in force, and its file: the last file in name order that defines the key. */
+  private winner(key: string): [string, StoredObject] | undefined {
     const d = this.definers.get(key);
     if (d === undefined) return undefined;
     const file = typeof d === 'string' ? d : d[d.length - 1];
-    return this.files.get(file)?.objects.get(key);
+    const v = this.files.get(file)?.objects.get(key);
+    return v && [file, v];
   }
 
   /**
