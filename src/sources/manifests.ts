@@ -386,7 +386,13 @@ function exactInJSON(_k: string, v: unknown): unknown {
   return v;
 }
 
-export function storeObject(kind: Kind, obj: Obj): StoredObject {
+/** The kind as a literal: the parser's is a slice of the document's text, and keeps all of it alive. */
+function literalKind(kind: Kind): Kind {
+  return kind === 'Service' ? 'Service' : kind === 'EndpointSlice' ? 'EndpointSlice' : 'Node';
+}
+
+export function storeObject(parsedKind: Kind, obj: Obj): StoredObject {
+  const kind = literalKind(parsedKind);
   try {
     const text = JSON.stringify(obj, exactInJSON);
     // V8 builds a long JSON.stringify result as a tree of pieces; reading a character
