@@ -141,7 +141,7 @@ export class EndpointsChangeTracker {
     }
     let pending = false;
     if (before !== undefined && before !== svcKey) pending = this.recompute(before);
-    if (svcKey) pending = this.recompute(svcKey) || pending;
+    if (svcKey) pending = this.recompute(svcKey, id, valid ?? undefined) || pending;
     this.noteTriggerTime(valid, svcKey ?? before);
     return pending;
   }
@@ -164,13 +164,14 @@ export class EndpointsChangeTracker {
     return out;
   }
 
-  private recompute(svcKey: string): boolean {
+  /** `freshId`'s slice is given parsed (`fresh`: it was just validated), the others are parsed from their text. */
+  private recompute(svcKey: string, freshId?: string, fresh?: K8sEndpointSlice): boolean {
     let change = this.pending.get(svcKey);
     if (!change) {
       change = { previous: this.applied.get(svcKey) ?? new Map(), current: new Map() };
       this.pending.set(svcKey, change);
     }
-    const slices = [...(this.slices.get(svcKey)?.values() ?? [])].map((t) => JSON.parse(t) as K8sEndpointSlice);
+    const slices = [...(this.slices.get(svcKey) ?? [])].map(([id, t]) => (id === freshId && fresh ? fresh : (JSON.parse(t) as K8sEndpointSlice)));
     change.current = endpointsOfSlices(slices, this.family, this.nodeName, this.report);
     if (isDeepStrictEqual(change.previous, change.current)) {
       this.pending.delete(svcKey);
