@@ -32,6 +32,8 @@ export interface MemoryRun {
   hwmKiB?: number;
   /** kproxy's own line after its collection (src/sync/memory.ts): heap figures in MiB */
   heap?: Record<string, number>;
+  /** how long that collection blocked the event loop */
+  gcMs?: number;
 }
 
 export interface MemoryRunRow {
@@ -74,7 +76,7 @@ async function oneRun(nss: Namespaces, dir: string, work: string, variant: RunVa
       const lines = (tail + d.toString()).split('\n');
       tail = lines.pop() ?? '';
       for (const l of lines) {
-        let j: { msg?: string; full?: boolean; memoryMiB?: Record<string, number> };
+        let j: { msg?: string; full?: boolean; memoryMiB?: Record<string, number>; durationMs?: number };
         try {
           j = JSON.parse(l);
         } catch {
@@ -85,7 +87,10 @@ async function oneRun(nss: Namespaces, dir: string, work: string, variant: RunVa
           synced = true;
           res.firstSyncMs = performance.now() - t0;
         }
-        if (j.memoryMiB && !res.heap) res.heap = j.memoryMiB;
+        if (j.memoryMiB && !res.heap) {
+          res.heap = j.memoryMiB;
+          res.gcMs = j.durationMs;
+        }
       }
     });
     const ok = await pollUntil(async () => (synced ? true : proc!.exitCode !== null ? false : undefined), timeoutS * 1000, 50);
@@ -151,12 +156,12 @@ if (process.argv[1] && import.meta.url === pathToFileURL(resolve(process.argv[1]
     return xs.length ? median(xs) : NaN;
   };
   console.log(`kproxy run, ${values.services} Services × ${values.endpoints} endpoints, ${bundle}; medians of ${values.repeat}; load ${before} before, ${loadavg()} after\n`);
-  console.log(`| mode | manifests loaded | first sync done | ${SAMPLE_AFTER_S.map((s) => `VmRSS +${s} s`).join(' | ')} | VmHWM | heap used / total after the GC | runs ok |`);
-  console.log(`|---|---:|---:|${SAMPLE_AFTER_S.map(() => '---:|').join('')}---:|---:|---:|`);
+  console.log(`| mode | manifests loaded | first sync done | ${SAMPLE_AFTER_S.map((s) => `VmRSS +${s} s`).join(' | ')} | VmHWM | heap used / total after the GC | the GC's pause | runs ok |`);
+  console.log(`|---|---:|---:|${SAMPLE_AFTER_S.map(() => '---:|').join('')}---:|---:|---:|---:|`);
   for (const r of rows) {
     const ok = r.runs.filter((x) => !x.error);
     const rss = SAMPLE_AFTER_S.map((_, k) => mib(med(ok, (x) => x.rssKiB[k])));
     const heap = `${med(ok, (x) => x.heap?.heapUsed).toFixed(0)} / ${med(ok, (x) => x.heap?.heapTotal).toFixed(0)} MiB`;
-    console.log(`| ${r.variant} | ${ms(med(ok, (x) => x.loadedMs))} | ${ms(med(ok, (x) => x.firstSyncMs))} | ${rss.join(' | ')} | ${mib(med(ok, (x) => x.hwmKiB))} | ${heap} | ${ok.length}/${r.runs.length} |`);
+    console.log(`| ${r.variant} | ${ms(med(ok, (x) => x.loadedMs))} | ${ms(med(ok, (x) => x.firstSyncMs))} | ${rss.join(' | ')} | ${mib(med(ok, (x) => x.hwmKiB))} | ${heap} | ${ms(med(ok, (x) => x.gcMs))} | ${ok.length}/${r.runs.length} |`);
   }
 }

@@ -567,8 +567,10 @@ export class ProxyController {
         if (rec.stats?.diff) this.opts.log.debug({ diff: rec.stats.diff }, 'sync diff');
       }
       // after the record and the log line: the rules are in the kernel already
+      const gcStarted = performance.now();
       if (this.gcAfterSync.afterSync({ ok: rec.ok, full, rulesTotal: rec.stats?.rulesTotal })) {
-        this.opts.log.info({ memoryMiB: GarbageAfterSync.usage() }, 'collected the full sync\'s garbage');
+        const gcMs = Math.round(performance.now() - gcStarted);
+        this.opts.log.info({ durationMs: gcMs, memoryMiB: GarbageAfterSync.usage() }, 'collected the full sync\'s garbage');
       }
     }
   }
