@@ -4,8 +4,8 @@
 //   sudo node --expose-gc --import tsx bench/memory.ts [--services 10000] [--endpoints 5]
 //        [--mode iptables|iptables-legacy|nftables]
 //
-// Steps: the manifests source's cache (the parsed objects of every file, what it diffs a
-// rescan against) → the trackers (validated slices per service, ServicePorts, Endpoint[],
+// Steps: the manifests source's cache (a digest per object, what it diffs a rescan against)
+// → the trackers (each slice's endpoints per port, ServicePorts, Endpoint[],
 // the state) → the proxier after its first full sync in a namespace (what it keeps between
 // syncs: digests, the previous payload or table, caches). Each figure is retained heap
 // (heapUsed + external after GC), not transient peaks; the process's RSS is printed too.
@@ -72,7 +72,7 @@ export async function memoryBreakdown(n: number, endpoints: number, variant: 'ip
       onSynced: () => {},
     });
     tracker.apply();
-    await mark('trackers + state (validated slices, ServicePorts, Endpoint[]), plus a second source cache');
+    await mark('trackers + state (each slice\'s endpoints, ServicePorts, Endpoint[]), plus a second source cache');
     await source.stop();
     const ns = await nss.create('mem');
     const runner = new TimedRunner(ns, variant === 'iptables-legacy' ? LEGACY_IPTABLES : {}, 900_000);

@@ -314,8 +314,8 @@ export function endpointsOfSlices(
           terminating: c.terminating === true,
           nodeName: ep.nodeName,
           zone: ep.zone,
-          zoneHints: (ep.hints?.forZones ?? []).map((z) => z.name ?? '').filter(Boolean),
-          nodeHints: (ep.hints?.forNodes ?? []).map((z) => z.name ?? '').filter(Boolean),
+          zoneHints: hintNames(ep.hints?.forZones),
+          nodeHints: hintNames(ep.hints?.forNodes),
         };
         if (!set.has(e.key) || isLocal) set.set(e.key, e);
       }
@@ -326,6 +326,14 @@ export function endpointsOfSlices(
     out.set(key, [...set.values()].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0)));
   }
   return out;
+}
+
+/** No hints (nearly every endpoint): one shared frozen array, not two per endpoint (50,000 at 10k × 5). */
+const NO_HINTS: string[] = Object.freeze([]) as unknown as string[];
+
+function hintNames(list: Array<{ name?: string | null }> | null | undefined): string[] {
+  if (!list?.length) return NO_HINTS;
+  return list.map((z) => z.name ?? '').filter(Boolean);
 }
 
 export { LABEL_ZONE };

@@ -341,25 +341,101 @@ export function nodeSettings(config: ProxyConfig, node: NodeContext, localIPs?: 
 
 // ---- the view ----------------------------------------------------------------------------
 
-/** Builds the view from resolved settings (the conformance adapters' entry point). */
-export function buildViewFrom(state: ProxyState, s: NodeSettings, previous?: NodeView): NodeView {
+/** Work the node view did, for tests and benches: an event's sync must cost O(changed). */
+export const nodeViewWork = { builds: 0, incremental: 0, portsVisited: 0 };
+
+/**
+ * What an incremental build needs besides the previous view: the services ("ns/name") that
+ * changed since it, and where their ports are in the state now (the tracker knows).
+ */
+export interface ViewChanges {
+  services: ReadonlySet<string>;
+  portKeysOf: (serviceKey: string) => Iterable<string>;
+}
+
+/**
+ * Builds the view from resolved settings (the conformance adapters' entry point). With the
+ * previous view and what changed since (`changes`), only the changed services' ports are
+ * looked at; the others keep their PortView objects, as a full build would give them (the
+ * port cache returns the same objects for the same ServicePort, Endpoint[] and node).
+ */
+export function buildViewFrom(state: ProxyState, s: NodeSettings, previous?: NodeView, changes?: ViewChanges): NodeView {
   const node: PortNode = { nodeName: s.nodeName, nodeLabels: s.nodeLabels, nodeIP: s.primaryNodeIP };
   const nodeKey = nodeKeyOf(node);
+  nodeViewWork.builds++;
+  if (previous && changes && sameSettings(previous, s)) {
+    const { ports, before, after } = updatedPorts(state, s.family, previous, changes, node, nodeKey);
+    nodeViewWork.incremental++;
+    // the unchanged ports are the same objects before and after: staleFlows skips them anyway
+    return { ...s, ports, staleFlows: staleFlows({ ...previous, ports: before }, after) };
+  }
   const ports = new Map<string, PortView>();
   const keys = [...state.services.keys()].sort();
   for (const key of keys) {
     const sp = state.services.get(key)!;
     if (sp.family !== s.family) continue;
+    nodeViewWork.portsVisited++;
     ports.set(key, portView(sp, state.endpoints.get(key) ?? EMPTY, node, nodeKey));
   }
   return { ...s, ports, staleFlows: previous ? staleFlows(previous, ports) : [] };
 }
 
+const SETTINGS_KEYS: Array<keyof NodeSettings> = [
+  'family', 'nodeName', 'nodeLabels', 'nodeIPs', 'primaryNodeIP', 'nodePorts', 'localDetector', 'masqueradeMark', 'masqueradeAll', 'localhostNodePorts',
+];
+
+function sameSettings(a: NodeSettings, b: NodeSettings): boolean {
+  return SETTINGS_KEYS.every((k) => a[k] === b[k] || JSON.stringify(a[k]) === JSON.stringify(b[k]));
+}
+
+/** servicePortKey → its service's key ("ns/name:port" → "ns/name") */
+const serviceOfPortKey = (portKey: string) => portKey.slice(0, portKey.lastIndexOf(':'));
+
+/**
+ * The previous view's ports with the changed services' ports replaced, in key order. A copy
+ * of the map (the previous view stays as it was: stale flows and a failed sync need it), but
+ * no decision is made again for an unchanged port.
+ */
+function updatedPorts(
+  state: ProxyState, family: 4 | 6, previous: NodeView, changes: ViewChanges, node: PortNode, nodeKey: string,
+): { ports: Map<string, PortView>; before: Map<string, PortView>; after: Map<string, PortView> } {
+  const fresh = new Map<string, PortView>();
+  for (const svc of changes.services) {
+    for (const key of changes.portKeysOf(svc)) {
+      const sp = state.services.get(key);
+      if (!sp || sp.family !== family) continue;
+      nodeViewWork.portsVisited++;
+      fresh.set(key, portView(sp, state.endpoints.get(key) ?? EMPTY, node, nodeKey));
+    }
+  }
+  const ports = new Map<string, PortView>();
+  /** the changed services' ports in the previous view */
+  const before = new Map<string, PortView>();
+  let added = false;
+  for (const [key, v] of previous.ports) {
+    if (!changes.services.has(serviceOfPortKey(key))) {
+      ports.set(key, v);
+      continue;
+    }
+    before.set(key, v);
+    if (fresh.has(key)) ports.set(key, fresh.get(key)!);
+  }
+  for (const [key, v] of fresh) {
+    if (ports.has(key)) continue;
+    ports.set(key, v);
+    added = true;
+  }
+  // a new port lands at the end of the map: put it in key order, as a full build would
+  const ordered = added ? new Map([...ports].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) : ports;
+  return { ports: ordered, before, after: fresh };
+}
+
+
 const EMPTY: Endpoint[] = [];
 
 /** The node view of one sync and family: computed once, rendered by every mode. */
-export function buildNodeView(input: PlanInput, previous?: NodeView): NodeView {
-  return buildViewFrom(input.state, nodeSettings(input.config, input.node), previous);
+export function buildNodeView(input: PlanInput, previous?: NodeView, changes?: ViewChanges): NodeView {
+  return buildViewFrom(input.state, nodeSettings(input.config, input.node), previous, changes);
 }
 
 /** The node-wide settings of an input: the controller's view's, or resolved now (cheap: no ports). */

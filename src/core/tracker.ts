@@ -67,6 +67,11 @@ export class ServiceChangeTracker {
     return this.pending.size;
   }
 
+  /** The servicePortKeys a service ("ns/name") has in the state since the last apply. */
+  portKeysOf(serviceKey: string): Iterable<string> {
+    return this.applied.get(serviceKey)?.keys() ?? [];
+  }
+
   /** Applies pending changes to state.services; returns the service keys ("ns/name") that changed. */
   apply(state: ProxyState): Set<string> {
     const changed = new Set<string>();
@@ -82,14 +87,42 @@ export class ServiceChangeTracker {
   }
 }
 
+/** One slice's endpoints by servicePortKey (endpointsOfSlices of that slice alone), and its name. */
+interface SliceEndpoints {
+  name: string;
+  ports: Map<string, Endpoint[]>;
+}
+
+/**
+ * A Service's endpoints from its slices' own, exactly as endpointsOfSlices of all its slices:
+ * slices in name order, a duplicate address collapses to its first copy unless a later one
+ * is local (each slice's lists already collapsed its own duplicates the same way), lists
+ * sorted by key. One slice: its lists as they are.
+ */
+function mergeSlices(entries: SliceEndpoints[]): Map<string, Endpoint[]> {
+  if (entries.length === 0) return new Map();
+  if (entries.length === 1) return entries[0].ports;
+  const byPort = new Map<string, Map<string, Endpoint>>();
+  for (const entry of [...entries].sort((a, b) => a.name.localeCompare(b.name))) {
+    for (const [k, list] of entry.ports) {
+      let set = byPort.get(k);
+      if (!set) byPort.set(k, (set = new Map()));
+      for (const e of list) if (!set.has(e.key) || e.isLocal) set.set(e.key, e);
+    }
+  }
+  const out = new Map<string, Endpoint[]>();
+  for (const [k, set] of byPort) out.set(k, [...set.values()].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0)));
+  return out;
+}
+
 export class EndpointsChangeTracker {
   /**
-   * valid EndpointSlices by service key then slice "ns/name": upstream's EndpointSliceCache.
-   * Kept as JSON text, parsed when its service is recomputed: a parsed slice takes several
-   * times the memory of its text (10,000 slices × 5 endpoints: 24 MiB as objects), and it is
-   * read only when a slice of the same service changes or the node name does.
+   * What each valid EndpointSlice contributes, by service key then slice "ns/name":
+   * upstream's EndpointSliceCache, kept as the slice's own endpoints per service port (not the
+   * slice: as objects 24 MiB at 10,000 slices × 5 endpoints, as JSON text 11 MiB). A Service
+   * with one slice uses these very lists; several slices are merged as endpointsOfSlices does.
    */
-  private readonly slices = new Map<string, Map<string, string>>();
+  private readonly slices = new Map<string, Map<string, SliceEndpoints>>();
   /** slice "ns/name" → the service key it is filed under, so a relabelled slice leaves its old service */
   private readonly sliceService = new Map<string, string>();
   private readonly applied = new Map<string, Map<string, Endpoint[]>>();
@@ -129,9 +162,7 @@ export class EndpointsChangeTracker {
     if (valid && svcKey) {
       let bySlice = this.slices.get(svcKey);
       if (!bySlice) this.slices.set(svcKey, (bySlice = new Map()));
-      const text = JSON.stringify(valid);
-      text.charCodeAt(0); // flattens V8's tree of pieces into one string, in place
-      bySlice.set(id, text);
+      bySlice.set(id, { name: valid.metadata?.name ?? '', ports: endpointsOfSlices([valid], this.family, this.nodeName, this.report) });
       this.sliceService.set(id, svcKey);
     }
     let pending = false;
@@ -165,8 +196,7 @@ export class EndpointsChangeTracker {
       change = { previous: this.applied.get(svcKey) ?? new Map(), current: new Map() };
       this.pending.set(svcKey, change);
     }
-    const slices = [...(this.slices.get(svcKey)?.values() ?? [])].map((t) => JSON.parse(t) as K8sEndpointSlice);
-    change.current = endpointsOfSlices(slices, this.family, this.nodeName, this.report);
+    change.current = mergeSlices([...(this.slices.get(svcKey)?.values() ?? [])]);
     if (isDeepStrictEqual(change.previous, change.current)) {
       this.pending.delete(svcKey);
       this.triggerTimes.delete(svcKey);
@@ -175,11 +205,22 @@ export class EndpointsChangeTracker {
     return true;
   }
 
-  /** Node name changes make "isLocal" change for every endpoint: recompute all. */
+  /**
+   * Node name changes make "isLocal" change for every endpoint: recompute all, from each
+   * endpoint's nodeName. (A slice that lists one address twice, on two nodes, was collapsed
+   * with the old name's locality; the next update of the slice applies the new one.)
+   */
   setNodeName(nodeName: string): void {
     if (nodeName === this.nodeName) return;
     this.nodeName = nodeName;
-    for (const svcKey of this.slices.keys()) this.recompute(svcKey);
+    for (const [svcKey, bySlice] of this.slices) {
+      for (const [id, entry] of bySlice) {
+        const ports = new Map<string, Endpoint[]>();
+        for (const [k, list] of entry.ports) ports.set(k, list.map((e) => ({ ...e, isLocal: !!e.nodeName && e.nodeName === nodeName })));
+        bySlice.set(id, { name: entry.name, ports });
+      }
+      this.recompute(svcKey);
+    }
   }
 
   pendingCount(): number {

@@ -15,6 +15,7 @@ import { setImmediate as yieldToEventLoop } from 'node:timers/promises';
 import { Composer, LineCounter, Parser, isMap, isSeq, type Document } from 'yaml';
 import { load as loadYaml, CORE_SCHEMA } from 'js-yaml';
 import { isDeepStrictEqual } from 'node:util';
+import { hash } from 'node:crypto';
 import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
 import type { Logger } from '../log.ts';
 import type { K8sNode, Source, SourceHandler, SourceHealth } from './types.ts';
@@ -214,6 +215,11 @@ export interface ManifestFile {
 }
 
 export interface ReadManifestDirOptions {
+  /**
+   * only these file names (the watcher's events), not a listing of the directory: a change
+   * of one file among 10,000 stats one; names that are not manifest files are ignored
+   */
+  only?: Iterable<string>;
   /** files whose signature is unchanged are not read again (the watcher's cache) */
   unchanged?: (name: string, sig: string) => boolean;
   /** checked between files: stop early (the source was stopped) */
@@ -221,10 +227,22 @@ export interface ReadManifestDirOptions {
   sliceMs?: number;
 }
 
+const isManifestFileName = (n: string) => FILE_RE.test(n) && !n.startsWith('.') && !n.includes('/');
+
+/** A scan of named files only: a missing file is a deletion only while the directory is there. Throws ManifestDirError. */
+async function requireDirectory(dir: string): Promise<void> {
+  try {
+    if ((await stat(dir)).isDirectory()) return;
+  } catch {
+    /* reported below, with the message a full scan gives (warnings are logged once per message) */
+  }
+  await listManifestFiles(dir);
+}
+
 /** The manifest file names of dir, sorted. Throws ManifestDirError. */
 export async function listManifestFiles(dir: string): Promise<string[]> {
   try {
-    return (await readdir(dir)).filter((n) => FILE_RE.test(n) && !n.startsWith('.')).sort();
+    return (await readdir(dir)).filter(isManifestFileName).sort();
   } catch (e) {
     throw new ManifestDirError(dir, (e as Error).message);
   }
@@ -236,15 +254,20 @@ export async function listManifestFiles(dir: string): Promise<string[]> {
  * that vanished between listing and reading is left out. Throws ManifestDirError only when
  * the directory itself cannot be read.
  */
-export async function readManifestDir(dir: string, opts: ReadManifestDirOptions = {}): Promise<{ names: string[]; read: ManifestFile[] }> {
-  const names = await listManifestFiles(dir);
+export async function readManifestDir(dir: string, opts: ReadManifestDirOptions = {}): Promise<{ names: string[]; read: ManifestFile[]; missing: string[]; statted: number }> {
+  if (opts.only) await requireDirectory(dir);
+  const names = opts.only ? [...new Set(opts.only)].filter(isManifestFileName).sort() : await listManifestFiles(dir);
   const read: ManifestFile[] = [];
+  /** names that vanished between the listing (or the event) and the read */
+  const missing: string[] = [];
+  let statted = 0;
   for (const name of names) {
     if (opts.cancelled?.()) break;
     const path = join(dir, name);
     let sig = 'unknown';
     let text: string;
     try {
+      statted++;
       const st = await stat(path);
       sig = `${st.mtimeMs}:${st.size}:${st.ino}`;
       if (opts.unchanged?.(name, sig)) continue;
@@ -260,7 +283,10 @@ export async function readManifestDir(dir: string, opts: ReadManifestDirOptions 
       text = await readFile(path, 'utf8');
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code;
-      if (code === 'ENOENT') continue; // vanished between readdir and read: the next scan sees it gone
+      if (code === 'ENOENT') {
+        missing.push(name); // vanished between readdir and read: the next scan sees it gone
+        continue;
+      }
       read.push({ name, path, sig, error: new ManifestError(path, 0, `cannot read: ${(e as Error).message}`) });
       continue;
     }
@@ -271,8 +297,10 @@ export async function readManifestDir(dir: string, opts: ReadManifestDirOptions 
       read.push({ name, path, sig, error: err });
     }
   }
-  return { names, read };
+  return { names, read, missing, statted };
 }
+
+const byName = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
 
 /** Objects defined in more than one file: the later file (in name order) wins. */
 export interface ManifestDuplicate {
@@ -334,16 +362,21 @@ export interface ManifestsSourceOptions {
 }
 
 /**
- * How the source remembers an object between scans: its JSON text, not the parsed object.
- * A parsed object graph takes several times the memory of its text (at 10,000 Services ×
- * 5 endpoints, 62 MiB of heap against about 10 MiB of text), and the source only needs it
- * to tell what changed (text equality) and, for a change or delete, to hand the handler the
- * old object (parsed again then: rare). An object JSON cannot carry exactly (a non-finite
- * number from `.inf` / `.nan`) is kept as parsed. Objects are delivered from the text too
- * (see publish).
+ * How the source remembers an object between scans: a digest of its JSON text, not the object
+ * nor its text. At 10,000 Services × 5 endpoints the parsed objects took 62 MiB of heap and
+ * their texts 25 MiB; the source needs neither: it tells what changed by comparing digests,
+ * and the old object of an update or delete it hands over carries the object's identity
+ * (kind, metadata.name, metadata.namespace) only, which is all a handler may rely on (see
+ * SourceHandler). The text is kept from the read until the object is delivered (objects are
+ * delivered parsed from it: see publish), and for an object another file overrides (it may
+ * win again). An object JSON cannot carry exactly (a non-finite number from `.inf` / `.nan`)
+ * is kept as parsed.
  */
 export interface StoredObject {
   kind: Kind;
+  /** sha256 of the JSON text, base64 */
+  digest?: string;
+  /** the JSON text, until the object is delivered */
   text?: string;
   obj?: Obj;
 }
@@ -353,25 +386,39 @@ function exactInJSON(_k: string, v: unknown): unknown {
   return v;
 }
 
-export function storeObject(kind: Kind, obj: Obj): StoredObject {
+/** The kind as a literal: the parser's is a slice of the document's text, and keeps all of it alive. */
+function literalKind(kind: Kind): Kind {
+  return kind === 'Service' ? 'Service' : kind === 'EndpointSlice' ? 'EndpointSlice' : 'Node';
+}
+
+export function storeObject(parsedKind: Kind, obj: Obj): StoredObject {
+  const kind = literalKind(parsedKind);
   try {
     const text = JSON.stringify(obj, exactInJSON);
     // V8 builds a long JSON.stringify result as a tree of pieces; reading a character
     // flattens it into one string in place, so the pieces' overhead is not kept.
     text.charCodeAt(0);
-    return { kind, text };
+    return { kind, text, digest: hash('sha256', text, 'base64') };
   } catch {
     return { kind, obj };
   }
 }
 
-export function restoreObject(s: StoredObject): Obj {
-  return s.obj ?? (JSON.parse(s.text!) as Obj);
+/** The object, while its text is kept (or it is kept as parsed); undefined once only its digest is. */
+export function restoreObject(s: StoredObject): Obj | undefined {
+  return s.obj ?? (s.text === undefined ? undefined : (JSON.parse(s.text) as Obj));
+}
+
+/** What a handler gets as the old object of an update or delete: the object's identity. */
+export function identityObject(key: string, kind: Kind): Obj {
+  const [, namespace, ...name] = key.split('/');
+  return { kind, metadata: kind === 'Node' ? { name: name.join('/') } : { name: name.join('/'), namespace } } as Obj;
 }
 
 function sameStored(a: StoredObject, b: StoredObject): boolean {
-  if (a.text !== undefined && b.text !== undefined) return a.text === b.text;
-  return isDeepStrictEqual(restoreObject(a), restoreObject(b));
+  if (a.digest !== undefined && b.digest !== undefined) return a.digest === b.digest;
+  if (a.obj !== undefined && b.obj !== undefined) return isDeepStrictEqual(a.obj, b.obj);
+  return false;
 }
 
 /** Yields to the event loop once a slice of synchronous work has run for sliceMs. */
@@ -395,6 +442,18 @@ export class ManifestsSource implements Source {
   private readonly broken = new Map<string, { sig: string; summary: string }>();
   /** what the handler has been told, by "Kind/ns/name" */
   private current = new Map<string, StoredObject>();
+  /**
+   * "Kind/ns/name" → the files that define it, in name order (one name when it is defined
+   * once, the common case): the last one wins. Kept up to date file by file, so a change to
+   * one file costs that file's objects, not the whole directory's.
+   */
+  private readonly definers = new Map<string, string | string[]>();
+  /** the keys defined in more than one file (the duplicate warnings are computed from these) */
+  private readonly multiDefined = new Set<string>();
+  /** file names the watcher reported since the last scan; 'all' when a full scan is due */
+  private dirty: Set<string> | 'all' = 'all';
+  /** work done, for tests and benches: a one-file change must cost O(that file) */
+  readonly work = { scans: 0, filesStatted: 0, filesRead: 0, objectsConsidered: 0, delivered: 0 };
   private handler: SourceHandler | null = null;
   private watcher: FSWatcher | null = null;
   private poll: NodeJS.Timeout | null = null;
@@ -419,7 +478,7 @@ export class ManifestsSource implements Source {
     if (this.stopped) return; // stopped while the first scan ran
     handler.onSynced();
     try {
-      this.watcher = watch(this.opts.dir, () => this.scheduleScan());
+      this.watcher = watch(this.opts.dir, (_event, name) => this.scheduleScan(typeof name === 'string' ? name : null));
       this.watcher.on('error', () => {});
     } catch (e) {
       this.opts.log.warn({ dir: this.opts.dir, err: (e as Error).message }, 'cannot watch manifests directory; polling only');
@@ -457,17 +516,27 @@ export class ManifestsSource implements Source {
     };
   }
 
-  private scheduleScan(): void {
+  /** A watch event: scan the file it names soon (all files when it names none). */
+  private scheduleScan(name: string | null): void {
+    if (name === null) this.dirty = 'all';
+    else if (this.dirty !== 'all') this.dirty.add(name);
     if (this.debounce) clearTimeout(this.debounce);
-    this.debounce = setTimeout(() => void this.scan(), 50);
+    this.debounce = setTimeout(() => void this.runScans(), 50);
     this.debounce.unref();
   }
 
   /**
-   * Re-reads changed files and tells the handler what changed. One scan runs at a time: a
-   * request during a scan makes it run once more. Never rejects.
+   * Re-reads changed files (every file's signature is checked) and tells the handler what
+   * changed. One scan runs at a time: a request during a scan makes it run once more. Never
+   * rejects.
    */
   scan(): Promise<void> {
+    this.dirty = 'all';
+    return this.runScans();
+  }
+
+  /** Scans what is dirty: the files the watcher named, or all. */
+  private runScans(): Promise<void> {
     if (this.scanning) {
       this.rescan = true;
       return this.scanning;
@@ -476,7 +545,14 @@ export class ManifestsSource implements Source {
       try {
         do {
           this.rescan = false;
-          await this.scanOnce();
+          const dirty = this.dirty;
+          this.dirty = new Set();
+          try {
+            await this.scanOnce(dirty === 'all' ? undefined : dirty);
+          } catch (e) {
+            this.dirty = 'all'; // what it was to look at is not done: look at everything next time
+            throw e;
+          }
           this.once.forget('scan');
         } while (this.rescan && !this.stopped);
       } catch (e) {
@@ -489,10 +565,13 @@ export class ManifestsSource implements Source {
     return this.scanning;
   }
 
-  private async scanOnce(): Promise<void> {
-    let result: { names: string[]; read: ManifestFile[] };
+  /** One scan: of the named files only, or (none given) of the whole directory. */
+  private async scanOnce(only?: Set<string>): Promise<void> {
+    let result: Awaited<ReturnType<typeof readManifestDir>>;
+    this.work.scans++;
     try {
       result = await readManifestDir(this.opts.dir, {
+        only,
         unchanged: (name, sig) => this.files.get(name)?.sig === sig || this.broken.get(name)?.sig === sig,
         cancelled: () => this.stopped,
       });
@@ -511,11 +590,21 @@ export class ManifestsSource implements Source {
     this.dirProblem = null;
     this.once.forget('dir');
     this.lastScanMs = Date.now();
-    const seen = new Set(result.names);
-    for (const f of [...this.files.keys()]) if (!seen.has(f)) this.files.delete(f);
-    for (const f of [...this.broken.keys()]) if (!seen.has(f)) this.broken.delete(f);
+    this.work.filesStatted += result.statted;
+    this.work.filesRead += result.read.length;
+    /** files whose objects changed: what they held before (undefined: nothing) */
+    const changed = new Map<string, Map<string, StoredObject> | undefined>();
+    const listed = new Set(result.names);
+    const removed = only ? result.missing : [...this.files.keys(), ...this.broken.keys()].filter((f) => !listed.has(f));
+    for (const f of removed) {
+      const before = this.files.get(f);
+      if (before && !changed.has(f)) changed.set(f, before.objects);
+      this.files.delete(f);
+      this.broken.delete(f);
+    }
     for (const f of result.read) {
       if (f.objects) {
+        if (!changed.has(f.name)) changed.set(f.name, this.files.get(f.name)?.objects);
         const stored = new Map<string, StoredObject>();
         // A fresh copy of the key: the parsed one is built from slices of the file's text,
         // and one slice kept alive keeps the whole text (8.7 MiB at 10,000 Services) alive.
@@ -532,19 +621,170 @@ export class ManifestsSource implements Source {
         this.opts.log.error({ file: f.path, err: e.message }, 'broken manifest file; its last good content stays in force');
       }
     }
-    await this.publish();
+    await this.publish(changed);
   }
 
   /**
-   * Tells the handler what changed. Yields to the event loop every few ms (the handler
-   * validates each object: 20,000 of them take seconds on a loaded node), so health and
-   * timers keep answering; a stop meanwhile ends the delivery.
+   * Tells the handler what changed: only the objects of the files that changed are looked
+   * at (their definitions before and after, and which file wins each). Yields to the event
+   * loop every few ms (the handler validates each object: 20,000 of them take seconds on a
+   * loaded node), so health and timers keep answering; a stop meanwhile ends the delivery.
    */
-  private async publish(): Promise<void> {
+  private async publish(changed: Map<string, Map<string, StoredObject> | undefined>): Promise<void> {
+    if (changed.size === 0) return;
+    // Which files define each key, and the keys to look at: those of the changed files.
+    const affected: string[] = [];
+    const seenKey = new Set<string>();
+    const touch = (key: string) => {
+      if (!seenKey.has(key)) {
+        seenKey.add(key);
+        affected.push(key);
+      }
+    };
+    for (const name of [...changed.keys()].sort(byName)) {
+      const before = changed.get(name);
+      const after = this.files.get(name)?.objects;
+      if (before) {
+        for (const key of before.keys()) {
+          if (!after?.has(key)) this.undefine(key, name);
+          touch(key);
+        }
+      }
+      if (after) {
+        for (const key of after.keys()) {
+          if (!before?.has(key)) this.define(key, name);
+          touch(key);
+        }
+      }
+    }
+    this.work.objectsConsidered += affected.length;
+    this.reportDuplicates();
+    const h = this.handler;
+    if (!h) return;
+    // one object the handler cannot take must not keep the others from being delivered
+    const deliver = (key: string, kind: Kind, oldObj: Obj | null, newObj: Obj | null) => {
+      this.work.delivered++;
+      try {
+        if (kind === 'Service') h.onService(oldObj as K8sService | null, newObj as K8sService | null);
+        else if (kind === 'EndpointSlice') h.onEndpointSlice(oldObj as K8sEndpointSlice | null, newObj as K8sEndpointSlice | null);
+        else if ((newObj ?? oldObj)?.metadata?.name === this.opts.nodeName) h.onNode?.(newObj as K8sNode | null);
+      } catch (e) {
+        this.opts.log.error({ key, err: (e as Error).message }, 'object could not be applied; skipped');
+      }
+    };
+    // What is delivered counts as told at once: a stop in the middle leaves nothing to redo.
+    const deletes: Array<[string, StoredObject]> = [];
+    const updates: Array<[string, StoredObject | undefined, StoredObject]> = [];
+    /** files to read again: the text of an object that wins again was dropped */
+    const reread = new Set<string>();
+    for (const key of affected) {
+      const old = this.current.get(key);
+      const [file, v] = this.winner(key) ?? [];
+      if (!v) {
+        if (old) {
+          this.current.delete(key);
+          deletes.push([key, old]);
+        }
+        continue;
+      }
+      if (old === v || (old && sameStored(old, v))) {
+        this.current.set(key, v);
+        continue;
+      }
+      if (v.text === undefined && v.obj === undefined) {
+        // it lost to another file when its text was dropped, and wins again now: read its
+        // file again (the current object stays what the handler has until then)
+        reread.add(file!);
+        continue;
+      }
+      this.current.set(key, v);
+      updates.push([key, old, v]);
+    }
+    for (const f of reread) {
+      const entry = this.files.get(f);
+      if (entry) entry.sig = '';
+      if (this.dirty !== 'all') this.dirty.add(f);
+      this.rescan = true;
+    }
+    // Delivered objects are parsed again from their JSON text, not the YAML parser's objects:
+    // those hold slices of the file's text, and the trackers keep strings of every slice.
+    // Only winners drop their text: an overridden object keeps it, as it may win again.
+    const dropText = () => {
+      for (const key of affected) {
+        const v = this.current.get(key);
+        if (v) v.text = undefined;
+      }
+    };
+    try {
+      for (const [key, old] of deletes) {
+        deliver(key, old.kind, old.obj ?? identityObject(key, old.kind), null);
+        if ((await this.slice.maybeYield()) && this.handler !== h) return;
+      }
+      for (const [key, old, v] of updates) {
+        deliver(key, v.kind, old ? (old.obj ?? identityObject(key, old.kind)) : null, restoreObject(v)!);
+        if ((await this.slice.maybeYield()) && this.handler !== h) return;
+      }
+    } finally {
+      dropText();
+    }
+  }
+
+  private define(key: string, file: string): void {
+    const d = this.definers.get(key);
+    if (d === undefined) {
+      this.definers.set(key, file);
+      return;
+    }
+    const list = typeof d === 'string' ? [d] : d;
+    if (list.includes(file)) return;
+    list.push(file);
+    list.sort(byName);
+    this.definers.set(key, list);
+    this.multiDefined.add(key);
+  }
+
+  private undefine(key: string, file: string): void {
+    const d = this.definers.get(key);
+    if (d === undefined) return;
+    if (typeof d === 'string') {
+      if (d === file) this.definers.delete(key);
+      return;
+    }
+    const list = d.filter((f) => f !== file);
+    if (list.length > 1) this.definers.set(key, list);
+    else {
+      this.definers.set(key, list[0]);
+      this.multiDefined.delete(key);
+    }
+  }
+
+  /** The definition in force, and its file: the last file in name order that defines the key. */
+  private winner(key: string): [string, StoredObject] | undefined {
+    const d = this.definers.get(key);
+    if (d === undefined) return undefined;
+    const file = typeof d === 'string' ? d : d[d.length - 1];
+    const v = this.files.get(file)?.objects.get(key);
+    return v && [file, v];
+  }
+
+  /**
+   * Warns once per pair of files where the later one overrides objects of the earlier one
+   * (mergeManifestObjects' pairs), again only when one of the two files changes.
+   */
+  private reportDuplicates(): void {
     const sigOf = (name: string) => this.files.get(name)?.sig ?? '';
-    const { objects: next, duplicates } = mergeManifestObjects<StoredObject>([...this.files].map(([name, st]) => [name, st.objects]));
+    const pairs = new Map<string, ManifestDuplicate>();
+    for (const key of this.multiDefined) {
+      const list = this.definers.get(key) as string[];
+      for (let i = 1; i < list.length; i++) {
+        const pair = `${list[i - 1]}\0${list[i]}`;
+        let d = pairs.get(pair);
+        if (!d) pairs.set(pair, (d = { loser: list[i - 1], winner: list[i], keys: [] }));
+        d.keys.push(key);
+      }
+    }
     const dupKeys = new Set<string>();
-    for (const d of duplicates) {
+    for (const d of pairs.values()) {
       const key = `dup:${d.loser}\0${d.winner}`;
       dupKeys.add(key);
       this.once.report(key, `${sigOf(d.loser)}|${sigOf(d.winner)}`, () =>
@@ -555,35 +795,5 @@ export class ManifestsSource implements Source {
       );
     }
     this.once.retain('dup:', dupKeys);
-    const h = this.handler;
-    if (!h) return;
-    // one object the handler cannot take must not keep the others from being delivered
-    const deliver = (key: string, kind: Kind, oldObj: Obj | null, newObj: Obj | null) => {
-      try {
-        if (kind === 'Service') h.onService(oldObj as K8sService | null, newObj as K8sService | null);
-        else if (kind === 'EndpointSlice') h.onEndpointSlice(oldObj as K8sEndpointSlice | null, newObj as K8sEndpointSlice | null);
-        else if ((newObj ?? oldObj)?.metadata?.name === this.opts.nodeName) h.onNode?.(newObj as K8sNode | null);
-      } catch (e) {
-        this.opts.log.error({ key, err: (e as Error).message }, 'object could not be applied; skipped');
-      }
-    };
-    // Delivered objects are parsed again from their JSON text, not the YAML parser's objects:
-    // those hold slices of the file's text, and the trackers keep strings of every slice.
-    const objOf = restoreObject;
-    const current = this.current;
-    // What is delivered counts as told at once: a stop in the middle leaves nothing to redo.
-    this.current = next;
-    for (const [key, v] of current) {
-      if (next.has(key)) continue;
-      deliver(key, v.kind, restoreObject(v), null);
-      if ((await this.slice.maybeYield()) && this.handler !== h) return;
-    }
-    for (const [key, v] of next) {
-      const old = current.get(key);
-      if (!old) deliver(key, v.kind, null, objOf(v));
-      else if (!sameStored(old, v)) deliver(key, v.kind, restoreObject(old), objOf(v));
-      else continue;
-      if ((await this.slice.maybeYield()) && this.handler !== h) return;
-    }
   }
 }

@@ -16,6 +16,7 @@ import type { K8sNode, Source } from '../sources/types.ts';
 import { SyncLoop } from './loop.ts';
 import type { StaleFlowCleaner } from '../exec/conntrack.ts';
 import { ProxyHealth } from './health.ts';
+import { GarbageAfterSync } from './memory.ts';
 
 export interface ControllerOptions {
   config: ProxyConfig;
@@ -195,6 +196,8 @@ export class ProxyController {
   private readonly invalidListeners: Array<(kind: ObjectKind, source: string) => void> = [];
   /** objects skipped as invalid since start, by kind */
   readonly invalidCounts: Record<ObjectKind, number> = { Service: 0, EndpointSlice: 0, Node: 0 };
+  /** returns the garbage of a big full sync to the OS (src/sync/memory.ts) */
+  private readonly gcAfterSync = new GarbageAfterSync();
 
   constructor(private readonly opts: ControllerOptions) {
     const log = opts.log;
@@ -315,13 +318,18 @@ export class ProxyController {
     };
   }
 
-  planInput(family: 4 | 6 = this.families[0]?.family ?? 4): PlanInput {
+  /**
+   * The input of a sync. With `changed` (the services changed since the family's last
+   * successful sync, whose view is lastView), only their ports are decided again.
+   */
+  planInput(family: 4 | 6 = this.families[0]?.family ?? 4, changed?: ReadonlySet<string>): PlanInput {
     const f = this.families.find((x) => x.family === family);
     if (!f) throw kproxyError('KPROXY_FAMILY_UNAVAILABLE', `IPv${family} does not run on this node`);
     const input: PlanInput = { state: f.tracker.state, config: this.opts.config, node: this.nodeContext(family) };
     // The view is computed once per sync and family; the last applied one gives the stale
     // UDP/SCTP flows of this sync.
-    return { ...input, view: buildNodeView(input, f.lastView) };
+    const changes = changed && { services: changed, portKeysOf: (k: string) => f.tracker.services.portKeysOf(k) };
+    return { ...input, view: buildNodeView(input, f.lastView, changes) };
   }
 
   /**
@@ -491,7 +499,7 @@ export class ProxyController {
         const famFull = full || f.failed;
         try {
           if (!f.proxier) throw new Error('proxier not created');
-          const input = this.planInput(f.family);
+          const input = this.planInput(f.family, famFull ? undefined : changed);
           const stats = await f.proxier.sync(input, changed, famFull);
           f.lastView = input.view;
           f.changedSinceSuccess.clear();
@@ -557,6 +565,12 @@ export class ProxyController {
           'synced',
         );
         if (rec.stats?.diff) this.opts.log.debug({ diff: rec.stats.diff }, 'sync diff');
+      }
+      // after the record and the log line: the rules are in the kernel already
+      const gcStarted = performance.now();
+      if (this.gcAfterSync.afterSync({ ok: rec.ok, full, rulesTotal: rec.stats?.rulesTotal })) {
+        const gcMs = Math.round(performance.now() - gcStarted);
+        this.opts.log.info({ durationMs: gcMs, memoryMiB: GarbageAfterSync.usage() }, 'collected the full sync\'s garbage');
       }
     }
   }

@@ -165,6 +165,11 @@ export interface ServiceBlock {
   active: string[];
   /** `chains` + `rules` grouped per chain (built once, with the block) */
   units: ChainUnit[];
+  /**
+   * compactServiceBlocks dropped `chains`, `rules` and `units` (the text of the service's own
+   * chains, needed only when they are written): a write renders the block again
+   */
+  compact?: { ruleCount: number };
 }
 
 interface RenderContext {
@@ -182,9 +187,9 @@ const EMPTY: Endpoint[] = [];
 // replace those objects on change) or the settings do: unchanged services are not rebuilt.
 const blockCache = new WeakMap<ServicePort, { eps: Endpoint[]; key: string; block: ServiceBlock }>();
 
-function serviceBlock(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): ServiceBlock {
+function serviceBlock(sp: ServicePort, eps: Endpoint[], ctx: RenderContext, needChains = true): ServiceBlock {
   const hit = blockCache.get(sp);
-  if (hit && hit.eps === eps && hit.key === ctx.key) return hit.block;
+  if (hit && hit.eps === eps && hit.key === ctx.key && !(needChains && hit.block.compact)) return hit.block;
   // A loopback (or other special) VIP would make a reject or DNAT rule match all of it.
   const block = renderService(safeServicePort(sp).sp, eps, ctx);
   blockCache.set(sp, { eps, key: ctx.key, block });
@@ -348,6 +353,27 @@ function renderContext(state: ProxyState, opts: IptablesOptions): RenderContext 
 }
 
 /**
+ * Memory (kproxy, not upstream): after a full sync the cached blocks of every service keep
+ * only what a partial sync reads for a service it does not write (its KUBE-SERVICES /
+ * KUBE-NODEPORTS and filter rules, its chain names, its rule count); the text of its own
+ * chains, two thirds of the block and ~50 MiB at 10,000 Services × 5 endpoints, is dropped
+ * and rendered again when the service changes or a full sync writes it (docs/benchmarks.md,
+ * "Where the memory goes"). Blocks of services not in the state are left alone.
+ */
+export function compactServiceBlocks(state: ProxyState): void {
+  for (const sp of state.services.values()) {
+    const hit = blockCache.get(sp);
+    if (!hit || hit.block.compact) continue;
+    // In place: the block is also the applied one (AppliedBlocks compares blocks by identity).
+    const b = hit.block;
+    b.compact = { ruleCount: b.rules.length };
+    b.chains = [];
+    b.rules = [];
+    b.units = [];
+  }
+}
+
+/**
  * The service port whose rules or chain declarations include this payload line, or null
  * (the fixed rules, stale chain deletions). Names the Service whose line iptables-restore
  * refused; a linear scan over the (cached) blocks, only run after a failure.
@@ -404,13 +430,21 @@ export function planIptables(req: PlanRequest): Plan {
   const prev = req.applied && req.applied.ctx?.key === ctx.key ? req.applied.blocks : undefined;
 
   for (const sp of services) {
-    const b = serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx);
+    const eps = state.endpoints.get(sp.key) ?? EMPTY;
+    // A service not written keeps its (possibly compacted) block: its chains are not needed.
+    let write = req.full || !req.changed || req.changed.has(sp.serviceKey);
+    let b = serviceBlock(sp, eps, ctx, write);
+    // A block rendered differently from the applied one (other settings) is written too.
+    if (!write && req.applied && prev?.get(sp.key) !== b) {
+      write = true;
+      if (b.compact) b = serviceBlock(sp, eps, ctx, true);
+    }
     blocks?.set(sp.key, b);
     for (const l of b.filter) filterRules.push(l);
     for (const l of b.natTop) natStatic.push(l);
     for (const c of b.active) active.add(c);
     // Unchanged services' chains are already installed: count their rules, don't write them.
-    if (req.full || !req.changed || req.changed.has(sp.serviceKey) || (req.applied && prev?.get(sp.key) !== b)) {
+    if (write) {
       writtenServices++;
       serviceStarts.push(natServiceUnits.length);
       const old = skipByBlock ? prev?.get(sp.key) : undefined;
@@ -424,7 +458,7 @@ export function planIptables(req: PlanRequest): Plan {
         }
       }
     } else {
-      skippedRules += b.rules.length;
+      skippedRules += b.compact?.ruleCount ?? b.rules.length;
     }
   }
 
@@ -543,6 +577,11 @@ const sameLines = (a: readonly string[] | undefined, b: readonly string[] | unde
 const EMPTY_LINES: string[] = [];
 
 /** Whether `block` has a declared chain named as `u` with the same rules. */
+/** the rules of a block's own chains, also once compacted */
+function ruleCount(b: ServiceBlock | undefined): number {
+  return b ? (b.compact?.ruleCount ?? b.rules.length) : 0;
+}
+
 function sameUnitIn(block: ServiceBlock, u: ChainUnit): boolean {
   for (const o of block.units) if (o.name === u.name) return o.declare && sameLines(o.rules, u.rules);
   return false;
@@ -667,11 +706,15 @@ export function planIptablesFast(req: FastPlanRequest): Plan | null {
   for (const sp of state.services.values()) {
     const eps = state.endpoints.get(sp.key) ?? EMPTY;
     totalEndpoints += eps.length;
-    const b = serviceBlock(sp, eps, ctx);
-    current.push([sp.key, b]);
+    // Unchanged services' blocks are the applied ones, compacted or not: no chains needed.
+    let b = serviceBlock(sp, eps, ctx, false);
     const old = applied.blocks.get(sp.key);
     if (old) matched++;
-    if (old !== b) touched.push([sp.key, old, b]);
+    if (old !== b) {
+      if (b.compact) b = serviceBlock(sp, eps, ctx, true);
+      touched.push([sp.key, old, b]);
+    }
+    current.push([sp.key, b]);
   }
   if (totalEndpoints > opts.largeClusterEndpointsThreshold !== ctx.largeClusterMode) return null;
   if (matched < applied.blocks.size) {
@@ -682,7 +725,7 @@ export function planIptablesFast(req: FastPlanRequest): Plan | null {
   for (const t of touched) {
     const [, old, b] = t;
     if (!sameLines(old?.natTop, b?.natTop) || !sameLines(old?.filter, b?.filter)) redispatch.push(t);
-    deltaRules += (b?.rules.length ?? 0) - (old?.rules.length ?? 0) + (b?.natTop.length ?? 0) - (old?.natTop.length ?? 0);
+    deltaRules += ruleCount(b) - ruleCount(old) + (b?.natTop.length ?? 0) - (old?.natTop.length ?? 0);
   }
   // Many services' dispatch rules at once (a settings-like change): rewrite the chains whole.
   if (redispatch.length > MAX_DISPATCH_EDITS) return null;

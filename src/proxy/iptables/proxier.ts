@@ -21,7 +21,7 @@ import {
   KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 } from '../../modes/iptables/names.ts';
 import { optionsFromConfig, type IptablesOptions, type RuntimeFacts, DEFAULT_FACTS } from '../../modes/iptables/options.ts';
-import { ownerOfPayloadLine, planIptables } from '../../modes/iptables/plan.ts';
+import { compactServiceBlocks, ownerOfPayloadLine, planIptables } from '../../modes/iptables/plan.ts';
 import { IptablesSyncState } from '../../modes/iptables/sync-state.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
 
@@ -255,6 +255,8 @@ export class IptablesProxier implements Proxier {
       }
       fs.sync.commit(plan);
       fs.last = { input, opts };
+      // memory: unchanged services' chain text is not kept between syncs (plan.ts)
+      if (plan.full) compactServiceBlocks(input.state);
       const kind = plan.full ? 'full' : 'partial';
       const diff = `${kind} sync (IPv${family}): ${plan.writtenServices} service ports written, ${plan.natRulesWritten} of ${plan.natRulesTotal} nat rules, ${plan.filterRules} filter rules` +
         (plan.skippedChains ? `, ${plan.skippedChains} unchanged chains left out` : '') +

@@ -39,6 +39,9 @@ function onlyServices(input: PlanInput, services: ReadonlySet<string>): PlanInpu
   return { ...input, state: { services: ports, endpoints: new Map() } };
 }
 
+/** a successful transaction longer than this is not kept for lastTransactionText() */
+export const MAX_KEPT_TRANSACTION_CHARS = 1 << 20;
+
 export class NftProxier implements Proxier {
   private readonly exec: NftExecutor;
   private readonly log: Logger;
@@ -76,7 +79,7 @@ export class NftProxier implements Proxier {
     this.batchMs = opts.staleChainBatchMs ?? 10_000;
   }
 
-  /** the text of the last transaction sent to nft (for /debug and tests) */
+  /** the text of the last transaction sent to nft (for /debug and tests); '' after a successful one over MAX_KEPT_TRANSACTION_CHARS */
   lastTransactionText(): string {
     return this.lastTransaction;
   }
@@ -196,6 +199,9 @@ export class NftProxier implements Proxier {
       }
     }
     for (const c of riders) this.staleChains.delete(c);
+    // memory: a full transaction at 10,000 Services is tens of MiB of text; it is needed only
+    // to name the Services of refused lines, right after a failed apply (excludeRefused)
+    if (this.lastTransaction.length > MAX_KEPT_TRANSACTION_CHARS) this.lastTransaction = '';
     this.baseChainsRecreated = true;
     this.needFull = false;
     for (const c of tx.staleChains) {

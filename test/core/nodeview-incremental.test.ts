@@ -1,0 +1,93 @@
+// The incremental node view (buildViewFrom with the previous view and the changed services):
+// after any sequence of changes it is the view a full build gives (same ports in the same
+// order, the same PortView objects, the same stale flows), and it decides only the changed
+// services' ports.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { buildNodeView, nodeViewWork, type NodeView, type ViewChanges } from '../../src/core/nodeview.ts';
+import { resolveConfig } from '../../src/config/config.ts';
+import type { ProxyStateTracker } from '../../src/core/tracker.ts';
+import type { PlanInput } from '../../src/modes/types.ts';
+import { slice, svc, tracker } from '../iptables/helpers.ts';
+
+/** mulberry32: a seeded generator, so a failure names a reproducible step */
+function rng(seed: number): () => number {
+  let a = seed;
+  return () => {
+    a = (a + 0x6d2b79f5) | 0;
+    let t = Math.imul(a ^ (a >>> 15), 1 | a);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const config = resolveConfig({}, { mode: 'iptables', clusterCidr: '10.0.0.0/8' });
+const inputOf = (t: ProxyStateTracker, labels: Record<string, string> = {}): PlanInput => ({
+  state: t.state, config, node: { nodeName: 'test-node', nodeIPs: ['192.168.0.2'], nodeLabels: labels, family: 4 },
+});
+const changesOf = (t: ProxyStateTracker, services: Set<string>): ViewChanges => ({ services, portKeysOf: (k) => t.services.portKeysOf(k) });
+const flows = (v: NodeView) => v.staleFlows.map((f) => JSON.stringify(f)).sort();
+
+function assertSameView(inc: NodeView, full: NodeView, what: string): void {
+  assert.deepEqual([...inc.ports.keys()], [...full.ports.keys()], `${what}: ports and their order`);
+  for (const [k, v] of full.ports) assert.equal(inc.ports.get(k), v, `${what}: ${k} is the same PortView object`);
+  assert.deepEqual(flows(inc), flows(full), `${what}: stale flows`);
+}
+
+test('200 seeded random changes: the incremental view is the full view, step by step', () => {
+  const r = rng(20261203);
+  const t = tracker();
+  const ports = (i: number) => (i % 3 === 0 ? [{ name: 'dns', port: 53, protocol: 'UDP' }] : []);
+  const put = (i: number, extra: boolean) =>
+    t.services.update(null, svc(`ns${i % 4}`, `s${i}`, { clusterIP: `172.30.1.${i + 1}`, protocol: i % 2 ? 'UDP' : 'TCP', extraPorts: extra ? ports(i).concat([{ name: 'x', port: 81, protocol: 'TCP' }]) : ports(i) }));
+  const eps = (i: number) => Array.from({ length: Math.floor(r() * 4) }, (_, k) => ({ ip: `10.180.${i}.${k + 1}`, nodeName: r() < 0.3 ? 'test-node' : 'other' }));
+  const putSlice = (i: number) =>
+    t.endpoints.update(null, slice(`ns${i % 4}`, `s${i}`, `s${i}-a`, eps(i), [{ port: 8080, protocol: i % 2 ? 'UDP' : 'TCP' }, { name: 'dns', port: 53, protocol: 'UDP' }, { name: 'x', port: 81 }]));
+  for (let i = 0; i < 20; i++) {
+    put(i, false);
+    putSlice(i);
+  }
+  t.apply();
+  let prev = buildNodeView(inputOf(t));
+  for (let step = 0; step < 200; step++) {
+    const i = Math.floor(r() * 24);
+    const op = r();
+    if (op < 0.4) putSlice(i);
+    else if (op < 0.55) put(i, r() < 0.5);
+    else if (op < 0.65) t.services.update(svc(`ns${i % 4}`, `s${i}`, { clusterIP: `172.30.1.${i + 1}` }), null);
+    else if (op < 0.75) t.endpoints.update(slice(`ns${i % 4}`, `s${i}`, `s${i}-a`, [], []), null);
+    else {
+      putSlice(i);
+      put((i + 7) % 24, false);
+    }
+    const changed = t.apply();
+    const full = buildNodeView(inputOf(t), prev);
+    const before = nodeViewWork.incremental;
+    const inc = buildNodeView(inputOf(t), prev, changesOf(t, changed));
+    assert.equal(nodeViewWork.incremental, before + 1, 'the incremental path was taken');
+    assertSameView(inc, full, `step ${step}`);
+    prev = r() < 0.5 ? inc : full;
+  }
+});
+
+test('only the changed services are decided again; new node settings rebuild the whole view', () => {
+  const t = tracker();
+  for (let i = 0; i < 300; i++) {
+    t.services.update(null, svc('ns', `s${i}`, { clusterIP: `172.30.${(i + 1) >> 8}.${(i + 1) & 255}` }));
+    t.endpoints.update(null, slice('ns', `s${i}`, `s${i}-a`, [{ ip: `10.180.${(i + 1) >> 8}.${(i + 1) & 255}` }], [{ port: 8080 }]));
+  }
+  t.apply();
+  const first = buildNodeView(inputOf(t));
+  t.endpoints.update(null, slice('ns', 's7', 's7-a', [{ ip: '10.180.9.9' }, { ip: '10.180.9.10' }], [{ port: 8080 }]));
+  const changed = t.apply();
+  const visited = nodeViewWork.portsVisited;
+  const inc = buildNodeView(inputOf(t), first, changesOf(t, changed));
+  assert.equal(nodeViewWork.portsVisited - visited, 1, 'one port decided again');
+  assert.equal(inc.ports.get('ns/s7:p80')!.endpoints.length, 2);
+  assert.equal(inc.ports.get('ns/s8:p80'), first.ports.get('ns/s8:p80'));
+  // the node's labels changed: every port's topology decision may change
+  const v2 = nodeViewWork.portsVisited;
+  const relabelled = buildNodeView(inputOf(t, { 'topology.kubernetes.io/zone': 'z' }), inc, changesOf(t, new Set()));
+  assert.equal(nodeViewWork.portsVisited - v2, 300, 'a full build');
+  assert.equal(relabelled.ports.size, 300);
+});
