@@ -169,7 +169,11 @@ export interface ServiceBlock {
    * compactServiceBlocks dropped `chains`, `rules` and `units` (the text of the service's own
    * chains, needed only when they are written): a write renders the block again
    */
-  compact?: { ruleCount: number };
+  compact?: {
+    ruleCount: number;
+    /** each declared chain's digest (unitDigest): a partial sync still skips unchanged chains */
+    chains: Map<string, string>;
+  };
 }
 
 interface RenderContext {
@@ -366,7 +370,9 @@ export function compactServiceBlocks(state: ProxyState): void {
     if (!hit || hit.block.compact) continue;
     // In place: the block is also the applied one (AppliedBlocks compares blocks by identity).
     const b = hit.block;
-    b.compact = { ruleCount: b.rules.length };
+    const chains = new Map<string, string>();
+    for (const u of b.units) if (u.declare) chains.set(u.name, unitDigest(u));
+    b.compact = { ruleCount: b.rules.length, chains };
     b.chains = [];
     b.rules = [];
     b.units = [];
@@ -583,6 +589,10 @@ function ruleCount(b: ServiceBlock | undefined): number {
 }
 
 function sameUnitIn(block: ServiceBlock, u: ChainUnit): boolean {
+  if (block.compact) {
+    const d = block.compact.chains.get(u.name);
+    return d !== undefined && d === unitDigest(u);
+  }
   for (const o of block.units) if (o.name === u.name) return o.declare && sameLines(o.rules, u.rules);
   return false;
 }
