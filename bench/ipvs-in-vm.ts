@@ -1,0 +1,299 @@
+// Runs INSIDE the IPVS VM (bench/ipvs-in-vm.sh starts it; the host side is bench/ipvs-vm.ts).
+// Measures, side by side in one VM (software emulation: absolute times are 10–50× a real
+// machine's; the ratios are what the figures are for):
+//   cold     per size: a raw reference (`ipset restore` + `iptables-restore` + `ipvsadm -R` +
+//            `ip -batch` of the same content kproxy's plan holds, into an empty kernel) beside
+//            kproxy's first full sync (IpvsProxier.sync), then one-Service changes (one endpoint
+//            added to one Service, IpvsProxier.sync partial), median;
+//   connect  per size: first-packet connect latency (connect() → SYN-ACK, p50 / p99) to the
+//            FIRST and the LAST Service's ClusterIP and to a pod IP directly, with the ipvs
+//            mode's rules (kproxy's first sync) and then with the iptables mode's rules
+//            (the rendered payload, loaded raw with a flushing iptables-restore as bench/connect.ts
+//            does on the host), in the same VM.
+// The node is the VM's root namespace (192.168.0.2 on a veth, default route to the pods'
+// namespace `srv`, where 10.0.0.0/8 is local and one listener answers on :8080), set up by
+// bench/ipvs-in-vm.sh. Prints progress lines and "IPVSBENCH <json>" lines, and writes the whole
+// result as JSON to --out. Every wait is bounded; the VM is thrown away afterwards.
+import { connect } from 'node:net';
+import { writeFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+import { hostRunner, type CommandRunner, type RunOptions, type RunResult } from '../src/exec/runner.ts';
+import type { Logger } from '../src/log.ts';
+import { createIpvsProxier, type IpvsProxier } from '../src/proxy/ipvs/proxier.ts';
+import { cleanupIpvs } from '../src/proxy/ipvs/cleanup.ts';
+import { plan } from '../src/modes/ipvs/planner.ts';
+import { diffIPSets } from '../src/modes/ipvs/ipsets.ts';
+import { diffIpvs } from '../src/modes/ipvs/diff.ts';
+import { getMode } from '../src/proxy/registry.ts';
+import { withJumps } from './connect.ts';
+import { benchConfig, clusterIPOf, endpointIPOf, Workload } from './workload.ts';
+import { median, percentile } from './stats.ts';
+
+export interface IpvsColdSample {
+  n: number;
+  /** raw reference parts, ms */
+  raw: { ipset: number; iptables: number; ipvsadm: number; addresses: number; total: number; ipvsLines: number; setLines: number };
+  /** kproxy's first full sync, ms, and the time its commands took */
+  kproxyMs: number;
+  kproxyExecMs: number;
+  /** the commands of the first sync and of the last change, slowest first (where the time goes) */
+  firstSyncCommands?: string;
+  changeCommands?: string;
+  /** one-Service changes (partial syncs), ms each */
+  changeMs: number[];
+  /** virtual servers listed by the kernel after the first sync (sanity: 2 per Service) */
+  virtualServers: number;
+  error?: string;
+}
+
+export interface IpvsConnectSample {
+  n: number;
+  mode: 'ipvs' | 'iptables';
+  loadMs: number;
+  targets: Record<'first' | 'last' | 'pod', { p50Ms: number; p99Ms: number; count: number; failed: number }>;
+  error?: string;
+}
+
+export interface IpvsVmResult {
+  kernel: string;
+  endpoints: number;
+  cold: IpvsColdSample[];
+  connect: IpvsConnectSample[];
+  seconds: number;
+  error?: string;
+}
+
+const noop = () => {};
+// a no-op logger: loading pino costs seconds under the VM's software emulation
+const log = { info: noop, warn: noop, error: noop, debug: noop, trace: noop, fatal: noop, child: () => log } as unknown as Logger;
+
+/**
+ * hostRunner with one generous time limit for every command: the executors' production
+ * limits (30 s for ipvsadm -R) would kill a 10k apply under emulation before the bench learns
+ * how slow it is. Records the time spent in commands.
+ */
+class VmRunner implements CommandRunner {
+  execMs = 0;
+  /** "cmd first-arg" → [calls, ms] since the last take() */
+  calls = new Map<string, [number, number]>();
+  constructor(private readonly timeoutMs: number) {}
+  async run(cmd: string, args: string[], opts?: RunOptions): Promise<RunResult> {
+    const t0 = performance.now();
+    try {
+      return await hostRunner.run(cmd, args, { ...opts, timeoutMs: this.timeoutMs });
+    } finally {
+      const ms = performance.now() - t0;
+      this.execMs += ms;
+      const k = `${cmd} ${args.filter((a) => a.startsWith('-') || /^[a-z]+$/.test(a)).slice(0, 2).join(' ')}`.trim();
+      const c = this.calls.get(k) ?? [0, 0];
+      this.calls.set(k, [c[0] + 1, c[1] + ms]);
+    }
+  }
+  /** the commands since the last call, slowest first: "ipvsadm -R ×1 34.8 s, ..." */
+  take(): string {
+    const out = [...this.calls].sort((a, b) => b[1][1] - a[1][1]).map(([k, [n, ms]]) => `${k} ×${n} ${(ms / 1000).toFixed(2)} s`).join(', ');
+    this.calls.clear();
+    this.execMs = 0;
+    return out;
+  }
+}
+
+function say(line: string): void {
+  process.stdout.write(`ipvs-bench: ${line}\n`);
+}
+
+async function must(runner: CommandRunner, cmd: string, args: string[], input?: string): Promise<number> {
+  const t0 = performance.now();
+  const r = await runner.run(cmd, args, input === undefined ? {} : { input });
+  if (r.code !== 0) throw new Error(`${cmd} ${args.join(' ')} exited ${r.code}: ${(r.stderr || r.stdout).trim().slice(0, 300)}`);
+  return performance.now() - t0;
+}
+
+/** Everything the ipvs and iptables modes leave: virtual servers, kube-ipvs0, KUBE-* chains and ipsets. */
+async function clean(runner: CommandRunner): Promise<void> {
+  await cleanupIpvs(runner, log);
+  await runner.run('ipvsadm', ['-C']);
+  for (const t of ['nat', 'filter']) await runner.run('iptables', ['-t', t, '-F']);
+  for (const t of ['nat', 'filter']) await runner.run('iptables', ['-t', t, '-X']);
+  await runner.run('ip', ['link', 'del', 'kube-ipvs0']);
+  await runner.run('ipset', ['destroy']);
+}
+
+function timesOf(n: number, k: number): number[] {
+  // k Services spread over the list (not the first, not the last)
+  return Array.from({ length: k }, (_, j) => Math.floor(((j + 1) / (k + 1)) * n));
+}
+
+async function coldAt(n: number, endpoints: number, changes: number, runner: VmRunner): Promise<IpvsColdSample> {
+  const w = new Workload(n, endpoints, benchConfig('ipvs'));
+  const input = w.input();
+  const p = plan(input);
+  const sets = diffIPSets(p.sets, new Map()).script;
+  const ipvsLines = diffIpvs(p.table, new Map(), () => true).lines;
+  const addrs = p.boundAddresses.map((a) => `addr add ${a}/${a.includes(':') ? 128 : 32} dev kube-ipvs0`).join('\n') + '\n';
+  const out: IpvsColdSample = {
+    n, kproxyMs: NaN, kproxyExecMs: NaN, changeMs: [], virtualServers: 0,
+    raw: { ipset: NaN, iptables: NaN, ipvsadm: NaN, addresses: NaN, total: NaN, ipvsLines: ipvsLines.length, setLines: sets.split('\n').filter(Boolean).length },
+  };
+  await clean(runner);
+  // raw: the same content, one tool call each, into an empty kernel (kube-ipvs0 created first, untimed)
+  await must(runner, 'ip', ['link', 'add', 'kube-ipvs0', 'type', 'dummy']);
+  out.raw.ipset = await must(runner, 'ipset', ['restore'], sets);
+  out.raw.iptables = await must(runner, 'iptables-restore', ['--noflush'], p.iptables);
+  out.raw.ipvsadm = await must(runner, 'ipvsadm', ['-R'], ipvsLines.join('\n') + '\n');
+  out.raw.addresses = await must(runner, 'ip', ['-batch', '-'], addrs);
+  out.raw.total = out.raw.ipset + out.raw.iptables + out.raw.ipvsadm + out.raw.addresses;
+  say(`cold N=${n}: raw ${(out.raw.total / 1000).toFixed(2)} s (ipset ${(out.raw.ipset / 1000).toFixed(2)}, iptables ${(out.raw.iptables / 1000).toFixed(2)}, ipvsadm -R ${(out.raw.ipvsadm / 1000).toFixed(2)} for ${ipvsLines.length} lines, ip -batch ${(out.raw.addresses / 1000).toFixed(2)})`);
+  await clean(runner);
+
+  const px = await createIpvsProxier({ config: input.config, runner, log, gracefulCheckMs: 0, family: 4 });
+  try {
+    runner.take();
+    const t0 = performance.now();
+    await px.sync(input, w.serviceKeys, true);
+    out.kproxyMs = performance.now() - t0;
+    out.kproxyExecMs = runner.execMs;
+    out.firstSyncCommands = runner.take();
+    const listing = await runner.run('ipvsadm', ['-Ln']);
+    out.virtualServers = listing.stdout.split('\n').filter((l) => /^(TCP|UDP|SCTP)\s/.test(l)).length;
+    runner.take();
+    say(`cold N=${n}: kproxy first sync ${(out.kproxyMs / 1000).toFixed(2)} s (commands ${(out.kproxyExecMs / 1000).toFixed(2)} s), ${out.virtualServers} virtual servers`);
+    for (const i of timesOf(n, changes)) {
+      const changed = w.addEndpoint(i);
+      const t1 = performance.now();
+      await px.sync(w.input(), changed, false);
+      out.changeMs.push(performance.now() - t1);
+      out.changeCommands = runner.take();
+    }
+    say(`cold N=${n}: first sync's commands: ${out.firstSyncCommands}`);
+    say(`change N=${n}: ${out.changeMs.map((x) => x.toFixed(0)).join(' / ')} ms; the last one's commands: ${out.changeCommands}`);
+  } finally {
+    await px.stop();
+  }
+  return out;
+}
+
+function connectOnce(host: string, port: number, timeoutMs: number): Promise<number> {
+  return new Promise((resolve) => {
+    const t0 = process.hrtime.bigint();
+    const s = connect({ host, port });
+    const timer = setTimeout(() => (s.destroy(), resolve(Number.NaN)), timeoutMs);
+    s.once('connect', () => {
+      clearTimeout(timer);
+      const ms = Number(process.hrtime.bigint() - t0) / 1e6;
+      s.destroy();
+      resolve(ms);
+    });
+    s.once('error', () => (clearTimeout(timer), resolve(Number.NaN)));
+  });
+}
+
+async function measureConnects(n: number, count: number): Promise<IpvsConnectSample['targets']> {
+  const targets = { first: [clusterIPOf(0), 80], last: [clusterIPOf(n - 1), 80], pod: [endpointIPOf(0), 8080] } as const;
+  const raw: Record<string, number[]> = { first: [], last: [], pod: [] };
+  for (const [, [h, p]] of Object.entries(targets)) await connectOnce(h, p, 3000); // warm-up
+  for (let k = 0; k < count; k++) for (const [label, [h, p]] of Object.entries(targets)) raw[label].push(await connectOnce(h, p, 3000));
+  const out = {} as IpvsConnectSample['targets'];
+  for (const k of ['first', 'last', 'pod'] as const) {
+    const ok = raw[k].filter(Number.isFinite);
+    out[k] = { p50Ms: percentile(ok, 50), p99Ms: percentile(ok, 99), count: ok.length, failed: raw[k].length - ok.length };
+  }
+  return out;
+}
+
+function fmtTargets(t: IpvsConnectSample['targets']): string {
+  return (['first', 'last', 'pod'] as const).map((k) => `${k} ${t[k].p50Ms.toFixed(3)}/${t[k].p99Ms.toFixed(3)}${t[k].failed ? ` (${t[k].failed} failed)` : ''}`).join(', ');
+}
+
+async function connectAt(n: number, endpoints: number, count: number, runner: VmRunner): Promise<IpvsConnectSample[]> {
+  const w = new Workload(n, endpoints, benchConfig('ipvs'));
+  const out: IpvsConnectSample[] = [];
+  await clean(runner);
+  {
+    const s: IpvsConnectSample = { n, mode: 'ipvs', loadMs: NaN, targets: {} as IpvsConnectSample['targets'] };
+    let px: IpvsProxier | undefined;
+    try {
+      px = await createIpvsProxier({ config: w.config, runner, log, gracefulCheckMs: 0, family: 4 });
+      const t0 = performance.now();
+      await px.sync(w.input(), w.serviceKeys, true);
+      s.loadMs = performance.now() - t0;
+      s.targets = await measureConnects(n, count);
+      say(`connect ipvs N=${n}: ${fmtTargets(s.targets)} ms (p50/p99; rules in ${(s.loadMs / 1000).toFixed(1)} s)`);
+    } catch (e) {
+      s.error = (e as Error).message.slice(0, 300);
+      say(`connect ipvs N=${n}: FAILED ${s.error}`);
+    } finally {
+      await px?.stop();
+    }
+    out.push(s);
+  }
+  await clean(runner);
+  {
+    const s: IpvsConnectSample = { n, mode: 'iptables', loadMs: NaN, targets: {} as IpvsConnectSample['targets'] };
+    try {
+      const wi = new Workload(n, endpoints, benchConfig('iptables'));
+      const payload = withJumps(getMode('iptables').render(wi.input()));
+      s.loadMs = await must(runner, 'iptables-restore', ['-w', '5'], payload);
+      s.targets = await measureConnects(n, count);
+      say(`connect iptables N=${n}: ${fmtTargets(s.targets)} ms (p50/p99; rules in ${(s.loadMs / 1000).toFixed(1)} s)`);
+    } catch (e) {
+      s.error = (e as Error).message.slice(0, 300);
+      say(`connect iptables N=${n}: FAILED ${s.error}`);
+    }
+    out.push(s);
+  }
+  await clean(runner);
+  return out;
+}
+
+function ints(text: string): number[] {
+  return text.split(',').map((x) => x.trim()).filter(Boolean).map(Number).filter((x) => Number.isInteger(x) && x > 0);
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    args: process.argv.slice(2),
+    strict: true,
+    options: {
+      'cold-sizes': { type: 'string', default: '100,1000' }, 'connect-sizes': { type: 'string', default: '100,1000' },
+      endpoints: { type: 'string', default: '5' }, changes: { type: 'string', default: '3' }, 'connect-count': { type: 'string', default: '100' },
+      'exec-timeout': { type: 'string', default: '600' }, out: { type: 'string' },
+    },
+  });
+  const started = performance.now();
+  const kernel = (await hostRunner.run('uname', ['-r'])).stdout.trim();
+  const res: IpvsVmResult = { kernel, endpoints: Number(values.endpoints), cold: [], connect: [], seconds: 0 };
+  const runner = new VmRunner(Number(values['exec-timeout']) * 1000);
+  const save = () => {
+    res.seconds = (performance.now() - started) / 1000;
+    if (values.out) writeFileSync(values.out, JSON.stringify(res, null, 2) + '\n');
+  };
+  try {
+    for (const n of ints(values['cold-sizes']!)) {
+      try {
+        const c = await coldAt(n, res.endpoints, Number(values.changes), runner);
+        res.cold.push(c);
+        process.stdout.write(`IPVSBENCH ${JSON.stringify({ cold: { n, kproxyMs: c.kproxyMs, rawMs: c.raw.total, changeMs: median(c.changeMs) } })}\n`);
+      } catch (e) {
+        const error = (e as Error).message.slice(0, 300);
+        say(`cold N=${n}: FAILED ${error}`);
+        res.cold.push({ n, raw: { ipset: NaN, iptables: NaN, ipvsadm: NaN, addresses: NaN, total: NaN, ipvsLines: 0, setLines: 0 }, kproxyMs: NaN, kproxyExecMs: NaN, changeMs: [], virtualServers: 0, error });
+      }
+      save();
+    }
+    for (const n of ints(values['connect-sizes']!)) {
+      res.connect.push(...(await connectAt(n, res.endpoints, Number(values['connect-count']), runner)));
+      save();
+    }
+  } catch (e) {
+    res.error = (e as Error).message.slice(0, 400);
+    say(`FAILED: ${res.error}`);
+  } finally {
+    await clean(runner).catch(() => {});
+    save();
+  }
+  say(`done in ${res.seconds.toFixed(0)} s`);
+  process.exitCode = res.error ? 1 : 0;
+}
+
+void main();
