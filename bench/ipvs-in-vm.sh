@@ -1,7 +1,6 @@
 #!/bin/bash
-# Runs INSIDE the IPVS VM for the scale bench (bench/ipvs-vm.ts boots it): makes the VM's root
-# namespace a node (192.168.0.2 on a veth, default route to the pods) and a namespace `srv`
-# holding every pod address (10.0.0.0/8 local, one TCP listener on :8080), then runs
+# Runs INSIDE the IPVS VM for the scale bench (bench/ipvs-vm.ts boots it): makes a namespace
+# `srv` holding every pod address (10.0.0.0/8 local, one TCP listener on :8080), then runs
 # bench/ipvs-in-vm.ts with this script's arguments. Exit status: that of the bench.
 set -u
 up() { cut -d' ' -f1 /proc/uptime; }
@@ -10,19 +9,16 @@ echo "ipvs-bench: start at uptime $(up)s, kernel $(uname -r), $(grep -c ^process
 modprobe veth || { echo "ipvs-bench: cannot load veth"; exit 1; }
 modprobe dummy
 ip link set lo up
+# the pods' namespace: every pod address is local there; each measurement's node namespace is
+# joined to it by a veth pair (bench/ipvs-in-vm.ts)
 ip netns add srv
-ip link add vn type veth peer name vs netns srv
-ip addr add 192.168.0.2/24 dev vn && ip link set vn up
-# a default route, as on a node: ClusterIPs are routed before the nat OUTPUT hook rewrites them
-ip route add default via 192.168.0.3
 ip -n srv link set lo up
-ip -n srv addr add 192.168.0.3/24 dev vs && ip -n srv link set vs up
 ip -n srv route add local 10.0.0.0/8 dev lo
 # the pods: accept and close (the SYN-ACK is the kernel's; the listener only has to exist)
 ip netns exec srv "$NODE" -e "require('net').createServer((c)=>c.destroy()).listen(8080,'0.0.0.0',()=>console.log('ipvs-bench: pods listening'))" &
 srv=$!
 for i in $(seq 1 300); do
-  (exec 3<>/dev/tcp/10.180.0.1/8080) 2>/dev/null && break
+  ip netns exec srv bash -c 'exec 3<>/dev/tcp/10.180.0.1/8080' 2>/dev/null && break
   sleep 0.2
 done
 echo "ipvs-bench: node and pods ready at uptime $(up)s"

@@ -15,12 +15,13 @@
 // bench/ipvs-in-vm.sh. Prints progress lines and "IPVSBENCH <json>" lines, and writes the whole
 // result as JSON to --out. Every wait is bounded; the VM is thrown away afterwards.
 import { connect } from 'node:net';
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { hostRunner, type CommandRunner, type RunOptions, type RunResult } from '../src/exec/runner.ts';
 import type { Logger } from '../src/log.ts';
 import { createIpvsProxier, type IpvsProxier } from '../src/proxy/ipvs/proxier.ts';
 import { cleanupIpvs } from '../src/proxy/ipvs/cleanup.ts';
+import type { Sysctl } from '../src/exec/sysctl.ts';
 import { plan } from '../src/modes/ipvs/planner.ts';
 import { diffIPSets } from '../src/modes/ipvs/ipsets.ts';
 import { diffIpvs } from '../src/modes/ipvs/diff.ts';
@@ -50,7 +51,8 @@ export interface IpvsConnectSample {
   n: number;
   mode: 'ipvs' | 'iptables';
   loadMs: number;
-  targets: Record<'first' | 'last' | 'pod', { p50Ms: number; p99Ms: number; count: number; failed: number }>;
+  /** p10 too: under emulation the p50 is mostly the emulator's scheduling noise, the p10 is closer to the path's own cost */
+  targets: Record<'first' | 'last' | 'pod', { p10Ms: number; p50Ms: number; p99Ms: number; count: number; failed: number }>;
   error?: string;
 }
 
@@ -76,11 +78,13 @@ class VmRunner implements CommandRunner {
   execMs = 0;
   /** "cmd first-arg" → [calls, ms] since the last take() */
   calls = new Map<string, [number, number]>();
-  constructor(private readonly timeoutMs: number) {}
+  /** ns: run every command in this network namespace (`ip netns exec`) */
+  constructor(readonly timeoutMs: number, readonly ns?: string) {}
   async run(cmd: string, args: string[], opts?: RunOptions): Promise<RunResult> {
     const t0 = performance.now();
     try {
-      return await hostRunner.run(cmd, args, { ...opts, timeoutMs: this.timeoutMs });
+      const [c, a] = this.ns ? ['ip', ['netns', 'exec', this.ns, cmd, ...args]] : [cmd, args];
+      return await hostRunner.run(c, a, { ...opts, timeoutMs: this.timeoutMs });
     } finally {
       const ms = performance.now() - t0;
       this.execMs += ms;
@@ -98,8 +102,46 @@ class VmRunner implements CommandRunner {
   }
 }
 
+/** /proc/sys/net as the namespace sees it: through `sysctl` run inside it */
+function nsSysctl(runner: CommandRunner): Sysctl {
+  return {
+    async get(name) {
+      const r = await runner.run('sysctl', ['-n', name]);
+      return r.code === 0 ? r.stdout.trim() : null;
+    },
+    async set(name, value) {
+      const r = await runner.run('sysctl', ['-w', `${name}=${value}`]);
+      if (r.code !== 0) throw new Error(`sysctl -w ${name}=${value}: ${r.stderr.trim()}`);
+    },
+  };
+}
+
+/**
+ * A fresh network namespace for one measured apply: IPVS keeps removed real servers in a
+ * per-namespace trash list for a minute or two and scans it linearly for every real server
+ * added, so an apply right after another one's cleanup in the same namespace pays for the
+ * previous one (seen here: 13.5 s → 73.6 s for the same 12,000 ipvsadm lines).
+ */
+async function withNamespace<T>(name: string, timeoutMs: number, fn: (runner: VmRunner) => Promise<T>): Promise<T> {
+  await must(hostRunner, 'ip', ['netns', 'add', name]);
+  try {
+    const runner = new VmRunner(timeoutMs, name);
+    await must(runner, 'ip', ['link', 'set', 'lo', 'up']);
+    runner.take();
+    return await fn(runner);
+  } finally {
+    await hostRunner.run('ip', ['netns', 'del', name], { timeoutMs: 120_000 });
+  }
+}
+
 function say(line: string): void {
-  process.stdout.write(`ipvs-bench: ${line}\n`);
+  let up = '';
+  try {
+    up = `[${readFileSync('/proc/uptime', 'utf8').split(' ')[0]}s] `;
+  } catch {
+    /* not Linux */
+  }
+  process.stdout.write(`ipvs-bench: ${up}${line}\n`);
 }
 
 async function must(runner: CommandRunner, cmd: string, args: string[], input?: string): Promise<number> {
@@ -135,114 +177,128 @@ async function coldAt(n: number, endpoints: number, changes: number, runner: VmR
     n, kproxyMs: NaN, kproxyExecMs: NaN, changeMs: [], virtualServers: 0,
     raw: { ipset: NaN, iptables: NaN, ipvsadm: NaN, addresses: NaN, total: NaN, ipvsLines: ipvsLines.length, setLines: sets.split('\n').filter(Boolean).length },
   };
-  await clean(runner);
-  // raw: the same content, one tool call each, into an empty kernel (kube-ipvs0 created first, untimed)
-  await must(runner, 'ip', ['link', 'add', 'kube-ipvs0', 'type', 'dummy']);
-  out.raw.ipset = await must(runner, 'ipset', ['restore'], sets);
-  out.raw.iptables = await must(runner, 'iptables-restore', ['--noflush'], p.iptables);
-  out.raw.ipvsadm = await must(runner, 'ipvsadm', ['-R'], ipvsLines.join('\n') + '\n');
-  out.raw.addresses = await must(runner, 'ip', ['-batch', '-'], addrs);
+  // raw: the same content, one tool call each, into an empty namespace (kube-ipvs0 created first, untimed)
+  await withNamespace(`raw${n}`, runner.timeoutMs, async (r) => {
+    await must(r, 'ip', ['link', 'add', 'kube-ipvs0', 'type', 'dummy']);
+    out.raw.ipset = await must(r, 'ipset', ['restore'], sets);
+    out.raw.iptables = await must(r, 'iptables-restore', ['--noflush'], p.iptables);
+    out.raw.ipvsadm = await must(r, 'ipvsadm', ['-R'], ipvsLines.join('\n') + '\n');
+    out.raw.addresses = await must(r, 'ip', ['-batch', '-'], addrs);
+  });
   out.raw.total = out.raw.ipset + out.raw.iptables + out.raw.ipvsadm + out.raw.addresses;
   say(`cold N=${n}: raw ${(out.raw.total / 1000).toFixed(2)} s (ipset ${(out.raw.ipset / 1000).toFixed(2)}, iptables ${(out.raw.iptables / 1000).toFixed(2)}, ipvsadm -R ${(out.raw.ipvsadm / 1000).toFixed(2)} for ${ipvsLines.length} lines, ip -batch ${(out.raw.addresses / 1000).toFixed(2)})`);
-  await clean(runner);
 
-  const px = await createIpvsProxier({ config: input.config, runner, log, gracefulCheckMs: 0, family: 4 });
-  try {
-    runner.take();
-    const t0 = performance.now();
-    await px.sync(input, w.serviceKeys, true);
-    out.kproxyMs = performance.now() - t0;
-    out.kproxyExecMs = runner.execMs;
-    out.firstSyncCommands = runner.take();
-    const listing = await runner.run('ipvsadm', ['-Ln']);
-    out.virtualServers = listing.stdout.split('\n').filter((l) => /^(TCP|UDP|SCTP)\s/.test(l)).length;
-    runner.take();
-    say(`cold N=${n}: kproxy first sync ${(out.kproxyMs / 1000).toFixed(2)} s (commands ${(out.kproxyExecMs / 1000).toFixed(2)} s), ${out.virtualServers} virtual servers`);
-    for (const i of timesOf(n, changes)) {
-      const changed = w.addEndpoint(i);
-      const t1 = performance.now();
-      await px.sync(w.input(), changed, false);
-      out.changeMs.push(performance.now() - t1);
-      out.changeCommands = runner.take();
+  await withNamespace(`kproxy${n}`, runner.timeoutMs, async (r) => {
+    const px = await createIpvsProxier({ config: input.config, runner: r, log, gracefulCheckMs: 0, family: 4, sysctl: nsSysctl(r) });
+    try {
+      r.take();
+      const t0 = performance.now();
+      await px.sync(input, w.serviceKeys, true);
+      out.kproxyMs = performance.now() - t0;
+      out.kproxyExecMs = r.execMs;
+      out.firstSyncCommands = r.take();
+      const listing = await r.run('ipvsadm', ['-Ln']);
+      out.virtualServers = listing.stdout.split('\n').filter((l) => /^(TCP|UDP|SCTP)\s/.test(l)).length;
+      say(`cold N=${n}: kproxy first sync ${(out.kproxyMs / 1000).toFixed(2)} s (commands ${(out.kproxyExecMs / 1000).toFixed(2)} s), ${out.virtualServers} virtual servers; its commands: ${out.firstSyncCommands}`);
+      r.take();
+      for (const i of timesOf(n, changes)) {
+        const changed = w.addEndpoint(i);
+        const t1 = performance.now();
+        await px.sync(w.input(), changed, false);
+        out.changeMs.push(performance.now() - t1);
+        out.changeCommands = r.take();
+      }
+      say(`change N=${n}: ${out.changeMs.map((x) => x.toFixed(0)).join(' / ')} ms; the last one's commands: ${out.changeCommands}`);
+    } finally {
+      await px.stop();
     }
-    say(`cold N=${n}: first sync's commands: ${out.firstSyncCommands}`);
-    say(`change N=${n}: ${out.changeMs.map((x) => x.toFixed(0)).join(' / ')} ms; the last one's commands: ${out.changeCommands}`);
-  } finally {
-    await px.stop();
-  }
+  });
   return out;
 }
 
-function connectOnce(host: string, port: number, timeoutMs: number): Promise<number> {
-  return new Promise((resolve) => {
-    const t0 = process.hrtime.bigint();
-    const s = connect({ host, port });
-    const timer = setTimeout(() => (s.destroy(), resolve(Number.NaN)), timeoutMs);
-    s.once('connect', () => {
-      clearTimeout(timer);
-      const ms = Number(process.hrtime.bigint() - t0) / 1e6;
-      s.destroy();
-      resolve(ms);
-    });
-    s.once('error', () => (clearTimeout(timer), resolve(Number.NaN)));
-  });
+/**
+ * The client, plain JavaScript for `node -e` (tsx costs seconds to start under emulation):
+ * argv COUNT label=ip:port...; COUNT sequential connects per target, round-robin, after one
+ * warm-up each; prints {"label": [ms | null, ...]} (connect() → SYN-ACK).
+ */
+const CLIENT = `
+const net = require('net');
+const once = (h, p) => new Promise((res) => {
+  const t0 = process.hrtime.bigint();
+  const s = net.connect({ host: h, port: p });
+  const timer = setTimeout(() => { s.destroy(); res(null); }, 3000);
+  s.once('connect', () => { clearTimeout(timer); res(Number(process.hrtime.bigint() - t0) / 1e6); s.destroy(); });
+  s.once('error', () => { clearTimeout(timer); res(null); });
+});
+(async () => {
+  const [count, ...ts] = process.argv.slice(1);
+  const targets = ts.map((t) => { const [l, a] = t.split('='); const i = a.lastIndexOf(':'); return [l, a.slice(0, i), Number(a.slice(i + 1))]; });
+  const out = Object.fromEntries(targets.map((t) => [t[0], []]));
+  for (const [, h, p] of targets) await once(h, p);
+  for (let k = 0; k < Number(count); k++) for (const [l, h, p] of targets) out[l].push(await once(h, p));
+  console.log(JSON.stringify(out));
+})();
+`;
+
+/** A node namespace joined to the pods' namespace `srv` by a veth pair (192.168.0.2 ↔ .3), default route to the pods. */
+async function wireNode(r: VmRunner): Promise<void> {
+  await must(r, 'ip', ['link', 'add', 'vn', 'type', 'veth', 'peer', 'name', 'vs', 'netns', 'srv']);
+  await must(r, 'ip', ['addr', 'add', '192.168.0.2/24', 'dev', 'vn']);
+  await must(r, 'ip', ['link', 'set', 'vn', 'up']);
+  await must(hostRunner, 'ip', ['-n', 'srv', 'addr', 'add', '192.168.0.3/24', 'dev', 'vs']);
+  await must(hostRunner, 'ip', ['-n', 'srv', 'link', 'set', 'vs', 'up']);
+  // a default route, as on a node: ClusterIPs are routed before the nat OUTPUT hook rewrites them
+  await must(r, 'ip', ['route', 'add', 'default', 'via', '192.168.0.3']);
 }
 
-async function measureConnects(n: number, count: number): Promise<IpvsConnectSample['targets']> {
-  const targets = { first: [clusterIPOf(0), 80], last: [clusterIPOf(n - 1), 80], pod: [endpointIPOf(0), 8080] } as const;
-  const raw: Record<string, number[]> = { first: [], last: [], pod: [] };
-  for (const [, [h, p]] of Object.entries(targets)) await connectOnce(h, p, 3000); // warm-up
-  for (let k = 0; k < count; k++) for (const [label, [h, p]] of Object.entries(targets)) raw[label].push(await connectOnce(h, p, 3000));
+async function measureConnects(r: VmRunner, n: number, count: number): Promise<IpvsConnectSample['targets']> {
+  const res = await r.run(process.execPath, ['-e', CLIENT, String(count), `first=${clusterIPOf(0)}:80`, `last=${clusterIPOf(n - 1)}:80`, `pod=${endpointIPOf(0)}:8080`]);
+  const line = res.stdout.split('\n').find((l) => l.startsWith('{'));
+  if (res.code !== 0 || !line) throw new Error(`the connect client failed (${res.code}): ${(res.stderr || res.stdout).trim().slice(0, 300)}`);
+  const raw = JSON.parse(line) as Record<string, Array<number | null>>;
   const out = {} as IpvsConnectSample['targets'];
   for (const k of ['first', 'last', 'pod'] as const) {
-    const ok = raw[k].filter(Number.isFinite);
-    out[k] = { p50Ms: percentile(ok, 50), p99Ms: percentile(ok, 99), count: ok.length, failed: raw[k].length - ok.length };
+    const ok = raw[k].filter((x): x is number => x !== null && Number.isFinite(x));
+    out[k] = { p10Ms: percentile(ok, 10), p50Ms: percentile(ok, 50), p99Ms: percentile(ok, 99), count: ok.length, failed: raw[k].length - ok.length };
   }
   return out;
 }
 
 function fmtTargets(t: IpvsConnectSample['targets']): string {
-  return (['first', 'last', 'pod'] as const).map((k) => `${k} ${t[k].p50Ms.toFixed(3)}/${t[k].p99Ms.toFixed(3)}${t[k].failed ? ` (${t[k].failed} failed)` : ''}`).join(', ');
+  return (['first', 'last', 'pod'] as const).map((k) => `${k} ${t[k].p10Ms.toFixed(2)}/${t[k].p50Ms.toFixed(2)}/${t[k].p99Ms.toFixed(2)}${t[k].failed ? ` (${t[k].failed} failed)` : ''}`).join(', ');
 }
 
-async function connectAt(n: number, endpoints: number, count: number, runner: VmRunner): Promise<IpvsConnectSample[]> {
-  const w = new Workload(n, endpoints, benchConfig('ipvs'));
+/** Per mode, a fresh node namespace (an empty IPVS trash, see withNamespace): rules loaded, then the client. */
+async function connectAt(n: number, endpoints: number, count: number, timeoutMs: number): Promise<IpvsConnectSample[]> {
   const out: IpvsConnectSample[] = [];
-  await clean(runner);
-  {
-    const s: IpvsConnectSample = { n, mode: 'ipvs', loadMs: NaN, targets: {} as IpvsConnectSample['targets'] };
-    let px: IpvsProxier | undefined;
+  for (const mode of ['ipvs', 'iptables'] as const) {
+    const s: IpvsConnectSample = { n, mode, loadMs: NaN, targets: {} as IpvsConnectSample['targets'] };
     try {
-      px = await createIpvsProxier({ config: w.config, runner, log, gracefulCheckMs: 0, family: 4 });
-      const t0 = performance.now();
-      await px.sync(w.input(), w.serviceKeys, true);
-      s.loadMs = performance.now() - t0;
-      s.targets = await measureConnects(n, count);
-      say(`connect ipvs N=${n}: ${fmtTargets(s.targets)} ms (p50/p99; rules in ${(s.loadMs / 1000).toFixed(1)} s)`);
+      await withNamespace(`c${mode}${n}`, timeoutMs, async (r) => {
+        await wireNode(r);
+        if (mode === 'ipvs') {
+          const w = new Workload(n, endpoints, benchConfig('ipvs'));
+          const px = await createIpvsProxier({ config: w.config, runner: r, log, gracefulCheckMs: 0, family: 4, sysctl: nsSysctl(r) });
+          try {
+            const t0 = performance.now();
+            await px.sync(w.input(), w.serviceKeys, true);
+            s.loadMs = performance.now() - t0;
+          } finally {
+            await px.stop();
+          }
+        } else {
+          const w = new Workload(n, endpoints, benchConfig('iptables'));
+          s.loadMs = await must(r, 'iptables-restore', ['-w', '5'], withJumps(getMode('iptables').render(w.input())));
+        }
+        s.targets = await measureConnects(r, n, count);
+      });
+      say(`connect ${mode} N=${n}: ${fmtTargets(s.targets)} ms (p10/p50/p99; rules in ${(s.loadMs / 1000).toFixed(1)} s)`);
     } catch (e) {
       s.error = (e as Error).message.slice(0, 300);
-      say(`connect ipvs N=${n}: FAILED ${s.error}`);
-    } finally {
-      await px?.stop();
+      say(`connect ${mode} N=${n}: FAILED ${s.error}`);
     }
     out.push(s);
   }
-  await clean(runner);
-  {
-    const s: IpvsConnectSample = { n, mode: 'iptables', loadMs: NaN, targets: {} as IpvsConnectSample['targets'] };
-    try {
-      const wi = new Workload(n, endpoints, benchConfig('iptables'));
-      const payload = withJumps(getMode('iptables').render(wi.input()));
-      s.loadMs = await must(runner, 'iptables-restore', ['-w', '5'], payload);
-      s.targets = await measureConnects(n, count);
-      say(`connect iptables N=${n}: ${fmtTargets(s.targets)} ms (p50/p99; rules in ${(s.loadMs / 1000).toFixed(1)} s)`);
-    } catch (e) {
-      s.error = (e as Error).message.slice(0, 300);
-      say(`connect iptables N=${n}: FAILED ${s.error}`);
-    }
-    out.push(s);
-  }
-  await clean(runner);
   return out;
 }
 
@@ -269,6 +325,11 @@ async function main(): Promise<void> {
     if (values.out) writeFileSync(values.out, JSON.stringify(res, null, 2) + '\n');
   };
   try {
+    // warm-up, not recorded: the first apply loads the kernel modules (ip_vs, nf_tables, ip_set,
+    // ...) and the tools' libraries, seconds under emulation, which would land on whichever
+    // of raw and kproxy goes first
+    await coldAt(10, res.endpoints, 1, runner);
+    say('warm-up done');
     for (const n of ints(values['cold-sizes']!)) {
       try {
         const c = await coldAt(n, res.endpoints, Number(values.changes), runner);
@@ -282,7 +343,7 @@ async function main(): Promise<void> {
       save();
     }
     for (const n of ints(values['connect-sizes']!)) {
-      res.connect.push(...(await connectAt(n, res.endpoints, Number(values['connect-count']), runner)));
+      res.connect.push(...(await connectAt(n, res.endpoints, Number(values['connect-count']), runner.timeoutMs)));
       save();
     }
   } catch (e) {
