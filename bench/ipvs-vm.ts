@@ -6,6 +6,7 @@
 import { spawn } from 'node:child_process';
 import { existsSync, lstatSync, mkdirSync, readFileSync, realpathSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { build } from 'esbuild';
 import type { IpvsVmResult } from './ipvs-in-vm.ts';
 import { killGroup } from './kproxy-run.ts';
 
@@ -36,7 +37,7 @@ const repoRoot = resolve(import.meta.dirname, '..');
 const vmRunner = resolve(repoRoot, '../shared/ipvs-vm/run-in-ipvs-vm.sh');
 
 /** The VM's command line. node_modules may be a symlink (a git worktree): its target is shared at the same path. */
-export function vmArgs(o: Omit<IpvsPhaseOptions, 'log'>, outGuestPath: string, root = repoRoot): string[] {
+export function vmArgs(o: Omit<IpvsPhaseOptions, 'log'>, outGuestPath: string, root = repoRoot, bundleGuestPath?: string): string[] {
   const shares = ['--share', `${root}:/project`, '--share', '/usr/bin:/hostbin:ro'];
   const nm = join(root, 'node_modules');
   if (existsSync(nm) && lstatSync(nm).isSymbolicLink()) {
@@ -44,11 +45,30 @@ export function vmArgs(o: Omit<IpvsPhaseOptions, 'log'>, outGuestPath: string, r
     shares.push('--share', `${target}:${target}:ro`);
   }
   return [
-    '--timeout', String(o.timeoutS), '--mem', String(o.memMiB), ...shares, '--env', 'NODE=/hostbin/node', '--cwd', '/project',
+    '--timeout', String(o.timeoutS), '--mem', String(o.memMiB), ...shares, '--env', 'NODE=/hostbin/node',
+    ...(bundleGuestPath ? ['--env', `BUNDLE=${bundleGuestPath}`] : []), '--cwd', '/project',
     'bench/ipvs-in-vm.sh', '--cold-sizes', o.coldSizes.join(','), '--connect-sizes', o.connectSizes.join(','),
     '--endpoints', String(o.endpoints), '--changes', String(o.changes), '--connect-count', String(o.connectCount),
     '--exec-timeout', String(o.timeoutS), '--out', outGuestPath,
   ];
+}
+
+/** The result rebuilt from the VM's console: "IPVSBENCH {cold|connect: sample}" lines and the start line's kernel. */
+export function fromLines(lines: string[]): Partial<IpvsVmResult> {
+  const out: Partial<IpvsVmResult> = { cold: [], connect: [] };
+  for (const l of lines) {
+    const k = /kernel (\S+),/.exec(l);
+    if (l.startsWith('ipvs-bench: start') && k) out.kernel = k[1];
+    if (!l.startsWith('IPVSBENCH ')) continue;
+    try {
+      const x = JSON.parse(l.slice('IPVSBENCH '.length)) as Partial<Record<'cold' | 'connect', never>>;
+      if (x.cold) out.cold!.push(x.cold);
+      if (x.connect) out.connect!.push(x.connect);
+    } catch {
+      /* a line cut by the console: left out */
+    }
+  }
+  return out;
 }
 
 export async function ipvsPhase(o: IpvsPhaseOptions): Promise<IpvsPhaseResult> {
@@ -60,16 +80,31 @@ export async function ipvsPhase(o: IpvsPhaseOptions): Promise<IpvsPhaseResult> {
   const name = `ipvs-vm-${process.pid}-${Date.now()}.json`;
   const hostOut = join(outDir, name);
   const t0 = performance.now();
+  // One bundled file for the guest: tsx compiling ~100 modules read over 9p takes minutes
+  // under emulation on a loaded host; plain node on one file takes seconds.
+  const bundle = join(outDir, `ipvs-in-vm-${process.pid}.bundle.mjs`);
+  try {
+    await build({
+      entryPoints: [join(repoRoot, 'bench/ipvs-in-vm.ts')], bundle: true, platform: 'node', format: 'esm', target: 'node20', outfile: bundle, logLevel: 'silent',
+      banner: { js: "import { createRequire as __cr } from 'node:module'; const require = __cr(import.meta.url);" },
+    });
+  } catch (e) {
+    return { ...res, error: `KPROXY_BENCH_IPVS_VM: bundling bench/ipvs-in-vm.ts failed: ${(e as Error).message.slice(0, 300)}` };
+  }
   // the VM runner needs no extra host tools for this script: an empty list reuses its own cached image
-  const p = spawn(vmRunner, vmArgs(options, `/project/bench/out/${name}`), {
+  const p = spawn(vmRunner, vmArgs(options, `/project/bench/out/${name}`, repoRoot, `/project/bench/out/${bundle.split('/').pop()}`), {
     stdio: ['ignore', 'pipe', 'pipe'], detached: true, env: { ...process.env, IPVS_VM_EXTRA_BINS: '' },
   });
   let tail = '';
   let errTail = '';
+  const lines: string[] = [];
   p.stdout!.on('data', (d: Buffer) => {
-    const lines = (tail + d.toString()).split('\n');
-    tail = lines.pop() ?? '';
-    for (const l of lines) if (l.startsWith('ipvs-bench:')) log(`  vm ${l.slice(12)}`);
+    const ls = (tail + d.toString()).split('\n');
+    tail = ls.pop() ?? '';
+    for (const l of ls) {
+      if (l.startsWith('ipvs-bench:')) log(`  vm ${l.slice(12)}`);
+      if (l.startsWith('IPVSBENCH ') || l.startsWith('ipvs-bench: start')) lines.push(l);
+    }
   });
   p.stderr!.on('data', (d: Buffer) => void (errTail = (errTail + d.toString()).slice(-2000)));
   const exited = new Promise<number>((r) => p.once('exit', (code) => r(code ?? -1)));
@@ -77,12 +112,14 @@ export async function ipvsPhase(o: IpvsPhaseOptions): Promise<IpvsPhaseResult> {
   const code = await Promise.race([exited, new Promise<null>((r) => setTimeout(() => r(null), limit).unref())]);
   if (code === null) await killGroup(p);
   res.vmSeconds = (performance.now() - t0) / 1000;
+  rmSync(bundle, { force: true });
   res.exitCode = code ?? -1;
   try {
     Object.assign(res, JSON.parse(readFileSync(hostOut, 'utf8')) as IpvsVmResult);
     rmSync(hostOut, { force: true });
   } catch {
-    /* no result file: the error below says why */
+    // no result file (a VM killed at its limit may not have flushed it): the samples it printed
+    Object.assign(res, fromLines(lines));
   }
   if (code === null) res.error = `KPROXY_BENCH_IPVS_VM: the VM run did not end within ${limit / 1000} s`;
   else if (code === 124) res.error = `KPROXY_BENCH_IPVS_VM: the VM run hit its --timeout of ${o.timeoutS} s (raise --ipvs-timeout or lower --ipvs-sizes)`;
