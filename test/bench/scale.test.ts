@@ -161,3 +161,18 @@ test('the VM command line shares a symlinked node_modules at its own path', asyn
     rmSync(d, { recursive: true, force: true });
   }
 });
+
+test("a VM killed at its limit: the result is rebuilt from the samples it printed", async () => {
+  const { fromLines } = await import('../../bench/ipvs-vm.ts');
+  const cold = { n: 100, kproxyMs: 3000, kproxyExecMs: 2000, changeMs: [400], virtualServers: 200, raw: { ipset: 1, iptables: 1, ipvsadm: 1, addresses: 1, total: 4, ipvsLines: 1200, setLines: 200 } };
+  const r = fromLines([
+    'ipvs-bench: start at uptime 7.26s, kernel 6.1.0-57-amd64, 1 vCPU, 960 MiB',
+    `IPVSBENCH ${JSON.stringify({ connect: { n: 100, mode: 'ipvs', loadMs: 5, targets: ipvsTargets(1) } })}`,
+    `IPVSBENCH ${JSON.stringify({ cold })}`,
+    'IPVSBENCH {"cold": {"n": 1000, "kpro',
+  ]);
+  assert.equal(r.kernel, '6.1.0-57-amd64');
+  assert.deepEqual(r.cold, [cold], 'the cut line is left out');
+  assert.equal(r.connect?.length, 1);
+  assert.equal(r.connect?.[0].targets.last.p10Ms, 0.5);
+});
