@@ -176,3 +176,11 @@ test("a VM killed at its limit: the result is rebuilt from the samples it printe
   assert.equal(r.connect?.length, 1);
   assert.equal(r.connect?.[0].targets.last.p10Ms, 0.5);
 });
+
+test('a busy xtables lock (another program on the host) is told apart from a failure of what is measured', async () => {
+  const { xtablesLockBusy } = await import('../../bench/cold.ts');
+  assert.equal(xtablesLockBusy("KPROXY_IPTABLES_RESTORE_FAILED: iptables-restore failed (exit 4): Can't lock /run/xtables.lock: Resource temporarily unavailable"), true);
+  assert.equal(xtablesLockBusy('Another app is currently holding the xtables lock. Stopped waiting after 5s.'), true);
+  assert.equal(xtablesLockBusy('KPROXY_EXEC_TIMEOUT: iptables-restore killed after 60 s'), false);
+  assert.equal(xtablesLockBusy(undefined), false);
+});
