@@ -4,7 +4,7 @@
 // emulation (TCG, one vCPU, no KVM here): every absolute time is many times a real machine's,
 // and the host's load slows it further; compare within the VM only (ratios).
 import { spawn } from 'node:child_process';
-import { existsSync, lstatSync, mkdirSync, readFileSync, realpathSync, rmSync } from 'node:fs';
+import { existsSync, lstatSync, mkdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { build } from 'esbuild';
 import type { IpvsVmResult } from './ipvs-in-vm.ts';
@@ -116,7 +116,6 @@ export async function ipvsPhase(o: IpvsPhaseOptions): Promise<IpvsPhaseResult> {
   res.exitCode = code ?? -1;
   try {
     Object.assign(res, JSON.parse(readFileSync(hostOut, 'utf8')) as IpvsVmResult);
-    rmSync(hostOut, { force: true });
   } catch {
     // no result file (a VM killed at its limit may not have flushed it): the samples it printed
     Object.assign(res, fromLines(lines));
@@ -124,6 +123,8 @@ export async function ipvsPhase(o: IpvsPhaseOptions): Promise<IpvsPhaseResult> {
   if (code === null) res.error = `KPROXY_BENCH_IPVS_VM: the VM run did not end within ${limit / 1000} s`;
   else if (code === 124) res.error = `KPROXY_BENCH_IPVS_VM: the VM run hit its --timeout of ${o.timeoutS} s (raise --ipvs-timeout or lower --ipvs-sizes)`;
   else if (code !== 0 && !res.error) res.error = `KPROXY_BENCH_IPVS_VM: the VM run exited ${code}: ${errTail.trim().split('\n').slice(-3).join(' | ').slice(0, 300)}`;
-  log(`  ipvs VM run: ${res.vmSeconds.toFixed(0)} s, exit ${res.exitCode}${res.error ? `: ${res.error}` : ''}`);
+  // kept: `bench/scale.ts --ipvs-from FILE` reports a VM run again without booting the VM
+  writeFileSync(hostOut, JSON.stringify(res, null, 2) + '\n');
+  log(`  ipvs VM run: ${res.vmSeconds.toFixed(0)} s, exit ${res.exitCode}${res.error ? `: ${res.error}` : ''}; result in ${hostOut}`);
   return res;
 }

@@ -33,7 +33,7 @@
 //
 // Needs root; every namespace (kpb-*) and process it starts is removed, also on failure and
 // Ctrl-C. Loops are bounded by --timeout (per sync) and by counts.
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -82,6 +82,8 @@ export interface ScaleOptions {
   ipvsTimeoutS: number;
   /** run the VM alongside the host phases (--quick, to stay under 5 minutes) instead of after them */
   ipvsParallel: boolean;
+  /** report a saved VM run (bench/out/ipvs-vm-*.json) instead of booting the VM */
+  ipvsFrom: string | null;
   timeoutS: number;
   outDir: string;
   docsDir: string | null;
@@ -156,18 +158,32 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     connectCount: o.ipvsConnectCount, memMiB: o.ipvsMemMiB, timeoutS: o.ipvsTimeoutS, log: o.log,
   });
   let ipvsRun: Promise<IpvsPhaseResult> | undefined;
-  if (o.phases.includes('ipvs') && o.ipvsParallel) {
+  if (o.phases.includes('ipvs') && o.ipvsFrom) {
+    o.log(`ipvs: the VM run saved in ${o.ipvsFrom} (not booted again)`);
+    notes.add(`ipvs: the VM figures are those of an earlier VM run (${o.ipvsFrom.split('/').pop()}), not booted in this run`);
+    ipvsRun = Promise.resolve(JSON.parse(readFileSync(o.ipvsFrom, 'utf8')) as IpvsPhaseResult);
+  } else if (o.phases.includes('ipvs') && o.ipvsParallel) {
     o.log(`ipvs: one IPVS VM boot, alongside the host phases: cold start + change at ${o.ipvsSizes.join(', ')}, connect at ${o.ipvsConnectSizes.join(', ')}`);
-    notes.add('--quick: the IPVS VM ran alongside the host phases (one more busy thread on the shared host while they ran)');
+    notes.add('ipvs: the VM ran alongside the host phases (--ipvs-parallel: one more busy thread on the shared host while they ran)');
     ipvsRun = ipvsPhase(ipvsOpts());
   }
+  // one phase failing (an exception, not a measured failure) is noted; the others still run and report
+  const guarded = async (name: string, fn: () => Promise<void>) => {
+    try {
+      await fn();
+    } catch (e) {
+      const msg = (e as Error).message.split('\n')[0].slice(0, 300);
+      o.log(`${name}: FAILED: ${msg}`);
+      notes.add(`${name}: the phase stopped with an error: ${msg}`);
+    }
+  };
   try {
-    if (o.phases.includes('manifests')) {
+    if (o.phases.includes('manifests')) await guarded('manifests', async () => {
       o.log(`manifests: one file of ${o.manifestServices} services`);
       res.manifests = await manifestsLoad(o.manifestServices);
       o.log(`  load ${fmtMs(res.manifests.loadMs)}, longest event-loop block ${fmtMs(res.manifests.maxBlockMs)}`);
-    }
-    if (o.phases.includes('memory')) {
+    });
+    if (o.phases.includes('memory')) await guarded('memory', async () => {
       const v = o.memoryVariant;
       const n = o.memorySize;
       if (!sizesFor(v, [n], o, notes).length) notes.add(`memory: ${v} at N=${n} skipped (--nft-max)`);
@@ -183,8 +199,8 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
           if (res.memory.error) o.log(`  FAILED: ${res.memory.error}`);
         }
       }
-    }
-    if (o.phases.includes('cold')) {
+    });
+    if (o.phases.includes('cold')) await guarded('cold', async () => {
       const failed = new Set<ScaleVariant>();
       for (const n of o.sizes) {
         const variants = o.variants.filter((v) => !failed.has(v) && sizesFor(v, o.sizes, o, notes).includes(n));
@@ -198,8 +214,8 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
           notes.add(`${s.mode}: the first full sync at N=${n} failed after ${fmtMs(s.full.wallMs)} (${s.error.slice(0, 160)}); larger sizes not tried`);
         }
       }
-    }
-    if (o.phases.includes('run')) {
+    });
+    if (o.phases.includes('run')) await guarded('run', async () => {
       for (const n of o.runSizes) {
         for (const v of o.variants) {
           if (!sizesFor(v, o.runSizes, o, notes).includes(n)) continue;
@@ -214,15 +230,15 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
           o.log(r.error ? `  FAILED: ${r.error}` : `  change ${r.changeMs.map((x) => fmtMs(x)).join(' / ')}${r.stream ? `; stream p50 ${fmtMs(r.stream.p50Ms)} p99 ${fmtMs(r.stream.p99Ms)} (${r.stream.seen}/${r.stream.sent})` : ''}`);
         }
       }
-    }
-    if (o.phases.includes('connect')) {
+    });
+    if (o.phases.includes('connect')) await guarded('connect', async () => {
       for (const n of o.connectSizes) {
         for (const v of o.variants) {
           if (!sizesFor(v, o.connectSizes, o, notes).includes(n)) continue;
           res.connect.push(await connectPhase(nss, { n, endpoints: o.endpoints, variant: v as ConnectVariant, count: o.connectCount, timeoutMs: 3000, log: o.log }));
         }
       }
-    }
+    });
     if (ipvsRun) {
       o.log('ipvs: waiting for the VM');
       res.ipvs = await ipvsRun;
@@ -532,7 +548,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
       quick: { type: 'boolean', default: false },
       phases: { type: 'string' }, sizes: { type: 'string' }, 'run-sizes': { type: 'string' }, 'connect-sizes': { type: 'string' },
       variants: { type: 'string' }, 'nft-max': { type: 'string' }, 'memory-size': { type: 'string' }, 'memory-variant': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
-      'ipvs-sizes': { type: 'string' }, 'ipvs-connect-sizes': { type: 'string' }, 'ipvs-mem': { type: 'string' }, 'ipvs-timeout': { type: 'string' }, 'ipvs-connect-count': { type: 'string' }, 'ipvs-parallel': { type: 'boolean' },
+      'ipvs-sizes': { type: 'string' }, 'ipvs-connect-sizes': { type: 'string' }, 'ipvs-mem': { type: 'string' }, 'ipvs-timeout': { type: 'string' }, 'ipvs-connect-count': { type: 'string' }, 'ipvs-parallel': { type: 'boolean' }, 'ipvs-from': { type: 'string' },
       changes: { type: 'string' }, 'stream-seconds': { type: 'string' }, 'stream-rate': { type: 'string' }, 'connect-count': { type: 'string' },
       timeout: { type: 'string' }, out: { type: 'string', default: 'bench/out' }, docs: { type: 'string', default: 'docs' }, 'no-docs': { type: 'boolean', default: false },
     },
@@ -559,7 +575,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
     connectCount: one('--connect-count', values['connect-count'] ?? d.count),
     ipvsSizes: intList('--ipvs-sizes', values['ipvs-sizes'] ?? d.ipvs), ipvsConnectSizes: intList('--ipvs-connect-sizes', values['ipvs-connect-sizes'] ?? d.ipvsConnect),
     ipvsMemMiB: one('--ipvs-mem', values['ipvs-mem'] ?? d.ipvsMem), ipvsTimeoutS: one('--ipvs-timeout', values['ipvs-timeout'] ?? d.ipvsTimeout),
-    ipvsConnectCount: one('--ipvs-connect-count', values['ipvs-connect-count'] ?? d.ipvsCount), ipvsParallel: values['ipvs-parallel'] ?? q,
+    ipvsConnectCount: one('--ipvs-connect-count', values['ipvs-connect-count'] ?? d.ipvsCount), ipvsParallel: values['ipvs-parallel'] ?? q, ipvsFrom: values['ipvs-from'] ? resolve(values['ipvs-from']) : null,
     timeoutS: one('--timeout', values.timeout ?? d.timeout),
     outDir: resolve(values.out!), docsDir: values['no-docs'] ? null : resolve(values.docs!), log,
   };
