@@ -347,6 +347,10 @@ export function goals(r: ScaleResult): Goal[] {
       : { goal, ...notMeasured('stream at N=10,000 not in this run') });
   }
   out.push(...ipvsGoals(r));
+  if (r.options.quick) {
+    const l = r.machine.loadBefore[0];
+    out.push({ goal: '`bench/scale.ts --quick` (the IPVS VM included) runs in under 5 minutes', measured: `${r.totalSeconds.toFixed(0)} s at load ${l}→${r.machine.loadAfter[0]} on ${r.machine.cpus} shared cpus`, met: r.totalSeconds < 300 });
+  }
   {
     const goal = "the seed's claim: first-packet connect latency (p50 / p99) from 100 to 20,000 Services, first and last Service and non-Service traffic, iptables and nftables (host) and IPVS (VM)";
     const at = (v: ScaleVariant, n: number) => r.connect.find((x) => x.variant === v && x.n === n && !x.error);

@@ -54,6 +54,8 @@ test('goals are judged from the measurements at the sizes they are stated at', (
   assert.equal(find('RSS').met, false, 'nftables 260 MiB > 250 MB');
   assert.match(find('RSS').measured, /iptables 240 MiB/);
   assert.match(find('event → kernel').measured, /600 ms \/ 1.20 s/);
+  assert.equal(find('--quick').met, true, '100 s < 5 minutes');
+  assert.match(find('--quick').measured, /^100 s at load 2→3/);
 });
 
 test('markdown has every section and a goals table; plots are SVG with a line per series', () => {
