@@ -24,14 +24,27 @@ export interface ColdResult {
   raw: RawRefs;
 }
 
+/**
+ * Another program on the host holding the xtables lock (legacy iptables takes one lock for
+ * every namespace; on this shared machine other jobs run long legacy restores): not a limit
+ * of what is measured, so the measurement is retried.
+ */
+export const xtablesLockBusy = (text: string | undefined) => /xtables\.lock|Another app is currently holding the xtables lock/i.test(text ?? '');
+export const LOCK_RETRIES = 5;
+
 /** One raw apply in a fresh namespace; +Infinity when it was killed at the limit, NaN when it failed. */
-async function rawApply(nss: Namespaces, cmd: string, args: string[], payload: string, rename: Record<string, string>, timeoutMs: number): Promise<number> {
+async function rawApply(nss: Namespaces, cmd: string, args: string[], payload: string, rename: Record<string, string>, timeoutMs: number, attempt = 0): Promise<number> {
   const ns = await nss.create('raw');
   try {
     const runner = new TimedRunner(ns, rename);
     const t0 = performance.now();
     try {
       const r = await runner.run(cmd, args, { input: payload, timeoutMs });
+      if (r.code !== 0 && xtablesLockBusy(r.stderr) && attempt < LOCK_RETRIES) {
+        await nss.delete(ns);
+        await new Promise((res) => setTimeout(res, 3000));
+        return rawApply(nss, cmd, args, payload, rename, timeoutMs, attempt + 1);
+      }
       return r.code === 0 ? performance.now() - t0 : NaN;
     } catch (e) {
       if (e instanceof ExecError && e.code === 'KPROXY_EXEC_TIMEOUT') return Number.POSITIVE_INFINITY;
@@ -74,9 +87,15 @@ export async function coldPhase(nss: Namespaces, o: ColdOptions): Promise<ColdRe
   o.log(`  raw N=${o.n}: iptables-restore ${fmt(raw.iptablesFlush)}, legacy ${fmt(raw.legacyFlush)}, nft -f ${fmt(raw.nft)}`);
   const samples: Sample[] = [];
   for (const v of o.variants) {
-    const s = await measure(v, getMode(modeOf(v)), nss, {
-      n: o.n, endpoints: o.endpoints, rep: 0, changes: o.changes, raw: false, verify: o.n <= 20_000, rawTimeoutMs: o.timeoutMs, execTimeoutMs: o.timeoutMs,
-    });
+    let s: Sample;
+    for (let attempt = 0; ; attempt++) {
+      s = await measure(v, getMode(modeOf(v)), nss, {
+        n: o.n, endpoints: o.endpoints, rep: 0, changes: o.changes, raw: false, verify: o.n <= 20_000, rawTimeoutMs: o.timeoutMs, execTimeoutMs: o.timeoutMs,
+      });
+      if (!xtablesLockBusy(s.error) || attempt >= LOCK_RETRIES) break;
+      o.log(`  ${v} N=${o.n}: the xtables lock was held by another program; measuring again`);
+      await new Promise((res) => setTimeout(res, 3000));
+    }
     samples.push(s);
     o.log(`  ${v} N=${o.n}: ${s.error ? `first sync FAILED after ${fmt(s.full.wallMs)}: ${s.error}` : `first sync ${fmt(s.full.wallMs)}, change ${s.changes.map((c) => fmt(c.wallMs)).join(' / ')}`}`);
   }

@@ -19,6 +19,7 @@ import { LEGACY_IPTABLES, TimedRunner, type Namespaces } from './netns.ts';
 import { killGroup } from './kproxy-run.ts';
 import { benchConfig, clusterIPOf, endpointIPOf, Workload } from './workload.ts';
 import { percentile, pollUntil } from './stats.ts';
+import { LOCK_RETRIES, xtablesLockBusy } from './cold.ts';
 
 export type ConnectVariant = 'iptables' | 'iptables-legacy' | 'nftables';
 
@@ -85,11 +86,17 @@ export async function connectPhase(
     const mode = o.variant === 'nftables' ? 'nftables' : 'iptables';
     const payload = getMode(mode).render(new Workload(o.n, o.endpoints, benchConfig(mode)).input());
     const runner = new TimedRunner(node, o.variant === 'iptables-legacy' ? LEGACY_IPTABLES : {});
-    const t0 = performance.now();
-    const r = mode === 'nftables'
-      ? await runner.run('nft', ['-f', '-'], { input: payload, timeoutMs: 900_000 })
-      : await runner.run('iptables-restore', ['-w', '5'], { input: withJumps(payload), timeoutMs: 900_000 });
-    res.loadMs = performance.now() - t0;
+    let r;
+    for (let attempt = 0; ; attempt++) {
+      const t0 = performance.now();
+      r = mode === 'nftables'
+        ? await runner.run('nft', ['-f', '-'], { input: payload, timeoutMs: 900_000 })
+        : await runner.run('iptables-restore', ['-w', '5'], { input: withJumps(payload), timeoutMs: 900_000 });
+      res.loadMs = performance.now() - t0;
+      // another program holding the (host-wide) xtables lock: wait and load again
+      if (r.code === 0 || !xtablesLockBusy(r.stderr) || attempt >= LOCK_RETRIES) break;
+      await new Promise((res) => setTimeout(res, 3000));
+    }
     if (r.code !== 0) throw new Error(`KPROXY_BENCH_CONNECT: loading the rules failed: ${r.stderr.trim().slice(0, 300)}`);
     if (!(await pollUntil(async () => (serverOut.includes('READY') ? true : undefined), 30_000, 20))) {
       throw new Error(`KPROXY_BENCH_CONNECT: the pod listener did not start: ${serverOut.slice(0, 300)}`);

@@ -1,9 +1,10 @@
 // The scale bench (issue 10): every figure of the issue in one run, side by side, with a
 // goals table and SVG plots.
 //
-//   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,memory,cold,run,connect]
+//   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,memory,cold,run,connect,ipvs]
 //        [--sizes 100,1000,...] [--run-sizes 100,10000] [--connect-sizes 100,1000,...]
-//        [--variants iptables,iptables-legacy,nftables] [--nft-max 1000] [--endpoints 5]
+//        [--variants iptables,iptables-legacy,nftables] [--nft-max 60000] [--endpoints 5]
+//        [--ipvs-sizes 100,1000] [--ipvs-connect-sizes 100,1000] [--ipvs-mem 1536] [--ipvs-timeout 1500]
 //        [--memory-size 10000] [--memory-variant iptables-legacy] [--manifest-services 10000]
 //        [--stream-seconds 30] [--stream-rate 10] [--timeout 600] [--out bench/out] [--docs docs]
 //
@@ -23,13 +24,16 @@
 //              in the kernel) and a stream of endpoint changes (p50 / p99) (bench/kproxy-run.ts)
 //   connect    first-packet connect latency to the FIRST and the LAST Service's ClusterIP and
 //              straight to a pod, against N (bench/connect.ts)
-// nftables is measured only up to --nft-max services (default 1,000): larger nftables
-// transactions with per-service anonymous maps put this host's kernel into a soft lockup.
-// Raise it once the nftables table shape without them is merged.
+//   ipvs       one boot of the IPVS VM (bench/ipvs-vm.ts → bench/ipvs-in-vm.ts inside): kproxy's
+//              IPVS first sync beside a raw ipset/iptables/ipvsadm/ip restore of the same content,
+//              one-Service changes, and connect latency for IPVS and iptables in the same VM
+//              (software emulation: only ratios within the VM mean anything)
+// nftables is measured up to --nft-max services (default 60,000, i.e. every size): the table
+// shape without per-service anonymous maps is merged (with them, 10k soft-locked this kernel).
 //
 // Needs root; every namespace (kpb-*) and process it starts is removed, also on failure and
 // Ctrl-C. Loops are bounded by --timeout (per sync) and by counts.
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -39,13 +43,14 @@ import { spawnSync } from 'node:child_process';
 import { coldPhase, type ColdResult } from './cold.ts';
 import { connectPhase, type ConnectResult, type ConnectVariant } from './connect.ts';
 import { runPhase, type RunPhaseResult, type RunVariant } from './kproxy-run.ts';
+import { ipvsPhase, type IpvsPhaseResult } from './ipvs-vm.ts';
 import { manifestsLoad, type ManifestsLoadResult } from './manifests-load.ts';
 import type { MemoryStep } from './memory.ts';
 import { Namespaces } from './netns.ts';
 import { linePlotSVG, type Series } from './plot.ts';
 import { fmtMs, median } from './stats.ts';
 
-export const PHASES = ['manifests', 'memory', 'cold', 'run', 'connect'] as const;
+export const PHASES = ['manifests', 'memory', 'cold', 'run', 'connect', 'ipvs'] as const;
 export type Phase = (typeof PHASES)[number];
 export type ScaleVariant = 'iptables' | 'iptables-legacy' | 'nftables';
 const ALL_VARIANTS: ScaleVariant[] = ['iptables', 'iptables-legacy', 'nftables'];
@@ -68,6 +73,17 @@ export interface ScaleOptions {
   streamSeconds: number;
   streamRate: number;
   connectCount: number;
+  /** the ipvs phase (in the IPVS VM): cold start + change sizes, connect sizes, guest RAM, VM time limit */
+  ipvsSizes: number[];
+  ipvsConnectSizes: number[];
+  ipvsMemMiB: number;
+  /** connects per target in the VM (each costs tens of ms under emulation) */
+  ipvsConnectCount: number;
+  ipvsTimeoutS: number;
+  /** run the VM alongside the host phases (--quick, to stay under 5 minutes) instead of after them */
+  ipvsParallel: boolean;
+  /** report a saved VM run (bench/out/ipvs-vm-*.json) instead of booting the VM */
+  ipvsFrom: string | null;
   timeoutS: number;
   outDir: string;
   docsDir: string | null;
@@ -82,6 +98,7 @@ export interface ScaleResult {
   cold: ColdResult[];
   run: RunPhaseResult[];
   connect: ConnectResult[];
+  ipvs?: IpvsPhaseResult;
   notes: string[];
   goals: Goal[];
   totalSeconds: number;
@@ -111,7 +128,7 @@ const load = () => loadavg().map((l) => Math.round(l * 100) / 100);
 function sizesFor(v: ScaleVariant, sizes: number[], o: ScaleOptions, notes: Set<string>): number[] {
   if (v !== 'nftables') return sizes;
   const skipped = sizes.filter((n) => n > o.nftMax);
-  if (skipped.length) notes.add(`nftables: not measured at N=${skipped.join(', ')} (--nft-max ${o.nftMax}: larger nftables transactions with per-service anonymous maps soft-lock this host's kernel)`);
+  if (skipped.length) notes.add(`nftables: not measured at N=${skipped.join(', ')} (--nft-max ${o.nftMax})`);
   return sizes.filter((n) => n <= o.nftMax);
 }
 
@@ -136,13 +153,37 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
   };
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
+  const ipvsOpts = () => ({
+    coldSizes: o.ipvsSizes, connectSizes: o.ipvsConnectSizes, endpoints: o.endpoints, changes: o.changes,
+    connectCount: o.ipvsConnectCount, memMiB: o.ipvsMemMiB, timeoutS: o.ipvsTimeoutS, log: o.log,
+  });
+  let ipvsRun: Promise<IpvsPhaseResult> | undefined;
+  if (o.phases.includes('ipvs') && o.ipvsFrom) {
+    o.log(`ipvs: the VM run saved in ${o.ipvsFrom} (not booted again)`);
+    notes.add(`ipvs: the VM figures are those of an earlier VM run (${o.ipvsFrom.split('/').pop()}), not booted in this run`);
+    ipvsRun = Promise.resolve(JSON.parse(readFileSync(o.ipvsFrom, 'utf8')) as IpvsPhaseResult);
+  } else if (o.phases.includes('ipvs') && o.ipvsParallel) {
+    o.log(`ipvs: one IPVS VM boot, alongside the host phases: cold start + change at ${o.ipvsSizes.join(', ')}, connect at ${o.ipvsConnectSizes.join(', ')}`);
+    notes.add('ipvs: the VM ran alongside the host phases (--ipvs-parallel: one more busy thread on the shared host while they ran)');
+    ipvsRun = ipvsPhase(ipvsOpts());
+  }
+  // one phase failing (an exception, not a measured failure) is noted; the others still run and report
+  const guarded = async (name: string, fn: () => Promise<void>) => {
+    try {
+      await fn();
+    } catch (e) {
+      const msg = (e as Error).message.split('\n')[0].slice(0, 300);
+      o.log(`${name}: FAILED: ${msg}`);
+      notes.add(`${name}: the phase stopped with an error: ${msg}`);
+    }
+  };
   try {
-    if (o.phases.includes('manifests')) {
+    if (o.phases.includes('manifests')) await guarded('manifests', async () => {
       o.log(`manifests: one file of ${o.manifestServices} services`);
       res.manifests = await manifestsLoad(o.manifestServices);
       o.log(`  load ${fmtMs(res.manifests.loadMs)}, longest event-loop block ${fmtMs(res.manifests.maxBlockMs)}`);
-    }
-    if (o.phases.includes('memory')) {
+    });
+    if (o.phases.includes('memory')) await guarded('memory', async () => {
       const v = o.memoryVariant;
       const n = o.memorySize;
       if (!sizesFor(v, [n], o, notes).length) notes.add(`memory: ${v} at N=${n} skipped (--nft-max)`);
@@ -158,8 +199,8 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
           if (res.memory.error) o.log(`  FAILED: ${res.memory.error}`);
         }
       }
-    }
-    if (o.phases.includes('cold')) {
+    });
+    if (o.phases.includes('cold')) await guarded('cold', async () => {
       const failed = new Set<ScaleVariant>();
       for (const n of o.sizes) {
         const variants = o.variants.filter((v) => !failed.has(v) && sizesFor(v, o.sizes, o, notes).includes(n));
@@ -173,8 +214,8 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
           notes.add(`${s.mode}: the first full sync at N=${n} failed after ${fmtMs(s.full.wallMs)} (${s.error.slice(0, 160)}); larger sizes not tried`);
         }
       }
-    }
-    if (o.phases.includes('run')) {
+    });
+    if (o.phases.includes('run')) await guarded('run', async () => {
       for (const n of o.runSizes) {
         for (const v of o.variants) {
           if (!sizesFor(v, o.runSizes, o, notes).includes(n)) continue;
@@ -189,16 +230,24 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
           o.log(r.error ? `  FAILED: ${r.error}` : `  change ${r.changeMs.map((x) => fmtMs(x)).join(' / ')}${r.stream ? `; stream p50 ${fmtMs(r.stream.p50Ms)} p99 ${fmtMs(r.stream.p99Ms)} (${r.stream.seen}/${r.stream.sent})` : ''}`);
         }
       }
-    }
-    if (o.phases.includes('connect')) {
+    });
+    if (o.phases.includes('connect')) await guarded('connect', async () => {
       for (const n of o.connectSizes) {
         for (const v of o.variants) {
           if (!sizesFor(v, o.connectSizes, o, notes).includes(n)) continue;
           res.connect.push(await connectPhase(nss, { n, endpoints: o.endpoints, variant: v as ConnectVariant, count: o.connectCount, timeoutMs: 3000, log: o.log }));
         }
       }
+    });
+    if (ipvsRun) {
+      o.log('ipvs: waiting for the VM');
+      res.ipvs = await ipvsRun;
+    } else if (o.phases.includes('ipvs')) {
+      o.log(`ipvs: one IPVS VM boot: cold start + change at ${o.ipvsSizes.join(', ')}, connect at ${o.ipvsConnectSizes.join(', ')}`);
+      res.ipvs = await ipvsPhase(ipvsOpts());
     }
   } finally {
+    if (ipvsRun && !res.ipvs) res.ipvs = await ipvsRun;
     await nss.deleteAll();
     rmSync(workDir, { recursive: true, force: true });
     process.off('SIGINT', onSignal);
@@ -258,7 +307,7 @@ export function goals(r: ScaleResult): Goal[] {
     const { c, s } = coldAt(r, 10_000, 'nftables');
     const goal = 'nftables cold start at 10,000 ≤ raw flushing iptables-restore at 10,000';
     const raw = c?.raw.iptablesFlush;
-    if (!s) out.push({ goal, ...notMeasured('N=10,000 nftables not in this run: --nft-max') });
+    if (!s) out.push({ goal, ...notMeasured('N=10,000 nftables not in this run') });
     else out.push({ goal, measured: s.error ? `failed after ${fmtMs(s.full.wallMs)}` : `${fmtMs(s.full.wallMs)} vs ${fmtMs(raw)}`, met: !s.error && raw !== undefined && s.full.wallMs <= raw });
     const s50 = coldAt(r, 50_000, 'nftables').s;
     const g50 = 'nftables cold start at 50,000 < 60 s';
@@ -297,12 +346,67 @@ export function goals(r: ScaleResult): Goal[] {
       ? { goal, measured: rs.map((x) => `${x.variant} ${fmtMs(x.stream!.p50Ms)} / ${fmtMs(x.stream!.p99Ms)} (${x.stream!.seen}/${x.stream!.sent} seen)`).join('; '), met: rs.every((x) => x.stream!.seen === x.stream!.sent) }
       : { goal, ...notMeasured('stream at N=10,000 not in this run') });
   }
+  out.push(...ipvsGoals(r));
+  if (r.options.quick) {
+    const l = r.machine.loadBefore[0];
+    out.push({ goal: '`bench/scale.ts --quick` (the IPVS VM included) runs in under 5 minutes', measured: `${r.totalSeconds.toFixed(0)} s at load ${l}→${r.machine.loadAfter[0]} on ${r.machine.cpus} shared cpus`, met: r.totalSeconds < 300 });
+  }
+  {
+    const goal = "the seed's claim: first-packet connect latency (p50 / p99) from 100 to 20,000 Services, first and last Service and non-Service traffic, iptables and nftables (host) and IPVS (VM)";
+    const at = (v: ScaleVariant, n: number) => r.connect.find((x) => x.variant === v && x.n === n && !x.error);
+    const parts: string[] = [];
+    for (const v of ['iptables', 'iptables-legacy', 'nftables'] as const) {
+      const lo = r.connect.filter((x) => x.variant === v && !x.error).sort((a, b) => a.n - b.n);
+      if (!lo.length) continue;
+      const a = lo[0], b = lo[lo.length - 1];
+      parts.push(`${v}: last Service p50 ${a.targets.last.p50Ms.toFixed(3)} ms at ${n0(a.n)} → ${b.targets.last.p50Ms.toFixed(3)} ms at ${n0(b.n)}`);
+    }
+    const vm = (r.ipvs?.connect ?? []).filter((x) => !x.error);
+    for (const m of ['ipvs', 'iptables'] as const) {
+      const xs = vm.filter((x) => x.mode === m).sort((a, b) => a.n - b.n);
+      if (xs.length) parts.push(`VM ${m}: last p50 ${xs[0].targets.last.p50Ms.toFixed(2)} ms at ${n0(xs[0].n)} → ${xs[xs.length - 1].targets.last.p50Ms.toFixed(2)} ms at ${n0(xs[xs.length - 1].n)}`);
+    }
+    const full = (['iptables', 'nftables'] as const).every((v) => at(v, 100) && at(v, 20_000)) && vm.some((x) => x.mode === 'ipvs');
+    out.push(parts.length ? { goal, measured: parts.join('; '), met: full ? true : undefined } : { goal, ...notMeasured('connect phase not in this run') });
+    if (parts.length && !full) out[out.length - 1].measured += ' (not every size / mode in this run)';
+  }
+  return out;
+}
+
+/** The IPVS rows: reported figures (the issue sets no target for them), met when measured at the sizes it names. */
+export function ipvsGoals(r: ScaleResult): Goal[] {
+  const x = r.ipvs;
+  const out: Goal[] = [];
+  const g1 = 'IPVS (VM): cold start at 1,000 and 10,000 Services, beside a raw ipset + ipvsadm restore (reported)';
+  const g2 = 'IPVS (VM): one-Service change at 1,000 and 10,000 Services (reported)';
+  const g3 = 'IPVS (VM): first-packet connect latency vs N, IPVS beside iptables in the same VM (reported)';
+  if (!x) return [g1, g2, g3].map((goal) => ({ goal, ...notMeasured('ipvs phase not in this run') }));
+  const cold = (x.cold ?? []).filter((c) => !c.error);
+  const failed = (x.cold ?? []).filter((c) => c.error).map((c) => `N=${n0(c.n)} failed: ${c.error!.slice(0, 80)}`);
+  const has = (n: number) => cold.some((c) => c.n === n);
+  const why = x.error ? `; ${x.error.slice(0, 120)}` : '';
+  out.push({
+    goal: g1,
+    measured: (cold.map((c) => `${n0(c.n)}: ${fmtMs(c.kproxyMs)} vs raw ${fmtMs(c.raw.total)} (${(c.kproxyMs / c.raw.total).toFixed(2)}×)`).concat(failed).join('; ') || 'nothing measured') + why,
+    met: has(1000) && has(10_000) ? true : undefined,
+  });
+  const ch = cold.filter((c) => c.changeMs.length);
+  let flat = '';
+  if (ch.length >= 2) flat = ` (${(median(ch[ch.length - 1].changeMs) / median(ch[0].changeMs)).toFixed(1)}× from ${n0(ch[0].n)} to ${n0(ch[ch.length - 1].n)})`;
+  out.push({ goal: g2, measured: (ch.map((c) => `${n0(c.n)}: ${fmtMs(median(c.changeMs))}`).join('; ') || 'nothing measured') + flat + why, met: has(1000) && has(10_000) ? true : undefined });
+  const con = (x.connect ?? []).filter((c) => !c.error);
+  const sizes = [...new Set(con.map((c) => c.n))].sort((a, b) => a - b);
+  out.push({
+    goal: g3,
+    measured: sizes.map((n) => `${n0(n)}: ${(['ipvs', 'iptables'] as const).map((m) => { const c = con.find((y) => y.n === n && y.mode === m); return c ? `${m} last ${c.targets.last.p50Ms.toFixed(2)} ms` : `${m} –`; }).join(', ')}`).join('; ') || 'nothing measured',
+    met: sizes.length >= 2 && sizes.every((n) => con.filter((c) => c.n === n).length === 2) ? true : undefined,
+  });
   return out;
 }
 
 // ---- report ---------------------------------------------------------------------------------
 
-const COLORS: Record<string, string> = { iptables: '#d62728', 'iptables-legacy': '#ff7f0e', nftables: '#1f77b4', raw: '#7f7f7f' };
+const COLORS: Record<string, string> = { iptables: '#d62728', 'iptables-legacy': '#ff7f0e', nftables: '#1f77b4', ipvs: '#2ca02c', raw: '#7f7f7f' };
 
 function table(head: string[], rows: string[][]): string {
   return [`| ${head.join(' | ')} |`, `|${head.map((_, i) => (i ? '---:' : '---')).join('|')}|`, ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
@@ -349,9 +453,32 @@ export function markdown(r: ScaleResult): string {
     out.push(`### First-packet connect latency (ms, p50 / p99; ${r.options.connectCount} connects per target)\n\n` +
       table(['mode', 'N', 'first Service', 'last Service', 'pod IP (no Service)', 'rules loaded in', 'errors'], rows));
   }
+  if (r.ipvs) out.push(ipvsMarkdown(r.ipvs));
   out.push('### Goals\n\n' + table(['goal', 'measured', 'met?'], r.goals.map((g) => [g.goal, g.measured, g.met === undefined ? 'not measured' : g.met ? 'yes' : 'NO'])));
   if (r.notes.length) out.push(`Notes:\n${r.notes.map((n) => `- ${n}`).join('\n')}`);
   return out.join('\n\n') + '\n';
+}
+
+export function ipvsMarkdown(x: IpvsPhaseResult): string {
+  const o = x.options;
+  const parts: string[] = [`### IPVS in the IPVS VM (bench/ipvs-vm.ts: one boot, ${x.vmSeconds.toFixed(0)} s; guest kernel ${x.kernel ?? '?'}, 1 vCPU under software emulation, ${o.memMiB} MiB)\n\n` +
+    'Every time here is the emulated machine\'s: many times a real one\'s and slowed further by the host\'s load. Compare within these tables only (kproxy vs the raw tools, IPVS vs iptables, N vs N).' +
+    (x.error ? `\n\n**The VM run failed:** ${x.error}` : '')];
+  const cold = x.cold ?? [];
+  if (cold.length) {
+    parts.push(table(['N', 'raw: ipset restore', 'iptables-restore', 'ipvsadm -R', 'ip -batch (VIPs)', 'raw total', 'kproxy first sync (its commands)', 'kproxy ÷ raw', 'one-Service change (median)'],
+      cold.map((c) => c.error ? [n0(c.n), `failed: ${c.error.slice(0, 100)}`, '', '', '', '', '', '', ''] : [n0(c.n), fmtMs(c.raw.ipset), fmtMs(c.raw.iptables), `${fmtMs(c.raw.ipvsadm)} (${n0(c.raw.ipvsLines)} lines)`, fmtMs(c.raw.addresses), fmtMs(c.raw.total),
+        `${fmtMs(c.kproxyMs)} (${fmtMs(c.kproxyExecMs)})`, (c.kproxyMs / c.raw.total).toFixed(2), c.changeMs.length ? `${fmtMs(median(c.changeMs))} (${c.changeMs.map((m) => fmtMs(m)).join(', ')})` : '–'])));
+    const cmds = cold.filter((c) => c.firstSyncCommands).map((c) => `- N=${n0(c.n)}: first sync: ${c.firstSyncCommands}; last change: ${c.changeCommands ?? '–'}`);
+    if (cmds.length) parts.push(`Where kproxy's time goes (commands, slowest first):\n\n${cmds.join('\n')}`);
+  }
+  const con = x.connect ?? [];
+  if (con.length) {
+    parts.push(`First-packet connect latency in the VM (ms, p10 / p50 / p99, ${o.connectCount} connects per target, each mode in a fresh node namespace; ipvs: kproxy's first sync; iptables: the iptables mode's rendered rules, flushing iptables-restore, nf_tables backend). Under emulation on a loaded host the p50 is mostly the emulator's scheduling; the p10 is the closest to the path's own cost.\n\n` +
+      table(['mode', 'N', 'first Service', 'last Service', 'pod IP (no Service)', 'rules loaded in', 'errors'],
+        con.map((c) => [c.mode, n0(c.n), ...(['first', 'last', 'pod'] as const).map((k) => c.targets[k] ? `${c.targets[k].p10Ms.toFixed(2)} / ${c.targets[k].p50Ms.toFixed(2)} / ${c.targets[k].p99Ms.toFixed(2)}` : '–'), fmtMs(c.loadMs), c.error ?? ''])));
+  }
+  return parts.join('\n\n');
 }
 
 export function plots(r: ScaleResult): Record<string, string> {
@@ -385,6 +512,27 @@ export function plots(r: ScaleResult): Record<string, string> {
     }
     out['scale-connect-latency.svg'] = linePlotSVG(series, { title: 'First-packet connect latency vs number of Services', subtitle: sub, yLabel: 'connect → SYN-ACK', logY: true });
   }
+  const x = r.ipvs;
+  const vsub = `IPVS VM: 1 vCPU under software emulation (only ratios mean anything); ${r.options.endpoints} endpoints/Service; host load ${m.loadBefore[0]}→${m.loadAfter[0]}; ${m.date.slice(0, 16)}${r.options.quick ? '; --quick' : ''}`;
+  const con = (x?.connect ?? []).filter((c) => !c.error);
+  if (con.length) {
+    const series: Series[] = [];
+    for (const [mode, color] of [['ipvs', COLORS.ipvs], ['iptables', COLORS.iptables]] as const) {
+      const rs = con.filter((c) => c.mode === mode).sort((a, b) => a.n - b.n);
+      series.push({ label: `${mode}: last Service p50`, color, points: rs.map((c) => [c.n, c.targets.last?.p50Ms ?? NaN]) });
+      series.push({ label: `${mode}: first Service p50`, color, dash: true, points: rs.map((c) => [c.n, c.targets.first?.p50Ms ?? NaN]) });
+      series.push({ label: `${mode}: pod IP (no Service) p50`, color: mode === 'ipvs' ? '#98df8a' : '#ff9896', dash: true, points: rs.map((c) => [c.n, c.targets.pod?.p50Ms ?? NaN]) });
+    }
+    out['scale-ipvs-vm-connect.svg'] = linePlotSVG(series, { title: 'Connect latency in the IPVS VM: IPVS vs iptables', subtitle: vsub, yLabel: 'connect → SYN-ACK', logY: true });
+  }
+  const cold = (x?.cold ?? []).filter((c) => !c.error).sort((a, b) => a.n - b.n);
+  if (cold.length) {
+    out['scale-ipvs-vm-sync.svg'] = linePlotSVG([
+      { label: 'kproxy ipvs first full sync', color: COLORS.ipvs, points: cold.map((c) => [c.n, c.kproxyMs]) },
+      { label: 'raw ipset + iptables + ipvsadm -R + ip -batch', color: COLORS.raw, dash: true, points: cold.map((c) => [c.n, c.raw.total]) },
+      { label: 'kproxy ipvs one-Service change (median)', color: '#9467bd', points: cold.filter((c) => c.changeMs.length).map((c) => [c.n, median(c.changeMs)]) },
+    ], { title: 'IPVS in the VM: cold start and one-Service change vs N', subtitle: vsub, yLabel: 'time', logY: true });
+  }
   return out;
 }
 
@@ -404,14 +552,15 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
       quick: { type: 'boolean', default: false },
       phases: { type: 'string' }, sizes: { type: 'string' }, 'run-sizes': { type: 'string' }, 'connect-sizes': { type: 'string' },
       variants: { type: 'string' }, 'nft-max': { type: 'string' }, 'memory-size': { type: 'string' }, 'memory-variant': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
+      'ipvs-sizes': { type: 'string' }, 'ipvs-connect-sizes': { type: 'string' }, 'ipvs-mem': { type: 'string' }, 'ipvs-timeout': { type: 'string' }, 'ipvs-connect-count': { type: 'string' }, 'ipvs-parallel': { type: 'boolean' }, 'ipvs-from': { type: 'string' },
       changes: { type: 'string' }, 'stream-seconds': { type: 'string' }, 'stream-rate': { type: 'string' }, 'connect-count': { type: 'string' },
       timeout: { type: 'string' }, out: { type: 'string', default: 'bench/out' }, docs: { type: 'string', default: 'docs' }, 'no-docs': { type: 'boolean', default: false },
     },
   });
   const q = values.quick!;
   const d = q
-    ? { sizes: '100,1000', run: '100,1000', connect: '100,1000', stream: '10', timeout: '120', count: '100', changes: '3' }
-    : { sizes: '100,1000,5000,10000,20000,50000', run: '100,10000', connect: '100,1000,5000,10000,20000', stream: '30', timeout: '900', count: '300', changes: '5' };
+    ? { sizes: '100,1000', run: '100,1000', connect: '100,1000', stream: '5', timeout: '120', count: '200', changes: '3', ipvs: '100', ipvsConnect: '100', ipvsMem: '1024', ipvsTimeout: '300', ipvsCount: '50' }
+    : { sizes: '100,1000,5000,10000,20000,50000', run: '100,10000', connect: '100,1000,5000,10000,20000', stream: '30', timeout: '900', count: '300', changes: '5', ipvs: '100,1000,10000', ipvsConnect: '100,1000', ipvsMem: '3072', ipvsTimeout: '2400', ipvsCount: '200' };
   const phases = (values.phases ?? PHASES.join(',')).split(',').map((s) => s.trim()).filter(Boolean);
   for (const p of phases) if (!(PHASES as readonly string[]).includes(p)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown phase ${JSON.stringify(p)} (want some of ${PHASES.join(', ')})`);
   const variants = (values.variants ?? ALL_VARIANTS.join(',')).split(',').map((s) => s.trim()).filter(Boolean);
@@ -423,11 +572,15 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
     quick: q, phases: phases as Phase[], variants: variants as ScaleVariant[],
     sizes: intList('--sizes', values.sizes ?? d.sizes), runSizes: intList('--run-sizes', values['run-sizes'] ?? d.run),
     connectSizes: intList('--connect-sizes', values['connect-sizes'] ?? d.connect),
-    nftMax: one('--nft-max', values['nft-max'] ?? '1000'), endpoints: one('--endpoints', values.endpoints ?? '5'),
+    nftMax: one('--nft-max', values['nft-max'] ?? '60000'), endpoints: one('--endpoints', values.endpoints ?? '5'),
     manifestServices: one('--manifest-services', values['manifest-services'] ?? '10000'),
     memorySize: one('--memory-size', values['memory-size'] ?? '10000'), memoryVariant: memoryVariant as ScaleVariant, breakdown: !q, changes: one('--changes', values.changes ?? d.changes),
     streamSeconds: one('--stream-seconds', values['stream-seconds'] ?? d.stream), streamRate: one('--stream-rate', values['stream-rate'] ?? '10'),
-    connectCount: one('--connect-count', values['connect-count'] ?? d.count), timeoutS: one('--timeout', values.timeout ?? d.timeout),
+    connectCount: one('--connect-count', values['connect-count'] ?? d.count),
+    ipvsSizes: intList('--ipvs-sizes', values['ipvs-sizes'] ?? d.ipvs), ipvsConnectSizes: intList('--ipvs-connect-sizes', values['ipvs-connect-sizes'] ?? d.ipvsConnect),
+    ipvsMemMiB: one('--ipvs-mem', values['ipvs-mem'] ?? d.ipvsMem), ipvsTimeoutS: one('--ipvs-timeout', values['ipvs-timeout'] ?? d.ipvsTimeout),
+    ipvsConnectCount: one('--ipvs-connect-count', values['ipvs-connect-count'] ?? d.ipvsCount), ipvsParallel: values['ipvs-parallel'] ?? q, ipvsFrom: values['ipvs-from'] ? resolve(values['ipvs-from']) : null,
+    timeoutS: one('--timeout', values.timeout ?? d.timeout),
     outDir: resolve(values.out!), docsDir: values['no-docs'] ? null : resolve(values.docs!), log,
   };
 }

@@ -110,8 +110,10 @@ export class Workload {
       throw new Error(`KPROXY_BENCH_SIZE: ${services} services is out of range (1..${Math.min(MAX_SERVICES, MAX_NODE_PORT_SERVICES)})`);
     }
     this.stride = endpointsPerService + maxExtraEndpoints;
-    if (services * this.stride > 4 * 65_536 - 2) {
-      throw new Error('KPROXY_BENCH_SIZE: too many endpoints for 10.180.0.0/14; lower --endpoints');
+    // endpointIPOf carries into the second octet: 10.180.0.1 up to 10.255.255.255 (all inside the
+    // pod range 10.0.0.0/8), room for 50,000 Services × (5 + 16)
+    if (services * this.stride > (256 - 180) * 65_536 - 2) {
+      throw new Error('KPROXY_BENCH_SIZE: too many endpoints for 10.180.0.0-10.255.255.255; lower --endpoints');
     }
     const problems: string[] = [];
     this.tracker = new ProxyStateTracker(4, NODE.nodeName, (msg, obj) => problems.push(`${obj}: ${msg}`));

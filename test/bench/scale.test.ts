@@ -54,6 +54,8 @@ test('goals are judged from the measurements at the sizes they are stated at', (
   assert.equal(find('RSS').met, false, 'nftables 260 MiB > 250 MB');
   assert.match(find('RSS').measured, /iptables 240 MiB/);
   assert.match(find('event → kernel').measured, /600 ms \/ 1.20 s/);
+  assert.equal(find('--quick').met, true, '100 s < 5 minutes');
+  assert.match(find('--quick').measured, /^100 s at load 2→3/);
 });
 
 test('markdown has every section and a goals table; plots are SVG with a line per series', () => {
@@ -76,10 +78,111 @@ test('--quick picks small sizes; bad arguments are refused with a code', () => {
   const q = parseScaleArgs(['--quick'], () => {});
   assert.equal(q.quick, true);
   assert.ok(Math.max(...q.sizes) <= 2000 && q.streamSeconds <= 10 && !q.breakdown && q.memorySize === 10_000);
-  assert.equal(q.nftMax, 1000);
+  assert.equal(q.nftMax, 60_000, 'nftables at every size: the shape without anonymous maps is merged');
+  assert.deepEqual([q.ipvsSizes, q.ipvsConnectSizes], [[100], [100]], 'the quick VM run stays small');
+  assert.ok(q.phases.includes('ipvs'));
   const full = parseScaleArgs([], () => {});
   assert.ok(full.sizes.includes(50_000) && full.connectSizes.includes(20_000) && full.runSizes.includes(10_000));
+  assert.ok(full.ipvsSizes.includes(1000) && full.ipvsTimeoutS > q.ipvsTimeoutS);
+  assert.throws(() => parseScaleArgs(['--ipvs-sizes', '100,x'], () => {}), /KPROXY_BENCH_ARGS/);
   assert.throws(() => parseScaleArgs(['--variants', 'ipvs'], () => {}), (e: Error) => e instanceof ScaleError && /KPROXY_BENCH_ARGS/.test(e.message));
   assert.throws(() => parseScaleArgs(['--sizes', '0'], () => {}), /KPROXY_BENCH_ARGS/);
   assert.throws(() => parseScaleArgs(['--phases', 'nope'], () => {}), /KPROXY_BENCH_ARGS/);
+});
+
+function ipvsTargets(last: number) {
+  return { first: { p10Ms: 0.5, p50Ms: 1, p99Ms: 2, count: 100, failed: 0 }, last: { p10Ms: last / 2, p50Ms: last, p99Ms: last * 2, count: 100, failed: 0 }, pod: { p10Ms: 0.4, p50Ms: 0.9, p99Ms: 2, count: 100, failed: 0 } };
+}
+
+function withIpvs(): ScaleResult {
+  const r = result();
+  const cold = (n: number, raw: number, kp: number, change: number[]) => ({
+    n, kproxyMs: kp, kproxyExecMs: kp * 0.9, changeMs: change, virtualServers: 2 * n,
+    raw: { ipset: raw / 4, iptables: raw / 4, ipvsadm: raw / 4, addresses: raw / 4, total: raw, ipvsLines: 12 * n, setLines: 2 * n },
+    firstSyncCommands: 'ipvsadm -R ×1 10.00 s', changeCommands: 'ipvsadm -Ln ×1 2.00 s',
+  });
+  r.ipvs = {
+    vmSeconds: 300, exitCode: 0, kernel: '6.1.0-57-amd64', endpoints: 5, seconds: 290,
+    options: { coldSizes: [100, 1000], connectSizes: [100, 1000], endpoints: 5, changes: 3, connectCount: 100, memMiB: 1024, timeoutS: 600 },
+    cold: [cold(100, 9000, 9500, [4000, 5000, 6000]), cold(1000, 20_000, 60_000, [20_000, 25_000, 30_000])],
+    connect: [
+      { n: 100, mode: 'ipvs', loadMs: 9000, targets: ipvsTargets(1.1) }, { n: 100, mode: 'iptables', loadMs: 3000, targets: ipvsTargets(1.2) },
+      { n: 1000, mode: 'ipvs', loadMs: 60_000, targets: ipvsTargets(1.1) }, { n: 1000, mode: 'iptables', loadMs: 9000, targets: ipvsTargets(3) },
+    ],
+  };
+  return r;
+}
+
+test('the ipvs phase: goals are reported (met only at the sizes they name), a section and two plots', () => {
+  const r = withIpvs();
+  const g = goals(r);
+  const find = (s: string) => g.find((x) => x.goal.startsWith(s))!;
+  const cold = find('IPVS (VM): cold start');
+  assert.match(cold.measured, /1,000: 1\.0 min|1,000: 60\.0 s vs raw 20\.0 s \(3\.00×\)/);
+  assert.equal(cold.met, undefined, '10,000 not measured: neither met nor missed');
+  assert.match(find('IPVS (VM): one-Service change').measured, /1,000: 25\.0 s \(5\.0× from 100 to 1,000\)/);
+  const con = find('IPVS (VM): first-packet');
+  assert.equal(con.met, true, 'both modes at two sizes');
+  assert.match(con.measured, /1,000: ipvs last 1\.10 ms, iptables last 3\.00 ms/);
+  assert.match(find("the seed's claim").measured, /VM ipvs: last p50 1\.10 ms at 100 → 1\.10 ms at 1,000/);
+  r.goals = g;
+  const md = markdown(r);
+  assert.match(md, /### IPVS in the IPVS VM/);
+  assert.match(md, /\| 1,000 \| 5\.00 s \| 5\.00 s \| 5\.00 s \(12,000 lines\) \| 5\.00 s \| 20\.0 s \| 60\.0 s \(54\.0 s\) \| 3\.00 \| 25\.0 s/);
+  assert.match(md, /\| iptables \| 1,000 \| 0\.50 \/ 1\.00 \/ 2\.00 \| 1\.50 \/ 3\.00 \/ 6\.00 \|/);
+  const p = plots(r);
+  assert.ok(p['scale-ipvs-vm-connect.svg'] && p['scale-ipvs-vm-sync.svg']);
+  assert.equal((p['scale-ipvs-vm-connect.svg'].match(/<path /g) ?? []).length, 6);
+  assert.equal((p['scale-ipvs-vm-sync.svg'].match(/<path /g) ?? []).length, 3);
+});
+
+test('a failed VM run is reported as such, not as not measured', () => {
+  const r = result();
+  r.ipvs = { vmSeconds: 250, exitCode: 124, error: 'KPROXY_BENCH_IPVS_VM: the VM run hit its --timeout of 240 s', options: { coldSizes: [100], connectSizes: [100], endpoints: 5, changes: 3, connectCount: 100, memMiB: 1024, timeoutS: 240 } };
+  const g = goals(r).find((x) => x.goal.startsWith('IPVS (VM): cold start'))!;
+  assert.match(g.measured, /nothing measured; KPROXY_BENCH_IPVS_VM: the VM run hit its --timeout/);
+  assert.match(markdown({ ...r, goals: [] }), /\*\*The VM run failed:\*\* KPROXY_BENCH_IPVS_VM/);
+});
+
+test('the VM command line shares a symlinked node_modules at its own path', async () => {
+  const { mkdtempSync, mkdirSync, symlinkSync, rmSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { join } = await import('node:path');
+  const { vmArgs } = await import('../../bench/ipvs-vm.ts');
+  const d = mkdtempSync(join(tmpdir(), 'kpb-vmargs-'));
+  try {
+    mkdirSync(join(d, 'real-nm'));
+    mkdirSync(join(d, 'repo'));
+    symlinkSync(join(d, 'real-nm'), join(d, 'repo', 'node_modules'));
+    const a = vmArgs({ coldSizes: [100, 1000], connectSizes: [100], endpoints: 5, changes: 3, connectCount: 50, memMiB: 2048, timeoutS: 900 }, '/project/bench/out/x.json', join(d, 'repo'));
+    const shares = a.flatMap((x, i) => (a[i - 1] === '--share' ? [x] : []));
+    assert.deepEqual(shares, [`${join(d, 'repo')}:/project`, '/usr/bin:/hostbin:ro', `${join(d, 'real-nm')}:${join(d, 'real-nm')}:ro`]);
+    assert.deepEqual(a.slice(a.indexOf('bench/ipvs-in-vm.sh') + 1, a.indexOf('bench/ipvs-in-vm.sh') + 3), ['--cold-sizes', '100,1000']);
+    assert.equal(a[a.indexOf('--mem') + 1], '2048');
+  } finally {
+    rmSync(d, { recursive: true, force: true });
+  }
+});
+
+test("a VM killed at its limit: the result is rebuilt from the samples it printed", async () => {
+  const { fromLines } = await import('../../bench/ipvs-vm.ts');
+  const cold = { n: 100, kproxyMs: 3000, kproxyExecMs: 2000, changeMs: [400], virtualServers: 200, raw: { ipset: 1, iptables: 1, ipvsadm: 1, addresses: 1, total: 4, ipvsLines: 1200, setLines: 200 } };
+  const r = fromLines([
+    'ipvs-bench: start at uptime 7.26s, kernel 6.1.0-57-amd64, 1 vCPU, 960 MiB',
+    `IPVSBENCH ${JSON.stringify({ connect: { n: 100, mode: 'ipvs', loadMs: 5, targets: ipvsTargets(1) } })}`,
+    `IPVSBENCH ${JSON.stringify({ cold })}`,
+    'IPVSBENCH {"cold": {"n": 1000, "kpro',
+  ]);
+  assert.equal(r.kernel, '6.1.0-57-amd64');
+  assert.deepEqual(r.cold, [cold], 'the cut line is left out');
+  assert.equal(r.connect?.length, 1);
+  assert.equal(r.connect?.[0].targets.last.p10Ms, 0.5);
+});
+
+test('a busy xtables lock (another program on the host) is told apart from a failure of what is measured', async () => {
+  const { xtablesLockBusy } = await import('../../bench/cold.ts');
+  assert.equal(xtablesLockBusy("KPROXY_IPTABLES_RESTORE_FAILED: iptables-restore failed (exit 4): Can't lock /run/xtables.lock: Resource temporarily unavailable"), true);
+  assert.equal(xtablesLockBusy('Another app is currently holding the xtables lock. Stopped waiting after 5s.'), true);
+  assert.equal(xtablesLockBusy('KPROXY_EXEC_TIMEOUT: iptables-restore killed after 60 s'), false);
+  assert.equal(xtablesLockBusy(undefined), false);
 });
