@@ -58,6 +58,12 @@ export interface RunPhaseResult {
   /** process spawned → "sources synced" (the manifests loaded) */
   sourceLoadMs?: number;
   memAfterFirstSync?: MemorySample;
+  /**
+   * 2 s after kproxy's collection after the first sync (its "collected the full sync's
+   * garbage" line, at most 10 s waited for): V8 returns the freed pages on a background
+   * thread, so this is the RSS the node keeps (what bench/memory-run.ts reports)
+   */
+  memSettled?: MemorySample;
   memAfterStream?: MemorySample;
   /** write → chain in the kernel, ms, one per change */
   changeMs: number[];
@@ -198,7 +204,10 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
     const loaded = events.find((e) => e.line.msg === 'sources synced; starting the sync loop');
     if (loaded) res.sourceLoadMs = loaded.at - t0;
     res.memAfterFirstSync = readMemory(proc.pid!);
-    o.log(`  ${o.variant} N=${o.n}: cold start ${(res.coldStartMs / 1000).toFixed(1)} s, RSS ${((res.memAfterFirstSync?.vmRssKiB ?? 0) / 1024).toFixed(0)} MiB, HWM ${((res.memAfterFirstSync?.vmHwmKiB ?? 0) / 1024).toFixed(0)} MiB`);
+    await pollUntil(async () => (dead ? true : events.some((e) => e.line.msg === "collected the full sync's garbage") || null), 10_000, 50);
+    await sleep(2000);
+    if (!dead) res.memSettled = readMemory(proc.pid!);
+    o.log(`  ${o.variant} N=${o.n}: cold start ${(res.coldStartMs / 1000).toFixed(1)} s, RSS ${((res.memAfterFirstSync?.vmRssKiB ?? 0) / 1024).toFixed(0)} MiB (settled ${((res.memSettled?.vmRssKiB ?? 0) / 1024).toFixed(0)} MiB), HWM ${((res.memAfterFirstSync?.vmHwmKiB ?? 0) / 1024).toFixed(0)} MiB`);
 
     const counts = new Map<number, number>(hot.map((i) => [i, o.endpoints]));
     const present = async (i: number, ep: string): Promise<boolean> => {
