@@ -212,6 +212,8 @@ export interface ManifestFile {
   sig: string;
   objects?: ManifestObjects;
   error?: ManifestError;
+  /** the file could not be read (EMFILE, EIO, ...): read it again at the next scan */
+  unreadable?: boolean;
 }
 
 export interface ReadManifestDirOptions {
@@ -287,7 +289,7 @@ export async function readManifestDir(dir: string, opts: ReadManifestDirOptions 
         missing.push(name); // vanished between readdir and read: the next scan sees it gone
         continue;
       }
-      read.push({ name, path, sig, error: new ManifestError(path, 0, `cannot read: ${(e as Error).message}`) });
+      read.push({ name, path, sig, unreadable: true, error: new ManifestError(path, 0, `cannot read: ${(e as Error).message}`) });
       continue;
     }
     try {
@@ -616,9 +618,13 @@ export class ManifestsSource implements Source {
         if (this.broken.delete(f.name)) this.opts.log.info({ file: f.path }, 'manifest file is valid again');
       } else {
         // logged once per content: an unchanged broken file is not read again
+        // A file that could not be read (out of fds, I/O error) is read again at the next scan
+        // (no signature matches ''), logged again only when the reason changes.
         const e = f.error ?? new ManifestError(f.path, 0, 'unknown error');
-        this.broken.set(f.name, { sig: f.sig, summary: `${f.name}${e.line > 0 ? `:${e.line}` : ''}: ${e.reason}` });
-        this.opts.log.error({ file: f.path, err: e.message }, 'broken manifest file; its last good content stays in force');
+        const summary = `${f.name}${e.line > 0 ? `:${e.line}` : ''}: ${e.reason}`;
+        const again = f.unreadable && this.broken.get(f.name)?.summary === summary;
+        this.broken.set(f.name, { sig: f.unreadable ? '' : f.sig, summary });
+        if (!again) this.opts.log.error({ file: f.path, err: e.message }, 'broken manifest file; its last good content stays in force');
       }
     }
     await this.publish(changed);
