@@ -9,6 +9,12 @@ import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
 import { assembleRuleset, planPortFragment, type NftPlanOptions, type PortFragment } from './plan.ts';
 import { countObjects, type NftChain, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
 
+interface ElementRef {
+  n: number;
+  el: NftElement;
+  conflict: boolean;
+}
+
 interface CachedPort {
   sp: ServicePort;
   eps: Endpoint[] | undefined;
@@ -63,10 +69,15 @@ export class IncrementalPlanner {
   /** incremented by every plan(): tells a caller whether fragments() is still what it applied */
   generation = 0;
   /**
-   * "set\0elementKey" → how many fragments add it (ports of one Service share a ClusterIP),
-   * and whether they disagree about its verdict or comment
+   * set → elementKey → how many fragments add it (ports of one Service share a ClusterIP),
+   * and whether they disagree about its verdict or comment (by set, not by "set\0key": the
+   * fragments' key strings are reused, no second key string per element)
    */
-  private readonly elementRefs = new Map<string, { n: number; el: NftElement; conflict: boolean }>();
+  private readonly elementRefs = new Map<string, Map<string, ElementRef>>();
+
+  private ref(set: string, key: string): ElementRef | undefined {
+    return this.elementRefs.get(set)?.get(key);
+  }
 
   /**
    * `changedServices` null plans every port afresh; otherwise ports of those services, and
@@ -133,7 +144,7 @@ export class IncrementalPlanner {
     if (obj) {
       for (const c of this.cache.values()) {
         const f = c.frag;
-        const owns = obj.kind === 'element' ? f.elements.get(obj.name)?.has(obj.key) : obj.kind === 'chain' ? f.chains.has(obj.name) : f.sets.has(obj.name);
+        const owns = obj.kind === 'element' ? f.elements.some((e) => e.set === obj.name && e.key === obj.key) : obj.kind === 'chain' ? f.chains.has(obj.name) : f.sets.has(obj.name);
         if (owns) return c.sp;
       }
     }
@@ -157,18 +168,17 @@ export class IncrementalPlanner {
   }
 
   private addRefs(f: PortFragment, d: 1 | -1): void {
-    for (const [set, els] of f.elements) {
-      for (const [k, el] of els) {
-        const rk = `${set}\0${k}`;
-        const r = this.elementRefs.get(rk);
-        if (d === 1) {
-          if (!r) this.elementRefs.set(rk, { n: 1, el, conflict: false });
-          else {
-            r.n++;
-            if (r.el.value !== el.value || r.el.comment !== el.comment) r.conflict = true;
-          }
-        } else if (r && --r.n === 0) this.elementRefs.delete(rk);
-      }
+    for (const { set, key, el } of f.elements) {
+      let refs = this.elementRefs.get(set);
+      if (!refs) this.elementRefs.set(set, (refs = new Map()));
+      const r = refs.get(key);
+      if (d === 1) {
+        if (!r) refs.set(key, { n: 1, el, conflict: false });
+        else {
+          r.n++;
+          if (r.el.value !== el.value || r.el.comment !== el.comment) r.conflict = true;
+        }
+      } else if (r && --r.n === 0) refs.delete(key);
     }
   }
 
@@ -184,7 +194,7 @@ export class IncrementalPlanner {
     for (const f of touched.old) this.addRefs(f, -1);
     for (const f of touched.new) this.addRefs(f, 1);
     for (const f of [...touched.old, ...touched.new]) {
-      for (const [set, els] of f.elements) for (const k of els.keys()) if (this.elementRefs.get(`${set}\0${k}`)?.conflict) return false;
+      for (const { set, key } of f.elements) if (this.ref(set, key)?.conflict) return false;
     }
     const removed = new Set<string>();
     for (const f of touched.old) for (const name of f.chains.keys()) removed.add(name);
@@ -205,11 +215,8 @@ export class IncrementalPlanner {
         const set = rs.sets.get(name);
         if (set && rs.sets.delete(name)) n -= 1 + set.elements.size;
       }
-      for (const [set, els] of f.elements) {
-        const target = rs.sets.get(set)!.elements;
-        // Still added by another port (with the same content): it stays.
-        for (const k of els.keys()) if (!this.elementRefs.has(`${set}\0${k}`) && target.delete(k)) n--;
-      }
+      // Still added by another port (with the same content): it stays.
+      for (const { set, key } of f.elements) if (!this.ref(set, key) && rs.sets.get(set)!.elements.delete(key)) n--;
     }
     for (const f of touched.new) {
       for (const [name, ch] of f.chains) {
@@ -223,12 +230,10 @@ export class IncrementalPlanner {
         rs.sets.set(name, set);
         n += 1 + set.elements.size;
       }
-      for (const [set, els] of f.elements) {
+      for (const { set, key, el } of f.elements) {
         const target = rs.sets.get(set)!.elements;
-        for (const [k, el] of els) {
-          if (!target.has(k)) n++;
-          target.set(k, el);
-        }
+        if (!target.has(key)) n++;
+        target.set(key, el);
       }
     }
     this.objectCount = n;
@@ -242,11 +247,10 @@ function previousValues(rs: Ruleset, touched: TouchedFragments): PreviousValues 
   for (const f of [...touched.old, ...touched.new]) {
     for (const c of f.chains.keys()) out.chains.set(c, rs.chains.get(c));
     for (const s of f.sets.keys()) out.sets.set(s, rs.sets.get(s));
-    for (const [set, els] of f.elements) {
+    for (const { set, key } of f.elements) {
       let m = out.elements.get(set);
       if (!m) out.elements.set(set, (m = new Map()));
-      const have = rs.sets.get(set)?.elements;
-      for (const k of els.keys()) m.set(k, have?.get(k));
+      m.set(key, rs.sets.get(set)?.elements.get(key));
     }
   }
   return out;

@@ -343,8 +343,11 @@ export interface PortFragment {
   chains: Map<string, NftChain>;
   /** the port's own sets (affinity), in declaration order */
   sets: Map<string, NftSet>;
-  /** shared set/map name → elements by elementKey, in insertion order */
-  elements: Map<string, Map<string, NftElement>>;
+  /**
+   * its elements of the shared sets and maps, by set in declaration order, then in insertion
+   * order (an array, not a Map per set: 10^4 fragments keep them between syncs)
+   */
+  elements: FragmentElement[];
   /** addresses of the port left out because they can never be a Service VIP (vip.ts) */
   skipped?: SkippedVIP[];
 }
@@ -356,7 +359,14 @@ export function isSharedSetName(name: string): boolean {
   return SHARED_SETS.includes(name);
 }
 
-const EMPTY_FRAGMENT: PortFragment = { chains: new Map(), sets: new Map(), elements: new Map() };
+/** One element a port adds to a shared set or map: `key` is elementKey(el.key). */
+export interface FragmentElement {
+  set: string;
+  key: string;
+  el: NftElement;
+}
+
+const EMPTY_FRAGMENT: PortFragment = { chains: new Map(), sets: new Map(), elements: [] };
 
 /** Plans one service port on its own (the same objects planRuleset would add for it). */
 export function planPortFragment(o: NftPlanOptions, original: ServicePort, endpoints: Endpoint[]): PortFragment {
@@ -367,21 +377,65 @@ export function planPortFragment(o: NftPlanOptions, original: ServicePort, endpo
   const scratch = newRuleset(o.family === 6 ? 'ip6' : 'ip', TABLE);
   for (const name of SHARED_SETS) scratch.sets.set(name, { kind: 'set', name, type: '', elements: new Map() });
   planServicePort(scratch, o, sp, endpoints);
-  const frag: PortFragment = { chains: scratch.chains, sets: new Map(), elements: new Map() };
+  const frag: PortFragment = { chains: compactChains(scratch.chains), sets: NO_SETS, elements: [] };
   if (skipped.length) frag.skipped = skipped;
   for (const [name, set] of scratch.sets) {
-    if (!isSharedSetName(name)) frag.sets.set(name, set);
-    else if (set.elements.size > 0) frag.elements.set(name, set.elements);
+    if (!isSharedSetName(name)) {
+      if (frag.sets === NO_SETS) frag.sets = new Map();
+      frag.sets.set(name, set);
+    } else for (const [k, el] of set.elements) frag.elements.push(compactElement(name, k, el));
   }
   return frag;
 }
 
+// ---- memory: fragments are kept between syncs (10^5 chains and rules at 10,000 Services) ----
+
+/** shared by the fragments of ports without affinity sets (never mutated: fragments are read-only) */
+const NO_SETS: Map<string, NftSet> = new Map();
+
+/**
+ * A flat copy of a string built by concatenation. V8 keeps a template literal's result as a
+ * tree of its pieces (32 bytes a node, 3 to 6 nodes a rule); hashing it as a Map key then adds
+ * a flat copy beside the tree. Kept fragments hold only flat strings: same text, about half
+ * the memory.
+ */
+export function flatString(s: string): string {
+  // A JSON round trip always yields a fresh sequential string; in-place flattening (hashing,
+  // charCodeAt) keeps the tree and adds the copy.
+  return JSON.parse(JSON.stringify(s)) as string;
+}
+
+/** small strings repeated in every fragment ("tcp", "80", verdicts): one copy each */
+const interned = new Map<string, string>();
+function intern(s: string): string {
+  let v = interned.get(s);
+  if (v === undefined) {
+    v = flatString(s);
+    if (interned.size < 4096) interned.set(v, v);
+  }
+  return v;
+}
+
+function compactChains(chains: Map<string, NftChain>): Map<string, NftChain> {
+  const out = new Map<string, NftChain>();
+  for (const ch of chains.values()) {
+    const name = flatString(ch.name);
+    const rules = ch.rules.map((r) => (r.comment === undefined ? { rule: flatString(r.rule) } : { rule: flatString(r.rule), comment: intern(r.comment) }));
+    out.set(name, { ...ch, name, rules });
+  }
+  return out;
+}
+
+function compactElement(set: string, k: string, el: NftElement): FragmentElement {
+  const c: NftElement = { key: el.key.map((p) => (p.length <= 5 ? intern(p) : p)) };
+  if (el.value !== undefined) c.value = el.value.length <= 32 ? intern(el.value) : flatString(el.value);
+  if (el.comment !== undefined) c.comment = el.comment;
+  return { set, key: flatString(k), el: c };
+}
+
 /** Adds a fragment to a ruleset exactly as planning the port into it would have. */
 function mergeFragment(rs: Ruleset, f: PortFragment): void {
-  for (const [setName, els] of f.elements) {
-    const set = rs.sets.get(setName)!;
-    for (const [k, el] of els) set.elements.set(k, el);
-  }
+  for (const { set, key, el } of f.elements) rs.sets.get(set)!.elements.set(key, el);
   for (const ch of f.chains.values()) {
     const have = rs.chains.get(ch.name);
     // Names are unique per port; a clash (truncated names) appends, as addRule would.
