@@ -9,9 +9,9 @@ import { isLoopback } from '../../core/ip.ts';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
 import { portView, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings } from '../../core/nodeview.ts';
 import type { PlanInput } from '../types.ts';
-import { affinitySetName, endpointChainName, nftComment, serviceChainNames, TABLE } from './names.ts';
+import { affinitySetName, endpointChainName, flatString, nftComment, serviceChainNames, TABLE } from './names.ts';
 import { safeServicePort, type SkippedVIP } from '../vip.ts';
-import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
+import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftRule, type NftSet, type Ruleset } from './ruleset.ts';
 import { selectionRules } from './selection.ts';
 
 /** How "traffic from this cluster's pods" is recognised (upstream's LocalTrafficDetector). */
@@ -393,17 +393,6 @@ export function planPortFragment(o: NftPlanOptions, original: ServicePort, endpo
 /** shared by the fragments of ports without affinity sets (never mutated: fragments are read-only) */
 const NO_SETS: Map<string, NftSet> = new Map();
 
-/**
- * A flat copy of a string built by concatenation. V8 keeps a template literal's result as a
- * tree of its pieces (32 bytes a node, 3 to 6 nodes a rule); hashing it as a Map key then adds
- * a flat copy beside the tree. Kept fragments hold only flat strings: same text, about half
- * the memory.
- */
-export function flatString(s: string): string {
-  // A JSON round trip always yields a fresh sequential string; in-place flattening (hashing,
-  // charCodeAt) keeps the tree and adds the copy.
-  return JSON.parse(JSON.stringify(s)) as string;
-}
 
 /** small strings repeated in every fragment ("tcp", "80", verdicts): one copy each */
 const interned = new Map<string, string>();
@@ -416,12 +405,30 @@ function intern(s: string): string {
   return v;
 }
 
+/** identical rules (e.g. `jump mark-for-masquerade`) share one object: rules are never mutated */
+const sharedRules = new Map<string, NftRule>();
+function compactRule(r: NftRule): NftRule {
+  if (r.comment === undefined && r.rule.length <= 40) {
+    let shared = sharedRules.get(r.rule);
+    if (!shared) {
+      shared = { rule: flatString(r.rule) };
+      if (sharedRules.size < 4096) sharedRules.set(shared.rule, shared);
+    }
+    return shared;
+  }
+  return r.comment === undefined ? { rule: flatString(r.rule) } : { rule: flatString(r.rule), comment: intern(r.comment) };
+}
+
 function compactChains(chains: Map<string, NftChain>): Map<string, NftChain> {
   const out = new Map<string, NftChain>();
   for (const ch of chains.values()) {
-    const name = flatString(ch.name);
-    const rules = ch.rules.map((r) => (r.comment === undefined ? { rule: flatString(r.rule) } : { rule: flatString(r.rule), comment: intern(r.comment) }));
-    out.set(name, { ...ch, name, rules });
+    // names.ts gives flat names (cached per ServicePort): reused, not copied
+    const name = ch.name;
+    const rules = ch.rules.map(compactRule);
+    // A service port's chains are regular chains with rules only: a literal of those two
+    // fields is smaller than a spread copy.
+    const own = Object.keys(ch).length === 2 ? { name, rules } : { ...ch, name, rules };
+    out.set(name, own);
   }
   return out;
 }
