@@ -15,6 +15,14 @@ interface ElementRef {
   conflict: boolean;
 }
 
+function isRef(r: ElementRef | NftElement): r is ElementRef {
+  return 'n' in r;
+}
+
+function isConflict(r: ElementRef | NftElement | undefined): boolean {
+  return r !== undefined && isRef(r) && r.conflict;
+}
+
 interface CachedPort {
   sp: ServicePort;
   eps: Endpoint[] | undefined;
@@ -73,9 +81,9 @@ export class IncrementalPlanner {
    * and whether they disagree about its verdict or comment (by set, not by "set\0key": the
    * fragments' key strings are reused, no second key string per element)
    */
-  private readonly elementRefs = new Map<string, Map<string, ElementRef>>();
+  private readonly elementRefs = new Map<string, Map<string, ElementRef | NftElement>>();
 
-  private ref(set: string, key: string): ElementRef | undefined {
+  private ref(set: string, key: string): ElementRef | NftElement | undefined {
     return this.elementRefs.get(set)?.get(key);
   }
 
@@ -144,14 +152,14 @@ export class IncrementalPlanner {
     if (obj) {
       for (const c of this.cache.values()) {
         const f = c.frag;
-        const owns = obj.kind === 'element' ? f.elements.some((e) => e.set === obj.name && e.key === obj.key) : obj.kind === 'chain' ? f.chains.has(obj.name) : f.sets.has(obj.name);
+        const owns = obj.kind === 'element' ? f.elements.some((e) => e.set === obj.name && e.key === obj.key) : obj.kind === 'chain' ? f.chains.some((ch) => ch.name === obj.name) : f.sets.has(obj.name);
         if (owns) return c.sp;
       }
     }
     // A line nft could not even split (a name validation should have refused, with a space
     // in it): the port whose own chain or set it names.
     for (const c of this.cache.values()) {
-      for (const name of c.frag.chains.keys()) if (line.includes(` ${name}`)) return c.sp;
+      for (const { name } of c.frag.chains) if (line.includes(` ${name}`)) return c.sp;
       for (const name of c.frag.sets.keys()) if (line.includes(` ${name}`)) return c.sp;
     }
     return null;
@@ -172,13 +180,15 @@ export class IncrementalPlanner {
       let refs = this.elementRefs.get(set);
       if (!refs) this.elementRefs.set(set, (refs = new Map()));
       const r = refs.get(key);
+      // One adder (nearly every element): the element itself stands for { n: 1, el, conflict: false }.
       if (d === 1) {
-        if (!r) refs.set(key, { n: 1, el, conflict: false });
+        if (!r) refs.set(key, el);
+        else if (!isRef(r)) refs.set(key, { n: 2, el: r, conflict: r.value !== el.value || r.comment !== el.comment });
         else {
           r.n++;
           if (r.el.value !== el.value || r.el.comment !== el.comment) r.conflict = true;
         }
-      } else if (r && --r.n === 0) refs.delete(key);
+      } else if (r && (!isRef(r) || --r.n === 0)) refs.delete(key);
     }
   }
 
@@ -194,20 +204,20 @@ export class IncrementalPlanner {
     for (const f of touched.old) this.addRefs(f, -1);
     for (const f of touched.new) this.addRefs(f, 1);
     for (const f of [...touched.old, ...touched.new]) {
-      for (const { set, key } of f.elements) if (this.ref(set, key)?.conflict) return false;
+      for (const { set, key } of f.elements) if (isConflict(this.ref(set, key))) return false;
     }
     const removed = new Set<string>();
-    for (const f of touched.old) for (const name of f.chains.keys()) removed.add(name);
+    for (const f of touched.old) for (const { name } of f.chains) removed.add(name);
     const added = new Set<string>();
     for (const f of touched.new) {
-      for (const name of f.chains.keys()) {
+      for (const { name } of f.chains) {
         if (added.has(name) || (rs.chains.has(name) && !removed.has(name))) return false;
         added.add(name);
       }
     }
     let n = this.objectCount;
     for (const f of touched.old) {
-      for (const name of f.chains.keys()) {
+      for (const { name } of f.chains) {
         const ch = rs.chains.get(name);
         if (ch && rs.chains.delete(name)) n -= 1 + ch.rules.length;
       }
@@ -219,7 +229,8 @@ export class IncrementalPlanner {
       for (const { set, key } of f.elements) if (!this.ref(set, key) && rs.sets.get(set)!.elements.delete(key)) n--;
     }
     for (const f of touched.new) {
-      for (const [name, ch] of f.chains) {
+      for (const ch of f.chains) {
+        const name = ch.name;
         const had = rs.chains.get(name);
         if (had) n -= 1 + had.rules.length;
         rs.chains.set(name, ch);
@@ -245,7 +256,7 @@ export class IncrementalPlanner {
 function previousValues(rs: Ruleset, touched: TouchedFragments): PreviousValues {
   const out: PreviousValues = { chains: new Map(), sets: new Map(), elements: new Map() };
   for (const f of [...touched.old, ...touched.new]) {
-    for (const c of f.chains.keys()) out.chains.set(c, rs.chains.get(c));
+    for (const { name } of f.chains) out.chains.set(name, rs.chains.get(name));
     for (const s of f.sets.keys()) out.sets.set(s, rs.sets.get(s));
     for (const { set, key } of f.elements) {
       let m = out.elements.get(set);

@@ -340,7 +340,8 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, endpoi
  * until one of those changes. Fragments are shared between rulesets: never mutate one.
  */
 export interface PortFragment {
-  chains: Map<string, NftChain>;
+  /** its own chains, in declaration order (an array, not a Map: 10^4 fragments are kept) */
+  chains: NftChain[];
   /** the port's own sets (affinity), in declaration order */
   sets: Map<string, NftSet>;
   /**
@@ -366,7 +367,7 @@ export interface FragmentElement {
   el: NftElement;
 }
 
-const EMPTY_FRAGMENT: PortFragment = { chains: new Map(), sets: new Map(), elements: [] };
+const EMPTY_FRAGMENT: PortFragment = { chains: [], sets: new Map(), elements: [] };
 
 /** Plans one service port on its own (the same objects planRuleset would add for it). */
 export function planPortFragment(o: NftPlanOptions, original: ServicePort, endpoints: Endpoint[]): PortFragment {
@@ -419,8 +420,8 @@ function compactRule(r: NftRule): NftRule {
   return r.comment === undefined ? { rule: flatString(r.rule) } : { rule: flatString(r.rule), comment: intern(r.comment) };
 }
 
-function compactChains(chains: Map<string, NftChain>): Map<string, NftChain> {
-  const out = new Map<string, NftChain>();
+function compactChains(chains: Map<string, NftChain>): NftChain[] {
+  const out: NftChain[] = [];
   for (const ch of chains.values()) {
     // names.ts gives flat names (cached per ServicePort): reused, not copied
     const name = ch.name;
@@ -428,7 +429,7 @@ function compactChains(chains: Map<string, NftChain>): Map<string, NftChain> {
     // A service port's chains are regular chains with rules only: a literal of those two
     // fields is smaller than a spread copy.
     const own = Object.keys(ch).length === 2 ? { name, rules } : { ...ch, name, rules };
-    out.set(name, own);
+    out.push(own);
   }
   return out;
 }
@@ -437,13 +438,14 @@ function compactElement(set: string, k: string, el: NftElement): FragmentElement
   const c: NftElement = { key: el.key.map((p) => (p.length <= 5 ? intern(p) : p)) };
   if (el.value !== undefined) c.value = el.value.length <= 32 ? intern(el.value) : flatString(el.value);
   if (el.comment !== undefined) c.comment = el.comment;
-  return { set, key: flatString(k), el: c };
+  // k is elementKey()'s join: already flat
+  return { set, key: k, el: c };
 }
 
 /** Adds a fragment to a ruleset exactly as planning the port into it would have. */
 function mergeFragment(rs: Ruleset, f: PortFragment): void {
   for (const { set, key, el } of f.elements) rs.sets.get(set)!.elements.set(key, el);
-  for (const ch of f.chains.values()) {
+  for (const ch of f.chains) {
     const have = rs.chains.get(ch.name);
     // Names are unique per port; a clash (truncated names) appends, as addRule would.
     rs.chains.set(ch.name, have ? { ...have, rules: [...have.rules, ...ch.rules] } : ch);
