@@ -90,10 +90,10 @@ export function servicePortEndpointChainNameBase(n: PortNameLike, protocol: stri
 }
 
 export interface ServiceChainNames {
-  cluster: string;
-  local: string;
-  external: string;
-  firewall: string;
+  readonly cluster: string;
+  readonly local: string;
+  readonly external: string;
+  readonly firewall: string;
 }
 
 /**
@@ -106,6 +106,27 @@ export function flatString(s: string): string {
   // A JSON round trip always yields a fresh sequential string; in-place flattening (hashing,
   // charCodeAt) keeps the tree and adds the copy.
   return JSON.parse(JSON.stringify(s)) as string;
+}
+
+/** A port's chain names, each made on first use (most ports use two of the four). */
+class LazyChainNames implements ServiceChainNames {
+  private c?: string;
+  private l?: string;
+  private e?: string;
+  private f?: string;
+  constructor(private readonly base: string) {}
+  get cluster(): string {
+    return (this.c ??= flatString(`service-${this.base}`));
+  }
+  get local(): string {
+    return (this.l ??= flatString(`local-${this.base}`));
+  }
+  get external(): string {
+    return (this.e ??= flatString(`external-${this.base}`));
+  }
+  get firewall(): string {
+    return (this.f ??= flatString(`firewall-${this.base}`));
+  }
 }
 
 // Hashing (sha256 per name) dominated planning at scale, so names are cached per ServicePort
@@ -125,11 +146,7 @@ const nameCache = new WeakMap<ServicePort, NameCacheEntry>();
 function cacheEntry(sp: ServicePort): NameCacheEntry {
   let e = nameCache.get(sp);
   if (!e) {
-    const base = servicePortChainNameBase(sp.portName, sp.protocol.toLowerCase());
-    e = {
-      names: { cluster: flatString(`service-${base}`), local: flatString(`local-${base}`), external: flatString(`external-${base}`), firewall: flatString(`firewall-${base}`) },
-      endpoints: new Map(),
-    };
+    e = { names: new LazyChainNames(flatString(servicePortChainNameBase(sp.portName, sp.protocol.toLowerCase()))), endpoints: new Map() };
     nameCache.set(sp, e);
   }
   return e;

@@ -386,6 +386,8 @@ export function planPortFragment(o: NftPlanOptions, original: ServicePort, endpo
       frag.sets.set(name, set);
     } else for (const [k, el] of set.elements) frag.elements.push(compactElement(name, k, el));
   }
+  // push grows an array to 17 slots: keep an exact-size copy
+  frag.elements = frag.elements.slice();
   return frag;
 }
 
@@ -431,7 +433,7 @@ function compactChains(chains: Map<string, NftChain>): NftChain[] {
     const own = Object.keys(ch).length === 2 ? { name, rules } : { ...ch, name, rules };
     out.push(own);
   }
-  return out;
+  return out.slice(); // exact size (push grew it to 17 slots)
 }
 
 function compactElement(set: string, k: string, el: NftElement): FragmentElement {
