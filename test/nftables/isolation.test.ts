@@ -60,7 +60,7 @@ test('a loopback, unspecified, multicast or broadcast VIP never reaches a rule; 
   const lo = port('ns', 'lo', 'http'); // no endpoints: its VIP would get the reject verdict
   lo.clusterIP = '127.0.0.1';
   const frag = planPortFragment(o, lo, []);
-  assert.equal(frag.chains.size + frag.elements.size, 0, 'nothing planned for a loopback ClusterIP');
+  assert.equal(frag.chains.length + frag.elements.length, 0, 'nothing planned for a loopback ClusterIP');
   assert.deepEqual(frag.skipped?.map((s) => [s.field, s.ip, s.reason]), [['clusterIP', '127.0.0.1', 'loopback address']]);
 
   const ext = port('ns', 'ext', 'http', {

@@ -9,6 +9,20 @@ import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
 import { assembleRuleset, planPortFragment, type NftPlanOptions, type PortFragment } from './plan.ts';
 import { countObjects, type NftChain, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
 
+interface ElementRef {
+  n: number;
+  el: NftElement;
+  conflict: boolean;
+}
+
+function isRef(r: ElementRef | NftElement): r is ElementRef {
+  return 'n' in r;
+}
+
+function isConflict(r: ElementRef | NftElement | undefined): boolean {
+  return r !== undefined && isRef(r) && r.conflict;
+}
+
 interface CachedPort {
   sp: ServicePort;
   eps: Endpoint[] | undefined;
@@ -63,10 +77,15 @@ export class IncrementalPlanner {
   /** incremented by every plan(): tells a caller whether fragments() is still what it applied */
   generation = 0;
   /**
-   * "set\0elementKey" → how many fragments add it (ports of one Service share a ClusterIP),
-   * and whether they disagree about its verdict or comment
+   * set → elementKey → how many fragments add it (ports of one Service share a ClusterIP),
+   * and whether they disagree about its verdict or comment (by set, not by "set\0key": the
+   * fragments' key strings are reused, no second key string per element)
    */
-  private readonly elementRefs = new Map<string, { n: number; el: NftElement; conflict: boolean }>();
+  private readonly elementRefs = new Map<string, Map<string, ElementRef | NftElement>>();
+
+  private ref(set: string, key: string): ElementRef | NftElement | undefined {
+    return this.elementRefs.get(set)?.get(key);
+  }
 
   /**
    * `changedServices` null plans every port afresh; otherwise ports of those services, and
@@ -133,14 +152,14 @@ export class IncrementalPlanner {
     if (obj) {
       for (const c of this.cache.values()) {
         const f = c.frag;
-        const owns = obj.kind === 'element' ? f.elements.get(obj.name)?.has(obj.key) : obj.kind === 'chain' ? f.chains.has(obj.name) : f.sets.has(obj.name);
+        const owns = obj.kind === 'element' ? f.elements.some((e) => e.set === obj.name && e.key === obj.key) : obj.kind === 'chain' ? f.chains.some((ch) => ch.name === obj.name) : f.sets.has(obj.name);
         if (owns) return c.sp;
       }
     }
     // A line nft could not even split (a name validation should have refused, with a space
     // in it): the port whose own chain or set it names.
     for (const c of this.cache.values()) {
-      for (const name of c.frag.chains.keys()) if (line.includes(` ${name}`)) return c.sp;
+      for (const { name } of c.frag.chains) if (line.includes(` ${name}`)) return c.sp;
       for (const name of c.frag.sets.keys()) if (line.includes(` ${name}`)) return c.sp;
     }
     return null;
@@ -157,18 +176,19 @@ export class IncrementalPlanner {
   }
 
   private addRefs(f: PortFragment, d: 1 | -1): void {
-    for (const [set, els] of f.elements) {
-      for (const [k, el] of els) {
-        const rk = `${set}\0${k}`;
-        const r = this.elementRefs.get(rk);
-        if (d === 1) {
-          if (!r) this.elementRefs.set(rk, { n: 1, el, conflict: false });
-          else {
-            r.n++;
-            if (r.el.value !== el.value || r.el.comment !== el.comment) r.conflict = true;
-          }
-        } else if (r && --r.n === 0) this.elementRefs.delete(rk);
-      }
+    for (const { set, key, el } of f.elements) {
+      let refs = this.elementRefs.get(set);
+      if (!refs) this.elementRefs.set(set, (refs = new Map()));
+      const r = refs.get(key);
+      // One adder (nearly every element): the element itself stands for { n: 1, el, conflict: false }.
+      if (d === 1) {
+        if (!r) refs.set(key, el);
+        else if (!isRef(r)) refs.set(key, { n: 2, el: r, conflict: r.value !== el.value || r.comment !== el.comment });
+        else {
+          r.n++;
+          if (r.el.value !== el.value || r.el.comment !== el.comment) r.conflict = true;
+        }
+      } else if (r && (!isRef(r) || --r.n === 0)) refs.delete(key);
     }
   }
 
@@ -184,20 +204,20 @@ export class IncrementalPlanner {
     for (const f of touched.old) this.addRefs(f, -1);
     for (const f of touched.new) this.addRefs(f, 1);
     for (const f of [...touched.old, ...touched.new]) {
-      for (const [set, els] of f.elements) for (const k of els.keys()) if (this.elementRefs.get(`${set}\0${k}`)?.conflict) return false;
+      for (const { set, key } of f.elements) if (isConflict(this.ref(set, key))) return false;
     }
     const removed = new Set<string>();
-    for (const f of touched.old) for (const name of f.chains.keys()) removed.add(name);
+    for (const f of touched.old) for (const { name } of f.chains) removed.add(name);
     const added = new Set<string>();
     for (const f of touched.new) {
-      for (const name of f.chains.keys()) {
+      for (const { name } of f.chains) {
         if (added.has(name) || (rs.chains.has(name) && !removed.has(name))) return false;
         added.add(name);
       }
     }
     let n = this.objectCount;
     for (const f of touched.old) {
-      for (const name of f.chains.keys()) {
+      for (const { name } of f.chains) {
         const ch = rs.chains.get(name);
         if (ch && rs.chains.delete(name)) n -= 1 + ch.rules.length;
       }
@@ -205,14 +225,12 @@ export class IncrementalPlanner {
         const set = rs.sets.get(name);
         if (set && rs.sets.delete(name)) n -= 1 + set.elements.size;
       }
-      for (const [set, els] of f.elements) {
-        const target = rs.sets.get(set)!.elements;
-        // Still added by another port (with the same content): it stays.
-        for (const k of els.keys()) if (!this.elementRefs.has(`${set}\0${k}`) && target.delete(k)) n--;
-      }
+      // Still added by another port (with the same content): it stays.
+      for (const { set, key } of f.elements) if (!this.ref(set, key) && rs.sets.get(set)!.elements.delete(key)) n--;
     }
     for (const f of touched.new) {
-      for (const [name, ch] of f.chains) {
+      for (const ch of f.chains) {
+        const name = ch.name;
         const had = rs.chains.get(name);
         if (had) n -= 1 + had.rules.length;
         rs.chains.set(name, ch);
@@ -223,12 +241,10 @@ export class IncrementalPlanner {
         rs.sets.set(name, set);
         n += 1 + set.elements.size;
       }
-      for (const [set, els] of f.elements) {
+      for (const { set, key, el } of f.elements) {
         const target = rs.sets.get(set)!.elements;
-        for (const [k, el] of els) {
-          if (!target.has(k)) n++;
-          target.set(k, el);
-        }
+        if (!target.has(key)) n++;
+        target.set(key, el);
       }
     }
     this.objectCount = n;
@@ -240,13 +256,12 @@ export class IncrementalPlanner {
 function previousValues(rs: Ruleset, touched: TouchedFragments): PreviousValues {
   const out: PreviousValues = { chains: new Map(), sets: new Map(), elements: new Map() };
   for (const f of [...touched.old, ...touched.new]) {
-    for (const c of f.chains.keys()) out.chains.set(c, rs.chains.get(c));
+    for (const { name } of f.chains) out.chains.set(name, rs.chains.get(name));
     for (const s of f.sets.keys()) out.sets.set(s, rs.sets.get(s));
-    for (const [set, els] of f.elements) {
+    for (const { set, key } of f.elements) {
       let m = out.elements.get(set);
       if (!m) out.elements.set(set, (m = new Map()));
-      const have = rs.sets.get(set)?.elements;
-      for (const k of els.keys()) m.set(k, have?.get(k));
+      m.set(key, rs.sets.get(set)?.elements.get(key));
     }
   }
   return out;

@@ -90,10 +90,43 @@ export function servicePortEndpointChainNameBase(n: PortNameLike, protocol: stri
 }
 
 export interface ServiceChainNames {
-  cluster: string;
-  local: string;
-  external: string;
-  firewall: string;
+  readonly cluster: string;
+  readonly local: string;
+  readonly external: string;
+  readonly firewall: string;
+}
+
+/**
+ * A flat copy of a string built by concatenation. V8 keeps a template literal's result as a
+ * tree of its pieces (32 bytes a node, 3 to 6 nodes a rule); hashing it as a Map key then adds
+ * a flat copy beside the tree. Names and rules kept between syncs are flat: same text, about
+ * half the memory.
+ */
+export function flatString(s: string): string {
+  // A JSON round trip always yields a fresh sequential string; in-place flattening (hashing,
+  // charCodeAt) keeps the tree and adds the copy.
+  return JSON.parse(JSON.stringify(s)) as string;
+}
+
+/** A port's chain names, each made on first use (most ports use two of the four). */
+class LazyChainNames implements ServiceChainNames {
+  private c?: string;
+  private l?: string;
+  private e?: string;
+  private f?: string;
+  constructor(private readonly base: string) {}
+  get cluster(): string {
+    return (this.c ??= flatString(`service-${this.base}`));
+  }
+  get local(): string {
+    return (this.l ??= flatString(`local-${this.base}`));
+  }
+  get external(): string {
+    return (this.e ??= flatString(`external-${this.base}`));
+  }
+  get firewall(): string {
+    return (this.f ??= flatString(`firewall-${this.base}`));
+  }
 }
 
 // Hashing (sha256 per name) dominated planning at scale, so names are cached per ServicePort
@@ -103,8 +136,8 @@ interface NameCacheEntry {
   names: ServiceChainNames;
   /** endpoint key → endpoint-... chain name */
   endpoints: Map<string, string>;
-  /** endpoint key → affinity-... set name */
-  affinity: Map<string, string>;
+  /** endpoint key → affinity-... set name (created on first use: most ports have no affinity) */
+  affinity?: Map<string, string>;
 }
 // Endpoint churn under a long-lived ServicePort must not grow its entry without bound.
 const ENDPOINT_NAMES_MAX = 4096;
@@ -113,12 +146,7 @@ const nameCache = new WeakMap<ServicePort, NameCacheEntry>();
 function cacheEntry(sp: ServicePort): NameCacheEntry {
   let e = nameCache.get(sp);
   if (!e) {
-    const base = servicePortChainNameBase(sp.portName, sp.protocol.toLowerCase());
-    e = {
-      names: { cluster: `service-${base}`, local: `local-${base}`, external: `external-${base}`, firewall: `firewall-${base}` },
-      endpoints: new Map(),
-      affinity: new Map(),
-    };
+    e = { names: new LazyChainNames(flatString(servicePortChainNameBase(sp.portName, sp.protocol.toLowerCase()))), endpoints: new Map() };
     nameCache.set(sp, e);
   }
   return e;
@@ -137,7 +165,7 @@ export function endpointChainName(sp: ServicePort, endpointKey: string): string 
   let n = e.endpoints.get(endpointKey);
   if (n === undefined) {
     if (e.endpoints.size >= ENDPOINT_NAMES_MAX) e.endpoints.clear();
-    n = `endpoint-${endpointBase(sp, endpointKey)}`;
+    n = flatString(`endpoint-${endpointBase(sp, endpointKey)}`);
     e.endpoints.set(endpointKey, n);
   }
   return n;
@@ -145,11 +173,12 @@ export function endpointChainName(sp: ServicePort, endpointKey: string): string 
 
 export function affinitySetName(sp: ServicePort, endpointKey: string): string {
   const e = cacheEntry(sp);
-  let n = e.affinity.get(endpointKey);
+  const affinity = (e.affinity ??= new Map());
+  let n = affinity.get(endpointKey);
   if (n === undefined) {
-    if (e.affinity.size >= ENDPOINT_NAMES_MAX) e.affinity.clear();
-    n = `affinity-${endpointBase(sp, endpointKey)}`;
-    e.affinity.set(endpointKey, n);
+    if (affinity.size >= ENDPOINT_NAMES_MAX) affinity.clear();
+    n = flatString(`affinity-${endpointBase(sp, endpointKey)}`);
+    affinity.set(endpointKey, n);
   }
   return n;
 }

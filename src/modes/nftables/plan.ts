@@ -9,9 +9,9 @@ import { isLoopback } from '../../core/ip.ts';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
 import { portView, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings } from '../../core/nodeview.ts';
 import type { PlanInput } from '../types.ts';
-import { affinitySetName, endpointChainName, nftComment, serviceChainNames, TABLE } from './names.ts';
+import { affinitySetName, endpointChainName, flatString, nftComment, serviceChainNames, TABLE } from './names.ts';
 import { safeServicePort, type SkippedVIP } from '../vip.ts';
-import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
+import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftRule, type NftSet, type Ruleset } from './ruleset.ts';
 import { selectionRules } from './selection.ts';
 
 /** How "traffic from this cluster's pods" is recognised (upstream's LocalTrafficDetector). */
@@ -340,11 +340,15 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, endpoi
  * until one of those changes. Fragments are shared between rulesets: never mutate one.
  */
 export interface PortFragment {
-  chains: Map<string, NftChain>;
+  /** its own chains, in declaration order (an array, not a Map: 10^4 fragments are kept) */
+  chains: NftChain[];
   /** the port's own sets (affinity), in declaration order */
   sets: Map<string, NftSet>;
-  /** shared set/map name → elements by elementKey, in insertion order */
-  elements: Map<string, Map<string, NftElement>>;
+  /**
+   * its elements of the shared sets and maps, by set in declaration order, then in insertion
+   * order (an array, not a Map per set: 10^4 fragments keep them between syncs)
+   */
+  elements: FragmentElement[];
   /** addresses of the port left out because they can never be a Service VIP (vip.ts) */
   skipped?: SkippedVIP[];
 }
@@ -356,7 +360,14 @@ export function isSharedSetName(name: string): boolean {
   return SHARED_SETS.includes(name);
 }
 
-const EMPTY_FRAGMENT: PortFragment = { chains: new Map(), sets: new Map(), elements: new Map() };
+/** One element a port adds to a shared set or map: `key` is elementKey(el.key). */
+export interface FragmentElement {
+  set: string;
+  key: string;
+  el: NftElement;
+}
+
+const EMPTY_FRAGMENT: PortFragment = { chains: [], sets: new Map(), elements: [] };
 
 /** Plans one service port on its own (the same objects planRuleset would add for it). */
 export function planPortFragment(o: NftPlanOptions, original: ServicePort, endpoints: Endpoint[]): PortFragment {
@@ -367,22 +378,76 @@ export function planPortFragment(o: NftPlanOptions, original: ServicePort, endpo
   const scratch = newRuleset(o.family === 6 ? 'ip6' : 'ip', TABLE);
   for (const name of SHARED_SETS) scratch.sets.set(name, { kind: 'set', name, type: '', elements: new Map() });
   planServicePort(scratch, o, sp, endpoints);
-  const frag: PortFragment = { chains: scratch.chains, sets: new Map(), elements: new Map() };
+  const frag: PortFragment = { chains: compactChains(scratch.chains), sets: NO_SETS, elements: [] };
   if (skipped.length) frag.skipped = skipped;
   for (const [name, set] of scratch.sets) {
-    if (!isSharedSetName(name)) frag.sets.set(name, set);
-    else if (set.elements.size > 0) frag.elements.set(name, set.elements);
+    if (!isSharedSetName(name)) {
+      if (frag.sets === NO_SETS) frag.sets = new Map();
+      frag.sets.set(name, set);
+    } else for (const [k, el] of set.elements) frag.elements.push(compactElement(name, k, el));
   }
+  // push grows an array to 17 slots: keep an exact-size copy
+  frag.elements = frag.elements.slice();
   return frag;
+}
+
+// ---- memory: fragments are kept between syncs (10^5 chains and rules at 10,000 Services) ----
+
+/** shared by the fragments of ports without affinity sets (never mutated: fragments are read-only) */
+const NO_SETS: Map<string, NftSet> = new Map();
+
+
+/** small strings repeated in every fragment ("tcp", "80", verdicts): one copy each */
+const interned = new Map<string, string>();
+function intern(s: string): string {
+  let v = interned.get(s);
+  if (v === undefined) {
+    v = flatString(s);
+    if (interned.size < 4096) interned.set(v, v);
+  }
+  return v;
+}
+
+/** identical rules (e.g. `jump mark-for-masquerade`) share one object: rules are never mutated */
+const sharedRules = new Map<string, NftRule>();
+function compactRule(r: NftRule): NftRule {
+  if (r.comment === undefined && r.rule.length <= 40) {
+    let shared = sharedRules.get(r.rule);
+    if (!shared) {
+      shared = { rule: flatString(r.rule) };
+      if (sharedRules.size < 4096) sharedRules.set(shared.rule, shared);
+    }
+    return shared;
+  }
+  return r.comment === undefined ? { rule: flatString(r.rule) } : { rule: flatString(r.rule), comment: intern(r.comment) };
+}
+
+function compactChains(chains: Map<string, NftChain>): NftChain[] {
+  const out: NftChain[] = [];
+  for (const ch of chains.values()) {
+    // names.ts gives flat names (cached per ServicePort): reused, not copied
+    const name = ch.name;
+    const rules = ch.rules.map(compactRule);
+    // A service port's chains are regular chains with rules only: a literal of those two
+    // fields is smaller than a spread copy.
+    const own = Object.keys(ch).length === 2 ? { name, rules } : { ...ch, name, rules };
+    out.push(own);
+  }
+  return out.slice(); // exact size (push grew it to 17 slots)
+}
+
+function compactElement(set: string, k: string, el: NftElement): FragmentElement {
+  const c: NftElement = { key: el.key.map((p) => (p.length <= 5 ? intern(p) : p)) };
+  if (el.value !== undefined) c.value = el.value.length <= 32 ? intern(el.value) : flatString(el.value);
+  if (el.comment !== undefined) c.comment = el.comment;
+  // k is elementKey()'s join: already flat
+  return { set, key: k, el: c };
 }
 
 /** Adds a fragment to a ruleset exactly as planning the port into it would have. */
 function mergeFragment(rs: Ruleset, f: PortFragment): void {
-  for (const [setName, els] of f.elements) {
-    const set = rs.sets.get(setName)!;
-    for (const [k, el] of els) set.elements.set(k, el);
-  }
-  for (const ch of f.chains.values()) {
+  for (const { set, key, el } of f.elements) rs.sets.get(set)!.elements.set(key, el);
+  for (const ch of f.chains) {
     const have = rs.chains.get(ch.name);
     // Names are unique per port; a clash (truncated names) appends, as addRule would.
     rs.chains.set(ch.name, have ? { ...have, rules: [...have.rules, ...ch.rules] } : ch);
