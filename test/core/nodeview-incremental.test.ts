@@ -9,17 +9,8 @@ import { resolveConfig } from '../../src/config/config.ts';
 import type { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import { slice, svc, tracker } from '../iptables/helpers.ts';
+import { rng } from '../support/rng.ts';
 
-/** mulberry32: a seeded generator, so a failure names a reproducible step */
-function rng(seed: number): () => number {
-  let a = seed;
-  return () => {
-    a = (a + 0x6d2b79f5) | 0;
-    let t = Math.imul(a ^ (a >>> 15), 1 | a);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const config = resolveConfig({}, { mode: 'iptables', clusterCidr: '10.0.0.0/8' });
 const inputOf = (t: ProxyStateTracker, labels: Record<string, string> = {}): PlanInput => ({

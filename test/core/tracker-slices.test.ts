@@ -7,16 +7,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { endpointsOfSlices, type K8sEndpointSlice } from '../../src/core/convert.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
+import { rng } from '../support/rng.ts';
 
-function rng(seed: number): () => number {
-  let a = seed;
-  return () => {
-    a = (a + 0x6d2b79f5) | 0;
-    let t = Math.imul(a ^ (a >>> 15), 1 | a);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 test('400 seeded random slice changes: the state is endpointsOfSlices of the current slices', () => {
   const r = rng(4242);

@@ -19,6 +19,7 @@ import { DEFAULT_FACTS } from '../../src/modes/iptables/options.ts';
 import { IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
 import { Netns, uniqueName } from '../support/netns.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
+import { rng } from '../support/rng.ts';
 
 let partNs: Netns;
 let refNs: Netns;
@@ -67,17 +68,6 @@ function tableLines(ns: Netns, family: 4 | 6, backend: Backend): string[] {
 /** Chain of a `:CHAIN` or `-A CHAIN` line (after the table prefix). */
 const chainOf = (l: string): string | undefined => /^\S+ (?::|-A )(\S+)/.exec(l)?.[1];
 
-/** mulberry32: a small seeded PRNG, so a failure replays. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 interface Model {
   exists: boolean;

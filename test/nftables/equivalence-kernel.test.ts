@@ -15,6 +15,7 @@ import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
 import { uniqueName } from '../support/netns.ts';
+import { rng } from '../support/rng.ts';
 
 const NS = { partial: uniqueName('kpt-nft-eq-a'), full: uniqueName('kpt-nft-eq-b') };
 const SERVICES = 12;
@@ -25,17 +26,6 @@ function nsRunner(ns: string): CommandRunner {
   return { run: (cmd, args, opts) => hostRunner.run('ip', ['netns', 'exec', ns, cmd, ...args], opts) };
 }
 
-/** mulberry32: a small seeded generator, so a failure names a reproducible sequence */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 interface Svc {
   sticky: boolean;
