@@ -130,7 +130,7 @@ export function endpointCheck(variant: RunVariant, i: number, ep: string): { cmd
 }
 
 /** A directory of symlinks that makes `iptables*` the legacy binaries for a process started with it first on PATH. */
-function legacyShim(dir: string): string {
+export function legacyShim(dir: string): string {
   const bin = join(dir, 'legacy-bin');
   mkdirSync(bin, { recursive: true });
   for (const [from, to] of Object.entries(LEGACY_IPTABLES)) {

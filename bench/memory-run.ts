@@ -12,13 +12,13 @@
 // Run `npm run build` first to measure the bundle (what the DaemonSet runs), as bin/kproxy.js
 // uses dist/ when it is fresh; otherwise the process also holds tsx's compiled sources.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, existsSync, statSync, symlinkSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, existsSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
-import { hotServices, killGroup, readMemory, writeManifests, type RunVariant } from './kproxy-run.ts';
-import { LEGACY_IPTABLES, Namespaces } from './netns.ts';
+import { hotServices, killGroup, legacyShim, readMemory, writeManifests, type RunVariant } from './kproxy-run.ts';
+import { Namespaces } from './netns.ts';
 import { median, pollUntil, sleep } from './stats.ts';
 import { NODE } from './workload.ts';
 
@@ -46,17 +46,6 @@ const loadavg = () => readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 
 const repoRoot = resolve(import.meta.dirname, '..');
 export const SAMPLE_AFTER_S = [0, 2, 5, 10];
 
-/** `iptables*` → the legacy binaries, for a process with this directory first on PATH. */
-function legacyBin(work: string): string {
-  const bin = join(work, 'legacy-bin');
-  mkdirSync(bin, { recursive: true });
-  for (const [from, to] of Object.entries(LEGACY_IPTABLES)) {
-    const target = ['/usr/sbin', '/sbin'].map((d) => join(d, to)).find((p) => existsSync(p));
-    if (!target) throw new Error(`KPROXY_BENCH_LEGACY: ${to} is not installed`);
-    if (!existsSync(join(bin, from))) symlinkSync(target, join(bin, from));
-  }
-  return bin;
-}
 
 async function oneRun(nss: Namespaces, dir: string, work: string, variant: RunVariant, timeoutS: number): Promise<MemoryRun> {
   const ns = await nss.create(`mem${variant === 'iptables-legacy' ? 'leg' : variant.slice(0, 3)}`);
@@ -64,7 +53,7 @@ async function oneRun(nss: Namespaces, dir: string, work: string, variant: RunVa
   let proc: ChildProcess | undefined;
   try {
     const env: NodeJS.ProcessEnv = { ...process.env, KPROXY_LOG_LEVEL: 'info' };
-    if (variant === 'iptables-legacy') env.PATH = `${legacyBin(work)}:${env.PATH}`;
+    if (variant === 'iptables-legacy') env.PATH = `${legacyShim(work)}:${env.PATH}`;
     const mode = variant === 'nftables' ? 'nftables' : 'iptables';
     const t0 = performance.now();
     proc = spawn('ip', ['netns', 'exec', ns, process.execPath, join(repoRoot, 'bin/kproxy.js'), 'run', '--mode', mode, '--manifests', dir,
