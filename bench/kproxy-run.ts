@@ -67,7 +67,7 @@ export interface RunPhaseResult {
   memAfterStream?: MemorySample;
   /** write → chain in the kernel, ms, one per change */
   changeMs: number[];
-  stream?: { sent: number; seen: number; p50Ms: number; p99Ms: number; maxMs: number; rate: number; seconds: number };
+  stream?: { sent: number; seen: number; p50Ms: number; p99Ms: number; maxMs: number; rate: number; seconds: number; syncs?: SyncSummary };
   /** median time of one kernel check: the resolution of the latencies */
   checkMs: number;
   syncs: number;
@@ -151,7 +151,29 @@ export function readMemory(pid: number): MemorySample | undefined {
   }
 }
 
-interface LogLine { msg?: string; full?: boolean; durationMs?: number; level?: number }
+interface LogLine { msg?: string; full?: boolean; durationMs?: number; changed?: number; level?: number }
+
+/** The syncs kproxy logged in a window: how many, how many changed services each took, how long each ran. */
+export interface SyncSummary {
+  count: number;
+  full: number;
+  /** changed services per sync: median and max (coalescing: a sync takes every change that waited) */
+  changedMedian: number;
+  changedMax: number;
+  durationMedianMs: number;
+  durationMaxMs: number;
+}
+
+export function summarizeSyncs(lines: LogLine[]): SyncSummary {
+  const s = lines.filter((l) => l.msg === 'synced');
+  const changed = s.map((l) => l.changed ?? 0);
+  const dur = s.map((l) => l.durationMs ?? 0);
+  return {
+    count: s.length, full: s.filter((l) => l.full).length,
+    changedMedian: median(changed), changedMax: changed.length ? Math.max(...changed) : NaN,
+    durationMedianMs: median(dur), durationMaxMs: dur.length ? Math.max(...dur) : NaN,
+  };
+}
 
 /** Runs kproxy in a fresh namespace and measures it; kills it and deletes the namespace in every case. */
 export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<RunPhaseResult> {
@@ -239,7 +261,12 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
       await sleep(1200);
     }
 
-    if (o.streamSeconds > 0 && o.streamRate > 0) res.stream = await stream(o, change, present);
+    if (o.streamSeconds > 0 && o.streamRate > 0) {
+      const from = events.length;
+      res.stream = await stream(o, change, present);
+      res.stream.syncs = summarizeSyncs(events.slice(from).map((e) => e.line));
+      o.log(`  stream: ${JSON.stringify(res.stream.syncs)}`);
+    }
     res.memAfterStream = readMemory(proc.pid!);
     res.syncs = events.filter((e) => e.line.msg === 'synced').length;
     res.checkMs = median(checkTimes);
@@ -260,7 +287,7 @@ async function stream(
   o: RunPhaseOptions,
   change: () => { i: number; ep: string; at: number },
   present: (i: number, ep: string) => Promise<boolean>,
-): Promise<RunPhaseResult['stream']> {
+): Promise<NonNullable<RunPhaseResult['stream']>> {
   const total = Math.round(o.streamRate * o.streamSeconds);
   const pending: { i: number; ep: string; at: number }[] = [];
   const latencies: number[] = [];

@@ -141,12 +141,10 @@ export class SyncLoop {
 
   private async runOnce(): Promise<void> {
     if (this.stopped) return;
-    if (this.inFlight) {
-      // A sync is running: run again right after it (the change may have come after it read state).
-      await this.inFlight.catch(() => {});
-      if (!this.stopped) this.schedule(this.delayForChange());
-      return;
-    }
+    // A sync is running: the change is marked pending (pendingSince), and the running sync
+    // schedules the next one when it ends, so every change that arrived meanwhile goes into
+    // that ONE next sync (no queue of one-change syncs, no waiter per change).
+    if (this.inFlight) return;
     const now = this.clock.now();
     const full = this.needFull || now - this.status.lastFullSyncAt >= (this.opts.fullSyncPeriodMs ?? FULL_SYNC_PERIOD_MS);
     this.needFull = false;
