@@ -3,10 +3,20 @@
 //  - cold start: process start → the first full sync's "synced" log line;
 //  - memory: VmRSS and VmHWM of the process (/proc/PID/status) right after the first sync
 //    and after the change stream;
-//  - one-service change: a manifest file written (rename into place) → the new endpoint's
-//    chain present in the kernel (polled with `iptables -t nat -S CHAIN` / `nft list chain`);
+//  - one-service change: a manifest file written (rename into place) → the new endpoint in
+//    the kernel, detected two ways (--detect, default both, side by side):
+//      packet  a client in kproxy's namespace connects to the Service's ClusterIP every 5 ms
+//              (bench/change-probe.ts; bounded in count and time) until the NEW endpoint
+//              answers: a backend namespace behind a veth holds every endpoint address and
+//              answers with the address the connection was DNATed to. Costs kproxy nothing
+//              but a few hundred connects/s, so this is the figure the goals use.
+//      kernel  the new endpoint's chain polled with `iptables -t nat -S CHAIN` / `nft list
+//              chain` (the first method): each poll reads the table, 0.4 s (nftables) to
+//              2 s (legacy) at 10k Services, which is both the resolution and CPU and
+//              xtables-lock time taken from kproxy; kept for comparison;
 //  - event → kernel latency: a stream of endpoint changes at a fixed rate for a bounded time,
-//    p50 / p99 of write → chain present.
+//    p50 / p99 of write → detected (each detection method gets its own stream, packet first),
+//    with the syncs kproxy logged meanwhile (how many, how many changes each took).
 // Every Service sits in one big file; the EndpointSlices of a few "hot" services (the ones
 // the changes touch) sit in a file each, so a change rewrites a small file, as an informer
 // event would carry one object (a change to the big file would re-read 8 MB: that cost is the
@@ -19,11 +29,14 @@ import { join, resolve } from 'node:path';
 import { servicePortNameString, endpointChainName as iptablesEndpointChain } from '../src/modes/iptables/names.ts';
 import { servicePortEndpointChainNameBase } from '../src/modes/nftables/names.ts';
 import type { ServicePort } from '../src/core/model.ts';
+import { runChecked } from '../src/exec/runner.ts';
 import { LEGACY_IPTABLES, TimedRunner, type Namespaces } from './netns.ts';
-import { endpointIPOf, NAMESPACE, serviceName, serviceObject, sliceObject } from './workload.ts';
+import { clusterIPOf, endpointIPOf, NAMESPACE, serviceName, serviceObject, sliceObject } from './workload.ts';
 import { median, percentile, pollUntil, sleep } from './stats.ts';
 
 export type RunVariant = 'iptables' | 'iptables-legacy' | 'nftables';
+/** How a change is found in the kernel: a connection answered by the new endpoint, a poll of the rules, or both. */
+export type Detect = 'packet' | 'kernel' | 'both';
 
 export interface RunPhaseOptions {
   n: number;
@@ -38,8 +51,23 @@ export interface RunPhaseOptions {
   startTimeoutMs: number;
   /** limit for one change to reach the kernel */
   changeTimeoutMs: number;
+  /** default 'both' */
+  detect?: Detect;
   workDir: string;
   log: (line: string) => void;
+}
+
+export interface StreamResult {
+  sent: number;
+  seen: number;
+  p50Ms: number;
+  p99Ms: number;
+  maxMs: number;
+  rate: number;
+  seconds: number;
+  syncs?: SyncSummary;
+  /** packet detection: median connects per detection */
+  connectsMedian?: number;
 }
 
 export interface MemorySample {
@@ -65,9 +93,16 @@ export interface RunPhaseResult {
    */
   memSettled?: MemorySample;
   memAfterStream?: MemorySample;
-  /** write → chain in the kernel, ms, one per change */
+  /** write → chain in the kernel (polled), ms, one per change */
   changeMs: number[];
-  stream?: { sent: number; seen: number; p50Ms: number; p99Ms: number; maxMs: number; rate: number; seconds: number; syncs?: SyncSummary };
+  /** write → a connection to the ClusterIP answered by the new endpoint, ms, one per change */
+  changePacketMs?: number[];
+  /** connects each packet detection took (the endpoint is random per connection: the resolution) */
+  changePacketConnects?: number[];
+  /** the stream, detected by polling the kernel */
+  stream?: StreamResult;
+  /** the stream, detected by connections */
+  streamPacket?: StreamResult;
   /** median time of one kernel check: the resolution of the latencies */
   checkMs: number;
   syncs: number;
@@ -184,9 +219,20 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
   writeManifests(dir, o.n, o.endpoints, hot);
   const ns = await nss.create(`run${o.variant === 'iptables-legacy' ? 'leg' : o.variant.slice(0, 3)}`);
   const runner = new TimedRunner(ns, o.variant === 'iptables-legacy' ? LEGACY_IPTABLES : {});
+  const detect = o.detect ?? 'both';
   let proc: ChildProcess | undefined;
+  let srv: string | undefined;
+  const helpers: ChildProcess[] = [];
   const checkTimes: number[] = [];
   try {
+    // The pods for packet detection: set up before kproxy starts, so its node IP is there from the start.
+    if (detect !== 'kernel') {
+      srv = await nss.create('runsrv');
+      await backendNetwork(ns, srv);
+      const server = spawnProbe(srv, ['serve', '8080']);
+      helpers.push(server.proc);
+      if (!(await server.ready())) throw new Error(`KPROXY_BENCH_RUN: the pod listener did not start: ${server.output()}`);
+    }
     const env: NodeJS.ProcessEnv = { ...process.env, KPROXY_LOG_LEVEL: 'info' };
     if (o.variant === 'iptables-legacy') env.PATH = `${legacyShim(o.workDir)}:${env.PATH}`;
     const mode = o.variant === 'nftables' ? 'nftables' : 'iptables';
@@ -231,6 +277,13 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
     if (!dead) res.memSettled = readMemory(proc.pid!);
     o.log(`  ${o.variant} N=${o.n}: cold start ${(res.coldStartMs / 1000).toFixed(1)} s, RSS ${((res.memAfterFirstSync?.vmRssKiB ?? 0) / 1024).toFixed(0)} MiB (settled ${((res.memSettled?.vmRssKiB ?? 0) / 1024).toFixed(0)} MiB), HWM ${((res.memAfterFirstSync?.vmHwmKiB ?? 0) / 1024).toFixed(0)} MiB`);
 
+    let probe: Probe | undefined;
+    if (detect !== 'kernel') {
+      const p = spawnProbe(ns, ['watch', String(PROBE_TICK_MS), String(PROBE_MAX_PER_TICK)], true);
+      helpers.push(p.proc);
+      if (!(await p.ready())) throw new Error(`KPROXY_BENCH_RUN: the probe did not start: ${p.output()}`);
+      probe = new Probe(p.proc);
+    }
     const counts = new Map<number, number>(hot.map((i) => [i, o.endpoints]));
     const present = async (i: number, ep: string): Promise<boolean> => {
       const c = endpointCheck(o.variant, i, ep);
@@ -239,33 +292,68 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
       checkTimes.push(performance.now() - ts);
       return r.code === 0;
     };
-    /** The next change: one more endpoint on the next hot service; returns what to look for. */
+    /** The next change: one more endpoint on the next hot service (not written yet). */
     let next = 0;
-    const change = (): { i: number; ep: string; at: number } => {
+    const pick = (): { i: number; ep: string; count: number } => {
       const i = hot[next++ % hot.length];
       const count = counts.get(i)! + 1;
       if (count > o.endpoints + EXTRA_ENDPOINTS) throw new Error('KPROXY_BENCH_RUN: a hot service ran out of endpoint addresses; fewer changes');
       counts.set(i, count);
-      const ep = `${endpointIPOf(i * (o.endpoints + EXTRA_ENDPOINTS) + count - 1)}:8080`;
-      return { i, ep, at: writeHotSlice(dir, i, count, o.endpoints) };
+      return { i, ep: `${endpointIPOf(i * (o.endpoints + EXTRA_ENDPOINTS) + count - 1)}:8080`, count };
+    };
+    const write = (c: { i: number; count: number }) => writeHotSlice(dir, c.i, c.count, o.endpoints);
+    const change = (): { i: number; ep: string; at: number } => {
+      const c = pick();
+      return { i: c.i, ep: c.ep, at: write(c) };
+    };
+    /** A change detected by connections: the watch starts, then the file is written. */
+    const packetChange = async (): Promise<{ ms: number; connects: number; seen: boolean; what: string }> => {
+      const c = pick();
+      const w = probe!.watch(clusterIPOf(c.i), c.ep.split(':')[0], o.changeTimeoutMs);
+      const at = write(c);
+      const r = await w;
+      return { ms: r.at - at, connects: r.connects, seen: r.seen, what: `${serviceName(c.i)} + ${c.ep}` };
     };
 
     // Settle, and space the one-service changes by more than minSyncPeriod (1 s by default):
     // each is then a change on an idle proxy, not one held back behind the previous sync.
     await sleep(1500);
-    for (let k = 0; k < o.changes; k++) {
-      const c = change();
-      const seen = await pollUntil(async () => ((await present(c.i, c.ep)) ? performance.now() : undefined), o.changeTimeoutMs, 0);
-      if (seen === undefined) throw new Error(`KPROXY_BENCH_RUN: change ${k + 1} (${serviceName(c.i)} + ${c.ep}) not in the kernel within ${o.changeTimeoutMs / 1000} s`);
-      res.changeMs.push(seen - c.at);
-      await sleep(1200);
+    if (probe) {
+      res.changePacketMs = [];
+      res.changePacketConnects = [];
+      for (let k = 0; k < o.changes; k++) {
+        const r = await packetChange();
+        if (!r.seen) throw new Error(`KPROXY_BENCH_RUN: change ${k + 1} (${r.what}) not answered by the new endpoint within ${o.changeTimeoutMs / 1000} s`);
+        res.changePacketMs.push(r.ms);
+        res.changePacketConnects.push(r.connects);
+        await sleep(1200);
+      }
+    }
+    if (detect !== 'packet') {
+      for (let k = 0; k < o.changes; k++) {
+        const c = change();
+        const seen = await pollUntil(async () => ((await present(c.i, c.ep)) ? performance.now() : undefined), o.changeTimeoutMs, 0);
+        if (seen === undefined) throw new Error(`KPROXY_BENCH_RUN: change ${k + 1} (${serviceName(c.i)} + ${c.ep}) not in the kernel within ${o.changeTimeoutMs / 1000} s`);
+        res.changeMs.push(seen - c.at);
+        await sleep(1200);
+      }
     }
 
     if (o.streamSeconds > 0 && o.streamRate > 0) {
-      const from = events.length;
-      res.stream = await stream(o, change, present);
-      res.stream.syncs = summarizeSyncs(events.slice(from).map((e) => e.line));
-      o.log(`  stream: ${JSON.stringify(res.stream.syncs)}`);
+      if (probe) {
+        const from = events.length;
+        res.streamPacket = await packetStream(o, packetChange);
+        res.streamPacket.syncs = summarizeSyncs(events.slice(from).map((e) => e.line));
+        o.log(`  stream (packet): p50 ${res.streamPacket.p50Ms.toFixed(0)} ms p99 ${res.streamPacket.p99Ms.toFixed(0)} ms (${res.streamPacket.seen}/${res.streamPacket.sent}); syncs ${JSON.stringify(res.streamPacket.syncs)}`);
+        // let the last syncs of that stream end before the next one starts
+        await sleep(3000);
+      }
+      if (detect !== 'packet') {
+        const from = events.length;
+        res.stream = await stream(o, change, present);
+        res.stream.syncs = summarizeSyncs(events.slice(from).map((e) => e.line));
+        o.log(`  stream (kernel poll): p50 ${res.stream.p50Ms.toFixed(0)} ms p99 ${res.stream.p99Ms.toFixed(0)} ms (${res.stream.seen}/${res.stream.sent}); syncs ${JSON.stringify(res.stream.syncs)}`);
+      }
     }
     res.memAfterStream = readMemory(proc.pid!);
     res.syncs = events.filter((e) => e.line.msg === 'synced').length;
@@ -277,9 +365,35 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
     return res;
   } finally {
     if (proc) await killGroup(proc);
+    for (const h of helpers) await killGroup(h);
     await nss.delete(ns);
+    if (srv) await nss.delete(srv);
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/** Writes changes at o.streamRate per second for o.streamSeconds; each is watched by connections from the moment it is written. */
+async function packetStream(
+  o: RunPhaseOptions,
+  packetChange: () => Promise<{ ms: number; connects: number; seen: boolean }>,
+): Promise<StreamResult> {
+  const total = Math.round(o.streamRate * o.streamSeconds);
+  const start = performance.now();
+  const watches: Promise<{ ms: number; connects: number; seen: boolean }>[] = [];
+  for (let k = 0; k < total; k++) {
+    const wait = start + (k * 1000) / o.streamRate - performance.now();
+    if (wait > 0) await sleep(wait);
+    watches.push(packetChange());
+  }
+  // each watch ends by itself within changeTimeoutMs (the probe's own limit)
+  const rs = await Promise.all(watches);
+  const seen = rs.filter((r) => r.seen);
+  const latencies = seen.map((r) => r.ms);
+  return {
+    sent: total, seen: seen.length, rate: o.streamRate, seconds: o.streamSeconds,
+    p50Ms: percentile(latencies, 50), p99Ms: percentile(latencies, 99), maxMs: latencies.length ? Math.max(...latencies) : NaN,
+    connectsMedian: median(seen.map((r) => r.connects)),
+  };
 }
 
 /** Writes changes at o.streamRate per second for o.streamSeconds while a poller finds each in the kernel. */
@@ -287,7 +401,7 @@ async function stream(
   o: RunPhaseOptions,
   change: () => { i: number; ep: string; at: number },
   present: (i: number, ep: string) => Promise<boolean>,
-): Promise<NonNullable<RunPhaseResult['stream']>> {
+): Promise<StreamResult> {
   const total = Math.round(o.streamRate * o.streamSeconds);
   const pending: { i: number; ep: string; at: number }[] = [];
   const latencies: number[] = [];
@@ -336,4 +450,80 @@ export async function killGroup(p: ChildProcess): Promise<void> {
   const t = setTimeout(() => kill('SIGKILL'), 5000);
   await done;
   clearTimeout(t);
+}
+
+/** The probe's tick: each watched change gets connects every PROBE_TICK_MS. */
+const PROBE_TICK_MS = 5;
+/** At most this many connects per tick in all (≤ 1,600/s), shared by the watched changes. */
+const PROBE_MAX_PER_TICK = 8;
+
+/**
+ * The backend side of packet detection: a namespace joined to kproxy's by a veth pair that
+ * exists only inside them; it holds every endpoint address (`local 10.0.0.0/8` on its
+ * loopback), and kproxy's namespace routes everything to it (a node's default route: a
+ * ClusterIP is routed before the nat OUTPUT hook rewrites it). As bench/connect.ts.
+ */
+async function backendNetwork(node: string, srv: string): Promise<void> {
+  const ip = (ns: string, ...a: string[]) => runChecked(new TimedRunner(ns), 'ip', a, { timeoutMs: 10_000 });
+  await ip(node, 'link', 'add', 'vn', 'type', 'veth', 'peer', 'name', 'vs', 'netns', srv);
+  await ip(node, 'addr', 'add', '192.168.0.2/24', 'dev', 'vn');
+  await ip(node, 'link', 'set', 'vn', 'up');
+  await ip(node, 'route', 'add', 'default', 'via', '192.168.0.3');
+  await ip(srv, 'addr', 'add', '192.168.0.3/24', 'dev', 'vs');
+  await ip(srv, 'link', 'set', 'vs', 'up');
+  await ip(srv, 'route', 'add', 'local', '10.0.0.0/8', 'dev', 'lo');
+}
+
+/** bench/change-probe.ts in a namespace; ready() waits (≤ 30 s) for its READY line. */
+function spawnProbe(ns: string, args: string[], stdin = false): { proc: ChildProcess; ready: () => Promise<boolean>; output: () => string } {
+  const proc = spawn('ip', ['netns', 'exec', ns, process.execPath, '--import', 'tsx', join(repoRoot, 'bench/change-probe.ts'), ...args], {
+    stdio: [stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'], detached: true, cwd: repoRoot,
+  });
+  let out = '';
+  const keep = (d: Buffer) => void (out = (out + d.toString()).slice(-4000));
+  proc.stdout!.on('data', keep);
+  proc.stderr!.on('data', keep);
+  return { proc, ready: async () => (await pollUntil(async () => (out.includes('READY') ? true : undefined), 30_000, 20)) === true, output: () => out.slice(0, 300) };
+}
+
+/** The node-side client of bench/change-probe.ts: one watch per change, answered by a `seen`/`timeout` line. */
+class Probe {
+  private seq = 0;
+  private readonly waiters = new Map<string, (r: { seen: boolean; at: number; connects: number }) => void>();
+
+  constructor(private readonly proc: ChildProcess) {
+    let tail = '';
+    proc.stdout!.on('data', (d: Buffer) => {
+      const at = performance.now();
+      const lines = (tail + d.toString()).split('\n');
+      tail = lines.pop() ?? '';
+      for (const l of lines) {
+        const [kind, id, connects] = l.trim().split(' ');
+        const w = this.waiters.get(id);
+        if (!w || (kind !== 'seen' && kind !== 'timeout')) continue;
+        this.waiters.delete(id);
+        w({ seen: kind === 'seen', at, connects: Number(connects) });
+      }
+    });
+    proc.once('exit', () => {
+      for (const w of this.waiters.values()) w({ seen: false, at: performance.now(), connects: 0 });
+      this.waiters.clear();
+    });
+  }
+
+  /** Connects to vip:80 until `want` answers; resolves when it did, or after timeoutMs (the probe's limit; ours is 5 s later). */
+  watch(vip: string, want: string, timeoutMs: number): Promise<{ seen: boolean; at: number; connects: number }> {
+    const id = `w${this.seq++}`;
+    return new Promise((resolve) => {
+      const t = setTimeout(() => {
+        this.waiters.delete(id);
+        resolve({ seen: false, at: performance.now(), connects: 0 });
+      }, timeoutMs + 5000);
+      this.waiters.set(id, (r) => {
+        clearTimeout(t);
+        resolve(r);
+      });
+      this.proc.stdin!.write(`${id} ${vip} 80 ${want} ${timeoutMs}\n`);
+    });
+  }
 }
