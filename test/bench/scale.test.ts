@@ -186,3 +186,27 @@ test('a busy xtables lock (another program on the host) is told apart from a fai
   assert.equal(xtablesLockBusy('KPROXY_EXEC_TIMEOUT: iptables-restore killed after 60 s'), false);
   assert.equal(xtablesLockBusy(undefined), false);
 });
+
+test('the one-Service change goal is judged on the packet detection when the run has it; both detections are reported', () => {
+  const r = result();
+  const withPacket = (x: RunPhaseResult, ms: number[]): RunPhaseResult => ({
+    ...x, changePacketMs: ms, changePacketConnects: ms.map(() => 40),
+    streamPacket: x.stream && { ...x.stream, p50Ms: 450, p99Ms: 900, connectsMedian: 30, syncs: { count: 20, full: 0, changedMedian: 10, changedMax: 14, durationMedianMs: 200, durationMaxMs: 400 } },
+  });
+  // the kernel poll says 260 ms at 10k (> 3 × 70 ms at 100); the connections say 120 vs 60 ms
+  r.run = r.run.map((x) => (x.variant === 'iptables' ? withPacket(x, x.n === 100 ? [55, 60, 65] : [110, 120, 130]) : x));
+  r.goals = goals(r);
+  const find = (s: string) => r.goals.find((x) => x.goal.includes(s))!;
+  assert.equal(find('iptables: one-Service change').met, true);
+  assert.match(find('iptables: one-Service change').measured, /120 ms at 10k, 60 ms at 100 \(2.0×; packet detection\)/);
+  assert.match(find('nftables: one-Service change').measured, /kernel poll/, 'no packet samples: the poll is used, and said so');
+  assert.match(find('event → kernel').measured, /iptables 450 ms \/ 900 ms \(300\/300 seen, packet\)/);
+  const md = markdown(r);
+  assert.match(md, /### One-Service change and a stream of endpoint changes/);
+  assert.match(md, /\| iptables \| 10,000 \| 120 ms \(3\) \| 260 ms \(3\) \| 5.00 ms \| 450 ms \/ 900 ms \(300\/300, 10\/s × 30 s\) \| 20 \(10 \/ 14 each, 200 ms\) \| 600 ms \/ 1.20 s/);
+  // a solid (packet) and a dashed (kernel poll) line for iptables, the poll line only for nftables
+  assert.equal((plots(r)['scale-one-service-change.svg'].match(/<path /g) ?? []).length, 3);
+  assert.equal(parseScaleArgs(['--detect', 'packet'], () => {}).detect, 'packet');
+  assert.equal(parseScaleArgs([], () => {}).detect, 'both');
+  assert.throws(() => parseScaleArgs(['--detect', 'ping'], () => {}), (e: Error) => e instanceof ScaleError && /KPROXY_BENCH_ARGS: --detect/.test(e.message));
+});
