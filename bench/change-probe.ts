@@ -6,12 +6,12 @@
 //                    to its loopback, so every endpoint address is here) and answers each
 //                    connection with the address it was made to (the endpoint kproxy's DNAT
 //                    chose), one line, then closes.
-//   watch TICK_MS MAX_PER_TICK
+//   watch TICK_MS MAX_PER_TICK PER_WATCH
 //                    the node's client: reads `ID HOST PORT WANT_IP TIMEOUT_MS` lines on stdin;
-//                    every TICK_MS it connects to each watched HOST:PORT (several times when
-//                    few are watched, at most MAX_PER_TICK connects per tick in all, so a
-//                    stream of changes does not turn into a connection flood that competes
-//                    with kproxy for the CPU) until one is answered by WANT_IP; then prints
+//                    every TICK_MS it connects to each watched HOST:PORT (up to PER_WATCH
+//                    times; at most MAX_PER_TICK connects per tick in all, shared round-robin,
+//                    so a stream of changes does not turn into a connection flood that
+//                    competes with kproxy for the CPU) until one is answered by WANT_IP; then prints
 //                    `seen ID CONNECTS`, or `timeout ID CONNECTS` after TIMEOUT_MS. Each
 //                    connection is reset after the answer (no TIME_WAIT pile-up).
 // The endpoint is chosen at random per connection (1/n each), so a detection overshoots the
@@ -58,8 +58,9 @@ interface Watch {
   done: boolean;
 }
 
-function watch(tickMs: number, maxPerTick: number): void {
+function watch(tickMs: number, maxPerTick: number, perWatch: number): void {
   const watches = new Map<string, Watch>();
+  let rr = 0;
   const say = (line: string) => process.stdout.write(`${line}\n`);
   const rl = createInterface({ input: process.stdin });
   rl.on('line', (l) => {
@@ -70,9 +71,12 @@ function watch(tickMs: number, maxPerTick: number): void {
   rl.on('close', () => process.exit(0));
   const tick = () => {
     const active = [...watches.values()].filter((w) => !w.done);
-    const per = active.length ? Math.max(1, Math.floor(maxPerTick / active.length)) : 0;
+    const per = active.length ? Math.min(perWatch, Math.max(1, Math.floor(maxPerTick / active.length))) : 0;
     let budget = maxPerTick;
-    for (const w of active) {
+    // round-robin: when the budget does not reach every watch, the next tick starts where this one stopped
+    const start = active.length ? rr++ % active.length : 0;
+    for (let j = 0; j < active.length; j++) {
+      const w = active[(start + j) % active.length];
       if (Date.now() > w.deadline) {
         w.done = true;
         watches.delete(w.id);
@@ -105,10 +109,10 @@ function serve(port: number): void {
   srv.listen(port, '0.0.0.0', () => process.stdout.write('READY\n'));
 }
 
-const [role, a, b] = process.argv.slice(2);
+const [role, a, b, c] = process.argv.slice(2);
 if (role === 'serve') serve(Number(a));
-else if (role === 'watch') watch(Number(a), Number(b));
+else if (role === 'watch') watch(Number(a), Number(b), Number(c));
 else {
-  process.stderr.write('usage: change-probe.ts serve PORT | watch TICK_MS MAX_PER_TICK\n');
+  process.stderr.write('usage: change-probe.ts serve PORT | watch TICK_MS MAX_PER_TICK PER_WATCH\n');
   process.exit(2);
 }

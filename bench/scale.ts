@@ -457,7 +457,7 @@ export function markdown(r: ScaleResult): string {
     const changes = r.run.filter((x) => !x.error || x.changeMs.length || x.changePacketMs?.length);
     out.push('### One-Service change and a stream of endpoint changes (`kproxy run`)\n\n' +
       'Manifest file renamed into place → the change detected, two ways, each with its own changes: **packet** = a connection to the Service\'s ClusterIP answered by the new endpoint ' +
-      '(bench/change-probe.ts: every 5 ms, at most 8 connects per tick; the endpoint is random per connection, so a detection overshoots by about a tick); ' +
+      '(bench/change-probe.ts: every 5 ms, 2 connects per change and at most 8 in all per tick, round-robin; the endpoint is random per connection, with 6 endpoints two connects find the new one with p = 0.31 per tick, so a detection comes ~14 ms after the rule landed on average); ' +
       '**kernel poll** = the new endpoint\'s chain listed by `iptables -t nat -S` / `nft list chain` ("poll" is one poll\'s cost: the resolution, and CPU and xtables-lock time taken from kproxy meanwhile). ' +
       'Stream: 10 endpoint changes/s on distinct Services; syncs = the syncs kproxy logged during it (count, changed Services per sync median / max, sync duration median).\n\n' +
       table(['mode', 'N', 'change: packet (median)', 'change: kernel poll (median)', 'poll', 'stream: packet p50 / p99', 'syncs (packet stream)', 'stream: kernel poll p50 / p99', 'syncs (poll stream)'],
