@@ -69,6 +69,17 @@ export interface StreamResult {
   syncs?: SyncSummary;
   /** packet detection: median connects per detection */
   connectsMedian?: number;
+  /**
+   * kproxy's own kubeproxy_network_programming_duration_seconds over the stream (scraped before
+   * and after it): observations, and the buckets holding the p50 and p99 (upper bounds, s)
+   */
+  metric?: ProgrammingMetric;
+}
+
+export interface ProgrammingMetric {
+  count: number;
+  p50S: number;
+  p99S: number;
 }
 
 export interface MemorySample {
@@ -146,7 +157,9 @@ function writeHotSlice(dir: string, i: number, count: number, endpoints: number)
   const slice = sliceObject(i, count, endpoints + EXTRA_ENDPOINTS);
   const at = new Date();
   (slice.metadata as { annotations?: Record<string, string> }).annotations = {
-    'endpoints.kubernetes.io/last-change-trigger-time': at.toISOString().replace(/\.\d+Z$/, 'Z'),
+    // RFC 3339 with milliseconds (the EndpointSlice controller writes RFC3339Nano): whole
+    // seconds would put up to 1 s of rounding into the network-programming metric
+    'endpoints.kubernetes.io/last-change-trigger-time': at.toISOString(),
   };
   const tmp = join(dir, `.tmp-${serviceName(i)}`);
   writeFileSync(tmp, docs([slice]));
@@ -343,16 +356,20 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
     if (o.streamSeconds > 0 && o.streamRate > 0) {
       if (probe) {
         const from = events.length;
+        const before = await programmingBuckets(runner);
         res.streamPacket = await packetStream(o, packetChange);
         res.streamPacket.syncs = summarizeSyncs(events.slice(from).map((e) => e.line));
+        res.streamPacket.metric = metricDelta(before, await programmingBuckets(runner));
         o.log(`  stream (packet): p50 ${res.streamPacket.p50Ms.toFixed(0)} ms p99 ${res.streamPacket.p99Ms.toFixed(0)} ms (${res.streamPacket.seen}/${res.streamPacket.sent}); syncs ${JSON.stringify(res.streamPacket.syncs)}`);
         // let the last syncs of that stream end before the next one starts
         await sleep(3000);
       }
       if (detect !== 'packet') {
         const from = events.length;
+        const before = await programmingBuckets(runner);
         res.stream = await stream(o, change, present);
         res.stream.syncs = summarizeSyncs(events.slice(from).map((e) => e.line));
+        res.stream.metric = metricDelta(before, await programmingBuckets(runner));
         o.log(`  stream (kernel poll): p50 ${res.stream.p50Ms.toFixed(0)} ms p99 ${res.stream.p99Ms.toFixed(0)} ms (${res.stream.seen}/${res.stream.sent}); syncs ${JSON.stringify(res.stream.syncs)}`);
       }
     }
@@ -534,4 +551,39 @@ class Probe {
       this.proc.stdin!.write(`${id} ${vip} 80 ${want} ${timeoutMs}\n`);
     });
   }
+}
+
+const PROGRAMMING_BUCKET = /^kubeproxy_network_programming_duration_seconds_bucket\{([^}]*)\} (\S+)$/;
+
+/** kproxy's network-programming histogram (cumulative bucket counts by upper bound, s), from its /metrics in the namespace. */
+export async function programmingBuckets(runner: TimedRunner): Promise<Map<number, number> | undefined> {
+  try {
+    const r = await runner.run('curl', ['-s', '--max-time', '5', 'http://127.0.0.1:10249/metrics'], { timeoutMs: 10_000 });
+    return r.code === 0 ? parseProgrammingBuckets(r.stdout) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+export function parseProgrammingBuckets(text: string): Map<number, number> {
+  const out = new Map<number, number>();
+  for (const line of text.split('\n')) {
+    const m = PROGRAMMING_BUCKET.exec(line.trim());
+    const le = m && /(?:^|,)le="([^"]+)"/.exec(m[1])?.[1];
+    if (!m || !le) continue;
+    const bound = le === '+Inf' ? Infinity : Number(le);
+    out.set(bound, (out.get(bound) ?? 0) + Number(m[2])); // both families summed
+  }
+  return out;
+}
+
+/** The observations between two scrapes: how many, and the upper bounds of the buckets holding the p50 and the p99. */
+export function metricDelta(before: Map<number, number> | undefined, after: Map<number, number> | undefined): ProgrammingMetric | undefined {
+  if (!before || !after || !after.size) return undefined;
+  const bounds = [...after.keys()].sort((a, b) => a - b);
+  const cum = bounds.map((b) => (after.get(b) ?? 0) - (before.get(b) ?? 0));
+  const count = cum[cum.length - 1];
+  if (!(count > 0)) return { count: 0, p50S: NaN, p99S: NaN };
+  const q = (p: number) => bounds[cum.findIndex((c) => c >= p * count)];
+  return { count, p50S: q(0.5), p99S: q(0.99) };
 }

@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { goals, markdown, parseScaleArgs, plots, ScaleError, type ScaleResult } from '../../bench/scale.ts';
 import type { Sample } from '../../bench/measure.ts';
-import type { RunPhaseResult } from '../../bench/kproxy-run.ts';
+import { metricDelta, parseProgrammingBuckets, type RunPhaseResult } from '../../bench/kproxy-run.ts';
 
 function sample(n: number, mode: Sample['mode'], fullMs: number, error?: string): Sample {
   const sync = { wallMs: fullMs, writeMs: fullMs / 2, otherExecMs: 1, inProcessMs: 1, commands: 2, rulesWritten: 10, rulesTotal: 100, payloadBytes: 1000 };
@@ -209,4 +209,23 @@ test('the one-Service change goal is judged on the packet detection when the run
   assert.equal(parseScaleArgs(['--detect', 'packet'], () => {}).detect, 'packet');
   assert.equal(parseScaleArgs([], () => {}).detect, 'both');
   assert.throws(() => parseScaleArgs(['--detect', 'ping'], () => {}), (e: Error) => e instanceof ScaleError && /KPROXY_BENCH_ARGS: --detect/.test(e.message));
+});
+
+test('the network-programming histogram is read from /metrics text and differenced between two scrapes', () => {
+  const text = (counts: number[]) => [
+    '# HELP kubeproxy_network_programming_duration_seconds In Cluster Network Programming Latency in seconds',
+    '# TYPE kubeproxy_network_programming_duration_seconds histogram',
+    ...[0.25, 0.5, 1, 2, 3].map((le, i) => `kubeproxy_network_programming_duration_seconds_bucket{le="${le}",ip_family="4"} ${counts[i]}`),
+    `kubeproxy_network_programming_duration_seconds_bucket{le="+Inf",ip_family="4"} ${counts[4]}`,
+    `kubeproxy_network_programming_duration_seconds_count{ip_family="4"} ${counts[4]}`,
+    'kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.25",ip_family="4"} 99',
+  ].join('\n');
+  const before = parseProgrammingBuckets(text([1, 2, 5, 5, 5]));
+  assert.equal(before.get(1), 5);
+  assert.equal(before.get(Infinity), 5);
+  // 100 more: 10 within 0.5 s, 60 within 1 s, 99 within 2 s, all within 3 s
+  const after = parseProgrammingBuckets(text([1, 12, 65, 104, 105]));
+  assert.deepEqual(metricDelta(before, after), { count: 100, p50S: 1, p99S: 2 });
+  assert.deepEqual(metricDelta(before, before), { count: 0, p50S: NaN, p99S: NaN });
+  assert.equal(metricDelta(undefined, after), undefined, 'no scrape: no figure');
 });
