@@ -254,7 +254,7 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
       '--hostname-override', 'kpb-node', '--cluster-cidr', '10.0.0.0/8',
       '--healthz-bind-address', '127.0.0.1:10256', '--metrics-bind-address', '127.0.0.1:10249'];
     const t0 = performance.now();
-    proc = spawn('ip', args, { stdio: ['ignore', 'pipe', 'pipe'], detached: true, env });
+    proc = track(spawn('ip', args, { stdio: ['ignore', 'pipe', 'pipe'], detached: true, env }));
     const events: { at: number; line: LogLine }[] = [];
     let tail = '';
     let errTail = '';
@@ -454,6 +454,20 @@ async function stream(
   };
 }
 
+/** Every process this module started and that still runs (kproxy, probes): killed on Ctrl-C too. */
+const live = new Set<ChildProcess>();
+
+function track(p: ChildProcess): ChildProcess {
+  live.add(p);
+  p.once('exit', () => live.delete(p));
+  return p;
+}
+
+/** Kills every process runPhase started that still runs (the scale bench's SIGINT/SIGTERM handler). */
+export async function killStarted(): Promise<void> {
+  await Promise.all([...live].map((p) => killGroup(p)));
+}
+
 export async function killGroup(p: ChildProcess): Promise<void> {
   if (p.exitCode !== null || p.signalCode !== null) return;
   const done = new Promise<void>((r) => p.once('exit', () => r()));
@@ -501,9 +515,9 @@ async function backendNetwork(node: string, srv: string): Promise<void> {
 
 /** bench/change-probe.ts in a namespace; ready() waits (≤ 30 s) for its READY line. */
 function spawnProbe(ns: string, args: string[], stdin = false): { proc: ChildProcess; ready: () => Promise<boolean>; output: () => string } {
-  const proc = spawn('ip', ['netns', 'exec', ns, process.execPath, '--import', 'tsx', join(repoRoot, 'bench/change-probe.ts'), ...args], {
+  const proc = track(spawn('ip', ['netns', 'exec', ns, process.execPath, '--import', 'tsx', join(repoRoot, 'bench/change-probe.ts'), ...args], {
     stdio: [stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'], detached: true, cwd: repoRoot,
-  });
+  }));
   let out = '';
   const keep = (d: Buffer) => void (out = (out + d.toString()).slice(-4000));
   proc.stdout!.on('data', keep);

@@ -44,7 +44,7 @@ import { hostRunner } from '../src/exec/runner.ts';
 import { spawnSync } from 'node:child_process';
 import { coldPhase, type ColdResult } from './cold.ts';
 import { connectPhase, type ConnectResult, type ConnectVariant } from './connect.ts';
-import { runPhase, type Detect, type RunPhaseResult, type RunVariant, type StreamResult } from './kproxy-run.ts';
+import { killStarted, runPhase, type Detect, type RunPhaseResult, type RunVariant, type StreamResult } from './kproxy-run.ts';
 import { ipvsPhase, type IpvsPhaseResult } from './ipvs-vm.ts';
 import { manifestsLoad, type ManifestsLoadResult } from './manifests-load.ts';
 import type { MemoryStep } from './memory.ts';
@@ -150,7 +150,8 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
   const nss = new Namespaces();
   const workDir = mkdtempSync(join(tmpdir(), 'kpb-scale-'));
   const onSignal = () => {
-    void nss.deleteAll().finally(() => {
+    // kproxy and the probes first: a namespace with a process in it outlives `ip netns del`
+    void killStarted().finally(() => nss.deleteAll()).finally(() => {
       rmSync(workDir, { recursive: true, force: true });
       process.exit(130);
     });
