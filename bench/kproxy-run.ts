@@ -179,6 +179,38 @@ export function endpointCheck(variant: RunVariant, i: number, ep: string): { cmd
 }
 
 /** A directory of symlinks that makes `iptables*` the legacy binaries for a process started with it first on PATH. */
+/**
+ * A directory of bash wrappers, first on kproxy's PATH, that run the real rule-writing binary
+ * (iptables-restore / ip6tables-restore, legacy or not; nft) and append `start end name rc args`
+ * (epoch seconds, $EPOCHREALTIME: no extra process) to `log`: how many writes a sync makes.
+ */
+export function writeLogShim(dir: string, variant: RunVariant, log: string): string {
+  const bin = join(dir, 'write-log-bin');
+  mkdirSync(bin, { recursive: true });
+  const names = variant === 'nftables' ? ['nft'] : ['iptables-restore', 'ip6tables-restore'];
+  for (const name of names) {
+    const real = variant === 'iptables-legacy' ? LEGACY_IPTABLES[name] : name;
+    const target = ['/usr/sbin', '/sbin', '/usr/bin'].map((d) => join(d, real)).find((p) => existsSync(p));
+    if (!target) continue;
+    writeFileSync(join(bin, name), `#!/bin/bash\ns=$EPOCHREALTIME\n${target} "$@"\nrc=$?\necho "$s $EPOCHREALTIME ${name} $rc $*" >> ${log}\nexit $rc\n`, { mode: 0o755 });
+  }
+  return bin;
+}
+
+/** The rule writes in a write log that started within [fromMs, toMs] (epoch ms): how many, median duration. */
+export function writesIn(logText: string, fromMs: number, toMs: number): { writes: number; writeMedianMs: number } {
+  const ms: number[] = [];
+  for (const line of logText.split('\n')) {
+    const [start, end, name, , ...args] = line.split(' ');
+    const s = Number(start) * 1000;
+    if (!name || !(s >= fromMs && s <= toMs)) continue;
+    // a write: `nft -f`, or a restore that is not a `--version` probe
+    if (name === 'nft' ? !args.includes('-f') : !name.endsWith('-restore') || args.includes('--version')) continue;
+    ms.push(Number(end) * 1000 - s);
+  }
+  return { writes: ms.length, writeMedianMs: median(ms) };
+}
+
 export function legacyShim(dir: string): string {
   const bin = join(dir, 'legacy-bin');
   mkdirSync(bin, { recursive: true });
@@ -211,6 +243,9 @@ export interface SyncSummary {
   changedMax: number;
   durationMedianMs: number;
   durationMaxMs: number;
+  /** kproxy's rule writes (iptables-restore / nft -f runs) that started in the window, and their median duration */
+  writes?: number;
+  writeMedianMs?: number;
 }
 
 export function summarizeSyncs(lines: LogLine[]): SyncSummary {
@@ -228,6 +263,15 @@ export function summarizeSyncs(lines: LogLine[]): SyncSummary {
 export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<RunPhaseResult> {
   const res: RunPhaseResult = { n: o.n, endpoints: o.endpoints, variant: o.variant, changeMs: [], checkMs: NaN, syncs: 0 };
   const dir = join(o.workDir, `manifests-${o.variant}-${o.n}`);
+  const writeLog = join(o.workDir, `writes-${o.variant}-${o.n}.log`);
+  rmSync(writeLog, { force: true });
+  const writes = (fromMs: number) => {
+    try {
+      return writesIn(readFileSync(writeLog, 'utf8'), fromMs, Date.now());
+    } catch {
+      return undefined;
+    }
+  };
   rmSync(dir, { recursive: true, force: true });
   const hot = hotServices(o.n);
   writeManifests(dir, o.n, o.endpoints, hot);
@@ -249,6 +293,7 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
     }
     const env: NodeJS.ProcessEnv = { ...process.env, KPROXY_LOG_LEVEL: 'info' };
     if (o.variant === 'iptables-legacy') env.PATH = `${legacyShim(o.workDir)}:${env.PATH}`;
+    env.PATH = `${writeLogShim(join(o.workDir, o.variant), o.variant, writeLog)}:${env.PATH}`;
     const mode = o.variant === 'nftables' ? 'nftables' : 'iptables';
     const args = ['netns', 'exec', ns, process.execPath, join(repoRoot, 'bin/kproxy.js'), 'run', '--mode', mode, '--manifests', dir,
       '--hostname-override', 'kpb-node', '--cluster-cidr', '10.0.0.0/8',
@@ -357,8 +402,9 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
       if (probe) {
         const from = events.length;
         const before = await programmingBuckets(runner);
+        const fromMs = Date.now();
         res.streamPacket = await packetStream(o, packetChange);
-        res.streamPacket.syncs = summarizeSyncs(events.slice(from).map((e) => e.line));
+        res.streamPacket.syncs = { ...summarizeSyncs(events.slice(from).map((e) => e.line)), ...writes(fromMs) };
         res.streamPacket.metric = metricDelta(before, await programmingBuckets(runner));
         o.log(`  stream (packet): p50 ${res.streamPacket.p50Ms.toFixed(0)} ms p99 ${res.streamPacket.p99Ms.toFixed(0)} ms (${res.streamPacket.seen}/${res.streamPacket.sent}); syncs ${JSON.stringify(res.streamPacket.syncs)}`);
         // let the last syncs of that stream end before the next one starts
@@ -367,8 +413,9 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
       if (detect !== 'packet') {
         const from = events.length;
         const before = await programmingBuckets(runner);
+        const fromMs = Date.now();
         res.stream = await stream(o, change, present);
-        res.stream.syncs = summarizeSyncs(events.slice(from).map((e) => e.line));
+        res.stream.syncs = { ...summarizeSyncs(events.slice(from).map((e) => e.line)), ...writes(fromMs) };
         res.stream.metric = metricDelta(before, await programmingBuckets(runner));
         o.log(`  stream (kernel poll): p50 ${res.stream.p50Ms.toFixed(0)} ms p99 ${res.stream.p99Ms.toFixed(0)} ms (${res.stream.seen}/${res.stream.sent}); syncs ${JSON.stringify(res.stream.syncs)}`);
       }

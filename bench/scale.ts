@@ -460,7 +460,7 @@ export function markdown(r: ScaleResult): string {
       'Manifest file renamed into place → the change detected, two ways, each with its own changes: **packet** = a connection to the Service\'s ClusterIP answered by the new endpoint ' +
       '(bench/change-probe.ts: every 5 ms, 2 connects per change and at most 8 in all per tick, round-robin; the endpoint is random per connection, with 6 endpoints two connects find the new one with p = 0.31 per tick, so a detection comes ~14 ms after the rule landed on average); ' +
       '**kernel poll** = the new endpoint\'s chain listed by `iptables -t nat -S` / `nft list chain` ("poll" is one poll\'s cost: the resolution, and CPU and xtables-lock time taken from kproxy meanwhile). ' +
-      'Stream: 10 endpoint changes/s on distinct Services; "metric" = kproxy\'s own `kubeproxy_network_programming_duration_seconds` over the stream (trigger time in the slice → end of the sync that programmed it; the buckets holding its p50 and p99, 1 s wide above 1 s); syncs = the syncs kproxy logged during it (count, changed Services per sync median / max, sync duration median).\n\n' +
+      'Stream: 10 endpoint changes/s on distinct Services; "metric" = kproxy\'s own `kubeproxy_network_programming_duration_seconds` over the stream (trigger time in the slice → end of the sync that programmed it; the buckets holding its p50 and p99, 1 s wide above 1 s); syncs = the syncs kproxy logged during it (count, changed Services per sync median / max, sync duration median) and kproxy\'s rule writes that started meanwhile (`iptables-restore` / `nft -f` runs, counted by a logging wrapper on its PATH, and their median duration).\n\n' +
       table(['mode', 'N', 'change: packet (median)', 'change: kernel poll (median)', 'poll', 'stream: packet p50 / p99', 'syncs (packet stream)', 'stream: kernel poll p50 / p99', 'syncs (poll stream)'],
         changes.map((x) => [x.variant, n0(x.n),
           x.changePacketMs?.length ? `${fmtMs(median(x.changePacketMs))} (${x.changePacketMs.length})` : '–',
@@ -581,7 +581,9 @@ function streamCell(x?: StreamResult): string {
 
 function syncsCell(x?: StreamResult): string {
   const s = x?.syncs;
-  return s ? `${s.count} (${s.changedMedian} / ${s.changedMax} each, ${fmtMs(s.durationMedianMs)})` : '–';
+  if (!s) return '–';
+  const w = s.writes !== undefined ? `; ${s.writes} writes, ${fmtMs(s.writeMedianMs)} each` : '';
+  return `${s.count} (${s.changedMedian} / ${s.changedMax} each, ${fmtMs(s.durationMedianMs)}${w})`;
 }
 
 function intList(flag: string, text: string): number[] {

@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { goals, markdown, parseScaleArgs, plots, ScaleError, type ScaleResult } from '../../bench/scale.ts';
 import type { Sample } from '../../bench/measure.ts';
-import { metricDelta, parseProgrammingBuckets, type RunPhaseResult } from '../../bench/kproxy-run.ts';
+import { metricDelta, parseProgrammingBuckets, writesIn, type RunPhaseResult } from '../../bench/kproxy-run.ts';
 
 function sample(n: number, mode: Sample['mode'], fullMs: number, error?: string): Sample {
   const sync = { wallMs: fullMs, writeMs: fullMs / 2, otherExecMs: 1, inProcessMs: 1, commands: 2, rulesWritten: 10, rulesTotal: 100, payloadBytes: 1000 };
@@ -228,4 +228,20 @@ test('the network-programming histogram is read from /metrics text and differenc
   assert.deepEqual(metricDelta(before, after), { count: 100, p50S: 1, p99S: 2 });
   assert.deepEqual(metricDelta(before, before), { count: 0, p50S: NaN, p99S: NaN });
   assert.equal(metricDelta(undefined, after), undefined, 'no scrape: no figure');
+});
+
+test('the write log counts the rule writes that started in a window, reads and probes not', () => {
+  const log = [
+    '1000.000000 1000.900000 iptables-restore 0 -w 5 --noflush --counters',
+    '1001.000000 1001.100000 ip6tables-restore 0 -w 5 --noflush --counters',
+    '1001.500000 1001.600000 iptables-restore 0 --version',
+    '1002.000000 1002.500000 nft 0 -f -',
+    '1002.600000 1002.700000 nft 0 list table ip kube-proxy',
+    '1009.000000 1010.000000 iptables-restore 0 -w 5 --noflush --counters',
+    '',
+  ].join('\n');
+  assert.deepEqual(writesIn(log, 1_000_000, 1_005_000), { writes: 3, writeMedianMs: 500 });
+  // probes (`--version`) and reads (`nft list`) are not writes
+  assert.equal(writesIn(log, 1_001_400, 1_002_800).writes, 1);
+  assert.equal(writesIn(log, 1_003_000, 1_008_000).writes, 0);
 });
