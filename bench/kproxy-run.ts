@@ -405,6 +405,8 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
         const fromMs = Date.now();
         res.streamPacket = await packetStream(o, packetChange);
         res.streamPacket.syncs = { ...summarizeSyncs(events.slice(from).map((e) => e.line)), ...writes(fromMs) };
+        // the metric is observed when the sync returns, a little after the rule answers
+        await sleep(1000);
         res.streamPacket.metric = metricDelta(before, await programmingBuckets(runner));
         o.log(`  stream (packet): p50 ${res.streamPacket.p50Ms.toFixed(0)} ms p99 ${res.streamPacket.p99Ms.toFixed(0)} ms (${res.streamPacket.seen}/${res.streamPacket.sent}); syncs ${JSON.stringify(res.streamPacket.syncs)}`);
         // let the last syncs of that stream end before the next one starts
