@@ -180,3 +180,62 @@ test('nft -f limit scales with the transaction; a killed nft reports KPROXY_NFT_
   const rejecting: CommandRunner = { run: async () => ({ code: 1, stdout: '', stderr: '/dev/stdin:2:1-3: Error: syntax error' }) };
   await assert.rejects(new NftExecutor(rejecting).apply('add table ip kube-proxy\nbad\n'), /KPROXY_NFT_APPLY: nft rejected the transaction at line 2: bad/);
 });
+
+test('retired chains are deleted after an idle sync, or once due staleChainMaxWaitMs, never by a sync that carries a change', async () => {
+  const config = resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' });
+  const tracker = new ProxyStateTracker(4, NODE.nodeName);
+  const ips = (i: number, n: number) => Array.from({ length: n }, (_, k) => `10.180.${i}.${k + 1}`);
+  const count = new Map<number, number>();
+  for (let i = 0; i < 6; i++) {
+    tracker.services.update(null, service(i));
+    tracker.endpoints.update(null, endpoints(i, ips(i, 3)));
+    count.set(i, 3);
+  }
+  const setEndpoints = (i: number, n: number) => {
+    tracker.endpoints.update(endpoints(i, ips(i, count.get(i)!)), endpoints(i, ips(i, n)));
+    count.set(i, n);
+    return tracker.apply();
+  };
+  const input: PlanInput = { state: tracker.state, config, node: NODE };
+  let now = 0;
+  const nft = new FakeNft();
+  const proxier = new NftProxier({ runner: nft, log: silentLogger(), now: () => now, staleChainDelayMs: 1000, staleChainBatchMs: 0, staleChainMaxWaitMs: 60_000 });
+  await proxier.sync(input, tracker.apply(), true);
+  /** the transactions a step sent */
+  const step = async (at: number, changed: Set<string>): Promise<string> => {
+    now = at;
+    const from = nft.texts.length;
+    await proxier.sync(input, changed, false);
+    return nft.texts.slice(from).join('');
+  };
+  const deleted = (text: string) => text.split('\n').filter((l) => l.startsWith('delete chain ')).map((l) => l.split(' ').at(-1)).sort();
+
+  // svc0 loses an endpoint: its two endpoint chains (tcp and udp) are flushed, not deleted.
+  const retired = 2;
+  let tx = await step(0, setEndpoints(0, 2));
+  assert.deepEqual(deleted(tx), []);
+  const flushed = tx.split('\n').filter((l) => /^flush chain .*10\.180\.0\.3/.test(l));
+  assert.equal(flushed.length, retired, tx);
+  // A stream of changes, long after they are due: no sync that carries a change deletes them.
+  for (let k = 1; k <= 5; k++) {
+    tx = await step(k * 5000, setEndpoints(k, 4));
+    assert.deepEqual(deleted(tx), [], `change at ${k * 5} s`);
+    for (const l of tx.split('\n').filter(Boolean)) assert.match(l, /^(add chain|flush chain) /, `change at ${k * 5} s`);
+  }
+  // The first idle sync deletes them, in a transaction of their own.
+  tx = await step(26_000, new Set());
+  assert.deepEqual(deleted(tx), flushed.map((l) => l.split(' ').at(-1)).sort());
+  assert.equal(tx.split('\n').filter(Boolean).length, retired, 'only the deletions');
+  assert.deepEqual(deleted(await step(27_000, new Set())), [], 'deleted once');
+
+  // Under a stream that never pauses they go once due for staleChainMaxWaitMs.
+  tx = await step(30_000, setEndpoints(5, 2));
+  const second = tx.split('\n').filter((l) => /^flush chain .*10\.180\.5\.[34]/.test(l)).map((l) => l.split(' ').at(-1)).sort();
+  assert.equal(second.length, 4, tx);
+  let n = 4;
+  for (let at = 35_000; at < 30_000 + 1000 + 60_000; at += 5000) assert.deepEqual(deleted(await step(at, setEndpoints(1, ++n))), [], `change at ${at / 1000} s`);
+  tx = await step(91_000, setEndpoints(2, 5));
+  assert.deepEqual(deleted(tx), second, 'deleted after the change of the sync that found them overdue');
+  // And the table is the full render of the state.
+  assert.deepEqual(sorted(dumpRuleset(nft.table())), sorted(dumpRuleset(planRuleset(tracker.state, optionsFromInput(input)))));
+});
