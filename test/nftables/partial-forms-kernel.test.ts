@@ -217,3 +217,51 @@ test('options changed (node address and masquerade-all): the whole-table diff us
   assert.equal(proxier.partialFallbacks, 0);
   assert.deepEqual(await table(NS.partial), await freshTable(input));
 });
+
+test('a stream batch (endpoints added and removed across Services) is one transaction of table-list forms; retired chains go after an idle sync and the table is then exactly a fresh full sync\'s', async () => {
+  const config = resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' });
+  const tracker = new ProxyStateTracker(4, NODE.nodeName);
+  const counts = new Map<number, number>();
+  for (let i = 0; i < 12; i++) {
+    tracker.services.update(null, service(i, { sticky: i % 4 === 1, local: i % 3 === 2 }));
+    tracker.endpoints.update(null, slice(i, 3));
+    counts.set(i, 3);
+  }
+  const setEndpoints = (i: number, n: number) => {
+    tracker.endpoints.update(slice(i, counts.get(i)!), slice(i, n));
+    counts.set(i, n);
+  };
+  const input: PlanInput = { state: tracker.state, config, node: NODE };
+  const runner = new RecordingRunner(NS.partial);
+  await runner.run('nft', ['delete', 'table', 'ip', 'kube-proxy'], { timeoutMs: 10_000 });
+  let now = 0;
+  const proxier = new NftProxier({ runner, log: silentLogger(), now: () => now, staleChainDelayMs: 1000, staleChainBatchMs: 0 });
+  await proxier.sync(input, tracker.apply(), true);
+  runner.take();
+
+  const batches: Array<Array<[number, number]>> = [
+    [[0, 4], [2, 4], [5, 5], [3, 2], [4, 1], [6, 2]],
+    [[7, 4], [11, 2], [8, 1], [9, 5], [10, 2]],
+  ];
+  for (const [b, batch] of batches.entries()) {
+    now = 5000 * (b + 1);
+    for (const [i, n] of batch) setEndpoints(i, n);
+    await proxier.sync(input, tracker.apply(), false);
+    const sent = runner.take();
+    assert.equal(sent.length, 1, `batch ${b}: one transaction`);
+    assert.deepEqual(lines(sent[0]).filter((l) => !PARTIAL_O1_COMMANDS.test(l)), [], `batch ${b}: commands that make nft 1.0.6 list every chain`);
+    assert.match(sent[0], /^flush chain ip kube-proxy endpoint-\S+10\.180\.\d+\.3\/8080$/m, `batch ${b}: a removed endpoint's chain is flushed`);
+    assert.deepEqual(await table(NS.partial), await freshTable(input), `batch ${b}: table after the partial sync`);
+  }
+  // Idle: the retired chains are deleted, and nothing is left that a fresh sync would not write.
+  now = 20_000;
+  await proxier.sync(input, new Set(), false);
+  const sent = runner.take();
+  assert.equal(sent.length, 1);
+  assert.deepEqual(lines(sent[0]).filter((l) => !l.startsWith('delete chain ip kube-proxy endpoint-')), [], 'only retired endpoint chains');
+  const strict = async (ns: string) => lines((await runChecked(nsRunner(ns), 'nft', ['list', 'table', 'ip', 'kube-proxy'], { timeoutMs: 20_000 })).stdout);
+  await freshTable(input);
+  const norm = (ls: string[]) => dumpRuleset(parseKubeProxyTable(ls.join('\n'), 'ip')).split('\n').filter(Boolean).sort();
+  assert.deepEqual(norm(await strict(NS.partial)), norm(await strict(NS.full)), 'no empty chain left behind');
+  assert.equal(proxier.partialFallbacks, 0);
+});
