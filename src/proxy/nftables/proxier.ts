@@ -65,6 +65,8 @@ export class NftProxier implements Proxier {
   private baseChainsRecreated = false;
   /** retired chain → when it was flushed */
   private readonly staleChains = new Map<string, number>();
+  /** retired affinity set → when it was flushed (deleted with the chains) */
+  private readonly staleSets = new Map<string, number>();
   private lastTransaction = '';
   /** whether the last syncAttempt wrote a partial transaction */
   private lastAttemptPartial = false;
@@ -103,14 +105,27 @@ export class NftProxier implements Proxier {
     return { chains: new Set(rs.chains.keys()), sets: new Map([...rs.sets.values()].map((s) => [s.name, s.kind])) };
   }
 
-  /** Chains retired at least delayMs ago that the desired table does not use again. */
-  private dueStaleChains(desired: Ruleset): string[] {
-    const due: string[] = [];
-    for (const [name, since] of this.staleChains) {
-      if (desired.chains.has(name)) this.staleChains.delete(name);
-      else if (this.now() - since >= this.delayMs) due.push(name);
+  /** Chains and affinity sets retired at least delayMs ago that the desired table does not use again. */
+  private dueStale(desired: Ruleset): { chains: string[]; sets: string[]; oldest: number } {
+    const due = { chains: [] as string[], sets: [] as string[], oldest: Infinity };
+    for (const [map, has, out] of [
+      [this.staleChains, (n: string) => desired.chains.has(n), due.chains],
+      [this.staleSets, (n: string) => desired.sets.has(n), due.sets],
+    ] as const) {
+      for (const [name, since] of map) {
+        if (has(name)) map.delete(name);
+        else if (this.now() - since >= this.delayMs) {
+          out.push(name);
+          due.oldest = Math.min(due.oldest, since);
+        }
+      }
     }
     return due;
+  }
+
+  private forgetStale(due: { chains: string[]; sets: string[] }): void {
+    for (const c of due.chains) this.staleChains.delete(c);
+    for (const s of due.sets) this.staleSets.delete(s);
   }
 
   /**
@@ -119,20 +134,16 @@ export class NftProxier implements Proxier {
    */
   private async deleteStaleChains(family: NftFamily, desired: Ruleset, quiet: boolean): Promise<void> {
     if (this.now() - this.lastChainDeletion < this.batchMs) return;
-    const due = this.dueStaleChains(desired);
-    if (due.length === 0) return;
-    if (!quiet) {
-      let oldest = Infinity;
-      for (const c of due) oldest = Math.min(oldest, this.staleChains.get(c)!);
-      if (this.now() - oldest < this.delayMs + this.maxWaitMs) return;
-    }
+    const due = this.dueStale(desired);
+    if (due.chains.length + due.sets.length === 0) return;
+    if (!quiet && this.now() - due.oldest < this.delayMs + this.maxWaitMs) return;
     this.lastChainDeletion = this.now();
-    for (const c of due) this.staleChains.delete(c);
+    this.forgetStale(due);
     try {
-      await this.exec.apply(deleteChainsTransaction({ family, table: TABLE }, due));
+      await this.exec.apply(deleteChainsTransaction({ family, table: TABLE }, due.chains, due.sets));
     } catch (e) {
       // They will be found again by the next full sync's listing and retried.
-      this.log.warn({ err: (e as Error).message, chains: due.length }, coded('KPROXY_NFT_STALE_CHAINS', 'could not delete retired chains; will retry'));
+      this.log.warn({ err: (e as Error).message, chains: due.chains.length, sets: due.sets.length }, coded('KPROXY_NFT_STALE_CHAINS', 'could not delete retired chains; will retry'));
       this.needFull = true;
       this.cleanupFailures++;
     }
@@ -195,8 +206,11 @@ export class NftProxier implements Proxier {
 
     let tx: Transaction;
     this.lastAttemptPartial = !(fullSync || this.needFull || !this.applied);
+    /** whether a full transaction deletes every set of the table it does not want */
+    let deletesStaleSets = false;
     if (!this.lastAttemptPartial) {
       const live = await this.liveNames(family);
+      deletesStaleSets = live !== null;
       tx = fullTransaction(desired, live, { recreateBaseChains: !this.baseChainsRecreated });
     } else if (plan.previous) {
       tx = partialTransactionFor(desired, plan.previous);
@@ -205,8 +219,9 @@ export class NftProxier implements Proxier {
       tx = partialTransaction(desired, this.applied!);
     }
     // nft lists every chain for this transaction's deletes anyway: retire due chains with it.
-    const riders = this.lastAttemptPartial && /^delete /m.test(tx.text) ? this.dueStaleChains(desired) : [];
-    if (riders.length) tx = { ...tx, text: tx.text + deleteChainsTransaction({ family, table: TABLE }, riders), ops: tx.ops + riders.length };
+    const riders = this.lastAttemptPartial && /^delete /m.test(tx.text) ? this.dueStale(desired) : { chains: [], sets: [] };
+    const riding = riders.chains.length + riders.sets.length;
+    if (riding) tx = { ...tx, text: tx.text + deleteChainsTransaction({ family, table: TABLE }, riders.chains, riders.sets), ops: tx.ops + riding };
     if (tx.ops > 0) {
       this.lastTransaction = tx.text;
       try {
@@ -216,7 +231,9 @@ export class NftProxier implements Proxier {
         throw e;
       }
     }
-    for (const c of riders) this.staleChains.delete(c);
+    this.forgetStale(riders);
+    // The full transaction deleted the retired sets itself.
+    if (deletesStaleSets) for (const s of this.staleSets.keys()) if (!desired.sets.has(s)) this.staleSets.delete(s);
     // memory: a full transaction at 10,000 Services is tens of MiB of text; it is needed only
     // to name the Services of refused lines, right after a failed apply (excludeRefused)
     if (this.lastTransaction.length > MAX_KEPT_TRANSACTION_CHARS) this.lastTransaction = '';
@@ -224,6 +241,9 @@ export class NftProxier implements Proxier {
     this.needFull = false;
     for (const c of tx.staleChains) {
       if (!this.staleChains.has(c)) this.staleChains.set(c, this.now());
+    }
+    for (const s of tx.staleSets) {
+      if (!this.staleSets.has(s)) this.staleSets.set(s, this.now());
     }
     // Retired chains are tracked in staleChains, not here, so partial syncs diff only live content.
     this.applied = desired;
