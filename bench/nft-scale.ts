@@ -16,10 +16,14 @@
 //     element as an `add set ... { elements = { } }` (new form), and one rule with a jump
 //     into an unreferenced chain (the kernel's table validation, which any rule with a
 //     jump, goto or dnat triggers);
-//   - a Service deleted (median of up to 3): its elements go with `delete element`.
+//   - a Service deleted (median of up to 3): its elements go with `delete element`;
+//   - stream batches (--batches, --batch): --batch endpoint changes (half added, half removed)
+//     over as many Services in one sync, beside the same changes one sync each, the retired
+//     chains' `delete chain`, and one `nft list chain` poll.
 //
 //   node --import tsx bench/nft-scale.ts [--quick] [--sizes 100,1000,10000,50000] [--endpoints 5]
 //        [--reps 3] [--changes 7] [--upstream-max 2000] [--iptables-max 20000] [--timeout 300]
+//        [--batches 3] [--batch 10]
 //
 // --quick: sizes 100,1000,10000, one cold start each, 5 changes, upstream shape up to 1000.
 // The load average (1 min) is printed per size, next to its changes.
