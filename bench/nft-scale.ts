@@ -16,10 +16,14 @@
 //     element as an `add set ... { elements = { } }` (new form), and one rule with a jump
 //     into an unreferenced chain (the kernel's table validation, which any rule with a
 //     jump, goto or dnat triggers);
-//   - a Service deleted (median of up to 3): its elements go with `delete element`.
+//   - a Service deleted (median of up to 3): its elements go with `delete element`;
+//   - stream batches (--batches, --batch): --batch endpoint changes (half added, half removed)
+//     over as many Services in one sync, beside the same changes one sync each, the retired
+//     chains' `delete chain`, and one `nft list chain` poll.
 //
 //   node --import tsx bench/nft-scale.ts [--quick] [--sizes 100,1000,10000,50000] [--endpoints 5]
 //        [--reps 3] [--changes 7] [--upstream-max 2000] [--iptables-max 20000] [--timeout 300]
+//        [--batches 3] [--batch 10]
 //
 // --quick: sizes 100,1000,10000, one cold start each, 5 changes, upstream shape up to 1000.
 // The load average (1 min) is printed per size, next to its changes.
@@ -82,6 +86,15 @@ class ScaleWorkload {
     return this.tracker.apply();
   }
 
+  /** One endpoint fewer on service i (its last one goes). */
+  removeEndpoint(i: number): Set<string> {
+    const before = sliceObject(i, this.counts[i], this.stride);
+    if (this.counts[i] < 2) throw new Error('KPROXY_BENCH_WORKLOAD: service has no endpoint to spare');
+    this.counts[i]--;
+    this.tracker.endpoints.update(before, sliceObject(i, this.counts[i], this.stride));
+    return this.tracker.apply();
+  }
+
   /** Deletes service i and its slice. */
   deleteService(i: number): Set<string> {
     this.tracker.services.update(this.service(i), null);
@@ -119,6 +132,28 @@ interface Row {
   deleteMs: number[];
   /** 1-minute load average when the changes were measured */
   load: number;
+  /** stream batches: `batch` endpoint changes (half added, half removed) across as many Services, one sync */
+  batch: BatchMeasure[];
+}
+
+/** One stream batch (what one sync sees under a stream of endpoint changes, coalesced by minSyncPeriod). */
+interface BatchMeasure {
+  /** NftProxier.sync of the whole batch: wall, nft writes, kproxy's own part, commands */
+  ms: number;
+  nftMs: number;
+  ownMs: number;
+  commands: number;
+  /** command kinds of the transaction sent ("add chain": 20, ...) */
+  forms: Record<string, number>;
+  /** raw `nft -f` of the same transaction again (idempotent) */
+  rawMs: number;
+  /** the same number of changes, one sync each (what the batch saves) */
+  oneByOneMs: number;
+  /** what the proxier does later for the endpoints removed: `delete chain` of the retired chains (raw nft -f) */
+  retiredDeleteMs: number;
+  retiredChains: number;
+  /** one `nft list chain` of a new endpoint chain: what kproxy-run's stream poller pays per check */
+  checkMs: number;
 }
 
 /** A partial transaction in the forms used before (and by upstream): add table, add rule, add element. */
@@ -162,7 +197,95 @@ async function timedApply(nss: Namespaces, cmd: string, args: string[], payload:
   }
 }
 
+/** The command kind of each line of a transaction ("add chain", "delete element", ...), counted. */
+export function commandForms(text: string): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const line of text.split('\n')) {
+    const m = /^(\w+) (\w+)/.exec(line);
+    if (!m) continue;
+    const k = `${m[1]} ${m[2]}`;
+    out[k] = (out[k] ?? 0) + 1;
+  }
+  return out;
+}
+
+/**
+ * Batch `b`: `size` endpoint changes over `size` Services (even ones: an endpoint added, odd
+ * ones: one removed), synced at once, as the sync loop hands a 10/s stream to the proxier
+ * once per minSyncPeriod; then the same number of changes one sync each; the retired
+ * chains' deletion; one poll of the kernel as kproxy-run's stream makes it.
+ */
+async function streamBatch(
+  w: ScaleWorkload,
+  proxier: Awaited<ReturnType<ReturnType<typeof getMode>['createProxier']>>,
+  runner: TimedRunner,
+  size: number,
+  b: number,
+  log: (l: string) => void,
+): Promise<BatchMeasure> {
+  const p = proxier as unknown as { lastTransactionText(): string; staleChains: Map<string, number> };
+  const pick = (k: number, round: number) => Math.floor((w.n * (2 * k + 1)) / (2 * size)) + 1 + b * 2 + round;
+  const changed = new Set<string>();
+  for (let k = 0; k < size; k++) for (const s of k % 2 ? w.removeEndpoint(pick(k, 0)) : w.addEndpoint(pick(k, 0))) changed.add(s);
+  runner.take();
+  const t0 = performance.now();
+  const stats = await proxier.sync(w.input('nftables'), changed, false);
+  const ms = performance.now() - t0;
+  const recs = runner.take();
+  const sent = p.lastTransactionText();
+  const m: BatchMeasure = {
+    ms,
+    nftMs: execMs(recs, isWrite),
+    ownMs: ms - execMs(recs),
+    commands: stats.rulesWritten,
+    forms: commandForms(sent),
+    rawMs: (await timedNft(runner, sent)) ?? NaN,
+    oneByOneMs: 0,
+    retiredDeleteMs: NaN,
+    retiredChains: 0,
+    checkMs: NaN,
+  };
+  const newChain = /^add chain ip kube-proxy (endpoint-\S+) \{/m.exec(sent)?.[1];
+  if (newChain) {
+    const checks: number[] = [];
+    for (let c = 0; c < 3; c++) {
+      const t = performance.now();
+      await runner.run('nft', ['list', 'chain', 'ip', 'kube-proxy', newChain], { timeoutMs: 60_000 });
+      checks.push(performance.now() - t);
+    }
+    m.checkMs = median(checks);
+  }
+  // The proxier deletes retired chains later (after delayMs, at most every batchMs): time that
+  // transaction here, as it would send it, and take them off its list.
+  const retired = [...(p.staleChains?.keys() ?? [])];
+  if (retired.length) {
+    m.retiredChains = retired.length;
+    m.retiredDeleteMs = (await timedNft(runner, retired.map((c) => `delete chain ip kube-proxy ${c}`).join('\n') + '\n')) ?? NaN;
+    for (const c of retired) p.staleChains.delete(c);
+  }
+  for (let k = 0; k < size; k++) {
+    const one = k % 2 ? w.removeEndpoint(pick(k, 1)) : w.addEndpoint(pick(k, 1));
+    runner.take();
+    const t = performance.now();
+    await proxier.sync(w.input('nftables'), one, false);
+    m.oneByOneMs += performance.now() - t;
+  }
+  for (const c of [...(p.staleChains?.keys() ?? [])]) {
+    await timedNft(runner, `delete chain ip kube-proxy ${c}\n`);
+    p.staleChains.delete(c);
+  }
+  runner.take();
+  log(
+    `N=${w.n} batch ${b}: ${size} changes in one sync ${fmtMs(m.ms)} ms (nft ${fmtMs(m.nftMs)}, own ${fmtMs(m.ownMs)}, ${m.commands} commands ${JSON.stringify(m.forms)}); ` +
+      `raw same tx ${fmtMs(m.rawMs)} ms; one by one ${fmtMs(m.oneByOneMs)} ms; retired ${m.retiredChains} chains deleted in ${fmtMs(m.retiredDeleteMs)} ms; check ${fmtMs(m.checkMs)} ms; load ${os.loadavg()[0].toFixed(1)}`,
+  );
+  return m;
+}
+
 export interface ScaleOptions {
+  /** stream batches per size (after the one-Service changes) and changes per batch */
+  batches: number;
+  batch: number;
   sizes: number[];
   endpoints: number;
   reps: number;
@@ -179,7 +302,7 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
   const rows: Row[] = [];
   try {
     for (const n of o.sizes) {
-      const w = new ScaleWorkload(n, o.endpoints, o.changes + 1);
+      const w = new ScaleWorkload(n, o.endpoints, o.changes + 3);
       const nftInput = w.input('nftables');
       const rs = planRuleset(nftInput.state, optionsFromInput(nftInput));
       const nftText = dumpRuleset(rs);
@@ -205,6 +328,7 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
         deleteMs: [],
         upstreamFloorJumpMs: [],
         load: NaN,
+        batch: [],
       };
       const reps = n >= 50_000 ? 1 : o.reps;
       for (let rep = 0; rep < reps; rep++) {
@@ -261,6 +385,7 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
               push(row.floorJumpMs, await timedNft(runner, `add chain ip kube-proxy kpb-scratch-${c}\nadd chain ip kube-proxy kpb-scratch-${c} { jump mark-for-masquerade ; }\n`));
               runner.take();
             }
+            for (let b = 0; b < o.batches; b++) row.batch.push(await streamBatch(w, proxier, runner, o.batch, b, log));
             for (let c = 0; c < Math.min(3, o.changes); c++) {
               const changed = w.deleteService(Math.floor((n * (2 * c + 1)) / (2 * o.changes + 2)));
               const t1 = performance.now();
@@ -298,7 +423,7 @@ export function scaleTable(rows: Row[]): string {
       `| ${r.n.toLocaleString('en-US')} | ${r.objects.toLocaleString('en-US')} | ${m(r.rawIptablesMs)} | ${m(r.rawNftMs)} | ${m(r.rawUpstreamShapeMs)} | ${m(r.coldMs)} | ${m(r.coldNftMs)} | ${Number.isFinite(ratio) ? ratio.toFixed(2) : '–'} |`,
     );
   }
-  lines.push('', changeTable(rows));
+  lines.push('', changeTable(rows), '', batchTable(rows));
   return lines.join('\n');
 }
 
@@ -320,6 +445,23 @@ export function changeTable(rows: Row[]): string {
   return lines.join('\n');
 }
 
+/** Stream batches: one sync of `batch` endpoint changes, beside the same changes one sync each. */
+export function batchTable(rows: Row[]): string {
+  const m = (xs: number[]) => (xs.some(Number.isFinite) ? fmtMs(median(xs.filter(Number.isFinite))) : '–');
+  const lines = [
+    '| services | batches | batch sync (ms) | of which nft (ms) | kproxy own (ms) | commands | raw nft -f, same transaction (ms) | same changes, one sync each (ms, sum) | retired chains | their `delete chain` (ms) | one poll `nft list chain` (ms) |',
+    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+  ];
+  for (const r of rows) {
+    if (!r.batch.length) continue;
+    const b = (f: (x: BatchMeasure) => number) => m(r.batch.map(f));
+    lines.push(
+      `| ${r.n.toLocaleString('en-US')} | ${r.batch.length} | ${b((x) => x.ms)} | ${b((x) => x.nftMs)} | ${b((x) => x.ownMs)} | ${median(r.batch.map((x) => x.commands))} | ${b((x) => x.rawMs)} | ${b((x) => x.oneByOneMs)} | ${median(r.batch.map((x) => x.retiredChains))} | ${b((x) => x.retiredDeleteMs)} | ${b((x) => x.checkMs)} |`,
+    );
+  }
+  return lines.join('\n');
+}
+
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
@@ -331,6 +473,8 @@ async function main(): Promise<void> {
       'upstream-max': { type: 'string' },
       'iptables-max': { type: 'string', default: '20000' },
       timeout: { type: 'string', default: '300' },
+      batches: { type: 'string' },
+      batch: { type: 'string', default: '10' },
     },
   });
   const q = values.quick!;
@@ -342,6 +486,8 @@ async function main(): Promise<void> {
     upstreamMax: Number(values['upstream-max'] ?? (q ? 1000 : 2000)),
     iptablesMax: Number(values['iptables-max']),
     timeoutS: Number(values.timeout),
+    batches: Number(values.batches ?? (q ? 1 : 3)),
+    batch: Number(values.batch),
   };
   if (o.sizes.some((n) => !Number.isInteger(n) || n < 1)) throw new Error('KPROXY_BENCH_ARGS: --sizes wants positive integers');
   const started = new Date().toISOString();

@@ -14,6 +14,7 @@ import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { mode } from '../../src/proxy/nftables/index.ts';
 import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+import { dropRetiredAffinitySets } from '../support/nft-retired.ts';
 
 const P = `kpt-nft-inc-${process.pid}`;
 const NS = { partial: `${P}-a`, full: `${P}-b` };
@@ -51,8 +52,9 @@ function slice(i: number, n: number): K8sEndpointSlice {
 async function table(ns: string): Promise<string[]> {
   const r = await runChecked(nsRunner(ns), 'nft', ['list', 'table', 'ip', 'kube-proxy'], { timeoutMs: 20_000 });
   const rs = parseKubeProxyTable(r.stdout, 'ip');
-  // Chains retired by a partial sync are flushed now and deleted a second later.
+  // Chains and affinity sets retired by a partial sync are flushed now and deleted later.
   for (const [name, ch] of rs.chains) if (name.includes('/') && ch.rules.length === 0) rs.chains.delete(name);
+  dropRetiredAffinitySets(rs);
   return dumpRuleset(rs).split('\n').filter(Boolean).sort();
 }
 

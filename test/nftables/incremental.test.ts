@@ -16,6 +16,7 @@ import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { countObjects, dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { partialTransaction } from '../../src/modes/nftables/transaction.ts';
 import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+import { dropRetiredAffinitySets } from '../support/nft-retired.ts';
 
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: { 'kubernetes.io/hostname': 'node-a' }, family: 4 as const };
 
@@ -70,6 +71,7 @@ class FakeNft implements CommandRunner {
   table() {
     const rs = parseKubeProxyTable(this.texts.join(''), 'ip');
     for (const [name, ch] of rs.chains) if (name.includes('/') && ch.rules.length === 0) rs.chains.delete(name);
+    dropRetiredAffinitySets(rs);
     return rs;
   }
 }
@@ -130,10 +132,11 @@ test('a partial sync replans only the changed service and yields the full render
     const expected = partialTransaction(planRuleset(tracker.state, o), prevFull);
     assert.ok(expected.ops > 0, step.name);
     assert.notEqual(proxier.lastTransactionText(), prevTx, step.name);
-    // Plus, when it deletes elements (nft then lists every chain anyway), the chains retired
-    // by earlier syncs ride along.
-    const [riders, rest] = [sorted(proxier.lastTransactionText()).filter((l) => l.startsWith('delete chain ')), sorted(proxier.lastTransactionText()).filter((l) => !l.startsWith('delete chain '))];
-    if (riders.length) assert.match(proxier.lastTransactionText(), /^delete (element|set) /m, `${step.name}: retired chains ride only with deletes`);
+    // Plus, when it deletes elements (nft then lists every chain anyway), the chains and
+    // affinity sets retired by earlier syncs ride along.
+    const isRider = (l: string) => l.startsWith('delete chain ') || l.startsWith('delete set ip kube-proxy affinity-');
+    const [riders, rest] = [sorted(proxier.lastTransactionText()).filter(isRider), sorted(proxier.lastTransactionText()).filter((l) => !isRider(l))];
+    if (riders.length) assert.match(proxier.lastTransactionText(), /^delete element /m, `${step.name}: retired chains ride only with deletes`);
     assert.deepEqual(rest, sorted(expected.text), `${step.name}: transaction`);
   }
   // The shared external IP element now leads to the service that still claims it.
@@ -179,4 +182,63 @@ test('nft -f limit scales with the transaction; a killed nft reports KPROXY_NFT_
   // A rejected transaction still names its line, not a timeout.
   const rejecting: CommandRunner = { run: async () => ({ code: 1, stdout: '', stderr: '/dev/stdin:2:1-3: Error: syntax error' }) };
   await assert.rejects(new NftExecutor(rejecting).apply('add table ip kube-proxy\nbad\n'), /KPROXY_NFT_APPLY: nft rejected the transaction at line 2: bad/);
+});
+
+test('retired chains are deleted after an idle sync, or once due staleChainMaxWaitMs, never by a sync that carries a change', async () => {
+  const config = resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' });
+  const tracker = new ProxyStateTracker(4, NODE.nodeName);
+  const ips = (i: number, n: number) => Array.from({ length: n }, (_, k) => `10.180.${i}.${k + 1}`);
+  const count = new Map<number, number>();
+  for (let i = 0; i < 6; i++) {
+    tracker.services.update(null, service(i));
+    tracker.endpoints.update(null, endpoints(i, ips(i, 3)));
+    count.set(i, 3);
+  }
+  const setEndpoints = (i: number, n: number) => {
+    tracker.endpoints.update(endpoints(i, ips(i, count.get(i)!)), endpoints(i, ips(i, n)));
+    count.set(i, n);
+    return tracker.apply();
+  };
+  const input: PlanInput = { state: tracker.state, config, node: NODE };
+  let now = 0;
+  const nft = new FakeNft();
+  const proxier = new NftProxier({ runner: nft, log: silentLogger(), now: () => now, staleChainDelayMs: 1000, staleChainBatchMs: 0, staleChainMaxWaitMs: 60_000 });
+  await proxier.sync(input, tracker.apply(), true);
+  /** the transactions a step sent */
+  const step = async (at: number, changed: Set<string>): Promise<string> => {
+    now = at;
+    const from = nft.texts.length;
+    await proxier.sync(input, changed, false);
+    return nft.texts.slice(from).join('');
+  };
+  const deleted = (text: string) => text.split('\n').filter((l) => l.startsWith('delete chain ')).map((l) => l.split(' ').at(-1)).sort();
+
+  // svc0 loses an endpoint: its two endpoint chains (tcp and udp) are flushed, not deleted.
+  const retired = 2;
+  let tx = await step(0, setEndpoints(0, 2));
+  assert.deepEqual(deleted(tx), []);
+  const flushed = tx.split('\n').filter((l) => /^flush chain .*10\.180\.0\.3/.test(l));
+  assert.equal(flushed.length, retired, tx);
+  // A stream of changes, long after they are due: no sync that carries a change deletes them.
+  for (let k = 1; k <= 5; k++) {
+    tx = await step(k * 5000, setEndpoints(k, 4));
+    assert.deepEqual(deleted(tx), [], `change at ${k * 5} s`);
+    for (const l of tx.split('\n').filter(Boolean)) assert.match(l, /^(add chain|flush chain) /, `change at ${k * 5} s`);
+  }
+  // The first idle sync deletes them, in a transaction of their own.
+  tx = await step(26_000, new Set());
+  assert.deepEqual(deleted(tx), flushed.map((l) => l.split(' ').at(-1)).sort());
+  assert.equal(tx.split('\n').filter(Boolean).length, retired, 'only the deletions');
+  assert.deepEqual(deleted(await step(27_000, new Set())), [], 'deleted once');
+
+  // Under a stream that never pauses they go once due for staleChainMaxWaitMs.
+  tx = await step(30_000, setEndpoints(5, 2));
+  const second = tx.split('\n').filter((l) => /^flush chain .*10\.180\.5\.[34]/.test(l)).map((l) => l.split(' ').at(-1)).sort();
+  assert.equal(second.length, 4, tx);
+  let n = 4;
+  for (let at = 35_000; at < 30_000 + 1000 + 60_000; at += 5000) assert.deepEqual(deleted(await step(at, setEndpoints(1, ++n))), [], `change at ${at / 1000} s`);
+  tx = await step(91_000, setEndpoints(2, 5));
+  assert.deepEqual(deleted(tx), second, 'deleted after the change of the sync that found them overdue');
+  // And the table is the full render of the state.
+  assert.deepEqual(sorted(dumpRuleset(nft.table())), sorted(dumpRuleset(planRuleset(tracker.state, optionsFromInput(input)))));
 });

@@ -19,6 +19,7 @@ import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { PARTIAL_O1_COMMANDS } from '../../src/modes/nftables/transaction.ts';
 import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+import { dropRetiredAffinitySets } from '../support/nft-retired.ts';
 import { uniqueName } from '../support/netns.ts';
 
 const NS = { partial: uniqueName('kpt-nft-pf-a'), full: uniqueName('kpt-nft-pf-b') };
@@ -75,6 +76,7 @@ async function table(ns: string): Promise<string[]> {
   const rs = parseKubeProxyTable(r.stdout, 'ip');
   // Chains retired by a partial sync are flushed now and deleted later.
   for (const [name, ch] of rs.chains) if (name.includes('/') && ch.rules.length === 0) rs.chains.delete(name);
+  dropRetiredAffinitySets(rs);
   return dumpRuleset(rs).split('\n').filter(Boolean).sort();
 }
 
@@ -216,4 +218,54 @@ test('options changed (node address and masquerade-all): the whole-table diff us
   assert.match(sent[0], /jump mark-for-masquerade/);
   assert.equal(proxier.partialFallbacks, 0);
   assert.deepEqual(await table(NS.partial), await freshTable(input));
+});
+
+test('a stream batch (endpoints added and removed across Services) is one transaction of table-list forms; retired chains go after an idle sync and the table is then exactly a fresh full sync\'s', async () => {
+  const config = resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' });
+  const tracker = new ProxyStateTracker(4, NODE.nodeName);
+  const counts = new Map<number, number>();
+  for (let i = 0; i < 12; i++) {
+    tracker.services.update(null, service(i, { sticky: i % 4 === 1, local: i % 3 === 2 }));
+    tracker.endpoints.update(null, slice(i, 3));
+    counts.set(i, 3);
+  }
+  const setEndpoints = (i: number, n: number) => {
+    tracker.endpoints.update(slice(i, counts.get(i)!), slice(i, n));
+    counts.set(i, n);
+  };
+  const input: PlanInput = { state: tracker.state, config, node: NODE };
+  const runner = new RecordingRunner(NS.partial);
+  await runner.run('nft', ['delete', 'table', 'ip', 'kube-proxy'], { timeoutMs: 10_000 });
+  let now = 0;
+  const proxier = new NftProxier({ runner, log: silentLogger(), now: () => now, staleChainDelayMs: 1000, staleChainBatchMs: 0 });
+  await proxier.sync(input, tracker.apply(), true);
+  runner.take();
+
+  const batches: Array<Array<[number, number]>> = [
+    [[0, 4], [2, 4], [5, 5], [3, 2], [4, 1], [6, 2]],
+    [[7, 4], [1, 2], [8, 1], [9, 5], [10, 2]],
+  ];
+  for (const [b, batch] of batches.entries()) {
+    now = 5000 * (b + 1);
+    for (const [i, n] of batch) setEndpoints(i, n);
+    await proxier.sync(input, tracker.apply(), false);
+    const sent = runner.take();
+    assert.equal(sent.length, 1, `batch ${b}: one transaction`);
+    assert.deepEqual(lines(sent[0]).filter((l) => !PARTIAL_O1_COMMANDS.test(l)), [], `batch ${b}: commands that make nft 1.0.6 list every chain`);
+    assert.match(sent[0], /^flush chain ip kube-proxy endpoint-\S+10\.180\.\d+\.3\/8080$/m, `batch ${b}: a removed endpoint's chain is flushed`);
+    if (b === 1) assert.match(sent[0], /^flush set ip kube-proxy affinity-\S+ns\/svc1\/tcp\/http__10\.180\.1\.3\/8080$/m, 'a sticky Service\'s removed endpoint: its affinity set is flushed, not deleted');
+    assert.deepEqual(await table(NS.partial), await freshTable(input), `batch ${b}: table after the partial sync`);
+  }
+  // Idle: the retired chains are deleted, and nothing is left that a fresh sync would not write.
+  now = 20_000;
+  await proxier.sync(input, new Set(), false);
+  const sent = runner.take();
+  assert.equal(sent.length, 1);
+  assert.deepEqual(lines(sent[0]).filter((l) => !/^delete (chain ip kube-proxy endpoint-|set ip kube-proxy affinity-)/.test(l)), [], 'only retired endpoint chains and affinity sets');
+  assert.match(sent[0], /^delete set ip kube-proxy affinity-\S+ns\/svc1\/tcp\/http__10\.180\.1\.3\/8080$/m, 'the sticky Service\'s retired affinity set');
+  const strict = async (ns: string) => lines((await runChecked(nsRunner(ns), 'nft', ['list', 'table', 'ip', 'kube-proxy'], { timeoutMs: 20_000 })).stdout);
+  await freshTable(input);
+  const norm = (ls: string[]) => dumpRuleset(parseKubeProxyTable(ls.join('\n'), 'ip')).split('\n').filter(Boolean).sort();
+  assert.deepEqual(norm(await strict(NS.partial)), norm(await strict(NS.full)), 'no empty chain left behind');
+  assert.equal(proxier.partialFallbacks, 0);
 });

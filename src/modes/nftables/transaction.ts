@@ -5,7 +5,9 @@
 // added and deleted one by one, in command forms nft 1.0.6 runs without listing every chain
 // of the table first (assemblePartial). Chains that fall out of use are flushed now and deleted in
 // a later transaction: a kernel older than 6.2 still sees them referenced by a map element
-// deleted in the same batch. Pure.
+// deleted in the same batch, and `delete chain` makes nft 1.0.6 list every chain (~1 s at
+// 10,000 Services), so the proxier deletes them when idle. Affinity sets that fall out of use
+// go the same way (`flush set` now, `delete set` later). Pure.
 import {
   addChainLine,
   addElementLine,
@@ -36,6 +38,11 @@ export interface Transaction {
   ops: number;
   /** chains flushed here because they fell out of use; delete them in a later sync */
   staleChains: string[];
+  /**
+   * affinity sets flushed here because their endpoint went (`delete set` makes nft 1.0.6 list
+   * every chain; `flush set` does not); delete them in a later sync, with the chains
+   */
+  staleSets: string[];
   /** short description of what changed */
   summary: string;
 }
@@ -92,6 +99,7 @@ export function fullTransaction(desired: Ruleset, live: LiveNames | null, opts: 
     text: lines.join('\n') + '\n',
     ops: lines.length,
     staleChains,
+    staleSets: [],
     summary: `full sync: ${desired.chains.size} chains, ${desired.sets.size} sets/maps; ${staleChains.length} stale chains flushed, ${staleSets.length} stale sets deleted`,
   };
 }
@@ -131,9 +139,8 @@ export function partialTransaction(desired: Ruleset, applied: Ruleset): Transact
   declareReferencedSets(desired, changedChains, setLines);
 
   const staleChains = [...applied.chains.keys()].filter((c) => !desired.chains.has(c)).sort();
-  const staleSets = [...applied.sets.keys()].filter((s) => !desired.sets.has(s)).sort();
-  const tail = [...staleChains.map((c) => `flush chain ${t} ${c}`), ...staleSets.map((s) => `delete ${applied.sets.get(s)!.kind} ${t} ${s}`)];
-  return assemblePartial(desired, { setLines, chainLines, ruleLines, delLines, addLines, tail }, changedChains.length, staleChains);
+  const staleSets = [...applied.sets.values()].filter((s) => !desired.sets.has(s.name)).map((s) => [s.name, s.kind] as const).sort();
+  return assemblePartial(desired, { setLines, chainLines, ruleLines, delLines, addLines, tail: [] }, changedChains.length, staleChains, staleSets);
 }
 
 /**
@@ -157,8 +164,8 @@ function declareReferencedSets(desired: Ruleset, chains: string[], setLines: str
 }
 
 /** Deletes chains retired by earlier syncs. */
-export function deleteChainsTransaction(rs: { family: Ruleset['family']; table: string }, chains: string[]): string {
-  return chains.map((c) => `delete chain ${rs.family} ${rs.table} ${c}`).join('\n') + '\n';
+export function deleteChainsTransaction(rs: { family: Ruleset['family']; table: string }, chains: string[], sets: string[] = []): string {
+  return [...chains.map((c) => `delete chain ${rs.family} ${rs.table} ${c}`), ...sets.map((s) => `delete set ${rs.family} ${rs.table} ${s}`)].join('\n') + '\n';
 }
 
 /**
@@ -204,12 +211,11 @@ export function partialTransactionFor(desired: Ruleset, previous: PreviousValues
   declareReferencedSets(desired, changedChains, setLines);
   staleChains.sort();
   const staleSets = [...previous.sets].filter(([s, old]) => old && !desired.sets.has(s)).map(([s, old]) => [s, old!.kind] as const).sort();
-  const tail = [...staleChains.map((c) => `flush chain ${t} ${c}`), ...staleSets.map(([s, kind]) => `delete ${kind} ${t} ${s}`)];
-  return assemblePartial(desired, { setLines, chainLines, ruleLines, delLines, addLines, tail }, changedChains.length, staleChains);
+  return assemblePartial(desired, { setLines, chainLines, ruleLines, delLines, addLines, tail: [] }, changedChains.length, staleChains, staleSets);
 }
 
 /** The commands of a partial sync whose nft 1.0.6 cache is only the table list (see assemblePartial). */
-export const PARTIAL_O1_COMMANDS = /^(?:add chain|flush chain|add set|add map) /;
+export const PARTIAL_O1_COMMANDS = /^(?:add chain|flush chain|add set|add map|flush set) /;
 
 /**
  * The partial transaction's text, in the order nft needs: sets, chain declarations (and
@@ -217,8 +223,9 @@ export const PARTIAL_O1_COMMANDS = /^(?:add chain|flush chain|add set|add map) /
  * the table list (nft 1.0.6, src/cache.c), so its cost follows the change, not the table:
  * no `add table` with a body (a full chain listing), rules as `add chain NAME { ... }`
  * (chainWithRulesLine), elements as `add set|map NAME { ... elements = { ... } }`
- * (addElementsBySetLine), `flush chain`. Only removals (`delete element`, `delete set`)
- * still make nft 1.0.6 list every chain (CMD_DELETE). Without `add table` a table deleted
+ * (addElementsBySetLine), `flush chain`, `flush set` (a retired affinity set). Only
+ * `delete element` (and `delete set` of a shared set) still makes nft 1.0.6 list every chain
+ * (CMD_DELETE; nft 1.0.6 has no `destroy`, and deleting by handle lists the same). Without `add table` a table deleted
  * behind kproxy's back fails the transaction; the proxier then runs a full sync.
  */
 function assemblePartial(
@@ -226,15 +233,23 @@ function assemblePartial(
   p: { setLines: string[]; chainLines: string[]; ruleLines: string[]; delLines: string[]; addLines: string[]; tail: string[] },
   changedChains: number,
   staleChains: string[],
+  staleSets: ReadonlyArray<readonly [string, 'set' | 'map']>,
 ): Transaction {
+  // Retired chains are flushed now, deleted later; so are retired affinity sets (only their
+  // chain used them); any other set that goes is deleted at once.
+  const t = tableRef(desired);
+  const retiredSets = staleSets.filter(([s]) => isAffinitySetName(s)).map(([s]) => s);
+  p.tail.push(...staleChains.map((c) => `flush chain ${t} ${c}`));
+  for (const [s, kind] of staleSets) p.tail.push(isAffinitySetName(s) ? `flush ${kind} ${t} ${s}` : `delete ${kind} ${t} ${s}`);
   const body = [...p.setLines, ...p.chainLines, ...p.ruleLines, ...p.delLines, ...p.addLines, ...p.tail];
-  if (body.length === 0) return { text: '', ops: 0, staleChains: [], summary: 'no changes' };
+  if (body.length === 0) return { text: '', ops: 0, staleChains: [], staleSets: [], summary: 'no changes' };
   return {
     text: body.join('\n') + '\n',
     ops: body.length,
     staleChains,
+    staleSets: retiredSets,
     summary:
       `partial sync: ${changedChains} chains rewritten, ${p.addLines.length} elements added, ` +
-      `${p.delLines.length} elements deleted, ${staleChains.length} chains retired`,
+      `${p.delLines.length} elements deleted, ${staleChains.length} chains and ${retiredSets.length} affinity sets retired`,
   };
 }
