@@ -4,7 +4,7 @@
 set -euo pipefail
 need=()
 for pair in iptables:iptables nft:nftables ipset:ipset conntrack:conntrack ip:iproute2 socat:socat \
-            curl:curl ipvsadm:ipvsadm modprobe:kmod sysctl:procps openssl:openssl; do
+            curl:curl ipvsadm:ipvsadm modprobe:kmod sysctl:procps openssl:openssl python3:python3; do
   cmd=${pair%%:*}; pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
