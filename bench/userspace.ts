@@ -429,7 +429,7 @@ export function svg(r: BenchReport): string {
   const panels: { title: string; key: keyof Figures; better: string }[] = [
     { title: '1-stream throughput (MB/s)', key: 'throughputMBs', better: 'higher is better' },
     { title: 'new connections / s (Connection: close)', key: 'connPerSec', better: 'higher is better' },
-    { title: 'p99 latency at c=1 (µs)', key: 'p99us', better: 'lower is better' },
+    { title: 'p99 latency at c=1 (µs, wrk 4.1: one sample per 10–20 ms)', key: 'p99us', better: 'lower is better' },
     { title: 'keep-alive requests / s (c=32)', key: 'keepAliveRps', better: 'higher is better' },
   ];
   const peersOk = r.peers;
