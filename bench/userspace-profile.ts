@@ -5,6 +5,9 @@
 //   fwd         kproxy's TcpForwarder alone (bench/userspace-forwarder-main.ts, 24 h idle timeout as kproxy's default)
 //   kproxy      `node bin/kproxy.js run --mode userspace` (bench/userspace.ts's kproxy peer)
 //   kproxy-mt   the same with glibc's heap trimming off (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_)
+//   --malloc 'LABEL:VAR=VAL+VAR=VAL;LABEL2:...'  one more `kproxy run` per LABEL with that
+//               environment (e.g. 't16:MALLOC_TRIM_THRESHOLD_=16777216'; an empty list = none),
+//               to find the smallest glibc malloc setting that removes the page faults
 // One set of processes per load, so each profile holds one load:
 //   iperf3   1 stream, -t D (client → backend bytes)
 //   close    wrk -t1 -c16 -H 'Connection: close' (a new connection per request)
@@ -16,7 +19,9 @@
 // graph per load (userspace-flame-LOAD.svg, bench/flamegraph.ts, idle samples left out) and
 // --keep DIR keeps the .cpuprofiles.
 //   sudo node --import tsx bench/userspace-profile.ts [--duration 5] [--repeat 2] [--loads iperf3,close,ka]
-//        [--only naive,fwd,kproxy,kproxy-mt] [--no-prof] [--svg-dir docs] [--keep DIR]
+//        [--only naive,fwd,kproxy,kproxy-mt] [--malloc SPEC] [--no-prof] [--svg-dir docs] [--keep DIR]
+// Beside the rates: each proxy's RSS when started (idle, before any load) and after the last
+// repetition of each load (the burst's freed memory that the process kept), in MiB.
 import type { ChildProcess } from 'node:child_process';
 import { cpSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -83,9 +88,58 @@ const PROCS: Proc[] = [
   },
 ];
 
+/** Extra `kproxy run` variants from --malloc: 'LABEL:VAR=VAL+VAR=VAL;...', each on its own VIP and ports. */
+export function mallocVariants(spec: string): { key: string; env: Record<string, string> }[] {
+  return spec.split(';').map((s) => s.trim()).filter(Boolean).map((s) => {
+    const [key, vars = ''] = s.split(':');
+    const env: Record<string, string> = {};
+    for (const kv of vars.split('+').filter(Boolean)) {
+      const [k, v] = kv.split('=');
+      env[k] = v;
+    }
+    return { key: key.trim(), env };
+  });
+}
+
+function variantProcs(spec: string): Proc[] {
+  return mallocVariants(spec).map(({ key, env }, i) => {
+    const host = `127.0.1.${10 + i}`;
+    const desc = Object.entries(env).map(([k, v]) => `${k}=${Number(v) >= 1 << 20 ? `${Number(v) / (1 << 20)}M` : v}`).join(' ') || 'no env';
+    return {
+      key, name: `kproxy run, ${desc}`, host,
+      async start(ns, dir, nodeArgs) {
+        const peer = kproxyPeer(key, key, host, 0, { metrics: 10300 + 2 * i, healthz: 10301 + 2 * i }, nodeArgs, env);
+        await peer.start(ns, dir);
+        return peer.procs[0];
+      },
+    };
+  });
+}
+
+/** VmRSS of a process in MiB (NaN once gone). */
+function rssMiB(pid: number): number {
+  try {
+    const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) / 1024 : NaN;
+  } catch {
+    return NaN;
+  }
+}
+
 async function runLoad(ns: Netns, load: Load, host: string, port: number, d: number): Promise<number> {
   const t = (d + 30) * 1000;
-  if (load === 'iperf3') return parseIperfMBs(await inNs(ns, 'iperf3', ['-c', host, '-p', String(IPERF_PORT), '-t', String(d), '-J'], t));
+  if (load === 'iperf3') {
+    const once = async () => parseIperfMBs(await inNs(ns, 'iperf3', ['-c', host, '-p', String(IPERF_PORT), '-t', String(d), '-J'], t));
+    // iperf3 -s serves one test at a time and can still be busy with the last one for a moment.
+    for (let i = 0; ; i++) {
+      try {
+        return await once();
+      } catch (e) {
+        if (i >= 2) throw e;
+        await new Promise((r) => setTimeout(r, 1000));
+      }
+    }
+  }
   const url = `http://${host}:${port}/`;
   const args = load === 'close' ? ['-t1', '-c16', `-d${d}s`, '-H', 'Connection: close', url] : ['-t1', '-c32', `-d${d}s`, url];
   return parseWrk(await inNs(ns, 'wrk', args, t)).rps;
@@ -126,12 +180,14 @@ async function main(): Promise<void> {
       keep: { type: 'string' },
       'no-prof': { type: 'boolean', default: false },
       only: { type: 'string' },
+      malloc: { type: 'string', default: '' },
     },
   });
   const d = Number(values.duration);
   const repeat = Number(values.repeat);
   const loads = values.loads!.split(',') as Load[];
-  const procs = values.only ? PROCS.filter((p) => values.only!.split(',').includes(p.key)) : PROCS;
+  const all = [...PROCS, ...variantProcs(values.malloc!)];
+  const procs = values.only ? all.filter((p) => values.only!.split(',').includes(p.key)) : all;
   const dir = mkdtempSync(join(tmpdir(), 'kproxy-prof-'));
   const ns = Netns.create(uniqueName('kpb-usprof'));
   const out: string[] = [];
@@ -153,6 +209,9 @@ async function main(): Promise<void> {
         mkdirSync(pdir);
         started.push({ ...p, pdir, proc: await p.start(ns, dir, !values['no-prof'] ? ['--cpu-prof', '--cpu-prof-dir', pdir] : []) });
       }
+      // Settled, before any load: the RSS a user sees on an idle node.
+      await new Promise((r) => setTimeout(r, 2000));
+      const rssIdle = new Map(started.map((p) => [p.key, rssMiB(p.proc.pid!)]));
       // Warm-up, not measured.
       for (const p of started) await runLoad(ns, load, p.host, 80, 1).catch(() => 0);
       const fig = new Map<string, number[]>(procs.map((p) => [p.key, []]));
@@ -170,13 +229,17 @@ async function main(): Promise<void> {
           cpu.get(p.key)!.push(((after.cpuS - before.cpuS) * 1e6) / (v * d));
           faults.get(p.key)!.push((after.minflt - before.minflt) / (v * d));
         }
-        process.stderr.write(`${load} ${i + 1}: ${started.map((p) => `${p.key} ${fig.get(p.key)!.at(-1)!.toFixed(0)}`).join(', ')}\n`);
+        process.stderr.write(`${load} ${i + 1}: ${started.map((p) => `${p.key} ${fig.get(p.key)!.at(-1)!.toFixed(0)} (${faults.get(p.key)!.at(-1)!.toFixed(1)} flt)`).join(', ')}\n`);
       }
+      await new Promise((r) => setTimeout(r, 2000));
+      const rssAfter = new Map(started.map((p) => [p.key, rssMiB(p.proc.pid!)]));
       const unit = load === 'iperf3' ? 'MB/s' : 'req/s';
       out.push(`| ${load} (${unit}) | ${procs.map((p) => median(fig.get(p.key)!).toFixed(0)).join(' | ')} | ${loadAvg.join(', ')} |`);
       const per = load === 'iperf3' ? 'MB' : 'request';
       out.push(`| ${load}: proxy CPU µs per ${per} | ${procs.map((p) => median(cpu.get(p.key)!).toFixed(1)).join(' | ')} | |`);
       out.push(`| ${load}: proxy minor page faults per ${per} | ${procs.map((p) => median(faults.get(p.key)!).toFixed(2)).join(' | ')} | |`);
+      out.push(`| ${load}: RSS MiB idle (started, no load) | ${procs.map((p) => rssIdle.get(p.key)!.toFixed(1)).join(' | ')} | |`);
+      out.push(`| ${load}: RSS MiB after the loads (+2 s) | ${procs.map((p) => rssAfter.get(p.key)!.toFixed(1)).join(' | ')} | |`);
       for (const p of started) {
         if (values['no-prof']) {
           await ns.kill(p.proc, 'SIGTERM');

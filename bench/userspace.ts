@@ -7,6 +7,7 @@
 //   haproxy         haproxy, mode tcp, nbthread 1
 //   kproxy          `node bin/kproxy.js run --mode userspace --manifests DIR` (1 worker)
 //   kproxy ×N       the same with `userspace.workers: N`
+//   kproxy before   1 worker with KPROXY_USERSPACE_SHARED_READ=0 (the read path before readbuf.ts)
 //
 // Backends: nginx (http, `return 200`, 1 worker) on 127.0.0.2:8080 and `iperf3 -s` on
 // 127.0.0.2:5201. Figures, each a median of --repeat runs of --duration seconds, the peers
@@ -291,7 +292,7 @@ export function kproxyPeer(name: string, key: string, vip: string, workers: numb
 /** glibc malloc without heap trimming and without mmap for the 64 KB read buffers (a DaemonSet can set the same env). */
 export const MALLOC_ENV = { MALLOC_TRIM_THRESHOLD_: String(256 << 20), MALLOC_MMAP_THRESHOLD_: String(256 << 20) };
 
-function peers(workers: number): Peer[] {
+export function peers(workers: number): Peer[] {
   return [
     { name: 'direct, no proxy', key: 'direct', host: BACKEND, httpPort: HTTP_PORT, iperfPort: IPERF_PORT, procs: [], async start() {} },
     {
@@ -320,9 +321,9 @@ function peers(workers: number): Peer[] {
       },
     },
     kproxyPeer('kproxy userspace (1 worker)', 'kproxy', '127.0.0.6', 0, { metrics: 10249, healthz: 10256 }),
-    // The same with glibc's heap trimming off (docs/benchmarks.md "Profile of the TCP path": the
-    // per-read 64 KB buffers freed in bulk by V8's GC were trimmed and faulted back in).
-    kproxyPeer('kproxy userspace (1 worker, MALLOC_TRIM_THRESHOLD_)', 'kproxy-mt', '127.0.0.8', 0, { metrics: 10269, healthz: 10276 }, [], MALLOC_ENV),
+    // The read path before src/dataplane/readbuf.ts (a fresh 64 KB buffer per read, freed by
+    // V8's GC in bulk, trimmed by glibc and faulted back in), for before/after in one run.
+    kproxyPeer('kproxy userspace (1 worker, before: a buffer per read)', 'kproxy-old', '127.0.0.8', 0, { metrics: 10269, healthz: 10276 }, [], { KPROXY_USERSPACE_SHARED_READ: '0' }),
     ...(workers > 1 ? [kproxyPeer(`kproxy userspace (${workers} workers)`, `kproxy-w${workers}`, '127.0.0.7', workers, { metrics: 10259, healthz: 10266 })] : []),
   ];
 }
@@ -428,7 +429,7 @@ export function svg(r: BenchReport): string {
   const panels: { title: string; key: keyof Figures; better: string }[] = [
     { title: '1-stream throughput (MB/s)', key: 'throughputMBs', better: 'higher is better' },
     { title: 'new connections / s (Connection: close)', key: 'connPerSec', better: 'higher is better' },
-    { title: 'p99 latency at c=1 (µs)', key: 'p99us', better: 'lower is better' },
+    { title: 'p99 latency at c=1 (µs, wrk 4.1: one sample per 10–20 ms)', key: 'p99us', better: 'lower is better' },
     { title: 'keep-alive requests / s (c=32)', key: 'keepAliveRps', better: 'higher is better' },
   ];
   const peersOk = r.peers;

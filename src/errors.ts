@@ -73,6 +73,7 @@ export const ENV_VARS = {
   KPROXY_DEBUG: 'set to print the stack of a fatal error',
   KPROXY_LOG_LEVEL: 'the log level when no flag sets it (debug, info, warn, error)',
   KPROXY_USERSPACE_REDIRECT: 'set to 0 to keep the userspace mode from installing iptables redirects',
+  KPROXY_USERSPACE_SHARED_READ: "set to 0 to make userspace TCP sockets read through Node's default path (a buffer per read) instead of the shared read buffer (benchmarks)",
 } as const;
 
 /** An error a user can meet: `CODE: detail`, with the code kept for callers to test. */

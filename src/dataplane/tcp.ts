@@ -20,6 +20,7 @@ import net from 'node:net';
 import type { Logger } from '../log.ts';
 import type { BalancedEndpoint } from './balancer.ts';
 import type { SharedCap } from './worker-cap.ts';
+import { sharedRead, upstreamReadOption, useSharedReadBuffer, writeCopy } from './readbuf.ts';
 
 export interface ForwardCounters {
   /** client connections (TCP) or sessions (UDP) accepted */
@@ -286,7 +287,7 @@ export class TcpForwarder {
     let up: Tagged;
     try {
       // highWaterMark reaches the socket's Duplex options (the types of connect() omit it).
-      up = net.connect({ host: ep.ip, port: ep.port, allowHalfOpen: true, noDelay: true, highWaterMark: HIGH_WATER_MARK } as net.NetConnectOpts) as Tagged;
+      up = net.connect({ host: ep.ip, port: ep.port, allowHalfOpen: true, noDelay: true, highWaterMark: HIGH_WATER_MARK, ...upstreamReadOption(onRead) } as net.NetConnectOpts) as Tagged;
     } catch (e) {
       // EMFILE can surface synchronously: a failed dial, not a crash.
       return this.dialRetry(client, clientIP, ep, attempt, tried, e as Error);
@@ -331,8 +332,10 @@ export class TcpForwarder {
     // Each direction by hand rather than pipe(): a chunk is written as it was read, and a
     // write the peer cannot take at once pauses the reader until the peer drains. No
     // per-chunk work beyond that and one field store for the idle sweep.
-    client.on('data', onData);
-    upstream.on('data', onData);
+    // Both sides read into the process's one shared read buffer (no 64 KB malloc per read,
+    // see readbuf.ts); where this Node cannot, the 'data' path.
+    if (!useSharedReadBuffer(client, onRead)) client.on('data', onData);
+    if (!sharedRead) upstream.on('data', onData);
     client.on('drain', onDrain);
     upstream.on('drain', onDrain);
     client.on('end', onEnd);
@@ -426,6 +429,18 @@ type Tagged = net.Socket & { [CLIENT]?: boolean; [OWNER]?: TcpForwarder; [PAIR]?
 
 // The socket handlers are shared functions reading their state off the socket: no closures
 // per connection.
+
+/** A read into the shared buffer: its bytes are copied out (readbuf.ts) and written to the peer. */
+function onRead(this: Tagged, n: number, buf: Buffer): void {
+  const peer = this[PEER];
+  if (!peer) {
+    // Reading starts only once spliced; anything else is a bug, not a byte to lose silently.
+    this.destroy(new Error('read before the pair was spliced'));
+    return;
+  }
+  this[PAIR]!.active = true;
+  if (!writeCopy(peer, buf, n)) this.pause();
+}
 
 function onData(this: Tagged, chunk: Buffer): void {
   this[PAIR]!.active = true;
