@@ -34,7 +34,7 @@ function inUse(rs: RealServer): boolean {
   return rs.activeConn + rs.inactConn > 0;
 }
 
-function drainsAtOnce(vs: VirtualServer): boolean {
+export function drainsAtOnce(vs: VirtualServer): boolean {
   // UDP has no connection end to wait for; expire_nodest_conn drops its entries
   return vs.protocol === 'UDP';
 }
