@@ -12,7 +12,7 @@ import { createIpvsProxier } from '../../src/proxy/ipvs/proxier.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { rng } from '../support/rng.ts';
 import { FakeHost } from './fake.ts';
-import { ep, input, kernelSnapshot, RandomWorld, svc } from './support.ts';
+import { ep, input, kernelSnapshot, RandomWorld, readsOfWholeState, svc } from './support.ts';
 
 const log = silentLogger();
 
@@ -35,11 +35,6 @@ async function freshFull(inp: ReturnType<RandomWorld['input']>) {
   await px.sync(inp, new Set(), true);
   await px.stop();
   return kernelSnapshot(host);
-}
-
-/** the commands of a run, without the fake's bookkeeping */
-function readsOfWholeState(calls: string[]): string[] {
-  return calls.filter((c) => c === 'ipvsadm -Ln' || c === 'ipvsadm -Sn' || c === 'ipset save' || /^ip -o addr show/.test(c) || /^ip link show/.test(c) || /iptables-save/.test(c));
 }
 
 for (const seed of [1, 2, 3, 4, 5, 6]) {

@@ -195,3 +195,21 @@ export class RandomWorld {
     return input(entries, { clusterCIDR: '10.0.0.0/8', ...this.raw });
   }
 }
+
+/** the commands among `calls` ("cmd args...") that read a whole table back: a partial sync runs none */
+export function readsOfWholeState(calls: string[]): string[] {
+  return calls.filter((c) => c === 'ipvsadm -Ln' || c === 'ipvsadm -Sn' || c === 'ipset save' || /^ip -o addr show/.test(c) || /^ip link show/.test(c) || /iptables-save/.test(c));
+}
+
+/** the lines of two snapshots that differ, for a failure message */
+export function snapshotDiff(a: Record<string, string>, b: Record<string, string>): string {
+  const out: string[] = [];
+  for (const k of Object.keys(a)) {
+    if (a[k] === b[k]) continue;
+    const la = new Set(a[k].split('\n'));
+    const lb = new Set(b[k].split('\n'));
+    const only = (x: Set<string>, y: Set<string>) => [...x].filter((l) => !y.has(l)).slice(0, 4).join(' | ');
+    out.push(`${k}: only in the first: ${only(la, lb) || '(order)'}; only in the second: ${only(lb, la) || '(order)'}`);
+  }
+  return out.join('; ');
+}
