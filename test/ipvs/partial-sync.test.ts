@@ -147,3 +147,16 @@ test('a change of the node facts (its addresses) re-plans everything: partial re
   assert.ok(host.ipvs.has('192.168.0.3:30080/TCP') && !host.ipvs.has('192.168.0.2:30080/TCP'), [...host.ipvs.keys()].join(', '));
   await px.stop();
 });
+
+test('a Service with a loopback VIP added by a partial sync is reported (KPROXY_SERVICE_IP_SKIPPED) and left out', async () => {
+  const lines: string[] = [];
+  const host = new FakeHost();
+  const capture = { ...log, warn: (o: Record<string, unknown>) => void lines.push(String(o.code)), child: () => capture } as unknown as typeof log;
+  const px = await createIpvsProxier({ config: resolveConfig({ mode: 'ipvs' }), runner: host, log: capture, sysctl: host.sysctl(), moduleFS: host.moduleFS(), gracefulCheckMs: 0, kernelRelease: '6.1.0' });
+  await px.sync(web(['10.180.0.1']), new Set(), true);
+  const withLoop = input([...web(['10.180.0.1']).state.services.values()].map((sp) => [sp, web(['10.180.0.1']).state.endpoints.get(sp.key)!] as [typeof sp, ReturnType<typeof ep>[]]).concat([[svc('loop', '127.0.0.5', 80), [ep('10.180.0.3', 8080)]]]));
+  await px.sync(withLoop, new Set(['ns/loop']), false);
+  assert.deepEqual(lines, ['KPROXY_SERVICE_IP_SKIPPED']);
+  assert.ok(![...host.ipvs.keys()].some((k) => k.startsWith('127.')), 'no virtual server on a loopback VIP');
+  await px.stop();
+});

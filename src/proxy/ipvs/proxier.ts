@@ -13,6 +13,7 @@ import { SkippedVIPReporter } from '../skipped-vips.ts';
 import { release } from 'node:os';
 import type { Logger } from '../../log.ts';
 import type { ModeDeps, PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
+import type { ServicePort } from '../../core/model.ts';
 import { Ipvsadm } from '../../exec/ipvs.ts';
 import { IptablesExecutor } from '../../iptables/exec.ts';
 import { IPSetExec } from '../../exec/ipset.ts';
@@ -308,8 +309,11 @@ export class IpvsProxier implements Proxier {
   private async partialSync(input: PlanInput, ctx: PlanContext, changed: Set<string>): Promise<SyncStats> {
     const st = this.model!;
     const family = ctx.family;
-    const ports = changed.size ? familyPorts(input, family, (sp) => changed.has(sp.serviceKey)) : [];
-    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report({ ...input, state: { ...input.state, services: new Map(ports.map((sp) => [sp.key, sp])) } });
+    const isChanged = (sp: ServicePort) => changed.has(sp.serviceKey);
+    const ports = changed.size ? familyPorts(input, family, isChanged) : [];
+    // only the changed Services can hold a newly skipped VIP (their ports before safeServicePort)
+    const raw = changed.size ? [...input.state.services.values()].filter(isChanged) : [];
+    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report({ ...input, state: { ...input.state, services: new Map(raw.map((sp) => [sp.key, sp])) } });
     const planned = new Set<string>();
     for (const sp of ports) {
       const f = planPort(ctx, sp);
