@@ -25,7 +25,7 @@ import { withMissingJumps } from '../../modes/ipvs/iptables-rules.ts';
 import { familyPorts, planContext, planPort, type IpvsPlan, type PlanContext, type Rejected } from '../../modes/ipvs/planner.ts';
 import { PlanState } from '../../modes/ipvs/plan-state.ts';
 import { diffIPSets, type IPSetDiff, type IPSetTable } from '../../modes/ipvs/ipsets.ts';
-import { diffIpvs, drainLines, drainsAtOnce, ownershipPredicate, type IpvsDiff } from '../../modes/ipvs/diff.ts';
+import { afterDiff, diffIpvs, drainLines, drainsAtOnce, ownershipPredicate, type IpvsDiff } from '../../modes/ipvs/diff.ts';
 import { applyLines, splitHostPort, virtualServerKey, type IpvsTable, type VirtualServer, type VirtualServerState } from '../../modes/ipvs/ipvs-model.ts';
 import { ExecError } from '../../exec/runner.ts';
 import { plannedSysctls, sysctlApplies } from '../../modes/ipvs/sysctls.ts';
@@ -257,10 +257,10 @@ export class IpvsProxier implements Proxier {
       }
       // the model of kproxy's virtual servers from now on: the listing with the lines written
       // (read again only when lines were refused: which ones got in is then the kernel's word)
-      const after = applied.isolated ? await this.ipvsadm.list() : live;
-      kernel = new Map();
-      for (const [k, v] of after) if (p.table.has(k) || owned(k, v.vs)) kernel.set(k, v);
-      if (!applied.isolated) applyLines(kernel, applied.lines);
+      if (applied.isolated) {
+        kernel = new Map();
+        for (const [k, v] of await this.ipvsadm.list()) if (p.table.has(k) || owned(k, v.vs)) kernel.set(k, v);
+      } else kernel = afterDiff(p.table, live, d.terminating);
     });
     if (ipvsOK) {
       for (const k of [...this.created]) if (!p.table.has(k)) this.created.delete(k);
@@ -366,7 +366,10 @@ export class IpvsProxier implements Proxier {
       d = diffIpvs(want, have, () => true);
       const lines = this.withoutRefused('ipvsadm', d.lines, false, seen);
       await this.ipvsadm.restore(lines);
-      applyLines(this.kernel, lines);
+      if (lines.length === d.lines.length) {
+        for (const [k, v] of afterDiff(want, have, d.terminating)) this.kernel.set(k, v);
+        for (const k of delta.virtualServers) if (!want.has(k)) this.kernel.delete(k);
+      } else applyLines(this.kernel, lines); // lines refused before were left out: follow what was sent
       for (const k of delta.virtualServers) {
         if (want.has(k)) this.created.add(k);
         else this.created.delete(k);
