@@ -42,6 +42,13 @@ export interface IpvsColdSample {
   changeCommands?: string;
   /** one-Service changes (partial syncs), ms each */
   changeMs: number[];
+  /**
+   * the same kind of change applied by a full sync, ms (one sample): what every sync cost
+   * before partial syncs stopped reading the kernel back (the ipvsadm -Ln / ipset save / ip
+   * addr listing, the whole plan and diff), side by side in the same run
+   */
+  changeFullMs?: number;
+  changeFullCommands?: string;
   /** virtual servers listed by the kernel after the first sync (sanity: 2 per Service) */
   virtualServers: number;
   error?: string;
@@ -209,6 +216,13 @@ async function coldAt(n: number, endpoints: number, changes: number, runner: VmR
         out.changeCommands = r.take();
       }
       say(`change N=${n}: ${out.changeMs.map((x) => x.toFixed(0)).join(' / ')} ms; the last one's commands: ${out.changeCommands}`);
+      // the same change through a full sync (reads the whole kernel state back), for comparison
+      const changed = w.addEndpoint(Math.min(n - 1, timesOf(n, 1)[0] + 1));
+      const t2 = performance.now();
+      await px.sync(w.input(), changed, true);
+      out.changeFullMs = performance.now() - t2;
+      out.changeFullCommands = r.take();
+      say(`change N=${n} by a full sync: ${out.changeFullMs.toFixed(0)} ms; its commands: ${out.changeFullCommands}`);
     } finally {
       await px.stop();
     }
@@ -342,8 +356,8 @@ async function main(): Promise<void> {
     for (const n of ints(values['cold-sizes']!)) {
       let c: IpvsColdSample;
       try {
-        // a change at 10k costs minutes under emulation (the proxier lists the whole IPVS table)
-        c = await coldAt(n, res.endpoints, n >= 5000 ? Math.min(1, Number(values.changes)) : Number(values.changes), runner);
+        // partial syncs no longer list the whole IPVS table: as many changes at 10k as at 100
+        c = await coldAt(n, res.endpoints, Number(values.changes), runner);
       } catch (e) {
         const error = (e as Error).message.slice(0, 300);
         say(`cold N=${n}: FAILED ${error}`);

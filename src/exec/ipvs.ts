@@ -1,7 +1,9 @@
 // ipvsadm (and the iptables calls of the ipvs mode): spawn through the CommandRunner, parse
 // with the pure parsers of src/modes/ipvs/ipvs-model.ts.
 import { ExecError, runChecked, type CommandRunner } from './runner.ts';
-import { parseListing, parseRules, type IpvsTable } from '../modes/ipvs/ipvs-model.ts';
+import { parseListing, parseRules, serviceFlag, type IpvsTable } from '../modes/ipvs/ipvs-model.ts';
+import { joinHostPort } from '../core/ip.ts';
+import type { Protocol } from '../core/model.ts';
 
 const TIMEOUT_MS = 30_000;
 
@@ -11,6 +13,19 @@ export class Ipvsadm {
   /** `ipvsadm -Ln`: the table with live connection counters */
   async list(): Promise<IpvsTable> {
     const r = await runChecked(this.runner, 'ipvsadm', ['-Ln'], { timeoutMs: TIMEOUT_MS });
+    return parseListing(r.stdout);
+  }
+
+  /**
+   * `ipvsadm -Ln -t|-u|--sctp-service VIP:PORT`: one virtual server with its counters (an
+   * empty table when it does not exist). What a partial sync reads instead of the whole table.
+   */
+  async listService(vs: { protocol: Protocol; address: string; port: number }): Promise<IpvsTable> {
+    const r = await this.runner.run('ipvsadm', ['-Ln', serviceFlag(vs.protocol), joinHostPort(vs.address, vs.port)], { timeoutMs: TIMEOUT_MS });
+    if (r.code !== 0) {
+      if (/no such service/i.test(r.stderr)) return new Map();
+      throw new ExecError('KPROXY_IPVS_APPLY_FAILED', `ipvsadm -Ln for ${joinHostPort(vs.address, vs.port)}/${vs.protocol} failed (exit ${r.code}): ${r.stderr.trim()}`, r);
+    }
     return parseListing(r.stdout);
   }
 

@@ -107,7 +107,14 @@ export class FakeHost implements CommandRunner {
 
   // ---------------------------------------------------------------- ipvsadm
   private ipvsadm(args: string[], input: string): RunResult {
-    if (args[0] === '-Ln') return ok(this.listing());
+    if (args[0] === '-Ln' && args.length === 1) return ok(this.listing());
+    if (args[0] === '-Ln') {
+      // one service: `ipvsadm -Ln -t VIP:PORT`
+      const protocol: Protocol = args[1] === '-u' ? 'UDP' : args[1] === '--sctp-service' ? 'SCTP' : 'TCP';
+      const hp = splitHostPort(args[2] ?? '');
+      const key = hp ? virtualServerKey({ ...hp, protocol }) : '';
+      return this.ipvs.has(key) ? ok(this.listing(key)) : fail('No such service');
+    }
     if (args[0] === '-Sn') return ok(formatTable(this.ipvs));
     if (args[0] === '--set') {
       this.timeouts = args.slice(1);
@@ -177,9 +184,10 @@ export class FakeHost implements CommandRunner {
     return null;
   }
 
-  private listing(): string {
+  private listing(only?: string): string {
     const out = ['IP Virtual Server version 1.2.1 (size=4096)', 'Prot LocalAddress:Port Scheduler Flags', '  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn'];
-    for (const { vs, reals } of this.ipvs.values()) {
+    for (const [key, { vs, reals }] of this.ipvs) {
+      if (only !== undefined && key !== only) continue;
       const hp = vs.address.includes(':') ? `[${vs.address}]:${vs.port}` : `${vs.address}:${vs.port}`;
       let line = `${vs.protocol.padEnd(4)} ${hp} ${vs.scheduler}`;
       if (vs.schedFlags.length) line += ` (${vs.schedFlags.join(',')})`;

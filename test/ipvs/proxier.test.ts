@@ -76,7 +76,7 @@ test('graceful termination: weight 0 while connections are open, deleted once th
   await px.sync(inp(both), new Set(), true);
   host.setConns('172.30.0.10:80/TCP', '10.180.0.2:8080', 1, 0);
   host.setConns('172.30.0.53:53/UDP', '10.180.0.2:53', 0, 1);
-  await px.sync(inp([both[0]]), new Set(), false);
+  await px.sync(inp([both[0]]), new Set(['ns/web', 'ns/dns']), false);
   assert.equal(host.ipvs.get('172.30.0.10:80/TCP')!.reals.get('10.180.0.2:8080')!.weight, 0);
   assert.ok(!host.ipvs.get('172.30.0.53:53/UDP')!.reals.has('10.180.0.2:53'), 'UDP real server removed at once');
   assert.deepEqual([...px.terminating], ['172.30.0.10:80/TCP/10.180.0.2:8080']);
@@ -93,9 +93,9 @@ test('an endpoint that returns while draining gets weight 1 back', async () => {
   const px = await proxierOn(host);
   await px.sync(web(), new Set(), true);
   host.setConns('172.30.0.10:80/TCP', '10.180.0.2:8080', 2);
-  await px.sync(web([ep('10.180.0.1', 8080)]), new Set(), false);
+  await px.sync(web([ep('10.180.0.1', 8080)]), new Set(['ns/web']), false);
   assert.equal(host.ipvs.get('172.30.0.10:80/TCP')!.reals.get('10.180.0.2:8080')!.weight, 0);
-  await px.sync(web(), new Set(), false);
+  await px.sync(web(), new Set(['ns/web']), false);
   assert.equal(host.ipvs.get('172.30.0.10:80/TCP')!.reals.get('10.180.0.2:8080')!.weight, 1);
   assert.equal(px.terminating.size, 0);
   await px.stop();

@@ -34,7 +34,7 @@ function inUse(rs: RealServer): boolean {
   return rs.activeConn + rs.inactConn > 0;
 }
 
-function drainsAtOnce(vs: VirtualServer): boolean {
+export function drainsAtOnce(vs: VirtualServer): boolean {
   // UDP has no connection end to wait for; expire_nodest_conn drops its entries
   return vs.protocol === 'UDP';
 }
@@ -144,4 +144,26 @@ export function ownershipPredicate(o: Ownership): (vsKey: string, vs: VirtualSer
     if (ipPorts.has(`${vs.address},${vs.protocol.toLowerCase()}:${vs.port}`)) return true;
     return nodeIPs.has(vs.address) && nodePorts[vs.protocol].has(String(vs.port));
   };
+}
+
+/**
+ * The virtual servers of `desired` as the kernel holds them once every line of
+ * diffIpvs(desired, live) went in: the desired state, plus the real servers it left draining
+ * at weight 0. Shares the desired states where nothing drains (they are never mutated).
+ */
+export function afterDiff(desired: IpvsTable, live: IpvsTable, terminating: Set<string>): IpvsTable {
+  const out: IpvsTable = new Map();
+  for (const [key, want] of desired) {
+    const have = live.get(key);
+    let st = want;
+    if (have && terminating.size) {
+      for (const [rk, cur] of have.reals) {
+        if (want.reals.has(rk) || !terminating.has(terminatingKey(key, cur))) continue;
+        if (st === want) st = { vs: want.vs, reals: new Map(want.reals) };
+        st.reals.set(rk, { ...cur, weight: 0 });
+      }
+    }
+    out.set(key, st);
+  }
+  return out;
 }

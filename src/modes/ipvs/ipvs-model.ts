@@ -57,6 +57,10 @@ const FLAG_PROTO: Record<string, Protocol> = {
 };
 const FORWARD_FLAG: Record<Forward, string> = { masq: '-m', route: '-g', tunnel: '-i', local: '-m' };
 
+export function serviceFlag(p: Protocol): string {
+  return PROTO_FLAG[p];
+}
+
 function serviceArgs(v: { protocol: Protocol; address: string; port: number }): string {
   return `${PROTO_FLAG[v.protocol]} ${joinHostPort(v.address, v.port)}`;
 }
@@ -199,4 +203,39 @@ export function parseListing(text: string): IpvsTable {
     }
   }
   return table;
+}
+
+/**
+ * The table after `ipvsadm -R` applied `lines` to it (a line that could not apply is left
+ * out, as the kernel refuses it). Copy-on-write: states of `table` are never changed, a
+ * changed virtual server gets a new state, so plan states can be shared.
+ */
+export function applyLines(table: IpvsTable, lines: string[]): void {
+  for (const line of lines) {
+    const w = line.trim().split(/\s+/);
+    const op = w[0];
+    const parsed = parseRules(`-A ${w.slice(1).join(' ')}`);
+    const [key, st] = [...parsed][0] ?? [];
+    if (!key || !st) continue;
+    const cur = table.get(key);
+    if (op === '-A' || op === '-E') {
+      if ((op === '-A') === (cur !== undefined)) continue;
+      table.set(key, { vs: st.vs, reals: cur?.reals ?? new Map() });
+    } else if (op === '-D') {
+      table.delete(key);
+    } else if (cur && (op === '-a' || op === '-e' || op === '-d')) {
+      const ri = w.indexOf('-r');
+      const rhp = splitHostPort(w[ri + 1] ?? '');
+      if (ri < 0 || !rhp) continue;
+      const rk = realServerKey(rhp);
+      const reals = new Map(cur.reals);
+      if (op === '-d') reals.delete(rk);
+      else {
+        const rs = parseRules(`-A ${w[1]} ${w[2]} -s rr\n-a ${w.slice(1).join(' ')}`).get(key)?.reals.get(rk);
+        if (!rs || (op === '-a') === reals.has(rk)) continue;
+        reals.set(rk, rs);
+      }
+      table.set(key, { vs: cur.vs, reals });
+    }
+  }
 }

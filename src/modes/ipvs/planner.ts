@@ -10,8 +10,8 @@ import { safeServicePort } from '../vip.ts';
 import { IPVSSysctl, plannedSysctls } from './sysctls.ts';
 import { SET_INFO, setName, type SetKey } from './names.ts';
 import { entryRefusal, normalizeEntry, type IPSetTable } from './ipsets.ts';
-import { renderIptables } from './iptables-rules.ts';
-import { realServerKey, virtualServerKey, type IpvsTable, type RealServer, type VirtualServer } from './ipvs-model.ts';
+import { PlanState } from './plan-state.ts';
+import { realServerKey, virtualServerKey, type IpvsTable, type RealServer, type VirtualServer, type VirtualServerState } from './ipvs-model.ts';
 
 export interface LBNoNodeAccess {
   ip: string;
@@ -70,38 +70,71 @@ function seconds(ms: number): number {
   return Math.round(ms / 1000);
 }
 
-function emptySets(family: 4 | 6): IPSetTable {
-  const sets: IPSetTable = new Map();
-  for (const info of SET_INFO) {
-    const name = setName(info.key, family);
-    sets.set(name, { name, type: info.type, family, comment: info.comment, entries: new Set() });
-  }
-  return sets;
+
+/**
+ * What one service port contributes to the plan: its virtual servers, the addresses it binds
+ * to kube-ipvs0, its set entries, its firewall rules and what was left out. The plan is the
+ * union of the fragments (src/modes/ipvs/plan-state.ts), so a partial sync re-plans only the
+ * changed Services' fragments and applies the difference.
+ */
+export interface PortFragment {
+  /** service port key "ns/name:port" */
+  key: string;
+  /** "ns/name" */
+  serviceKey: string;
+  /** by virtualServerKey, in planning order */
+  vss: Map<string, VirtualServerState>;
+  /** addresses to bind to kube-ipvs0 */
+  bound: Set<string>;
+  /** "SETNAME entry" (set names hold no space) */
+  entries: Set<string>;
+  lbNoNodeAccess: LBNoNodeAccess[];
+  rejected: Rejected[];
 }
 
-class PlanBuilder {
-  readonly table: IpvsTable = new Map();
-  readonly owners = new Map<string, string>();
-  readonly bound = new Set<string>();
-  readonly sets: IPSetTable;
-  readonly lbNoNodeAccess: LBNoNodeAccess[] = [];
-  readonly rejected: Rejected[] = [];
-  readonly entryOwners = new Map<string, string>();
+/** The node-level facts every fragment is planned with (the same for every port of a sync). */
+export interface PlanContext {
+  input: PlanInput;
+  family: 4 | 6;
+  view: NodeSettings;
+  npIPs: string[];
+  nodeIPSet: Set<string>;
+  masq: IpvsPlan['masq'];
+  /** a fingerprint of everything above that a fragment depends on: another key, another plan */
+  key: string;
+}
 
-  constructor(readonly family: 4 | 6) {
-    this.sets = emptySets(family);
+export function planContext(input: PlanInput): PlanContext {
+  const family = input.node.family;
+  const view = settingsOf(input);
+  const npIPs = nodePortIPsOfView(view);
+  const nodeIPSet = new Set(input.node.nodeIPs.map((ip) => canonicalIP(ip) ?? ip));
+  const masq = masqOf(view);
+  const key = JSON.stringify([
+    family, npIPs, [...nodeIPSet], view.nodeName, view.nodeLabels, view.primaryNodeIP ?? null, input.config.ipvs.scheduler, masq,
+  ]);
+  return { input, family, view, npIPs, nodeIPSet, masq, key };
+}
+
+class FragmentBuilder {
+  readonly f: PortFragment;
+
+  constructor(readonly family: 4 | 6, sp: ServicePort) {
+    this.f = { key: sp.key, serviceKey: sp.serviceKey, vss: new Map(), bound: new Set(), entries: new Set(), lbNoNodeAccess: [], rejected: [] };
+  }
+
+  get lbNoNodeAccess(): LBNoNodeAccess[] {
+    return this.f.lbNoNodeAccess;
   }
 
   /** adds a set entry, or leaves it out and reports it when the kernel would refuse it */
   add(key: SetKey, entry: string, owner: string): void {
-    const set = this.sets.get(setName(key, this.family))!;
+    const info = SET_INFO_BY_KEY.get(key)!;
+    const name = setName(key, this.family);
     const e = normalizeEntry(entry);
-    const why = entryRefusal(set.type, this.family, e);
-    if (why) this.rejected.push({ owner, what: `ipset ${set.name} ${e}`, reason: why });
-    else {
-      set.entries.add(e);
-      if (owner && !this.entryOwners.has(`${set.name} ${e}`)) this.entryOwners.set(`${set.name} ${e}`, owner);
-    }
+    const why = entryRefusal(info.type, this.family, e);
+    if (why) this.f.rejected.push({ owner, what: `ipset ${name} ${e}`, reason: why });
+    else this.f.entries.add(`${name} ${e}`);
   }
 
   /**
@@ -112,22 +145,28 @@ class PlanBuilder {
   usableVIP(ip: string, owner: string, field: string): boolean {
     const c = canonicalIP(ip);
     if (c && c !== '0.0.0.0' && c !== '::') return true;
-    this.rejected.push({ owner, what: `${field} ${ip}`, reason: 'the unspecified address cannot be a service address' });
+    this.f.rejected.push({ owner, what: `${field} ${ip}`, reason: 'the unspecified address cannot be a service address' });
     return false;
   }
 
-  virtualServer(vs: VirtualServer, endpoints: Endpoint[], owner: string, bind: boolean): void {
+  virtualServer(vs: VirtualServer, endpoints: Endpoint[], _owner: string, bind: boolean): void {
     const reals = new Map<string, RealServer>();
     for (const ep of endpoints) {
       const rs: RealServer = { address: ep.ip, port: ep.port, weight: 1, forward: 'masq' };
       reals.set(realServerKey(rs), rs);
     }
-    const key = virtualServerKey(vs);
-    this.table.set(key, { vs, reals });
-    this.owners.set(key, owner);
-    if (bind) this.bound.add(vs.address);
+    this.f.vss.set(virtualServerKey(vs), { vs, reals });
+    if (bind) this.f.bound.add(vs.address);
+  }
+
+  done(): PortFragment {
+    // bound addresses passed usableVIP, so no service needs naming here
+    for (const ip of this.f.bound) this.f.entries.add(`${setName('ipvsIPs', this.family)} ${ip}`);
+    return this.f;
   }
 }
+
+const SET_INFO_BY_KEY = new Map(SET_INFO.map((i) => [i.key, i]));
 
 /** upstream's syncEndpoint choice: local endpoints when the policy is Local and any exist */
 function pickEndpoints(cat: PortView, onlyLocal: boolean): Endpoint[] {
@@ -135,7 +174,15 @@ function pickEndpoints(cat: PortView, onlyLocal: boolean): Endpoint[] {
   return cat.clusterEndpoints;
 }
 
-function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, view: NodeSettings, npIPs: string[], nodeIPSet: Set<string>): void {
+/** The fragment of one service port (already made safe: safeServicePort), or null when it plans nothing. */
+export function planPort(ctx: PlanContext, sp: ServicePort): PortFragment | null {
+  if (!sp.clusterIP) return null;
+  const b = new FragmentBuilder(ctx.family, sp);
+  planServicePort(b, sp, ctx.input, ctx.view, ctx.npIPs, ctx.nodeIPSet);
+  return b.done();
+}
+
+function planServicePort(b: FragmentBuilder, sp: ServicePort, input: PlanInput, view: NodeSettings, npIPs: string[], nodeIPSet: Set<string>): void {
   const { config, state } = input;
   if (!sp.clusterIP) return;
   const proto = sp.protocol.toLowerCase();
@@ -209,49 +256,47 @@ function planServicePort(b: PlanBuilder, sp: ServicePort, input: PlanInput, view
   if (cat.healthCheckNodePort) b.add('healthCheckNodePort', `${cat.healthCheckNodePort}`, sp.key);
 }
 
+/** The ports of a sync's family, sorted by key (the plan's order), made safe: a loopback (or other special) VIP never becomes a virtual server. */
+export function familyPorts(input: PlanInput, family: 4 | 6, only?: (sp: ServicePort) => boolean): ServicePort[] {
+  const out: ServicePort[] = [];
+  for (const sp of input.state.services.values()) if (sp.family === family && (!only || only(sp))) out.push(safeServicePort(sp).sp);
+  return out.sort((a, b2) => (a.key < b2.key ? -1 : a.key > b2.key ? 1 : 0));
+}
+
+/** Every fragment of a state, in the plan's order. */
+export function planFragments(ctx: PlanContext): PortFragment[] {
+  const out: PortFragment[] = [];
+  for (const sp of familyPorts(ctx.input, ctx.family)) {
+    const f = planPort(ctx, sp);
+    if (f) out.push(f);
+  }
+  return out;
+}
+
 export function plan(input: PlanInput): IpvsPlan {
-  const family = input.node.family;
-  const b = new PlanBuilder(family);
-  const view = settingsOf(input);
-  const npIPs = nodePortIPsOfView(view);
-  const nodeIPSet = new Set(input.node.nodeIPs.map((ip) => canonicalIP(ip) ?? ip));
-  const ports = [...input.state.services.values()]
-    .filter((sp) => sp.family === family)
-    .sort((a, b2) => (a.key < b2.key ? -1 : a.key > b2.key ? 1 : 0));
-  // A loopback (or other special) VIP must never become a virtual server or be bound.
-  for (const sp of ports) planServicePort(b, safeServicePort(sp).sp, input, view, npIPs, nodeIPSet);
+  const ctx = planContext(input);
+  const st = new PlanState(ctx.family);
+  for (const f of planFragments(ctx)) st.put(f.key, f);
+  return st.toPlan(ctx);
+}
 
-  const boundAddresses = [...b.bound].sort();
-  // bound addresses passed usableVIP, so no service needs naming here
-  for (const ip of boundAddresses) b.add('ipvsIPs', ip, '');
-
-  const cfg = input.config;
+/** The iptables text and masquerade decisions of a context and the union of fragments. */
+export function masqOf(view: NodeSettings): IpvsPlan['masq'] {
   // The view's local-traffic detector, as upstream ipvs writeIptablesRules uses it:
   // localDetector.IfNotLocal() on the cluster IP masquerade rule.
   const d = view.localDetector;
   const clusterCIDR = d?.kind === 'cidr' ? d.cidr : null;
   const notLocal = d === null ? null : d.kind === 'cidr' ? `! -s ${d.cidr}` : `! -i ${d.kind === 'interface' ? d.name : `${d.prefix}+`}`;
   const notLocalInterface = d === null || d.kind === 'cidr' ? null : d.kind === 'interface' ? d.name : `${d.prefix}+`;
-  const masq = { all: view.masqueradeAll, clusterCIDR, notLocal, notLocalInterface, mark: view.masqueradeMark };
-  const iptables = renderIptables({ family, sets: b.sets, masq, lbNoNodeAccess: b.lbNoNodeAccess });
+  return { all: view.masqueradeAll, clusterCIDR, notLocal, notLocalInterface, mark: view.masqueradeMark };
+}
+
+/** The node-level parts of a plan: sysctls and ipvsadm timeouts. */
+export function globalsOf(cfg: PlanInput['config']): Pick<IpvsPlan, 'sysctls' | 'timeouts'> {
   const t = cfg.ipvs;
   const timeouts =
     t.tcpTimeoutMs > 0 || t.tcpFinTimeoutMs > 0 || t.udpTimeoutMs > 0
       ? { tcp: seconds(t.tcpTimeoutMs), tcpFin: seconds(t.tcpFinTimeoutMs), udp: seconds(t.udpTimeoutMs) }
       : null;
-  return {
-    family,
-    table: b.table,
-    owners: b.owners,
-    boundAddresses,
-    nodePortIPs: npIPs,
-    sets: b.sets,
-    iptables,
-    sysctls: plannedSysctls(cfg.ipvs.strictARP),
-    timeouts,
-    lbNoNodeAccess: b.lbNoNodeAccess,
-    masq,
-    rejected: b.rejected,
-    entryOwners: b.entryOwners,
-  };
+  return { sysctls: plannedSysctls(cfg.ipvs.strictARP), timeouts };
 }

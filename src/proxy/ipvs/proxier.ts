@@ -1,6 +1,11 @@
-// The ipvs mode's proxier: applies a plan to the host by difference. Each sync reads the
-// live IPVS table (`ipvsadm -Ln`), ipsets (`ipset save`) and kube-ipvs0's addresses, and
-// changes only what differs; nothing is flushed. Removed real servers drain gracefully
+// The ipvs mode's proxier: applies a plan to the host by difference; nothing is flushed.
+// A full sync (the first, hourly, after any failure) reads the live IPVS table (`ipvsadm
+// -Ln`), ipsets (`ipset save`) and kube-ipvs0's addresses and changes what differs. After it
+// succeeded the proxier keeps its own model of what it applied (the plan's per-port fragments
+// and the virtual servers as written), and a partial sync re-plans only the changed Services
+// and writes the difference against that model without reading the kernel back: O(changed),
+// not O(N). It reads only one virtual server (`ipvsadm -Ln -t VIP:PORT`) when a real server
+// leaves it, for the connection counters graceful termination needs. Removed real servers drain gracefully
 // (weight 0 until their connections end), checked on every sync and on a short timer.
 // This file is the mode's composition root: the only one in src/modes/ipvs that touches
 // the host, and only through the executors in src/exec.
@@ -8,6 +13,7 @@ import { SkippedVIPReporter } from '../skipped-vips.ts';
 import { release } from 'node:os';
 import type { Logger } from '../../log.ts';
 import type { ModeDeps, PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
+import type { ServicePort } from '../../core/model.ts';
 import { Ipvsadm } from '../../exec/ipvs.ts';
 import { IptablesExecutor } from '../../iptables/exec.ts';
 import { IPSetExec } from '../../exec/ipset.ts';
@@ -16,10 +22,11 @@ import { ensureSysctl, procSysctl, type Sysctl } from '../../exec/sysctl.ts';
 import { ensureModules, type ModuleFS } from '../../exec/modules.ts';
 import { BASE_MODULES, DUMMY_DEVICE, schedulerModule } from '../../modes/ipvs/names.ts';
 import { withMissingJumps } from '../../modes/ipvs/iptables-rules.ts';
-import { plan, type IpvsPlan, type Rejected } from '../../modes/ipvs/planner.ts';
+import { familyPorts, planContext, planPort, type IpvsPlan, type PlanContext, type Rejected } from '../../modes/ipvs/planner.ts';
+import { PlanState } from '../../modes/ipvs/plan-state.ts';
 import { diffIPSets, type IPSetDiff, type IPSetTable } from '../../modes/ipvs/ipsets.ts';
-import { diffIpvs, drainLines, ownershipPredicate, type IpvsDiff } from '../../modes/ipvs/diff.ts';
-import { splitHostPort, virtualServerKey, type VirtualServer } from '../../modes/ipvs/ipvs-model.ts';
+import { afterDiff, diffIpvs, drainLines, drainsAtOnce, ownershipPredicate, type IpvsDiff } from '../../modes/ipvs/diff.ts';
+import { applyLines, splitHostPort, virtualServerKey, type IpvsTable, type VirtualServer, type VirtualServerState } from '../../modes/ipvs/ipvs-model.ts';
 import { ExecError } from '../../exec/runner.ts';
 import { plannedSysctls, sysctlApplies } from '../../modes/ipvs/sysctls.ts';
 import { renderPlan } from '../../modes/ipvs/render.ts';
@@ -35,8 +42,21 @@ const IPVS_IPTABLES_TIMEOUT_MS = 30_000;
  */
 const MAX_REREADS = 64;
 
+/** draining virtual servers read one by one (`ipvsadm -Ln -t`) up to this many; past it, one whole listing is cheaper */
+const MAX_SINGLE_READS = 16;
+
+/**
+ * whether diffing a virtual server needs its live connection counters: a TCP/SCTP real server
+ * leaves it (weight 0 while in use, deleted once drained); UDP ones go at once
+ */
+function needsCounters(have: VirtualServerState, want: VirtualServerState): boolean {
+  if (drainsAtOnce(want.vs)) return false;
+  for (const rk of have.reals.keys()) if (!want.reals.has(rk)) return true;
+  return false;
+}
+
 /** the service port owning the virtual server an ipvsadm line names ('' when none: a stale one) */
-function ipvsLineOwner(p: IpvsPlan, line: string): string {
+function ipvsLineOwner(p: Pick<IpvsPlan, 'owners'>, line: string): string {
   const w = line.trim().split(/\s+/);
   const protocol = w[1] === '-u' ? 'UDP' : w[1] === '--sctp-service' ? 'SCTP' : 'TCP';
   const hp = splitHostPort(w[2] ?? '');
@@ -96,7 +116,14 @@ export class IpvsProxier implements Proxier {
   private readonly links: Links;
   private readonly log: Logger;
   private skippedVIPs?: SkippedVIPReporter;
-  private last: IpvsPlan | null = null;
+  /** the plan as last applied, fragment by fragment (null until a full sync succeeded) */
+  private model: PlanState | null = null;
+  private modelCtx: PlanContext | null = null;
+  /**
+   * kproxy's virtual servers as the kernel holds them after the last apply (the full sync's
+   * listing with every line written since applied to it); valid with `model`
+   */
+  private kernel: IpvsTable = new Map();
   private lastIptables = '';
   private jumpsEnsured = false;
   /** virtual servers this process created (owned even if their VIP bookkeeping is lost) */
@@ -131,17 +158,17 @@ export class IpvsProxier implements Proxier {
     return next;
   }
 
-  sync(input: PlanInput, _changed: Set<string>, full: boolean): Promise<SyncStats> {
-    return this.serial(() => this.syncNow(input, full));
+  sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
+    return this.serial(async () => {
+      const ctx = planContext(input);
+      // a partial sync needs the model of a successful full sync under the same node facts
+      if (full || !this.model || this.modelCtx?.key !== ctx.key) return this.fullSync(input, ctx);
+      return this.partialSync(input, ctx, changed);
+    });
   }
 
-  private async syncNow(input: PlanInput, full: boolean): Promise<SyncStats> {
-    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(input);
-    const p = plan(input);
-    const family = p.family;
-    // Failure isolation: each part (device, ipsets, iptables, IPVS, addresses) is tried even
-    // when an earlier one failed, since the kernel does not tie them together; the first
-    // failure is thrown at the end so that the loop retries with a full sync.
+  /** the step runner of a sync: each part is tried even when an earlier one failed */
+  private steps(): { errors: Error[]; step: (what: string, fn: () => Promise<void>) => Promise<boolean> } {
     const errors: Error[] = [];
     const step = async (what: string, fn: () => Promise<void>): Promise<boolean> => {
       try {
@@ -153,6 +180,25 @@ export class IpvsProxier implements Proxier {
         return false;
       }
     };
+    return { errors, step };
+  }
+
+  private async fullSync(input: PlanInput, ctx: PlanContext): Promise<SyncStats> {
+    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(input);
+    this.model = null;
+    const st = new PlanState(ctx.family);
+    for (const sp of familyPorts(input, ctx.family)) {
+      const f = planPort(ctx, sp);
+      if (f) st.put(sp.key, f);
+    }
+    st.takeDelta();
+    const p = st.toPlan(ctx);
+    const family = p.family;
+    const full = true;
+    // Failure isolation: each part (device, ipsets, iptables, IPVS, addresses) is tried even
+    // when an earlier one failed, since the kernel does not tie them together; the first
+    // failure is thrown at the end so that the loop retries with a full sync.
+    const { errors, step } = this.steps();
     const seen = new Set<string>();
     for (const r of p.rejected) this.noteRefusal(`plan ${r.owner} ${r.what}`, r, seen);
 
@@ -176,7 +222,7 @@ export class IpvsProxier implements Proxier {
     });
 
     const ipt = new IptablesExecutor(this.opts.runner, family);
-    if (full || !this.jumpsEnsured || p.iptables !== this.lastIptables) {
+    {
       await step(`${family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
         // on full syncs the jumps from built-in chains are checked too, in the same restore
         const text = full || !this.jumpsEnsured ? withMissingJumps(p.iptables, await ipt.saveAll()) : p.iptables;
@@ -191,6 +237,7 @@ export class IpvsProxier implements Proxier {
       dummyAddrs = (await this.links.addresses(DUMMY_DEVICE)).filter((a) => ipFamily(a) === family);
     });
     let d: IpvsDiff = { lines: [], terminating: new Set(), counts: { vsAdded: 0, vsEdited: 0, vsDeleted: 0, rsAdded: 0, rsEdited: 0, rsDeleted: 0 } };
+    let kernel: IpvsTable = new Map();
     const ipvsOK = await step('ipvsadm -R', async () => {
       const live = await this.ipvsadm.list();
       const owned = ownershipPredicate({
@@ -202,11 +249,18 @@ export class IpvsProxier implements Proxier {
         family,
       });
       d = diffIpvs(p.table, live, owned);
+      let applied: { lines: string[]; isolated: boolean };
       try {
-        await this.restoreIpvsIsolating(p, d.lines, owned, full, seen);
+        applied = await this.restoreIpvsIsolating(p, d.lines, owned, full, seen);
       } finally {
         for (const k of p.table.keys()) this.created.add(k);
       }
+      // the model of kproxy's virtual servers from now on: the listing with the lines written
+      // (read again only when lines were refused: which ones got in is then the kernel's word)
+      if (applied.isolated) {
+        kernel = new Map();
+        for (const [k, v] of await this.ipvsadm.list()) if (p.table.has(k) || owned(k, v.vs)) kernel.set(k, v);
+      } else kernel = afterDiff(p.table, live, d.terminating);
     });
     if (ipvsOK) {
       for (const k of [...this.created]) if (!p.table.has(k)) this.created.delete(k);
@@ -225,10 +279,12 @@ export class IpvsProxier implements Proxier {
     // kernel refusals on full syncs (partial syncs skip them, so they cannot recur there)
     for (const k of [...this.refusals.keys()]) if (!seen.has(k) && (full || k.startsWith('plan '))) this.refusals.delete(k);
 
-    this.last = p;
     if (errors.length) throw errors[0];
-    let rs = 0;
-    for (const v of p.table.values()) rs += v.reals.size;
+    // from now on partial syncs diff against this model instead of reading the kernel
+    this.model = st;
+    this.modelCtx = ctx;
+    this.kernel = kernel;
+    const rs = st.realServers;
     const c = d.counts;
     const refusedNote = this.refusals.size ? `; ${this.refusals.size} left out (refused)` : '';
     const diff =
@@ -238,6 +294,111 @@ export class IpvsProxier implements Proxier {
     return {
       rulesWritten: d.lines.length + setDiff.added + setDiff.deleted + addrChanges,
       rulesTotal: p.table.size + rs,
+      diff,
+      rejected: this.refusals.size,
+    };
+  }
+
+  /**
+   * A partial sync: the changed Services' ports are planned again and only the difference to
+   * the model of the last apply is written, with no read of the whole kernel state. A
+   * virtual server that loses a TCP/SCTP real server is read alone (its connection counters
+   * decide between weight 0 and delete). Any failure drops the model: the loop's next sync is
+   * a full one, which reads the kernel again.
+   */
+  private async partialSync(input: PlanInput, ctx: PlanContext, changed: Set<string>): Promise<SyncStats> {
+    const st = this.model!;
+    const family = ctx.family;
+    const isChanged = (sp: ServicePort) => changed.has(sp.serviceKey);
+    const ports = changed.size ? familyPorts(input, family, isChanged) : [];
+    // only the changed Services can hold a newly skipped VIP (their ports before safeServicePort)
+    const raw = changed.size ? [...input.state.services.values()].filter(isChanged) : [];
+    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report({ ...input, state: { ...input.state, services: new Map(raw.map((sp) => [sp.key, sp])) } });
+    const planned = new Set<string>();
+    for (const sp of ports) {
+      const f = planPort(ctx, sp);
+      if (f) planned.add(sp.key);
+      st.put(sp.key, f ?? undefined);
+    }
+    for (const svc of changed) for (const k of [...(st.byService.get(svc) ?? [])]) if (!planned.has(k)) st.put(k, undefined);
+    const delta = st.takeDelta();
+
+    const { errors, step } = this.steps();
+    const seen = new Set<string>();
+    for (const r of st.rejected()) this.noteRefusal(`plan ${r.owner} ${r.what}`, r, seen);
+
+    const setLines = [
+      ...delta.entriesDeleted.map((e) => `del ${e} -exist`),
+      ...delta.entriesAdded.map((e) => `add ${e} -exist`),
+    ];
+    if (setLines.length) await step('ipset restore', async () => {
+      const { refused } = await this.ipset.restoreIsolating(this.withoutRefused('ipset', setLines, false, seen).join('\n'));
+      for (const f of refused) {
+        const w = f.line.trim().split(/\s+/);
+        const owner = st.entryOwner(`${w[1]} ${w[2]}`);
+        this.noteRefusal(`ipset ${f.line}`, { owner, what: `ipset ${f.line.replace(/\s+-exist$/, '')}`, reason: f.error }, seen);
+      }
+    });
+
+    const text = st.iptables(ctx);
+    if (text !== this.lastIptables) {
+      await step(`${family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
+        await new IptablesExecutor(this.opts.runner, family).restoreOwned(text, 'KPROXY_IPVS_IPTABLES_FAILED', IPVS_IPTABLES_TIMEOUT_MS);
+        this.lastIptables = text;
+      });
+    }
+
+    let d: IpvsDiff = { lines: [], terminating: new Set(), counts: { vsAdded: 0, vsEdited: 0, vsDeleted: 0, rsAdded: 0, rsEdited: 0, rsDeleted: 0 } };
+    if (delta.virtualServers.length) await step('ipvsadm -R', async () => {
+      const want: IpvsTable = new Map();
+      const have: IpvsTable = new Map();
+      for (const k of delta.virtualServers) {
+        const w = st.table.get(k);
+        if (w) want.set(k, w);
+        let h = this.kernel.get(k);
+        if (h && w && needsCounters(h, w)) {
+          h = (await this.ipvsadm.listService(h.vs)).get(k);
+          if (h) this.kernel.set(k, h);
+          else this.kernel.delete(k);
+        }
+        if (h) have.set(k, h);
+      }
+      d = diffIpvs(want, have, () => true);
+      const lines = this.withoutRefused('ipvsadm', d.lines, false, seen);
+      await this.ipvsadm.restore(lines);
+      if (lines.length === d.lines.length) {
+        for (const [k, v] of afterDiff(want, have, d.terminating)) this.kernel.set(k, v);
+        for (const k of delta.virtualServers) if (!want.has(k)) this.kernel.delete(k);
+      } else applyLines(this.kernel, lines); // lines refused before were left out: follow what was sent
+      for (const k of delta.virtualServers) {
+        if (want.has(k)) this.created.add(k);
+        else this.created.delete(k);
+      }
+      const touched = new Set(delta.virtualServers);
+      for (const t of [...this.terminating]) if (touched.has(t.slice(0, t.lastIndexOf('/')))) this.terminating.delete(t);
+      for (const t of d.terminating) this.terminating.add(t);
+    });
+
+    const addrChanges = delta.addressesAdded.length + delta.addressesDeleted.length;
+    if (addrChanges) await step('kube-ipvs0 addresses', () => this.links.changeAddresses(DUMMY_DEVICE, delta.addressesAdded, delta.addressesDeleted));
+
+    for (const k of [...this.refusals.keys()]) if (!seen.has(k) && k.startsWith('plan ')) this.refusals.delete(k);
+    if (errors.length) {
+      // the kernel may now hold anything between the old and the new state: read it again
+      this.model = null;
+      throw errors[0];
+    }
+    const c = d.counts;
+    const setAdded = delta.entriesAdded.length;
+    const setDeleted = delta.entriesDeleted.length;
+    const refusedNote = this.refusals.size ? `; ${this.refusals.size} left out (refused)` : '';
+    const diff =
+      `ipvs: +${c.vsAdded} ~${c.vsEdited} -${c.vsDeleted} virtual servers, +${c.rsAdded} ~${c.rsEdited} -${c.rsDeleted} real servers` +
+      `${this.terminating.size ? ` (${this.terminating.size} draining)` : ''}; ipset: +${setAdded} -${setDeleted}; addresses: ${addrChanges} changed${refusedNote}`;
+    if (d.lines.length || setLines.length || addrChanges) this.log.info({ diff }, 'ipvs sync applied changes');
+    return {
+      rulesWritten: d.lines.length + setAdded + setDeleted + addrChanges,
+      rulesTotal: st.table.size + st.realServers,
       diff,
       rejected: this.refusals.size,
     };
@@ -256,9 +417,11 @@ export class IpvsProxier implements Proxier {
     owned: (vsKey: string, vs: VirtualServer) => boolean,
     full: boolean,
     seen: Set<string>,
-  ): Promise<void> {
+  ): Promise<{ lines: string[]; isolated: boolean }> {
     const budget = { rereads: MAX_REREADS };
-    await this.applyIpvsLines(p, this.withoutRefused('ipvsadm', lines, full, seen), owned, seen, budget);
+    const sent = this.withoutRefused('ipvsadm', lines, full, seen);
+    await this.applyIpvsLines(p, sent, owned, seen, budget);
+    return { lines: sent, isolated: budget.rereads < MAX_REREADS };
   }
 
   private async applyIpvsLines(
@@ -322,9 +485,10 @@ export class IpvsProxier implements Proxier {
   checkGraceful(): Promise<number> {
     return this.serial(async () => {
       if (this.terminating.size === 0) return 0;
-      const live = await this.ipvsadm.list();
+      const live = await this.drainingListing();
       const { lines, still } = drainLines(this.terminating, live);
       await this.ipvsadm.restore(lines);
+      if (this.model) applyLines(this.kernel, lines);
       this.terminating.clear();
       for (const k of still) this.terminating.add(k);
       if (lines.length) this.log.info({ deleted: lines.length }, 'drained real servers deleted');
@@ -332,8 +496,23 @@ export class IpvsProxier implements Proxier {
     });
   }
 
+  /**
+   * The virtual servers holding draining real servers, with their counters: read one by one
+   * when they are few (the usual case: a rollout of a few Services), else the whole table.
+   */
+  private async drainingListing(): Promise<IpvsTable> {
+    const keys = new Set([...this.terminating].map((t) => t.slice(0, t.lastIndexOf('/'))));
+    const known = [...keys].map((k) => this.kernel.get(k));
+    if (!this.model || keys.size > MAX_SINGLE_READS || known.some((v) => !v)) return this.ipvsadm.list();
+    const out: IpvsTable = new Map();
+    for (const v of known as VirtualServerState[]) {
+      for (const [k, st] of await this.ipvsadm.listService(v.vs)) out.set(k, st);
+    }
+    return out;
+  }
+
   dump(): string {
-    return this.last ? renderPlan(this.last) : '';
+    return this.model && this.modelCtx ? renderPlan(this.model.toPlan(this.modelCtx)) : '';
   }
 
   async stop(): Promise<void> {
