@@ -4,9 +4,10 @@
 //   sync over the previous state (stale chains, changed services) and the rest are partial;
 // - between two chunks, every service reachable from KUBE-SERVICES / KUBE-NODEPORTS is
 //   entirely its old or entirely its new version (traffic never sees half a service), and on
-//   a cold start nothing is reachable before the last chunk;
+//   a cold start (no service chain installed) each chunk publishes its own services whole;
 // - leaf chains first, the dispatch rules and stale-chain deletions in the last chunk, each
-//   chunk a restore of its own, at most about chunkLines lines, whole services;
+//   chunk a restore of its own, at most about chunkLines lines, whole services; on a cold
+//   start, each chunk's dispatch rules after its services' chains, the catch-all last;
 // - the backend decides: legacy is never chunked, nf_tables is by default;
 // - a refused line in a middle chunk still excludes only its Service.
 import { test } from 'node:test';
@@ -126,11 +127,21 @@ for (const family of [4, 6] as const) {
     }
     const input = () => planInput(t, config, family, [family === 4 ? '192.168.0.2' : 'fd00:192::2']);
 
-    // Cold start: several restores; nothing reachable before the last one.
+    // Cold start: several restores, each publishing whole services (the cold-start form:
+    // every chunk's dispatch rules ride with its services' chains); whatever is reachable
+    // after a chunk is exactly what the last chunk leaves, and more of it chunk after chunk.
     await p.sync(input(), t.apply(), true);
     assert.ok(w.restores.length >= 4, `${w.restores.length} restores`);
-    for (const snap of w.snapshots.slice(0, -1)) assert.equal(snap.size, 0, 'a service reachable before the dispatch chunk');
-    assert.ok(w.snapshots.at(-1)!.size > 0);
+    const cold = w.snapshots.at(-1)!;
+    assert.ok(cold.size > 0);
+    for (const [n, snap] of w.snapshots.entries()) {
+      for (const [entry, content] of snap) assert.equal(content, cold.get(entry), `cold chunk ${n}: ${entry} half written`);
+      if (n) assert.ok(snap.size >= w.snapshots[n - 1].size);
+    }
+    assert.ok(w.snapshots.filter((s) => s.size > 0).length >= 3, 'services published chunk by chunk');
+    // (restores[0] is the jump rules' restore)
+    assert.match(w.restores[1], /^\*filter/, 'the filter table first');
+    assert.match(w.restores.at(-1)!, /^\*nat\n-A KUBE-SERVICES .*must be the last rule in this chain.*\nCOMMIT\n$/, 'the NodePort catch-all last, alone');
     let chunkedFullSyncs = 1;
 
     const kinds = ['endpoint-add', 'endpoint-remove', 'service-add', 'service-remove', 'port', 'policy', 'type'] as const;
