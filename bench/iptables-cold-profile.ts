@@ -94,7 +94,7 @@ async function main(): Promise<void> {
           const total = performance.now() - t0;
           results.get(f)!.total.push(total);
           results.get(f)!.per.push(per);
-          process.stderr.write(`rep ${rep} ${f}: ${fmtMs(total)} in ${per.length} restores (first ${fmtMs(per[0])}, last ${fmtMs(per[per.length - 1])}) load ${loadavg()[0].toFixed(1)}\n`);
+          process.stderr.write(`rep ${rep} ${f}: ${fmtMs(total)} in ${per.length} restores (chunk times at 0/25/50/75/100 %: ${[0, 0.25, 0.5, 0.75, 1].map((q) => fmtMs(per[Math.round(q * (per.length - 1))])).join(' ')}) load ${loadavg()[0].toFixed(1)}\n`);
         } finally {
           await nss.delete(ns);
         }
