@@ -225,6 +225,43 @@ test('chunks hold whole services, about chunkLines lines each, leaf chains first
   assert.equal(planIptables({ state: t.state, opts, full: false, changed: new Set(['ns1/svc1']), chunkLines: 1 }).chunks, undefined);
 });
 
+test('a cold start (no service chain installed) publishes each chunk\'s services with it; any installed service chain: the classic form', () => {
+  const t = tracker();
+  for (let i = 0; i < 50; i++) {
+    t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.0.${i + 1}`, type: 'NodePort', nodePort: 30000 + i }));
+    t.endpoints.update(null, slice(`ns${i}`, `svc${i}`, 's', [1, 2, 3].map((e) => ({ ip: `10.180.${e}.${i}` })), [{ port: 8080 }]));
+  }
+  t.apply();
+  const opts = optionsFromConfig(testConfig(), { nodeName: 'test-node', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 }, DEFAULT_FACTS);
+  const one = planIptables({ state: t.state, opts, full: true });
+  const cold = planIptables({ state: t.state, opts, full: true, chunkLines: 100, installedNatChains: new Set(['KUBE-SERVICES', 'KUBE-MARK-MASQ']) }).chunks!;
+  const body = (s: string) => s.split('\n').filter((l) => l && l !== '*nat' && l !== 'COMMIT').sort();
+  assert.deepEqual(body(cold.join('')), body(one.payload));
+  assert.match(cold[0], /^\*filter\n/);
+  assert.match(cold[0], /^:KUBE-SERVICES /m);
+  assert.equal(cold.at(-1), `*nat\n${one.payload.split('\n').filter((l) => l.includes('must be the last rule')).join('\n')}\nCOMMIT\n`);
+  for (const [n, c] of cold.entries()) {
+    if (n < cold.length - 1) assert.ok(c.split('\n').filter((l) => l.startsWith('-A ')).length <= 100, `chunk ${n}`);
+    // every dispatch rule jumps to a chain its own chunk declares, after all of the chunk's chain rules
+    const declared = new Set([...c.matchAll(/^:(\S+) /gm)].map((m) => m[1]));
+    const lines = c.split('\n');
+    const firstTop = lines.findIndex((l) => /^-A KUBE-(SERVICES|NODEPORTS) .* -j KUBE-(SVC|EXT)-/.test(l));
+    for (const [i, l] of lines.entries()) {
+      const m = /^-A KUBE-(?:SERVICES|NODEPORTS) .* -j (KUBE-(?:SVC|EXT)-\S+)$/.exec(l);
+      if (m) assert.ok(declared.has(m[1]), `chunk ${n}: ${m[1]} not created with its dispatch rule`);
+      else if (firstTop >= 0 && i > firstTop && l.startsWith('-A ')) assert.fail(`chunk ${n}: a chain rule after the dispatch rules: ${l}`);
+    }
+  }
+  assert.ok(cold.filter((c) => /^-A KUBE-SERVICES /m.test(c)).length >= 8, 'published chunk by chunk');
+  // One service chain installed (a restart over old rules): the dispatch chains are replaced at once, last.
+  const warm = planIptables({ state: t.state, opts, full: true, chunkLines: 100, installedNatChains: new Set(['KUBE-SVC-ABCDEFGHIJKLMNOP']) }).chunks!;
+  for (const c of warm.slice(0, -1)) assert.doesNotMatch(c, /^-A KUBE-(SERVICES|NODEPORTS) /m);
+  assert.match(warm.at(-1)!, /-X KUBE-SVC-ABCDEFGHIJKLMNOP/);
+  // No knowledge of what is installed (the conformance adapter): the classic form.
+  const unknown = planIptables({ state: t.state, opts, full: true, chunkLines: 100 }).chunks!;
+  for (const c of unknown.slice(0, -1)) assert.doesNotMatch(c, /^-A KUBE-(SERVICES|NODEPORTS) /m);
+});
+
 test('the backend decides: nf_tables chunks by default, legacy never', async () => {
   assert.equal(chunkLinesFor('nf_tables'), DEFAULT_CHUNK_LINES);
   assert.equal(chunkLinesFor('unknown'), DEFAULT_CHUNK_LINES);
