@@ -7,6 +7,9 @@
 //              later chunks carrying rules only;
 //   cold:L     the cold-start form (no service chain installed): each chunk publishes its
 //              own services' dispatch rules, the filter table first, the catch-all last;
+//   coldj:L    the same with nat PREROUTING / OUTPUT already jumping to KUBE-SERVICES (as the
+//              proxier's jump rules do before its chunks), so every chunk's commit makes the
+//              kernel validate every service published before it;
 // repeated --reps times in rotation (medians), with the load average. Per chunk form it
 // prints the restores' count, total, first/last chunk time (growth = per-chunk cost that
 // grows with the table), and kproxy's in-process planning time.
@@ -64,10 +67,10 @@ async function main(): Promise<void> {
   for (const f of forms) {
     const [kind, lines] = f.split(':');
     const t0 = performance.now();
-    if (kind === 'raw') payloads.set(f, { restores: [planIptables({ state: input.state, opts, full: true }).payload], planMs: performance.now() - t0 });
+    if (kind === 'raw' || kind === 'rawj') payloads.set(f, { restores: [planIptables({ state: input.state, opts, full: true }).payload], planMs: performance.now() - t0 });
     else {
       // cold: as on an empty node (no service chain installed), the form kproxy's first sync takes
-      const installedNatChains = kind === 'cold' ? new Set<string>() : undefined;
+      const installedNatChains = kind === 'cold' || kind === 'coldj' ? new Set<string>() : undefined;
       const plan = planIptables({ state: input.state, opts, full: true, chunkLines: Number(lines), installedNatChains });
       const chunks = plan.chunks ?? [plan.payload];
       payloads.set(f, { restores: kind === 'decl1st' ? declarationsFirst(chunks) : chunks, planMs: performance.now() - t0 });
@@ -82,7 +85,12 @@ async function main(): Promise<void> {
         const ns = await nss.create('p');
         try {
           const runner = new TimedRunner(ns, {}, timeoutMs);
-          const args = f === 'raw' ? ['-w', '5', '--counters'] : ['-w', '5', '--noflush', '--counters'];
+          const args = f.startsWith('raw') ? ['-w', '5', '--counters'] : ['-w', '5', '--noflush', '--counters'];
+          if (f.endsWith('j') || f.includes('j:')) {
+            // the base chains' jumps first, as IptablesProxier's ensureJumps writes them
+            const jumps = '*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-POSTROUTING - [0:0]\n-I OUTPUT -j KUBE-SERVICES\n-I PREROUTING -j KUBE-SERVICES\n-I POSTROUTING -j KUBE-POSTROUTING\nCOMMIT\n';
+            await runner.run('iptables-restore', ['-w', '5', '--noflush'], { input: jumps, timeoutMs });
+          }
           const per: number[] = [];
           const t0 = performance.now();
           for (const r of restores) {

@@ -4,7 +4,8 @@
 //   sync over the previous state (stale chains, changed services) and the rest are partial;
 // - between two chunks, every service reachable from KUBE-SERVICES / KUBE-NODEPORTS is
 //   entirely its old or entirely its new version (traffic never sees half a service), and on
-//   a cold start (no service chain installed) each chunk publishes its own services whole;
+//   a cold start (no service chain installed) each chunk publishes its own services whole,
+//   and the nat jumps into KUBE-SERVICES come with the last restore;
 // - leaf chains first, the dispatch rules and stale-chain deletions in the last chunk, each
 //   chunk a restore of its own, at most about chunkLines lines, whole services; on a cold
 //   start, each chunk's dispatch rules after its services' chains, the catch-all last;
@@ -141,7 +142,12 @@ for (const family of [4, 6] as const) {
     assert.ok(w.snapshots.filter((s) => s.size > 0).length >= 3, 'services published chunk by chunk');
     // (restores[0] is the jump rules' restore)
     assert.match(w.restores[1], /^\*filter/, 'the filter table first');
-    assert.match(w.restores.at(-1)!, /^\*nat\n-A KUBE-SERVICES .*must be the last rule in this chain.*\nCOMMIT\n$/, 'the NodePort catch-all last, alone');
+    // The last restore: the NodePort catch-all, then the nat jumps into KUBE-SERVICES, which
+    // no earlier restore made (so no chunk's commit re-validates the services published before it).
+    assert.match(w.restores.at(-1)!, /^\*nat\n-A KUBE-SERVICES .*must be the last rule in this chain.*\nCOMMIT\n\*nat\n-I OUTPUT .*-j KUBE-SERVICES\n-I PREROUTING .*-j KUBE-SERVICES\nCOMMIT\n$/, 'the NodePort catch-all last, with the jumps');
+    const natOf = (r: string) => r.split(/^\*/m).filter((t) => t.startsWith('nat\n')).join('');
+    for (const r of w.restores.slice(0, -1)) assert.doesNotMatch(natOf(r), /^-I (PREROUTING|OUTPUT) .*-j KUBE-SERVICES$/m);
+    assert.equal(k.rules('nat', 'PREROUTING').filter((r) => r.endsWith('-j KUBE-SERVICES')).length, 1);
     let chunkedFullSyncs = 1;
 
     const kinds = ['endpoint-add', 'endpoint-remove', 'service-add', 'service-remove', 'port', 'policy', 'type'] as const;
