@@ -103,6 +103,9 @@ export interface ScaleRow {
   rawNoflushMs?: number;
   coldMs: number;
   coldRestores: number;
+  /** time inside the first sync's restores, and inside its other commands (probes, saves) */
+  coldRestoreMs?: number;
+  coldOtherMs?: number;
   coldRules: number;
   changeMs?: number;
   changeAll: number[];
@@ -186,7 +189,11 @@ export async function iptablesScale(o: ScaleOptions, log: (l: string) => void): 
           try {
             await p.sync(w.input(), w.keys, true);
             row.coldMs = performance.now() - t0;
-            row.coldRestores = runner.records.filter((r) => r.cmd === 'iptables-restore').length;
+            const coldRan = runner.records;
+            row.coldRestores = coldRan.filter((r) => r.cmd === 'iptables-restore').length;
+            row.coldRestoreMs = coldRan.filter((r) => r.cmd === 'iptables-restore').reduce((a, r) => a + r.ms, 0);
+            row.coldOtherMs = coldRan.filter((r) => r.cmd !== 'iptables-restore').reduce((a, r) => a + r.ms, 0);
+            log(`N=${n} ${backend}: first sync: ${row.coldRestores} restores ${fmtMs(row.coldRestoreMs)}, other commands ${fmtMs(row.coldOtherMs)} (${coldRan.filter((r) => r.cmd !== 'iptables-restore').map((r) => `${r.cmd} ${r.args.join(' ')} ${fmtMs(r.ms)}`).join('; ')}), in-process ${fmtMs(row.coldMs - row.coldRestoreMs - row.coldOtherMs)}`);
             row.coldRules = await countRules(runner);
             log(`N=${n} ${backend}: kproxy first sync ${fmtMs(row.coldMs)} in ${row.coldRestores} restores, ${row.coldRules} nat rules in the kernel (payload ${natRules})`);
             for (let k = 0; k < o.changes; k++) {

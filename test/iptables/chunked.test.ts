@@ -4,9 +4,11 @@
 //   sync over the previous state (stale chains, changed services) and the rest are partial;
 // - between two chunks, every service reachable from KUBE-SERVICES / KUBE-NODEPORTS is
 //   entirely its old or entirely its new version (traffic never sees half a service), and on
-//   a cold start nothing is reachable before the last chunk;
+//   a cold start (no service chain installed) each chunk publishes its own services whole,
+//   and the nat jumps into KUBE-SERVICES come with the last restore;
 // - leaf chains first, the dispatch rules and stale-chain deletions in the last chunk, each
-//   chunk a restore of its own, at most about chunkLines lines, whole services;
+//   chunk a restore of its own, at most about chunkLines lines, whole services; on a cold
+//   start, each chunk's dispatch rules after its services' chains, the catch-all last;
 // - the backend decides: legacy is never chunked, nf_tables is by default;
 // - a refused line in a middle chunk still excludes only its Service.
 import { test } from 'node:test';
@@ -126,11 +128,26 @@ for (const family of [4, 6] as const) {
     }
     const input = () => planInput(t, config, family, [family === 4 ? '192.168.0.2' : 'fd00:192::2']);
 
-    // Cold start: several restores; nothing reachable before the last one.
+    // Cold start: several restores, each publishing whole services (the cold-start form:
+    // every chunk's dispatch rules ride with its services' chains); whatever is reachable
+    // after a chunk is exactly what the last chunk leaves, and more of it chunk after chunk.
     await p.sync(input(), t.apply(), true);
     assert.ok(w.restores.length >= 4, `${w.restores.length} restores`);
-    for (const snap of w.snapshots.slice(0, -1)) assert.equal(snap.size, 0, 'a service reachable before the dispatch chunk');
-    assert.ok(w.snapshots.at(-1)!.size > 0);
+    const cold = w.snapshots.at(-1)!;
+    assert.ok(cold.size > 0);
+    for (const [n, snap] of w.snapshots.entries()) {
+      for (const [entry, content] of snap) assert.equal(content, cold.get(entry), `cold chunk ${n}: ${entry} half written`);
+      if (n) assert.ok(snap.size >= w.snapshots[n - 1].size);
+    }
+    assert.ok(w.snapshots.filter((s) => s.size > 0).length >= 3, 'services published chunk by chunk');
+    // (restores[0] is the jump rules' restore)
+    assert.match(w.restores[1], /^\*filter/, 'the filter table first');
+    // The last restore: the NodePort catch-all, then the nat jumps into KUBE-SERVICES, which
+    // no earlier restore made (so no chunk's commit re-validates the services published before it).
+    assert.match(w.restores.at(-1)!, /^\*nat\n-A KUBE-SERVICES .*must be the last rule in this chain.*\nCOMMIT\n\*nat\n-I OUTPUT .*-j KUBE-SERVICES\n-I PREROUTING .*-j KUBE-SERVICES\nCOMMIT\n$/, 'the NodePort catch-all last, with the jumps');
+    const natOf = (r: string) => r.split(/^\*/m).filter((t) => t.startsWith('nat\n')).join('');
+    for (const r of w.restores.slice(0, -1)) assert.doesNotMatch(natOf(r), /^-I (PREROUTING|OUTPUT) .*-j KUBE-SERVICES$/m);
+    assert.equal(k.rules('nat', 'PREROUTING').filter((r) => r.endsWith('-j KUBE-SERVICES')).length, 1);
     let chunkedFullSyncs = 1;
 
     const kinds = ['endpoint-add', 'endpoint-remove', 'service-add', 'service-remove', 'port', 'policy', 'type'] as const;
@@ -212,6 +229,43 @@ test('chunks hold whole services, about chunkLines lines each, leaf chains first
   assert.equal(planIptables({ state: t.state, opts, full: true, chunkLines: 100_000 }).chunks, undefined);
   // Partial syncs are never chunked.
   assert.equal(planIptables({ state: t.state, opts, full: false, changed: new Set(['ns1/svc1']), chunkLines: 1 }).chunks, undefined);
+});
+
+test('a cold start (no service chain installed) publishes each chunk\'s services with it; any installed service chain: the classic form', () => {
+  const t = tracker();
+  for (let i = 0; i < 50; i++) {
+    t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.0.${i + 1}`, type: 'NodePort', nodePort: 30000 + i }));
+    t.endpoints.update(null, slice(`ns${i}`, `svc${i}`, 's', [1, 2, 3].map((e) => ({ ip: `10.180.${e}.${i}` })), [{ port: 8080 }]));
+  }
+  t.apply();
+  const opts = optionsFromConfig(testConfig(), { nodeName: 'test-node', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 }, DEFAULT_FACTS);
+  const one = planIptables({ state: t.state, opts, full: true });
+  const cold = planIptables({ state: t.state, opts, full: true, chunkLines: 100, installedNatChains: new Set(['KUBE-SERVICES', 'KUBE-MARK-MASQ']) }).chunks!;
+  const body = (s: string) => s.split('\n').filter((l) => l && l !== '*nat' && l !== 'COMMIT').sort();
+  assert.deepEqual(body(cold.join('')), body(one.payload));
+  assert.match(cold[0], /^\*filter\n/);
+  assert.match(cold[0], /^:KUBE-SERVICES /m);
+  assert.equal(cold.at(-1), `*nat\n${one.payload.split('\n').filter((l) => l.includes('must be the last rule')).join('\n')}\nCOMMIT\n`);
+  for (const [n, c] of cold.entries()) {
+    if (n < cold.length - 1) assert.ok(c.split('\n').filter((l) => l.startsWith('-A ')).length <= 100, `chunk ${n}`);
+    // every dispatch rule jumps to a chain its own chunk declares, after all of the chunk's chain rules
+    const declared = new Set([...c.matchAll(/^:(\S+) /gm)].map((m) => m[1]));
+    const lines = c.split('\n');
+    const firstTop = lines.findIndex((l) => /^-A KUBE-(SERVICES|NODEPORTS) .* -j KUBE-(SVC|EXT)-/.test(l));
+    for (const [i, l] of lines.entries()) {
+      const m = /^-A KUBE-(?:SERVICES|NODEPORTS) .* -j (KUBE-(?:SVC|EXT)-\S+)$/.exec(l);
+      if (m) assert.ok(declared.has(m[1]), `chunk ${n}: ${m[1]} not created with its dispatch rule`);
+      else if (firstTop >= 0 && i > firstTop && l.startsWith('-A ')) assert.fail(`chunk ${n}: a chain rule after the dispatch rules: ${l}`);
+    }
+  }
+  assert.ok(cold.filter((c) => /^-A KUBE-SERVICES /m.test(c)).length >= 8, 'published chunk by chunk');
+  // One service chain installed (a restart over old rules): the dispatch chains are replaced at once, last.
+  const warm = planIptables({ state: t.state, opts, full: true, chunkLines: 100, installedNatChains: new Set(['KUBE-SVC-ABCDEFGHIJKLMNOP']) }).chunks!;
+  for (const c of warm.slice(0, -1)) assert.doesNotMatch(c, /^-A KUBE-(SERVICES|NODEPORTS) /m);
+  assert.match(warm.at(-1)!, /-X KUBE-SVC-ABCDEFGHIJKLMNOP/);
+  // No knowledge of what is installed (the conformance adapter): the classic form.
+  const unknown = planIptables({ state: t.state, opts, full: true, chunkLines: 100 }).chunks!;
+  for (const c of unknown.slice(0, -1)) assert.doesNotMatch(c, /^-A KUBE-(SERVICES|NODEPORTS) /m);
 });
 
 test('the backend decides: nf_tables chunks by default, legacy never', async () => {

@@ -49,7 +49,7 @@ export class IptablesSyncState {
     };
     // O(changed) when only changed services' own chains differ (plan.ts planIptablesFast).
     if (!doFull && this.applied && this.chainDigests && this.installedNatChains) {
-      const fast = planIptablesFast({ state, opts, applied: this.applied, deferStale: skipCleanup, deferred: this.deferred });
+      const fast = planIptablesFast({ state, opts, applied: this.applied, changed, deferStale: skipCleanup, deferred: this.deferred });
       if (fast) {
         if (!fast.largeClusterMode || !skipCleanup) this.pendingCleanupMs = nowMs;
         return { ...fast, full: false };
@@ -86,6 +86,7 @@ export class IptablesSyncState {
           else this.applied.blocks.delete(key);
         }
         this.applied.natRulesTotal = plan.natRulesTotal;
+        this.applied.totalEndpoints = plan.totalEndpoints;
       }
     }
     // Stale-chain deletion ran (every installed service chain that is not active was

@@ -20,6 +20,7 @@ import {
   KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY,
   KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 } from '../../modes/iptables/names.ts';
+import { isServiceChainName } from '../../modes/iptables/names.ts';
 import { optionsFromConfig, type IptablesOptions, type RuntimeFacts, DEFAULT_FACTS } from '../../modes/iptables/options.ts';
 import { compactServiceBlocks, ownerOfPayloadLine, planIptables } from '../../modes/iptables/plan.ts';
 import { IptablesSyncState } from '../../modes/iptables/sync-state.ts';
@@ -92,6 +93,23 @@ export function jumpsPayload(saved: string): string {
   let payload = '';
   for (const [t, s] of out) payload += [`*${t}`, ...s.chains, ...s.rules, 'COMMIT', ''].join('\n');
   return payload;
+}
+
+/**
+ * A jumps payload without its nat `-j KUBE-SERVICES` insertions (`now`) and those insertions
+ * as a payload of their own (`later`); `defer` false: all now.
+ */
+export function splitServiceJumps(payload: string, defer: boolean): { now: string; later: string } {
+  if (!defer) return { now: payload, later: '' };
+  const later: string[] = [];
+  let table = '';
+  const now = payload.split('\n').filter((l) => {
+    if (l.startsWith('*')) table = l;
+    const move = table === '*nat' && l.startsWith('-I ') && l.endsWith(` -j ${KUBE_SERVICES}`);
+    if (move) later.push(l);
+    return !move;
+  });
+  return { now: now.join('\n'), later: later.length ? ['*nat', ...later, 'COMMIT', ''].join('\n') : '' };
 }
 
 export function jumpArgs(j: JumpRule): string[] {
@@ -233,18 +251,23 @@ export class IptablesProxier implements Proxier {
           doFull = true;
         }
       }
+      let deferredJumps = '';
       if (doFull) {
         fs.backend ??= await fs.exec.backend();
         fs.sync.chunkLines = chunkLinesFor(fs.backend, this.deps.chunkLines);
-        await this.ensureJumps(fs.exec);
-        fs.sync.installedNatChains = chainsFromSave(await fs.exec.save('nat'), 'nat');
+        deferredJumps = await this.ensureJumps(fs);
       }
       const plan = fs.sync.plan(input.state, opts, changed, doFull, this.now(), syncPeriodMs);
       // Before the restore: the localhost NodePort rules need route_localnet to work.
       if (this.deps.sysctl) for (const { name, value } of plan.sysctls) await ensureSysctl(this.deps.sysctl, name, value);
       // Nothing differs from what is installed: no restore at all. A chunked full sync is
-      // several restores (leaf chains first, the dispatch rules last), each atomic.
+      // several restores (leaf chains first, the dispatch rules last), each atomic; a cold
+      // start's nat jumps into KUBE-SERVICES come with the last one (ensureJumps).
       const payloads = plan.chunks ?? (plan.payload ? [plan.payload] : []);
+      if (deferredJumps) {
+        if (payloads.length) payloads[payloads.length - 1] += deferredJumps;
+        else payloads.push(deferredJumps);
+      }
       for (const payload of payloads) {
         try {
           await fs.exec.restore(payload);
@@ -275,13 +298,26 @@ export class IptablesProxier implements Proxier {
 
   /**
    * Makes the canary chains, kproxy's top-level chains and the jump rules into them exist:
-   * one iptables-save, then one iptables-restore --noflush declaring only the missing chains
-   * (declaring an existing one would flush it) and inserting only the missing jumps with
-   * `-I`, in the order upstream's one-by-one `iptables -C || -I` gives (each at the top).
+   * one iptables-save (which also tells the installed nat chains), then one iptables-restore
+   * --noflush declaring only the missing chains (declaring an existing one would flush it)
+   * and inserting only the missing jumps with `-I`, in the order upstream's one-by-one
+   * `iptables -C || -I` gives (each at the top).
+   * A chunked cold start (no service chain installed; kproxy, not upstream) leaves out the nat
+   * jumps into KUBE-SERVICES and returns them, for the sync's last restore: while nothing
+   * reaches KUBE-SERVICES, a chunk's commit does not make nf_tables validate every service
+   * published by the chunks before it (the kernel validates what the base chains reach on
+   * every commit that adds a rule: 0.73x a raw restore without them, 1.30x with them, at
+   * 10,000 Services; docs/benchmarks.md "iptables at scale"). Nothing is reachable before it.
    */
-  private async ensureJumps(exec: IptablesExecutor): Promise<void> {
-    const payload = jumpsPayload(await exec.saveAll());
-    if (payload) await exec.restore(payload);
+  private async ensureJumps(fs: FamilyState): Promise<string> {
+    const saved = await fs.exec.saveAll();
+    const installed = chainsFromSave(saved, 'nat');
+    fs.sync.installedNatChains = installed;
+    let cold = fs.sync.chunkLines > 0;
+    for (const c of installed) if (cold && isServiceChainName(c)) cold = false;
+    const { now, later } = splitServiceJumps(jumpsPayload(saved), cold);
+    if (now) await fs.exec.restore(now);
+    return later;
   }
 
   dump(): string {
