@@ -14,8 +14,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { resolve } from 'node:path';
 import { JUMP_RULES, jumpArgs } from '../src/proxy/iptables/proxier.ts';
 import { getMode } from '../src/proxy/registry.ts';
-import { runChecked } from '../src/exec/runner.ts';
-import { LEGACY_IPTABLES, TimedRunner, type Namespaces } from './netns.ts';
+import { LEGACY_IPTABLES, podNetwork, TimedRunner, type Namespaces } from './netns.ts';
 import { killGroup } from './kproxy-run.ts';
 import { benchConfig, clusterIPOf, endpointIPOf, Workload } from './workload.ts';
 import { percentile, pollUntil } from './stats.ts';
@@ -70,15 +69,7 @@ export async function connectPhase(
   const srv = await nss.create('cs');
   const procs: ChildProcess[] = [];
   try {
-    const ip = (ns: string, ...a: string[]) => runChecked(new TimedRunner(ns), 'ip', a, { timeoutMs: 10_000 });
-    await ip(node, 'link', 'add', 'vn', 'type', 'veth', 'peer', 'name', 'vs', 'netns', srv);
-    await ip(node, 'addr', 'add', '192.168.0.2/24', 'dev', 'vn');
-    await ip(node, 'link', 'set', 'vn', 'up');
-    // a default route, as on a node: ClusterIPs are routed before the nat OUTPUT hook rewrites them
-    await ip(node, 'route', 'add', 'default', 'via', '192.168.0.3');
-    await ip(srv, 'addr', 'add', '192.168.0.3/24', 'dev', 'vs');
-    await ip(srv, 'link', 'set', 'vs', 'up');
-    await ip(srv, 'route', 'add', 'local', '10.0.0.0/8', 'dev', 'lo');
+    await podNetwork(node, srv);
 
     let serverOut = '';
     procs.push(spawnIn(srv, ['serve', '8080'], (s) => void (serverOut += s)));

@@ -30,8 +30,7 @@ import { join, resolve } from 'node:path';
 import { servicePortNameString, endpointChainName as iptablesEndpointChain } from '../src/modes/iptables/names.ts';
 import { servicePortEndpointChainNameBase } from '../src/modes/nftables/names.ts';
 import type { ServicePort } from '../src/core/model.ts';
-import { runChecked } from '../src/exec/runner.ts';
-import { LEGACY_IPTABLES, TimedRunner, type Namespaces } from './netns.ts';
+import { LEGACY_IPTABLES, podNetwork, TimedRunner, type Namespaces } from './netns.ts';
 import { clusterIPOf, endpointIPOf, NAMESPACE, serviceName, serviceObject, sliceObject } from './workload.ts';
 import { median, percentile, pollUntil, sleep } from './stats.ts';
 
@@ -292,7 +291,7 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
     // The pods for packet detection: set up before kproxy starts, so its node IP is there from the start.
     if (detect !== 'kernel') {
       srv = await nss.create('runsrv');
-      await backendNetwork(ns, srv);
+      await podNetwork(ns, srv);
       const server = spawnProbe(srv, ['serve', '8080']);
       helpers.push(server.proc);
       if (!(await server.ready())) throw new Error(`KPROXY_BENCH_RUN: the pod listener did not start: ${server.output()}`);
@@ -551,22 +550,6 @@ const PROBE_MAX_PER_TICK = 8;
  */
 const PROBE_PER_WATCH = 2;
 
-/**
- * The backend side of packet detection: a namespace joined to kproxy's by a veth pair that
- * exists only inside them; it holds every endpoint address (`local 10.0.0.0/8` on its
- * loopback), and kproxy's namespace routes everything to it (a node's default route: a
- * ClusterIP is routed before the nat OUTPUT hook rewrites it). As bench/connect.ts.
- */
-async function backendNetwork(node: string, srv: string): Promise<void> {
-  const ip = (ns: string, ...a: string[]) => runChecked(new TimedRunner(ns), 'ip', a, { timeoutMs: 10_000 });
-  await ip(node, 'link', 'add', 'vn', 'type', 'veth', 'peer', 'name', 'vs', 'netns', srv);
-  await ip(node, 'addr', 'add', '192.168.0.2/24', 'dev', 'vn');
-  await ip(node, 'link', 'set', 'vn', 'up');
-  await ip(node, 'route', 'add', 'default', 'via', '192.168.0.3');
-  await ip(srv, 'addr', 'add', '192.168.0.3/24', 'dev', 'vs');
-  await ip(srv, 'link', 'set', 'vs', 'up');
-  await ip(srv, 'route', 'add', 'local', '10.0.0.0/8', 'dev', 'lo');
-}
 
 /** bench/change-probe.ts in a namespace; ready() waits (≤ 30 s) for its READY line. */
 function spawnProbe(ns: string, args: string[], stdin = false): { proc: ChildProcess; ready: () => Promise<boolean>; output: () => string } {

@@ -93,3 +93,20 @@ export class Namespaces {
     return [...this.live];
   }
 }
+
+/**
+ * A "pods" namespace behind a node namespace: a veth pair that exists only inside them;
+ * `srv` holds every address of 10.0.0.0/8 (`local` route on its loopback) and `node` routes
+ * everything to it, as a node's default route does (a ClusterIP is routed before the nat
+ * OUTPUT hook rewrites it). bench/connect.ts and bench/kproxy-run.ts's packet detection.
+ */
+export async function podNetwork(node: string, srv: string): Promise<void> {
+  const ip = (ns: string, ...a: string[]) => runChecked(new TimedRunner(ns), 'ip', a, { timeoutMs: 10_000 });
+  await ip(node, 'link', 'add', 'vn', 'type', 'veth', 'peer', 'name', 'vs', 'netns', srv);
+  await ip(node, 'addr', 'add', '192.168.0.2/24', 'dev', 'vn');
+  await ip(node, 'link', 'set', 'vn', 'up');
+  await ip(node, 'route', 'add', 'default', 'via', '192.168.0.3');
+  await ip(srv, 'addr', 'add', '192.168.0.3/24', 'dev', 'vs');
+  await ip(srv, 'link', 'set', 'vs', 'up');
+  await ip(srv, 'route', 'add', 'local', '10.0.0.0/8', 'dev', 'lo');
+}

@@ -5,11 +5,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
 import pino from 'pino';
-import { createIpvsProxier } from '../../src/proxy/ipvs/proxier.ts';
 import { plan } from '../../src/modes/ipvs/planner.ts';
-import { resolveConfig } from '../../src/config/config.ts';
 import { FakeHost } from './fake.ts';
-import { ep, input, svc } from './support.ts';
+import { ep, fakeHostProxier, input, svc } from './support.ts';
 
 function capturingLogger() {
   const lines: Array<Record<string, unknown>> = [];
@@ -27,17 +25,7 @@ function capturingLogger() {
   };
 }
 
-async function proxierOn(host: FakeHost, log: pino.Logger) {
-  return createIpvsProxier({
-    config: resolveConfig({ mode: 'ipvs' }),
-    runner: host,
-    log,
-    sysctl: host.sysctl(),
-    moduleFS: host.moduleFS(),
-    gracefulCheckMs: 0,
-    kernelRelease: '6.1.0',
-  });
-}
+const proxierOn = (host: FakeHost, log: pino.Logger) => fakeHostProxier(host, { log });
 
 const good = () => svc('good', '172.30.0.10', 80, { nodePort: 30080 });
 const lb = (ranges: string[]) =>

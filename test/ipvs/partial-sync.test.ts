@@ -8,25 +8,13 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { silentLogger } from '../../src/log.ts';
-import { createIpvsProxier } from '../../src/proxy/ipvs/proxier.ts';
-import { resolveConfig } from '../../src/config/config.ts';
 import { rng } from '../support/rng.ts';
 import { FakeHost } from './fake.ts';
-import { ep, input, kernelSnapshot, RandomWorld, readsOfWholeState, svc } from './support.ts';
+import { ep, fakeHostProxier, input, kernelSnapshot, RandomWorld, readsOfWholeState, svc } from './support.ts';
 
 const log = silentLogger();
 
-async function proxierOn(host: FakeHost) {
-  return createIpvsProxier({
-    config: resolveConfig({ mode: 'ipvs', clusterCIDR: '10.0.0.0/8' }),
-    runner: host,
-    log,
-    sysctl: host.sysctl(),
-    moduleFS: host.moduleFS(),
-    gracefulCheckMs: 0,
-    kernelRelease: '6.1.0',
-  });
-}
+const proxierOn = (host: FakeHost) => fakeHostProxier(host, { log, config: { clusterCIDR: '10.0.0.0/8' } });
 
 /** the kernel state a fresh proxier's full sync of `inp` makes on an empty host */
 async function freshFull(inp: ReturnType<RandomWorld['input']>) {
@@ -152,7 +140,7 @@ test('a Service with a loopback VIP added by a partial sync is reported (KPROXY_
   const lines: string[] = [];
   const host = new FakeHost();
   const capture = { ...log, warn: (o: Record<string, unknown>) => void lines.push(String(o.code)), child: () => capture } as unknown as typeof log;
-  const px = await createIpvsProxier({ config: resolveConfig({ mode: 'ipvs' }), runner: host, log: capture, sysctl: host.sysctl(), moduleFS: host.moduleFS(), gracefulCheckMs: 0, kernelRelease: '6.1.0' });
+  const px = await fakeHostProxier(host, { log: capture });
   await px.sync(web(['10.180.0.1']), new Set(), true);
   const withLoop = input([...web(['10.180.0.1']).state.services.values()].map((sp) => [sp, web(['10.180.0.1']).state.endpoints.get(sp.key)!] as [typeof sp, ReturnType<typeof ep>[]]).concat([[svc('loop', '127.0.0.5', 80), [ep('10.180.0.3', 8080)]]]));
   await px.sync(withLoop, new Set(['ns/loop']), false);

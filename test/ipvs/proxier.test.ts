@@ -7,22 +7,12 @@ import { Ipvsadm } from '../../src/exec/ipvs.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ensureModules } from '../../src/exec/modules.ts';
 import { FakeHost } from './fake.ts';
-import { ep, input, svc } from './support.ts';
+import { ep, fakeHostProxier, input, svc } from './support.ts';
 
 const log = silentLogger();
 
-async function proxierOn(host: FakeHost, raw: Parameters<typeof input>[1] = {}, extra: { extraModules?: string[] } = {}) {
-  return createIpvsProxier({
-    config: resolveConfig({ mode: 'ipvs', ...raw }),
-    runner: host,
-    log,
-    sysctl: host.sysctl(),
-    moduleFS: host.moduleFS(),
-    gracefulCheckMs: 0,
-    kernelRelease: '6.1.0',
-    ...extra,
-  });
-}
+const proxierOn = (host: FakeHost, raw: Parameters<typeof input>[1] = {}, extra: { extraModules?: string[] } = {}) =>
+  fakeHostProxier(host, { log, config: raw, ...extra });
 
 const web = (eps = [ep('10.180.0.1', 8080), ep('10.180.0.2', 8080)]) =>
   input([[svc('web', '172.30.0.10', 80, { nodePort: 30080 }), eps]]);

@@ -4,6 +4,9 @@ import { servicePortKey, type Endpoint, type Protocol, type ServicePort } from '
 import { joinHostPort } from '../../src/core/ip.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
+import { silentLogger, type Logger } from '../../src/log.ts';
+import { createIpvsProxier } from '../../src/proxy/ipvs/proxier.ts';
+import type { FakeHost } from './fake.ts';
 
 export function svc(name: string, clusterIP: string, port: number, opts: Partial<ServicePort> & { protocol?: Protocol; portName?: string } = {}): ServicePort {
   const protocol = opts.protocol ?? 'TCP';
@@ -212,4 +215,18 @@ export function snapshotDiff(a: Record<string, string>, b: Record<string, string
     out.push(`${k}: only in the first: ${only(la, lb) || '(order)'}; only in the second: ${only(lb, la) || '(order)'}`);
   }
   return out.join('; ');
+}
+
+/** An ipvs proxier on a fake host, as the unit tests run it: no graceful-termination wait, kernel 6.1. */
+export function fakeHostProxier(host: FakeHost, o: { log?: Logger; config?: RawConfig; extraModules?: string[] } = {}) {
+  return createIpvsProxier({
+    config: resolveConfig({ mode: 'ipvs', ...o.config }),
+    runner: host,
+    log: o.log ?? silentLogger(),
+    sysctl: host.sysctl(),
+    moduleFS: host.moduleFS(),
+    gracefulCheckMs: 0,
+    kernelRelease: '6.1.0',
+    ...(o.extraModules ? { extraModules: o.extraModules } : {}),
+  });
 }
