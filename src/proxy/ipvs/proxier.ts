@@ -125,7 +125,6 @@ export class IpvsProxier implements Proxier {
    */
   private kernel: IpvsTable = new Map();
   private lastIptables = '';
-  private jumpsEnsured = false;
   /** virtual servers this process created (owned even if their VIP bookkeeping is lost) */
   private readonly created = new Set<string>();
   /** "vsKey/rsKey" of real servers at weight 0 waiting for their connections to end */
@@ -194,7 +193,6 @@ export class IpvsProxier implements Proxier {
     st.takeDelta();
     const p = st.toPlan(ctx);
     const family = p.family;
-    const full = true;
     // Failure isolation: each part (device, ipsets, iptables, IPVS, addresses) is tried even
     // when an earlier one failed, since the kernel does not tie them together; the first
     // failure is thrown at the end so that the loop retries with a full sync.
@@ -212,8 +210,8 @@ export class IpvsProxier implements Proxier {
     await step('ipset restore', async () => {
       liveSets = await this.ipset.save();
       setDiff = diffIPSets(p.sets, liveSets);
-      const lines = this.withoutRefused('ipset', setDiff.script.split('\n').filter(Boolean), full, seen);
-      const { refused } = await this.ipset.restoreIsolating(lines.join('\n'));
+      // a full sync tries lines refused before again (partial syncs leave them out)
+      const { refused } = await this.ipset.restoreIsolating(setDiff.script.split('\n').filter(Boolean).join('\n'));
       for (const f of refused) {
         const w = f.line.trim().split(/\s+/);
         const owner = p.entryOwners.get(`${w[1]} ${w[2]}`) ?? '';
@@ -222,15 +220,11 @@ export class IpvsProxier implements Proxier {
     });
 
     const ipt = new IptablesExecutor(this.opts.runner, family);
-    {
-      await step(`${family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
-        // on full syncs the jumps from built-in chains are checked too, in the same restore
-        const text = full || !this.jumpsEnsured ? withMissingJumps(p.iptables, await ipt.saveAll()) : p.iptables;
-        await ipt.restoreOwned(text, 'KPROXY_IPVS_IPTABLES_FAILED', IPVS_IPTABLES_TIMEOUT_MS);
-        this.lastIptables = p.iptables;
-        this.jumpsEnsured = true;
-      });
-    }
+    await step(`${family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
+      // the jumps from built-in chains are checked too, in the same restore
+      await ipt.restoreOwned(withMissingJumps(p.iptables, await ipt.saveAll()), 'KPROXY_IPVS_IPTABLES_FAILED', IPVS_IPTABLES_TIMEOUT_MS);
+      this.lastIptables = p.iptables;
+    });
 
     let dummyAddrs: string[] = [];
     if (dummyOK) await step('kube-ipvs0 addresses', async () => {
@@ -249,15 +243,15 @@ export class IpvsProxier implements Proxier {
         family,
       });
       d = diffIpvs(p.table, live, owned);
-      let applied: { lines: string[]; isolated: boolean };
+      let isolated: boolean;
       try {
-        applied = await this.restoreIpvsIsolating(p, d.lines, owned, full, seen);
+        isolated = await this.restoreIpvsIsolating(p, d.lines, owned, seen);
       } finally {
         for (const k of p.table.keys()) this.created.add(k);
       }
       // the model of kproxy's virtual servers from now on: the listing with the lines written
       // (read again only when lines were refused: which ones got in is then the kernel's word)
-      if (applied.isolated) {
+      if (isolated) {
         kernel = new Map();
         for (const [k, v] of await this.ipvsadm.list()) if (p.table.has(k) || owned(k, v.vs)) kernel.set(k, v);
       } else kernel = afterDiff(p.table, live, d.terminating);
@@ -275,9 +269,8 @@ export class IpvsProxier implements Proxier {
     if (dummyOK) await step('kube-ipvs0 addresses', () => this.links.changeAddresses(DUMMY_DEVICE, toAdd, toDel));
     const addrChanges = toAdd.length + toDel.length;
 
-    // forget refusals that did not recur: plan refusals every sync (the plan is complete),
-    // kernel refusals on full syncs (partial syncs skip them, so they cannot recur there)
-    for (const k of [...this.refusals.keys()]) if (!seen.has(k) && (full || k.startsWith('plan '))) this.refusals.delete(k);
+    // a full sync plans and tries every line again: forget the refusals it did not meet again
+    for (const k of [...this.refusals.keys()]) if (!seen.has(k)) this.refusals.delete(k);
 
     if (errors.length) throw errors[0];
     // from now on partial syncs diff against this model instead of reading the kernel
@@ -332,7 +325,7 @@ export class IpvsProxier implements Proxier {
       ...delta.entriesAdded.map((e) => `add ${e} -exist`),
     ];
     if (setLines.length) await step('ipset restore', async () => {
-      const { refused } = await this.ipset.restoreIsolating(this.withoutRefused('ipset', setLines, false, seen).join('\n'));
+      const { refused } = await this.ipset.restoreIsolating(this.withoutRefused('ipset', setLines, seen).join('\n'));
       for (const f of refused) {
         const w = f.line.trim().split(/\s+/);
         const owner = st.entryOwner(`${w[1]} ${w[2]}`);
@@ -364,7 +357,7 @@ export class IpvsProxier implements Proxier {
         if (h) have.set(k, h);
       }
       d = diffIpvs(want, have, () => true);
-      const lines = this.withoutRefused('ipvsadm', d.lines, false, seen);
+      const lines = this.withoutRefused('ipvsadm', d.lines, seen);
       await this.ipvsadm.restore(lines);
       if (lines.length === d.lines.length) {
         for (const [k, v] of afterDiff(want, have, d.terminating)) this.kernel.set(k, v);
@@ -410,18 +403,17 @@ export class IpvsProxier implements Proxier {
    * what is still missing is applied in halves, down to single lines: a line refused on its
    * own is set aside and reported with its service, every other line gets in. Lines are not
    * idempotent (-A twice fails), hence the re-read before every retry, never a blind one.
+   * True when the batch failed and lines were isolated (the kernel's state must be read).
    */
   private async restoreIpvsIsolating(
     p: IpvsPlan,
     lines: string[],
     owned: (vsKey: string, vs: VirtualServer) => boolean,
-    full: boolean,
     seen: Set<string>,
-  ): Promise<{ lines: string[]; isolated: boolean }> {
+  ): Promise<boolean> {
     const budget = { rereads: MAX_REREADS };
-    const sent = this.withoutRefused('ipvsadm', lines, full, seen);
-    await this.applyIpvsLines(p, sent, owned, seen, budget);
-    return { lines: sent, isolated: budget.rereads < MAX_REREADS };
+    await this.applyIpvsLines(p, lines, owned, seen, budget);
+    return budget.rereads < MAX_REREADS;
   }
 
   private async applyIpvsLines(
@@ -459,8 +451,8 @@ export class IpvsProxier implements Proxier {
   }
 
   /** lines minus those refused before (partial syncs only: full syncs try them again) */
-  private withoutRefused(kind: 'ipset' | 'ipvsadm', lines: string[], full: boolean, seen: Set<string>): string[] {
-    if (full || this.refusals.size === 0) return lines;
+  private withoutRefused(kind: 'ipset' | 'ipvsadm', lines: string[], seen: Set<string>): string[] {
+    if (this.refusals.size === 0) return lines;
     return lines.filter((l) => {
       const k = `${kind} ${l}`;
       if (!this.refusals.has(k)) return true;
