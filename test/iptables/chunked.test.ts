@@ -191,7 +191,8 @@ for (const family of [4, 6] as const) {
   });
 }
 
-test('chunks hold whole services, about chunkLines lines each, leaf chains first and the dispatch rules last', () => {
+/** 50 NodePort Services of 3 endpoints each, and the iptables options of an IPv4 node */
+function fiftyNodePorts() {
   const t = tracker();
   for (let i = 0; i < 50; i++) {
     t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.0.${i + 1}`, type: 'NodePort', nodePort: 30000 + i }));
@@ -199,6 +200,11 @@ test('chunks hold whole services, about chunkLines lines each, leaf chains first
   }
   t.apply();
   const opts = optionsFromConfig(testConfig(), { nodeName: 'test-node', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 }, DEFAULT_FACTS);
+  return { t, opts };
+}
+
+test('chunks hold whole services, about chunkLines lines each, leaf chains first and the dispatch rules last', () => {
+  const { t, opts } = fiftyNodePorts();
   const one = planIptables({ state: t.state, opts, full: true });
   const plan = planIptables({ state: t.state, opts, full: true, chunkLines: 100 });
   assert.equal(one.chunks, undefined);
@@ -232,13 +238,7 @@ test('chunks hold whole services, about chunkLines lines each, leaf chains first
 });
 
 test('a cold start (no service chain installed) publishes each chunk\'s services with it; any installed service chain: the classic form', () => {
-  const t = tracker();
-  for (let i = 0; i < 50; i++) {
-    t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.0.${i + 1}`, type: 'NodePort', nodePort: 30000 + i }));
-    t.endpoints.update(null, slice(`ns${i}`, `svc${i}`, 's', [1, 2, 3].map((e) => ({ ip: `10.180.${e}.${i}` })), [{ port: 8080 }]));
-  }
-  t.apply();
-  const opts = optionsFromConfig(testConfig(), { nodeName: 'test-node', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 }, DEFAULT_FACTS);
+  const { t, opts } = fiftyNodePorts();
   const one = planIptables({ state: t.state, opts, full: true });
   const cold = planIptables({ state: t.state, opts, full: true, chunkLines: 100, installedNatChains: new Set(['KUBE-SERVICES', 'KUBE-MARK-MASQ']) }).chunks!;
   const body = (s: string) => s.split('\n').filter((l) => l && l !== '*nat' && l !== 'COMMIT').sort();

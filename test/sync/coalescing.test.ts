@@ -31,36 +31,42 @@ async function until(what: string, ok: () => boolean, timeoutMs = 20_000): Promi
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-test('20 endpoint changes that arrive during a 300 ms sync all go into the next single sync', async () => {
-  const N = 20;
+/**
+ * A controller over a fake proxier (its sync given), with a source the test drives through
+ * the returned handler (set once the controller started).
+ */
+function controllerWith(sync: (input: unknown, changed: Set<string>, full: boolean) => Promise<unknown>, minSyncPeriodMs: number) {
   let handler: SourceHandler | null = null;
   const source: Source = { start: async (h) => void (handler = h), stop: async () => {}, health: () => ({ synced: true, connected: true, lastContactMs: Date.now() }) };
+  const proxier = { sync, dump: () => '', stop: async () => {} } as unknown as Proxier;
+  const mode = { name: 'iptables', render: () => '', cleanup: async () => {}, createProxier: async () => proxier } as unknown as ModeModule;
+  const runner = { run: async () => ({ code: 0, stdout: '0\n', stderr: '' }) } as unknown as CommandRunner;
+  const ctrl = new ProxyController({
+    config: { ...resolveConfig({ mode: 'iptables' }), minSyncPeriodMs, syncPeriodMs: 60_000 }, nodeName: 'node-a', mode, allModes: { iptables: mode } as any, source,
+    runner, log: pino({ level: 'silent' }), skipCleanup: true, nodeIPs: () => ['192.168.0.2'], families: [4], healthTimeoutMs: 60_000,
+  });
+  return { ctrl, handler: () => handler! };
+}
+
+
+test('20 endpoint changes that arrive during a 300 ms sync all go into the next single sync', async () => {
+  const N = 20;
   /** what each proxier sync was given: full or not, and the changed services */
   const calls: Array<{ full: boolean; changed: string[] }> = [];
   let hold: Promise<void> | null = null;
   let entered = 0;
-  const proxier = {
-    async sync(_input: unknown, changed: Set<string>, full: boolean) {
-      calls.push({ full, changed: [...changed].sort() });
-      entered++;
-      if (hold) await hold;
-      return { rulesWritten: changed.size, rulesTotal: N };
-    },
-    dump: () => '',
-    stop: async () => {},
-  } as unknown as Proxier;
-  const mode = { name: 'iptables', render: () => '', cleanup: async () => {}, createProxier: async () => proxier } as unknown as ModeModule;
-  const runner = { run: async () => ({ code: 0, stdout: '0\n', stderr: '' }) } as unknown as CommandRunner;
   // upstream's default minSyncPeriod (1 s) is what the changes would wait for on a node; a
   // short one here so that, if the loop did run one sync per change, it would have the time to
-  const ctrl = new ProxyController({
-    config: { ...resolveConfig({ mode: 'iptables' }), minSyncPeriodMs: 20, syncPeriodMs: 60_000 }, nodeName: 'node-a', mode, allModes: { iptables: mode } as any, source,
-    runner, log: pino({ level: 'silent' }), skipCleanup: true, nodeIPs: () => ['192.168.0.2'], families: [4], healthTimeoutMs: 60_000,
-  });
+  const { ctrl, handler } = controllerWith(async (_input, changed, full) => {
+    calls.push({ full, changed: [...changed].sort() });
+    entered++;
+    if (hold) await hold;
+    return { rulesWritten: changed.size, rulesTotal: N };
+  }, 20);
   let release: (() => void) | undefined;
   await ctrl.start();
   try {
-    const h = handler!;
+    const h = handler();
     for (let i = 0; i < N; i++) {
       h.onService(null, service(i));
       h.onEndpointSlice(null, slice(i, [`10.180.${i}.1`]));
@@ -100,27 +106,15 @@ test('20 endpoint changes that arrive during a 300 ms sync all go into the next 
 });
 
 test('a change during a sync waits for minSyncPeriod after that sync started, then gets one sync', async () => {
-  let handler: SourceHandler | null = null;
-  const source: Source = { start: async (h) => void (handler = h), stop: async () => {}, health: () => ({ synced: true, connected: true, lastContactMs: Date.now() }) };
   const starts: number[] = [];
-  const proxier = {
-    async sync() {
-      starts.push(Date.now());
-      await sleep(50);
-      return { rulesWritten: 1, rulesTotal: 1 };
-    },
-    dump: () => '',
-    stop: async () => {},
-  } as unknown as Proxier;
-  const mode = { name: 'iptables', render: () => '', cleanup: async () => {}, createProxier: async () => proxier } as unknown as ModeModule;
-  const runner = { run: async () => ({ code: 0, stdout: '0\n', stderr: '' }) } as unknown as CommandRunner;
-  const ctrl = new ProxyController({
-    config: { ...resolveConfig({ mode: 'iptables' }), minSyncPeriodMs: 400, syncPeriodMs: 60_000 }, nodeName: 'node-a', mode, allModes: { iptables: mode } as any, source,
-    runner, log: pino({ level: 'silent' }), skipCleanup: true, nodeIPs: () => ['192.168.0.2'], families: [4], healthTimeoutMs: 60_000,
-  });
+  const { ctrl, handler } = controllerWith(async () => {
+    starts.push(Date.now());
+    await sleep(50);
+    return { rulesWritten: 1, rulesTotal: 1 };
+  }, 400);
   await ctrl.start();
   try {
-    const h = handler!;
+    const h = handler();
     h.onService(null, service(0));
     h.onSynced();
     await until('the first sync', () => ctrl.history.length === 1);
