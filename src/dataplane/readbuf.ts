@@ -53,11 +53,18 @@ let sharedSockets = 0;
 
 export type ReadCallback = (this: net.Socket, n: number, buf: Buffer) => void;
 
-/** The connect option that makes an upstream socket read into the shared buffer ({} when off). */
+/**
+ * The connect option that makes an upstream socket read into the shared buffer ({} when off).
+ * One object may serve every dial; countSharedSocket() counts each socket dialled with it.
+ */
 export function upstreamReadOption(cb: ReadCallback): { onread?: { buffer: Buffer; callback: (n: number, buf: Buffer) => void } } {
   if (!sharedRead) return {};
-  sharedSockets++;
   return { onread: { buffer: READ_BUF, callback: cb as (n: number, buf: Buffer) => void } };
+}
+
+/** Counts a socket dialled with upstreamReadOption's option. */
+export function countSharedSocket(): void {
+  if (sharedRead) sharedSockets++;
 }
 
 /**

@@ -20,7 +20,7 @@ import net from 'node:net';
 import type { Logger } from '../log.ts';
 import type { BalancedEndpoint } from './balancer.ts';
 import type { SharedCap } from './worker-cap.ts';
-import { sharedRead, upstreamReadOption, useSharedReadBuffer, writeCopy } from './readbuf.ts';
+import { countSharedSocket, sharedRead, upstreamReadOption, useSharedReadBuffer, writeCopy } from './readbuf.ts';
 
 export interface ForwardCounters {
   /** client connections (TCP) or sessions (UDP) accepted */
@@ -117,10 +117,19 @@ export class TcpForwarder {
   admit: AdmitFn | undefined;
   readonly budget: ConnectionBudget;
   private idleMs: number;
-  private readonly pairs = new Set<Pair>();
+  /** spliced pairs of this listener not yet over (both ends closed) */
+  private spliced = 0;
   private sweep: NodeJS.Timeout | null = null;
   private readonly server: net.Server;
-  private readonly open = new Set<net.Socket>();
+  /**
+   * Client sockets from admission until they closed and, when spliced, their pair is over:
+   * the one set per connection (the pair and its upstream hang off the client socket).
+   */
+  private readonly clients = new Set<Tagged>();
+  /** upstream sockets still dialling, each with its deadline in its DIAL record */
+  private readonly dialing = new Set<Tagged>();
+  private dialSweep: NodeJS.Timeout | null = null;
+  private readonly dialSweepMs: number;
   private readonly log: Logger;
   private readonly dialTimeouts: number[];
   private closed = false;
@@ -135,6 +144,8 @@ export class TcpForwarder {
     this.idleMs = opts.idleTimeoutMs ?? 0;
     this.budget = opts.budget ?? newBudget();
     this.dialTimeouts = opts.dialTimeoutsMs ?? DIAL_TIMEOUTS_MS;
+    // A dial times out between 1 and 1.2 × its step (the sweep's period is a fifth of the shortest step).
+    this.dialSweepMs = Math.min(500, Math.max(10, Math.floor(Math.min(...this.dialTimeouts) / 5)));
     const onClient = (c: net.Socket) => this.onClient(c);
     if (opts.server) {
       // A server received over IPC is created without options: the accepted sockets read
@@ -176,8 +187,13 @@ export class TcpForwarder {
   /** Open client connections of this listener. */
   get openClients(): number {
     let n = 0;
-    for (const s of this.open) if ((s as Tagged)[CLIENT]) n++;
+    for (const s of this.clients) if (!s.closed) n++;
     return n;
+  }
+
+  /** Upstream sockets still dialling (for tests: the dial sweep). */
+  get dialsPending(): number {
+    return this.dialing.size;
   }
 
   /** Stops accepting; spliced connections carry on until their ends close them. */
@@ -191,13 +207,19 @@ export class TcpForwarder {
   destroy(): void {
     this.close();
     this.stopSweep();
-    for (const s of this.open) s.destroy();
-    this.open.clear();
+    this.stopDialSweep();
+    for (const c of this.clients) {
+      c.destroy();
+      c[PAIR]?.upstream.destroy();
+    }
+    for (const u of this.dialing) u.destroy();
+    this.clients.clear();
+    this.dialing.clear();
   }
 
-  /** @internal a socket of this listener closed */
-  forget(s: net.Socket): void {
-    this.open.delete(s);
+  /** @internal a client socket that was never spliced closed */
+  forget(c: Tagged): void {
+    this.clients.delete(c);
   }
 
   private onServerError(e: NodeJS.ErrnoException): void {
@@ -218,8 +240,20 @@ export class TcpForwarder {
       client.destroy();
       return;
     }
-    const clientIP = plainAddress(client.remoteAddress);
-    if (this.admit && !this.admit(clientIP, client.remotePort ?? 0)) {
+    // The peer address straight from the handle: client.remoteAddress would keep a _peername
+    // object (and its strings) on every socket for its whole life.
+    let address: string | undefined;
+    let remotePort = 0;
+    const h = (client as unknown as { _handle?: { getpeername?: (out: PeerName) => number } })._handle;
+    if (h?.getpeername && h.getpeername(PEER_NAME) === 0) {
+      address = PEER_NAME.address;
+      remotePort = PEER_NAME.port ?? 0;
+    } else {
+      address = client.remoteAddress;
+      remotePort = client.remotePort ?? 0;
+    }
+    const clientIP = plainAddress(address);
+    if (this.admit && !this.admit(clientIP, remotePort)) {
       this.counters.denied++;
       client.on('error', noop);
       client.destroy();
@@ -247,9 +281,8 @@ export class TcpForwarder {
     budget.open++;
     this.counters.accepted++;
     const c = client as Tagged;
-    c[CLIENT] = true;
     c[OWNER] = this;
-    this.open.add(client);
+    this.clients.add(c);
     client.on('error', onSocketError);
     client.on('close', onClientClose);
     this.dial(c, clientIP, 0, undefined);
@@ -286,17 +319,56 @@ export class TcpForwarder {
     if (!ep || client.destroyed) return this.dialFailed(client);
     let up: Tagged;
     try {
-      // highWaterMark reaches the socket's Duplex options (the types of connect() omit it).
-      up = net.connect({ host: ep.ip, port: ep.port, allowHalfOpen: true, noDelay: true, highWaterMark: HIGH_WATER_MARK, ...upstreamReadOption(onRead) } as net.NetConnectOpts) as Tagged;
+      // One options object for every dial (node:net copies what it keeps).
+      UPSTREAM.host = ep.ip;
+      UPSTREAM.port = ep.port;
+      up = net.connect(UPSTREAM) as Tagged;
     } catch (e) {
       // EMFILE can surface synchronously: a failed dial, not a crash.
       return this.dialRetry(client, clientIP, ep, attempt, tried, e as Error);
     }
-    up[DIAL] = { client, clientIP, ep, attempt, tried };
+    countSharedSocket();
+    // The dial timeout is the listener's dial sweep, not socket.setTimeout: that would leave
+    // a Timeout and a bound function on every upstream socket for its whole life.
+    up[DIAL] = { client, clientIP, ep, attempt, tried, deadline: Date.now() + this.dialTimeouts[attempt] };
     up[OWNER] = this;
-    up.setTimeout(this.dialTimeouts[attempt], onDialTimeout);
-    up.once('error', onDialError);
-    up.once('connect', onDialConnect);
+    this.dialing.add(up);
+    if (!this.dialSweep) this.startDialSweep();
+    // Plain on(), not once(): no wrapper per registration; each fires once in a dial anyway.
+    up.on('error', onUpstreamError);
+    up.on('connect', onDialConnect);
+  }
+
+  /** @internal a dial settled (connected or failed): no longer the sweep's */
+  dialSettled(up: Tagged): void {
+    this.dialing.delete(up);
+  }
+
+  /** One timer per listener while dials are pending, stopped by the first sweep that finds none. */
+  private startDialSweep(): void {
+    this.dialSweep = setInterval(() => this.sweepDials(), this.dialSweepMs);
+    this.dialSweep.unref();
+  }
+
+  private stopDialSweep(): void {
+    if (this.dialSweep) clearInterval(this.dialSweep);
+    this.dialSweep = null;
+  }
+
+  private sweepDials(): void {
+    if (this.dialing.size === 0) return this.stopDialSweep();
+    const now = Date.now();
+    // A retry adds its new socket to the set while this loop runs: its deadline is ahead.
+    for (const up of this.dialing) {
+      const d = up[DIAL];
+      if (!d) {
+        this.dialing.delete(up);
+        continue;
+      }
+      if (now < d.deadline) continue;
+      const ms = this.dialTimeouts[d.attempt];
+      dialFailedOn(up, d, Object.assign(new Error(`dial ${d.ep.key} timed out after ${ms}ms`), { code: 'ETIMEDOUT' }));
+    }
   }
 
   /** @internal a dial failed (refused, timed out): count it and try the next endpoint */
@@ -315,19 +387,17 @@ export class TcpForwarder {
 
   /** @internal both ends connected: forward each direction as it arrives */
   splice(client: Tagged, upstream: Tagged): void {
-    if (client.destroyed || !this.open.has(client)) {
+    if (client.destroyed || !this.clients.has(client)) {
       upstream.destroy();
       return;
     }
     this.counters.active++;
-    this.open.add(upstream);
+    this.spliced++;
     const pair: Pair = { client, upstream, counters: this.counters, ends: 0, active: true, lastActiveMs: coarseNow };
     client[PAIR] = pair;
     upstream[PAIR] = pair;
     client[PEER] = upstream;
     upstream[PEER] = client;
-    this.pairs.add(pair);
-    upstream.on('error', onSocketError);
     upstream.on('close', onUpstreamClose);
     // Each direction by hand rather than pipe(): a chunk is written as it was read, and a
     // write the peer cannot take at once pauses the reader until the peer drains. No
@@ -338,8 +408,8 @@ export class TcpForwarder {
     if (!sharedRead) upstream.on('data', onData);
     client.on('drain', onDrain);
     upstream.on('drain', onDrain);
-    client.on('end', onEnd);
-    upstream.on('end', onEnd);
+    onEndOnly(client);
+    onEndOnly(upstream);
     if (this.idleMs > 0) this.startSweep();
     client.resume();
   }
@@ -349,7 +419,8 @@ export class TcpForwarder {
     if (++pair.ends !== 2) return;
     // The counters the pair was counted in, even if a sync gave the listener new ones since.
     pair.counters.active--;
-    this.pairs.delete(pair);
+    this.spliced--;
+    this.clients.delete(pair.client);
   }
 
   /** closes a spliced pair whose both sides were silent idleTimeoutMs */
@@ -361,7 +432,7 @@ export class TcpForwarder {
     if (ms === this.idleMs) return;
     this.idleMs = ms;
     this.stopSweep();
-    if (ms > 0 && this.pairs.size > 0) this.startSweep();
+    if (ms > 0 && this.spliced > 0) this.startSweep();
   }
 
   /**
@@ -384,8 +455,11 @@ export class TcpForwarder {
 
   private sweepIdle(): void {
     coarseNow = Date.now();
-    if (this.pairs.size === 0 || this.idleMs <= 0) return this.stopSweep();
-    for (const p of this.pairs) {
+    if (this.spliced === 0 || this.idleMs <= 0) return this.stopSweep();
+    for (const c of this.clients) {
+      const p = c[PAIR];
+      // Not spliced yet, or over (both ends closed: it leaves the set in pairEnded).
+      if (!p || p.ends === 2) continue;
       if (p.active) {
         p.active = false;
         p.lastActiveMs = coarseNow;
@@ -416,7 +490,31 @@ interface Dial {
   ep: BalancedEndpoint;
   attempt: number;
   tried: Set<string> | undefined;
+  /** Date.now() after which the dial sweep gives up on this attempt */
+  deadline: number;
 }
+
+/** What a handle's getpeername() fills in (reused: one object for every accept). */
+interface PeerName {
+  address?: string;
+  port?: number;
+  family?: string;
+}
+const PEER_NAME: PeerName = {};
+
+/**
+ * The options of every upstream dial (host and port set per dial). highWaterMark reaches the
+ * socket's Duplex options (the types of connect() omit it); onread, where this Node has it,
+ * makes the socket read into the shared buffer (readbuf.ts).
+ */
+const UPSTREAM = {
+  host: '',
+  port: 0,
+  allowHalfOpen: true,
+  noDelay: true,
+  highWaterMark: HIGH_WATER_MARK,
+  ...upstreamReadOption(onRead),
+} as net.TcpNetConnectOpts;
 
 /** The clock of the idle sweeps (a pair's stamps need no more precision than a sweep). */
 let coarseNow = Date.now();
@@ -425,7 +523,7 @@ const OWNER = Symbol('kproxy.forwarder');
 const PAIR = Symbol('kproxy.pair');
 const PEER = Symbol('kproxy.peer');
 const DIAL = Symbol('kproxy.dial');
-type Tagged = net.Socket & { [CLIENT]?: boolean; [OWNER]?: TcpForwarder; [PAIR]?: Pair; [PEER]?: Tagged; [DIAL]?: Dial };
+type Tagged = net.Socket & { [OWNER]?: TcpForwarder; [PAIR]?: Pair; [PEER]?: Tagged; [DIAL]?: Dial };
 
 // The socket handlers are shared functions reading their state off the socket: no closures
 // per connection.
@@ -466,9 +564,8 @@ function onClientClose(this: Tagged, hadError: boolean): void {
   const fwd = this[OWNER]!;
   fwd.budget.open--;
   fwd.budget.shared?.release();
-  fwd.forget(this);
   const pair = this[PAIR];
-  if (!pair) return;
+  if (!pair) return fwd.forget(this);
   // A reset ends the other side; a clean close leaves the peer to flush.
   if (hadError) pair.upstream.destroy();
   fwd.pairEnded(pair);
@@ -476,37 +573,46 @@ function onClientClose(this: Tagged, hadError: boolean): void {
 
 function onUpstreamClose(this: Tagged, hadError: boolean): void {
   const fwd = this[OWNER]!;
-  fwd.forget(this);
   const pair = this[PAIR]!;
   if (hadError) pair.client.destroy();
   fwd.pairEnded(pair);
 }
 
 function onDialConnect(this: Tagged): void {
-  this.setTimeout(0);
-  this.removeListener('timeout', onDialTimeout);
-  this.removeListener('error', onDialError);
-  const d = this[DIAL]!;
+  const d = this[DIAL];
+  if (!d) return;
   this[DIAL] = undefined;
-  this[OWNER]!.splice(d.client, this);
+  const fwd = this[OWNER]!;
+  fwd.dialSettled(this);
+  fwd.splice(d.client, this);
 }
 
-function onDialError(this: Tagged, e: Error): void {
-  this.setTimeout(0);
-  this.removeListener('timeout', onDialTimeout);
-  this.removeListener('connect', onDialConnect);
-  this.destroy();
-  const d = this[DIAL]!;
-  this[DIAL] = undefined;
-  this[OWNER]!.dialRetry(d.client, d.clientIP, d.ep, d.attempt, d.tried, e);
+/** An upstream socket's one error handler: while dialling a failed dial, once spliced the end of both sides. */
+function onUpstreamError(this: Tagged, e: Error): void {
+  const d = this[DIAL];
+  if (d) dialFailedOn(this, d, e);
+  else onSocketError.call(this);
 }
 
-function onDialTimeout(this: Tagged): void {
-  const ms = this.timeout ?? 0;
-  onDialError.call(this, Object.assign(new Error(`dial ${this[DIAL]!.ep.key} timed out after ${ms}ms`), { code: 'ETIMEDOUT' }));
+/** A dial attempt failed (error or timeout): its socket goes, the next endpoint is tried. */
+function dialFailedOn(up: Tagged, d: Dial, e: Error): void {
+  up[DIAL] = undefined;
+  const fwd = up[OWNER]!;
+  fwd.dialSettled(up);
+  up.destroy();
+  fwd.dialRetry(d.client, d.clientIP, d.ep, d.attempt, d.tried, e);
 }
 
-const CLIENT = Symbol('kproxy.client');
+/**
+ * Listens for 'end' with onEnd as the only listener: node:net's own (onReadableStreamEnd)
+ * does nothing on an allowHalfOpen socket, and two listeners would cost an array per socket.
+ */
+function onEndOnly(s: Tagged): void {
+  const own = (s as unknown as { _events?: Record<string, unknown> })._events?.end;
+  if (s.allowHalfOpen && typeof own === 'function' && own.name === 'onReadableStreamEnd') s.removeListener('end', own as () => void);
+  s.on('end', onEnd);
+}
+
 
 function noop(): void {}
 
