@@ -1,0 +1,172 @@
+// The net.Socket TCP path (src/dataplane/tcp.ts) of this tree against the same path of a base
+// tree (an older commit, e.g. main before a change), and the naive Node pipe, side by side in
+// ONE run, in one fresh network namespace (`kpb-usab-…`, loopback addresses inside it):
+//   naive      bench/userspace-naive-pipe.ts
+//   base       BASE/bench/userspace-forwarder-main.ts (the base tree's TcpForwarder alone)
+//   this       bench/userspace-forwarder-main.ts (this tree's TcpForwarder alone)
+// each a plain process on its own 127.0.0.x:80 forwarding to one nginx backend (127.0.0.2:8080,
+// `return 200`). Per proxy, before the loads: RSS and fds per idle spliced connection
+// (--idle N connections held by bench/userspace-idle-client.ts, the deltas of the proxy's
+// process tree / N, as bench/userspace.ts measures them: no forced GC), the median of
+// --idle-repeat measurements. Then --repeat rounds, the
+// proxies in turn (each round starting one proxy further on), of:
+//   new conn/s        wrk -t1 -c16 -H 'Connection: close'
+//   p50 / p99 (c=1)   wrk -t1 -c1 --latency
+//   keep-alive req/s  wrk -t1 -c32
+// medians printed as a markdown table with the load average at the start and the end.
+//
+//   git archive COMMIT | tar -x -C BASE && ln -s "$PWD/node_modules" BASE/node_modules
+//   sudo node --import tsx bench/userspace-net-ab.ts --base BASE [--duration 3] [--repeat 5] [--idle 5000] [--idle-repeat 3] [--json FILE]
+import type { ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { loadavg, tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { parseArgs } from 'node:util';
+import { Netns, repoRoot, uniqueName } from '../test/support/netns.ts';
+import { BACKEND, HTTP_PORT, inNs, median, nginxBackendConf, parseWrk, processTree, waitListening } from './userspace.ts';
+
+interface Proxy {
+  key: string;
+  name: string;
+  host: string;
+  file: string;
+  proc?: ChildProcess;
+  idle?: { connections: number; rssBytesPerConn: number; fdsPerConn: number };
+  runs: { connPerSec: number; p50us: number; p99us: number; keepAliveRps: number }[];
+}
+
+/** RSS and fds of a process and its children (`ip netns exec`, node, tsx's esbuild), as bench/userspace.ts. */
+function usage(root: number): { rss: number; fds: number } {
+  let rss = 0;
+  let fds = 0;
+  for (const pid of processTree(root)) {
+    try {
+      const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+      rss += m ? Number(m[1]) * 1024 : 0;
+      fds += readdirSync(`/proc/${pid}/fd`).length;
+    } catch {
+      /* gone */
+    }
+  }
+  return { rss, fds };
+}
+
+async function measureIdle(ns: Netns, p: Proxy, n: number): Promise<Proxy['idle']> {
+  const pid = p.proc!.pid!;
+  const before = usage(pid);
+  let out = '';
+  const client = ns.node('bench/userspace-idle-client.ts', [p.host, '80', String(n)], (s) => (out += s));
+  const deadline = Date.now() + 60_000;
+  while (!out.includes('held') && Date.now() < deadline && client.exitCode === null) await new Promise((r) => setTimeout(r, 100));
+  if (!out.includes('held')) {
+    await ns.kill(client, 'SIGKILL');
+    throw new Error(`idle client for ${p.key} did not hold ${n} connections: ${out.slice(-300)}`);
+  }
+  // The proxy dials the backend after accepting: wait until its fds settle.
+  let last = -1;
+  let after = usage(pid);
+  for (let i = 0; i < 50 && after.fds !== last; i++) {
+    last = after.fds;
+    await new Promise((r) => setTimeout(r, 300));
+    after = usage(pid);
+  }
+  await ns.kill(client, 'SIGKILL');
+  const held = Number(/held (\d+)/.exec(out)?.[1] ?? n);
+  return { connections: held, rssBytesPerConn: Math.round((after.rss - before.rss) / held), fdsPerConn: (after.fds - before.fds) / held };
+}
+
+async function round(ns: Netns, p: Proxy, d: number): Promise<void> {
+  const url = `http://${p.host}:80/`;
+  const t = (d + 30) * 1000;
+  const close = parseWrk(await inNs(ns, 'wrk', ['-t1', '-c16', `-d${d}s`, '-H', 'Connection: close', url], t));
+  const lat = parseWrk(await inNs(ns, 'wrk', ['-t1', '-c1', `-d${d}s`, '--latency', url], t));
+  const ka = parseWrk(await inNs(ns, 'wrk', ['-t1', '-c32', `-d${d}s`, url], t));
+  for (const [what, r] of [['conn/s', close], ['c=1', lat], ['keep-alive', ka]] as const) {
+    if (r.errors > 0) process.stderr.write(`  ${p.key} ${what}: ${r.errors} socket errors / non-2xx\n`);
+  }
+  p.runs.push({ connPerSec: close.rps, p50us: lat.p50us, p99us: lat.p99us, keepAliveRps: ka.rps });
+}
+
+const fmt = (x: number) => (Number.isFinite(x) ? Math.round(x).toLocaleString('en-US') : '–');
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      base: { type: 'string' },
+      duration: { type: 'string', default: '3' },
+      repeat: { type: 'string', default: '5' },
+      idle: { type: 'string', default: '5000' },
+      'idle-repeat': { type: 'string', default: '3' },
+      json: { type: 'string' },
+    },
+  });
+  const d = Number(values.duration);
+  const repeat = Number(values.repeat);
+  const idleN = Number(values.idle);
+  const idleRepeat = Number(values['idle-repeat']);
+  const proxies: Proxy[] = [
+    { key: 'naive', name: 'naive pipe', host: '127.0.0.3', file: resolve(repoRoot, 'bench/userspace-naive-pipe.ts'), runs: [] },
+    ...(values.base ? [{ key: 'base', name: `TcpForwarder, base (${values.base})`, host: '127.0.0.4', file: resolve(values.base, 'bench/userspace-forwarder-main.ts'), runs: [] }] : []),
+    { key: 'this', name: 'TcpForwarder, this tree', host: '127.0.0.5', file: resolve(repoRoot, 'bench/userspace-forwarder-main.ts'), runs: [] },
+  ];
+  const dir = mkdtempSync(join(tmpdir(), 'kproxy-usab-'));
+  const ns = Netns.create(uniqueName('kpb-usab'));
+  const onSignal = () => void ns.destroy().then(() => process.exit(130));
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  const loadStart = loadavg()[0];
+  const started = new Date().toISOString();
+  try {
+    writeFileSync(join(dir, 'nginx-backend.conf'), nginxBackendConf(dir));
+    ns.spawn('nginx', ['-c', join(dir, 'nginx-backend.conf'), '-p', dir]);
+    await waitListening(ns, BACKEND, HTTP_PORT);
+    for (const p of proxies) {
+      // The forwarder's 24 h idle timeout is kproxy's default (the sweep runs).
+      p.proc = ns.spawn(process.execPath, ['--import', 'tsx', p.file, `${p.host}:80=${BACKEND}:${HTTP_PORT}`], {
+        onOutput: (s) => !s.startsWith('listening') && process.stderr.write(`${p.key}: ${s}`),
+      });
+      await waitListening(ns, p.host, 80);
+    }
+    // Warm-up: one short load each, so the idle figures do not count first-use allocations.
+    for (const p of proxies) await inNs(ns, 'wrk', ['-t1', '-c4', '-d1s', `http://${p.host}:80/`], 30_000);
+    // Idle memory without a forced GC moves with when the proxy last collected: --idle-repeat
+    // measurements per proxy, interleaved, and their median.
+    const idleRuns = new Map<string, NonNullable<Proxy['idle']>[]>();
+    for (let r = 0; idleN > 0 && r < idleRepeat; r++) {
+      for (const p of proxies) {
+        const one = (await measureIdle(ns, p, idleN))!;
+        idleRuns.set(p.key, [...(idleRuns.get(p.key) ?? []), one]);
+        process.stderr.write(`idle ${r + 1} ${p.key}: ${JSON.stringify(one)} load ${loadavg()[0].toFixed(2)}\n`);
+        // Let the closed connections go before the next proxy's measurement.
+        await new Promise((res) => setTimeout(res, 1000));
+      }
+    }
+    for (const p of proxies) {
+      const runs = idleRuns.get(p.key);
+      if (runs) p.idle = { connections: median(runs.map((x) => x.connections)), rssBytesPerConn: median(runs.map((x) => x.rssBytesPerConn)), fdsPerConn: median(runs.map((x) => x.fdsPerConn)) };
+    }
+    for (let r = 0; r < repeat; r++) {
+      for (let i = 0; i < proxies.length; i++) {
+        const p = proxies[(i + r) % proxies.length];
+        await round(ns, p, d);
+        process.stderr.write(`round ${r + 1} ${p.key}: ${JSON.stringify(p.runs.at(-1))} load ${loadavg()[0].toFixed(2)}\n`);
+      }
+    }
+  } finally {
+    await ns.destroy();
+    rmSync(dir, { recursive: true, force: true });
+  }
+  const loadEnd = loadavg()[0];
+  const m = (p: Proxy, k: keyof Proxy['runs'][0]) => median(p.runs.map((x) => x[k]));
+  const lines = [
+    `${started}, ${repeat} rounds of ${d} s, medians; load average (1 min) ${loadStart.toFixed(2)} at the start, ${loadEnd.toFixed(2)} at the end`,
+    '',
+    '| proxy | new conn/s (c=16, Connection: close) | p50 µs (c=1) | p99 µs (c=1) | keep-alive req/s (c=32) | idle conn: RSS bytes / fds each |',
+    '|---|---:|---:|---:|---:|---:|',
+    ...proxies.map((p) => `| ${p.name} | ${fmt(m(p, 'connPerSec'))} | ${fmt(m(p, 'p50us'))} | ${fmt(m(p, 'p99us'))} | ${fmt(m(p, 'keepAliveRps'))} | ${p.idle ? `${fmt(p.idle.rssBytesPerConn)} B / ${p.idle.fdsPerConn.toFixed(2)}` : '–'} |`),
+  ];
+  process.stdout.write(lines.join('\n') + '\n');
+  if (values.json) writeFileSync(values.json, JSON.stringify({ started, loadStart, loadEnd, duration: d, repeat, proxies: proxies.map(({ proc: _p, ...rest }) => rest) }, null, 2));
+}
+
+await main();
