@@ -8,7 +8,13 @@
 //   - the listeners per event of one client and one upstream socket, and the active handles
 //     and timers (process.getActiveResourcesInfo()).
 //
-//   node --expose-gc --import tsx bench/userspace-idle-memory.ts [--n 5000] [--snapshot] [--json FILE]
+// With --churn M, then: M short connections (16 at a time: connect, one byte echoed, close)
+// and this process's CPU time (user + system) per connection: a figure of the JS work per
+// new connection that the machine's load moves less than a rate. --tree DIR takes
+// TcpForwarder from another tree (e.g. main, unpacked with git archive), for a before/after
+// with the same harness.
+//
+//   node --expose-gc --import tsx bench/userspace-idle-memory.ts [--n 5000] [--snapshot] [--churn 20000] [--tree DIR] [--json FILE]
 //
 // Bounded: each phase has a deadline (60 s), children are killed on exit.
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -16,13 +22,22 @@ import { writeFileSync } from 'node:fs';
 import net from 'node:net';
 import { parseArgs } from 'node:util';
 import v8 from 'node:v8';
-import { RoundRobinBalancer } from '../src/dataplane/balancer.ts';
-import { TcpForwarder, newBudget, newCounters } from '../src/dataplane/tcp.ts';
+import { join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { silentLogger } from '../src/log.ts';
 
 const { values } = parseArgs({
-  options: { n: { type: 'string', default: '5000' }, snapshot: { type: 'boolean', default: false }, json: { type: 'string' } },
+  options: {
+    n: { type: 'string', default: '5000' },
+    snapshot: { type: 'boolean', default: false },
+    churn: { type: 'string', default: '0' },
+    tree: { type: 'string' },
+    json: { type: 'string' },
+  },
 });
+const tree = values.tree ? resolve(values.tree) : resolve(import.meta.dirname, '..');
+const { TcpForwarder, newBudget, newCounters } = (await import(pathToFileURL(join(tree, 'src/dataplane/tcp.ts')).href)) as typeof import('../src/dataplane/tcp.ts');
+const { RoundRobinBalancer } = (await import(pathToFileURL(join(tree, 'src/dataplane/balancer.ts')).href)) as typeof import('../src/dataplane/balancer.ts');
 const N = Number(values.n);
 const gc = (globalThis as { gc?: () => void }).gc;
 if (!gc) throw new Error('run with node --expose-gc');
@@ -30,11 +45,11 @@ if (!gc) throw new Error('run with node --expose-gc');
 const children: ChildProcess[] = [];
 process.on('exit', () => children.forEach((c) => c.kill('SIGKILL')));
 
-/** A backend that accepts and holds connections (never reads past the kernel buffer, never writes). */
+/** A backend that accepts and holds connections and echoes what it reads (idle ones send nothing). */
 const BACKEND = `
 const net = require('node:net');
-const held = [];
-const s = net.createServer((c) => { c.on('error', () => {}); held.push(c); });
+const held = new Set();
+const s = net.createServer((c) => { c.on('error', () => {}); held.add(c); c.on('close', () => held.delete(c)); c.on('data', (d) => c.write(d)); });
 s.listen(0, '127.0.0.1', () => process.stdout.write('port ' + s.address().port + '\\n'));
 `;
 
@@ -176,7 +191,7 @@ if (censusBefore && censusAfter) {
 }
 
 const lines = [
-  `node ${report.node}, ${held} idle spliced pairs (opened in ${openMs} ms), load ${(await import('node:os')).loadavg().map((x) => x.toFixed(2)).join(' ')}`,
+  `${tree}: node ${report.node}, ${held} idle spliced pairs (opened in ${openMs} ms), load ${(await import('node:os')).loadavg().map((x) => x.toFixed(2)).join(' ')}`,
   `per pair: RSS ${report.perPair.rss} B, V8 heap used ${report.perPair.heapUsed} B, external ${report.perPair.external} B, array buffers ${report.perPair.arrayBuffers} B, active resources ${report.perPair.activeResources}`,
   `active resources now: ${JSON.stringify(report.resourceKinds)}`,
   `listeners per event: ${JSON.stringify(report.listeners)}`,
@@ -190,6 +205,39 @@ if (report.objects.length) {
 process.stdout.write(lines.join('\n') + '\n');
 if (values.json) writeFileSync(values.json, JSON.stringify(report, null, 2));
 idle.proc.kill('SIGKILL');
+
+/** M connections, 16 at a time: connect, write one byte, close once it is echoed. */
+const CHURN = `
+const net = require('node:net');
+const [port, total] = process.argv.slice(1).map(Number);
+let started = 0, done = 0, failed = 0;
+function one() {
+  if (started >= total) return;
+  started++;
+  const c = net.connect({ host: '127.0.0.1', port });
+  let ok = false;
+  c.on('connect', () => c.write('x'));
+  c.on('data', () => { ok = true; c.end(); });
+  c.on('error', () => {});
+  c.on('close', () => { done++; if (!ok) failed++; if (done === total) { process.stdout.write('done ' + failed + '\\n'); process.exit(0); } one(); });
+}
+for (let i = 0; i < 16; i++) one();
+`;
+const churnN = Number(values.churn);
+if (churnN > 0) {
+  await until(() => counters.active === 0, 'the idle pairs to close');
+  const cpu0 = process.cpuUsage();
+  const w0 = Date.now();
+  const churn = child(['-e', CHURN, String(port), String(churnN)]);
+  await until(() => churn.out().includes('done'), `${churnN} short connections`, 300_000);
+  const cpu = process.cpuUsage(cpu0);
+  const wallMs = Date.now() - w0;
+  const failedChurn = Number(/done (\d+)/.exec(churn.out())![1]);
+  const cpuUsPerConn = (cpu.user + cpu.system) / churnN;
+  Object.assign(report, { churn: { connections: churnN, failed: failedChurn, cpuUsPerConn, userUsPerConn: cpu.user / churnN, systemUsPerConn: cpu.system / churnN, connPerSec: (churnN * 1000) / wallMs } });
+  process.stdout.write(`churn: ${churnN} connections (${failedChurn} failed) in ${wallMs} ms: ${((churnN * 1000) / wallMs).toFixed(0)} conn/s; forwarder CPU ${cpuUsPerConn.toFixed(1)} µs per connection (user ${(cpu.user / churnN).toFixed(1)}, system ${(cpu.system / churnN).toFixed(1)})\n`);
+  if (values.json) writeFileSync(values.json, JSON.stringify(report, null, 2));
+}
 fwd.destroy();
 backend.proc.kill('SIGKILL');
 process.exit(0);
