@@ -170,6 +170,7 @@ const report = {
   perPair: {
     rss: per(before.rss, after.rss),
     heapUsed: per(before.heapUsed, after.heapUsed),
+    heapTotal: per(before.heapTotal, after.heapTotal),
     external: per(before.external, after.external),
     arrayBuffers: per(before.arrayBuffers, after.arrayBuffers),
     activeResources: (resourcesAfter.length - resourcesBefore) / held,
@@ -192,7 +193,7 @@ if (censusBefore && censusAfter) {
 
 const lines = [
   `${tree}: node ${report.node}, ${held} idle spliced pairs (opened in ${openMs} ms), load ${(await import('node:os')).loadavg().map((x) => x.toFixed(2)).join(' ')}`,
-  `per pair: RSS ${report.perPair.rss} B, V8 heap used ${report.perPair.heapUsed} B, external ${report.perPair.external} B, array buffers ${report.perPair.arrayBuffers} B, active resources ${report.perPair.activeResources}`,
+  `per pair: RSS ${report.perPair.rss} B, V8 heap used ${report.perPair.heapUsed} B (committed ${report.perPair.heapTotal} B), external ${report.perPair.external} B, array buffers ${report.perPair.arrayBuffers} B, active resources ${report.perPair.activeResources}`,
   `active resources now: ${JSON.stringify(report.resourceKinds)}`,
   `listeners per event: ${JSON.stringify(report.listeners)}`,
 ];
