@@ -152,6 +152,9 @@ await until(() => counters.active + counters.failed >= clientHeld, `${clientHeld
 const held = counters.active;
 if (counters.failed > 0) process.stderr.write(`${counters.failed} dials failed (${counters.retries} retries); measuring ${held} pairs\n`);
 const openMs = Date.now() - t0;
+// Before the GC: what the pairs kept plus the garbage their setup left (all of it when the
+// young generation is large enough not to be collected meanwhile: --max-semi-space-size=256).
+const unsettled = process.memoryUsage();
 const after = settle();
 const censusAfter = values.snapshot ? await census() : null;
 const resourcesAfter = process.getActiveResourcesInfo();
@@ -171,6 +174,7 @@ const report = {
     rss: per(before.rss, after.rss),
     heapUsed: per(before.heapUsed, after.heapUsed),
     heapTotal: per(before.heapTotal, after.heapTotal),
+    heapUsedBeforeGc: per(before.heapUsed, unsettled.heapUsed),
     external: per(before.external, after.external),
     arrayBuffers: per(before.arrayBuffers, after.arrayBuffers),
     activeResources: (resourcesAfter.length - resourcesBefore) / held,
@@ -193,7 +197,7 @@ if (censusBefore && censusAfter) {
 
 const lines = [
   `${tree}: node ${report.node}, ${held} idle spliced pairs (opened in ${openMs} ms), load ${(await import('node:os')).loadavg().map((x) => x.toFixed(2)).join(' ')}`,
-  `per pair: RSS ${report.perPair.rss} B, V8 heap used ${report.perPair.heapUsed} B (committed ${report.perPair.heapTotal} B), external ${report.perPair.external} B, array buffers ${report.perPair.arrayBuffers} B, active resources ${report.perPair.activeResources}`,
+  `per pair: RSS ${report.perPair.rss} B, V8 heap used ${report.perPair.heapUsed} B (committed ${report.perPair.heapTotal} B; before the GC ${report.perPair.heapUsedBeforeGc} B), external ${report.perPair.external} B, array buffers ${report.perPair.arrayBuffers} B, active resources ${report.perPair.activeResources}`,
   `active resources now: ${JSON.stringify(report.resourceKinds)}`,
   `listeners per event: ${JSON.stringify(report.listeners)}`,
 ];
