@@ -160,11 +160,14 @@ const censusAfter = values.snapshot ? await census() : null;
 const resourcesAfter = process.getActiveResourcesInfo();
 
 // One client socket of the listener (its private set of clients) and its upstream (the
-// client's peer, a symbol-keyed field).
+// client's peer: a symbol-keyed field, or its pair's upstream).
 const internals = fwd as unknown as { clients?: Set<net.Socket>; open?: Set<net.Socket> };
 const client0 = [...(internals.clients ?? internals.open ?? [])][0];
-const peerKey = client0 && Object.getOwnPropertySymbols(client0).find((k) => k.description === 'kproxy.peer');
-const upstream0 = peerKey ? ((client0 as unknown as Record<symbol, net.Socket>)[peerKey] as net.Socket) : undefined;
+const field = (s: net.Socket | undefined, d: string): unknown => {
+  const k = s && Object.getOwnPropertySymbols(s).find((x) => x.description === d);
+  return k ? (s as unknown as Record<symbol, unknown>)[k] : undefined;
+};
+const upstream0 = (field(client0, 'kproxy.peer') ?? (field(client0, 'kproxy.pair') as { upstream?: net.Socket } | undefined)?.upstream) as net.Socket | undefined;
 const per = (a: number, b: number) => Math.round((b - a) / held);
 const report = {
   node: process.version,
