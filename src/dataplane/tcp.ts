@@ -11,7 +11,11 @@
 // closures per connection), the dial is synchronous when the picker answers at once (no
 // promise per connection), a 128 KB high-water mark keeps a full 64 KB read from reporting
 // back-pressure, and the idle timeout is one coarse sweep per listener (a flag set per
-// chunk) instead of a timer per socket refreshed on every read and write. Counters are plain
+// chunk) instead of a timer per socket refreshed on every read and write; the dial timeout
+// likewise (a sweep while dials are pending, not socket.setTimeout, whose Timeout stays on
+// the socket for its life). An idle spliced pair holds node:net's two sockets, one Pair, one
+// Set entry and one listener per event on each socket (docs/benchmarks.md "Memory per idle
+// connection and work per new connection on the net.Socket path"). Counters are plain
 // fields (the metrics server reads them). Bounds: a connection beyond the shared
 // ConnectionBudget is closed at once and counted in `refused`; an idle timeout closes a
 // spliced pair whose both sides were silent that long; accept errors (EMFILE when the fd

@@ -179,6 +179,10 @@ test('an idle spliced pair keeps no timer and at most one listener per event on 
     }
     assert.equal(fwd.dialsPending, 0);
     assert.equal(fwd.openClients, 20);
+    // With no dial pending the dial sweep stops (it would wake the process every 100 ms).
+    const timers = fwd as unknown as { dialSweep: NodeJS.Timeout | null; sweep: NodeJS.Timeout | null };
+    await waitFor(() => timers.dialSweep === null, 5000, 'the dial sweep to stop');
+    assert.notEqual(timers.sweep, null, 'the idle sweep runs while pairs are open');
   } finally {
     for (const c of clients) c.destroy();
     fwd.destroy();
