@@ -94,7 +94,7 @@ test('idleTimeout closes a connection silent both ways and counts it; a connecti
 
 test('config: userspace block defaults, flags over the file, and bad values refused naming the field', () => {
   const d = resolveConfig({ mode: 'userspace' }).userspace;
-  assert.deepEqual(d, { workers: 1, maxConnections: 0, idleTimeoutMs: 24 * 3600_000, udpMaxSessions: 8192, udpMaxSessionsPerClient: 1024 });
+  assert.deepEqual(d, { workers: 1, maxConnections: 0, idleTimeoutMs: 24 * 3600_000, udpMaxSessions: 8192, udpMaxSessionsPerClient: 1024, tcpPath: 'auto' });
   const f = resolveConfig({ mode: 'userspace', userspace: { workers: 2, maxConnections: 10, idleTimeout: '1m' } }, { userspaceWorkers: '4', userspaceIdleTimeout: '0s' }).userspace;
   assert.equal(f.workers, 4);
   assert.equal(f.maxConnections, 10);
@@ -102,6 +102,8 @@ test('config: userspace block defaults, flags over the file, and bad values refu
   assert.throws(() => resolveConfig({ userspace: { workers: 0 } }), /KPROXY_CONFIG_INVALID: userspace\.workers: want an integer from 1 to 64/);
   assert.throws(() => resolveConfig({ userspace: { udpMaxSessions: 10, udpMaxSessionsPerClient: 20 } }), /userspace\.udpMaxSessionsPerClient/);
   assert.throws(() => resolveConfig({}, { userspaceMaxConnections: 'lots' }), /userspace\.maxConnections/);
+  assert.equal(resolveConfig({ userspace: { tcpPath: 'net' } }).userspace.tcpPath, 'net');
+  assert.throws(() => resolveConfig({ userspace: { tcpPath: 'fast' } }), /KPROXY_CONFIG_INVALID: userspace\.tcpPath: want auto, net or raw/);
   // an unknown field is a warning naming its path, as kube-proxy's lenient decoding
   const warnings: string[] = [];
   resolveConfig(parseConfigText('apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\nuserspace:\n  bogus: 1\n'), {}, (w) => warnings.push(w));
