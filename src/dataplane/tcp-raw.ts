@@ -179,6 +179,17 @@ const pool: Buffer[] = [];
 /** a WriteWrap not consumed by a synchronous write, for the next one */
 let spareWrite: WriteReq | null = null;
 const peerOut: { address?: string; port?: number; family?: string } = {};
+const stats = { forwarders: 0, accepted: 0, asyncWrites: 0, pauses: 0 };
+
+/**
+ * The raw path in this process so far: forwarders made, connections accepted, writes the
+ * kernel did not take at once, readers stopped for back-pressure; and idle copy buffers.
+ */
+export function rawStats(): { forwarders: number; accepted: number; asyncWrites: number; pauses: number; pooled: number } {
+  return { ...stats, pooled: pool.length };
+}
+
+export { POOL_MAX as RAW_POOL_MAX };
 
 // Conn flags
 const SPLICED = 1;
@@ -249,6 +260,7 @@ export class RawTcpForwarder {
     this.budget = opts.budget ?? newBudget();
     this.dialTimeouts = opts.dialTimeoutsMs ?? DIAL_TIMEOUTS_MS;
     this.dialing = this.dialTimeouts.map(() => new Set<Conn>());
+    stats.forwarders++;
     if (opts.server) {
       this.server = opts.server;
       this.server.on('error', (e) => this.onServerError(e));
@@ -370,6 +382,7 @@ export class RawTcpForwarder {
   private start(h: StreamHandle, clientIP: string): void {
     this.budget.open++;
     this.counters.accepted++;
+    stats.accepted++;
     const c = new Conn(this, h, clientIP, this.counters);
     h.kp = c;
     h.setNoDelay(true);
@@ -630,7 +643,9 @@ function forward(c: Conn, fromClient: boolean, n: number): void {
   req.buf = buf;
   req.toClient = !fromClient;
   req.oncomplete = onWritten;
+  stats.asyncWrites++;
   if (dst.writeQueueSize >= HIGH_WATER) {
+    stats.pauses++;
     const src = fromClient ? c.client : c.up!;
     src.readStop();
     c.flags |= fromClient ? C_PAUSED : U_PAUSED;
