@@ -14,7 +14,7 @@ import { newBudget, newCounters } from '../../src/dataplane/tcp.ts';
 import { UdpForwarder, UdpSessionBudget } from '../../src/dataplane/udp.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, startUdpBackend, tcpExchange } from '../support/backends.ts';
-import { firstLine, openFds, planInput, refusingRunner, sleep, slice, svc, testConfig, waitFor } from './helpers.ts';
+import { TCP_PATHS, firstLine, openFds, planInput, refusingRunner, sleep, slice, svc, testConfig, waitFor } from './helpers.ts';
 
 const BP = 20000 + ((process.pid + 13) % 20000);
 const VIP = '127.0.24.10';
@@ -27,7 +27,7 @@ afterEach(async () => {
 async function proxyTo(userspace: Record<string, unknown>): Promise<UserspaceProxier> {
   const backend = await startTcpBackend('127.0.24.1', BP, 'b1');
   cleanups.push(() => backend.close());
-  const config = testConfig({ userspace });
+  const config = testConfig({ userspace: { tcpPath: 'raw', ...userspace } });
   const p = new UserspaceProxier({
     config, log: silentLogger(), runner: refusingRunner, redirect: false, localAddresses: () => [],
     // A budget of this test's own, so other tests' connections in this process do not count.
@@ -38,8 +38,8 @@ async function proxyTo(userspace: Record<string, unknown>): Promise<UserspacePro
   return p;
 }
 
-test('maxConnections: the connection beyond the cap is closed at once and counted; the proxy keeps serving; fds return to baseline', async () => {
-  const p = await proxyTo({ maxConnections: 3 });
+for (const tcpPath of TCP_PATHS) test(`maxConnections (TCP on ${tcpPath}): the connection beyond the cap is closed at once and counted; the proxy keeps serving; fds return to baseline`, async () => {
+  const p = await proxyTo({ maxConnections: 3, tcpPath });
   const baseline = openFds();
   const held: net.Socket[] = [];
   for (let i = 0; i < 3; i++) {
@@ -68,8 +68,8 @@ test('maxConnections: the connection beyond the cap is closed at once and counte
   await waitFor(() => openFds() <= baseline, 5000, `fds back to baseline ${baseline} (now ${openFds()})`);
 });
 
-test('idleTimeout closes a connection silent both ways and counts it; a connection with traffic stays', async () => {
-  const p = await proxyTo({ idleTimeout: '400ms' });
+for (const tcpPath of TCP_PATHS) test(`idleTimeout (TCP on ${tcpPath}) closes a connection silent both ways and counts it; a connection with traffic stays`, async () => {
+  const p = await proxyTo({ idleTimeout: '400ms', tcpPath });
   const idle = net.connect({ host: VIP, port: 80 });
   assert.equal(await firstLine(idle), 'b1');
   const busy = net.connect({ host: VIP, port: 80 });
