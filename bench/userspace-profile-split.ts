@@ -1,8 +1,9 @@
 // Where a userspace proxy's busy CPU goes, from its .cpuprofile (bench/userspace-profile.ts
 // --keep DIR): each sample's own frame put in one bucket, as a share of the samples that
 // were not (idle):
-//   syscalls        native binding calls (writeBuffer, close, connect via internalConnect,
-//                   readStart, shutdown, getpeername, reset...): the work the kernel does
+//   syscalls        native binding calls (writeBuffer, close, connect via internalConnect or
+//                   tcp-raw's dialTo, readStart, shutdown, getpeername, reset...): the work
+//                   the kernel does
 //   net/streams     node:net, node:internal/streams, stream_base_commons, events, timers,
 //                   nextTick queues: the net.Socket and Duplex machinery
 //   kproxy          kproxy's own code (src/, bench/)
@@ -26,8 +27,9 @@ export function bucketOf(f: { functionName: string; url: string }): Bucket | nul
   const name = f.functionName;
   if (name === '(idle)') return null;
   if (name === '(program)' || name === '(garbage collector)') return 'V8 / libuv';
-  // internalConnect's own time is the connect(2) of the native handle.connect it calls.
-  if (f.url === '' || name === 'internalConnect') return 'syscalls';
+  // internalConnect's (node:net) and dialTo's (tcp-raw.ts) own time is the connect(2) of the
+  // native handle.connect they call: the profiler shows no frame of its own for that call.
+  if (f.url === '' || name === 'internalConnect' || (name === 'dialTo' && f.url.endsWith('tcp-raw.ts'))) return 'syscalls';
   if (/\/(src|bench)\//.test(f.url)) return 'kproxy';
   if (MACHINERY.test(f.url)) return 'net/streams';
   return 'other';
