@@ -3,10 +3,12 @@
 // workers-affinity tests. Here: the fallback to net.Socket when an internal is missing (a
 // binding taken away by an injected loader), the path choice, writes the kernel does not
 // take at once (the copy buffers stay byte-exact, readers stop and resume, the free list
-// stays bounded, fds return to baseline), and the FIN of the upstream forwarded first.
+// stays bounded, fds return to baseline), and the FIN of the upstream forwarded first; and
+// on both paths, a dial that times out retried on the next endpoint.
 // Loopback only, ephemeral ports.
 import { afterEach, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import net from 'node:net';
 import { Writable } from 'node:stream';
@@ -15,7 +17,7 @@ import { RoundRobinBalancer } from '../../src/dataplane/balancer.ts';
 import { TcpForwarder, newCounters } from '../../src/dataplane/tcp.ts';
 import { RAW_POOL_MAX, RawTcpForwarder, createTcpForwarder, rawStats, rawSupport, tcpPathChoice, type BindingLoader } from '../../src/dataplane/tcp-raw.ts';
 import { silentLogger } from '../../src/log.ts';
-import { openFds, tcpForwarder, waitFor } from './helpers.ts';
+import { TCP_PATHS, openFds, tcpForwarder, waitFor } from './helpers.ts';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 const realLoad: BindingLoader = (n) => (process as unknown as { binding(n: string): unknown }).binding(n);
@@ -168,4 +170,69 @@ test('raw: the upstream\'s FIN first: the client still sends, the backend still 
   assert.equal(counters.active, 1, 'the pair stays while one direction is open');
   c.end();
   await waitFor(() => backendSawEnd && counters.active === 0, 5000, 'both directions shut, the pair closed');
+});
+
+/**
+ * An endpoint whose handshakes never complete: a listener (backlog 1) in a child process
+ * that stops itself (SIGSTOP) before it accepts anything, its accept queue filled by a few
+ * connections, so the kernel drops the next SYNs and a dial to it hangs until its timeout.
+ */
+async function stalledEndpoint(): Promise<number> {
+  const child = spawn(process.execPath, ['-e',
+    "const s = require('net').createServer(() => {}); s.listen({ port: 0, host: '127.0.0.1', backlog: 1 }, () => { process.stdout.write(String(s.address().port) + '\\n'); process.kill(process.pid, 'SIGSTOP'); });"], { stdio: ['ignore', 'pipe', 'inherit'] });
+  cleanups.push(() => void child.kill('SIGKILL'));
+  const port = await new Promise<number>((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error('the stalled endpoint did not start')), 10_000);
+    child.stdout!.once('data', (d) => {
+      clearTimeout(t);
+      resolve(Number(String(d).trim()));
+    });
+  });
+  for (let i = 0; i < 4; i++) {
+    const f = net.connect({ host: '127.0.0.1', port });
+    f.on('error', () => {});
+    cleanups.push(() => void f.destroy());
+  }
+  // The queue is full once a probe's handshake does not complete within 300 ms (bounded).
+  for (let i = 0; i < 20; i++) {
+    const done = await new Promise<boolean>((resolve) => {
+      const p = net.connect({ host: '127.0.0.1', port });
+      p.on('error', () => {});
+      const t = setTimeout(() => resolve(false), 300);
+      p.once('connect', () => {
+        clearTimeout(t);
+        resolve(true);
+      });
+      cleanups.push(() => void p.destroy());
+    });
+    if (!done) return port;
+  }
+  throw new Error('could not fill the stalled endpoint\'s accept queue');
+}
+
+for (const path of TCP_PATHS) test(`TCP on ${path}: a dial that times out is retried on the next endpoint; the client is served`, async () => {
+  const stalled = await stalledEndpoint();
+  const good = await server((s) => s.pipe(s));
+  const balancer = new RoundRobinBalancer({ stickyMaxAgeSeconds: 0 });
+  balancer.setEndpoints([{ key: `127.0.0.1:${stalled}`, ip: '127.0.0.1', port: stalled }, { key: `127.0.0.1:${good}`, ip: '127.0.0.1', port: good }]);
+  const counters = newCounters();
+  const fwd = tcpForwarder(path, { host: '127.0.0.1', port: 0, balancer, counters, log: silentLogger(), dialTimeoutsMs: [300, 300, 300, 300] });
+  cleanups.push(() => fwd.destroy());
+  const lp = await fwd.listen();
+  const t0 = Date.now();
+  const echo = await new Promise<string>((resolve, reject) => {
+    const c = net.connect({ host: '127.0.0.1', port: lp }, () => c.end('ping'));
+    let got = '';
+    const t = setTimeout(() => reject(new Error(`no echo after 20 s (${JSON.stringify(counters)})`)), 20_000);
+    c.on('data', (d) => (got += d));
+    c.on('end', () => {
+      clearTimeout(t);
+      resolve(got);
+    });
+    c.on('error', reject);
+  });
+  assert.equal(echo, 'ping');
+  assert.ok(Date.now() - t0 >= 250, 'the first dial waited for its timeout');
+  assert.equal(counters.retries, 1);
+  assert.equal(counters.failed, 0);
 });
