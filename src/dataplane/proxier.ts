@@ -249,7 +249,7 @@ export class UserspaceProxier implements Proxier {
   }
 
   /** The worker processes, for tests and /debug: pid and connections accepted by each. */
-  workerStats(): { pid: number; accepted: number }[] {
+  workerStats(): { pid: number; accepted: number; tcpPath?: 'net' | 'raw' }[] {
     return this.workers?.stats() ?? [];
   }
 

@@ -10,7 +10,7 @@ import { admissionFor } from './admit.ts';
 import { RoundRobinBalancer, type BalancedEndpoint } from './balancer.ts';
 import { processBudgets } from './limits.ts';
 import { newCounters, type EndpointPicker, type ForwardCounters } from './tcp.ts';
-import { createTcpForwarder, type AnyTcpForwarder } from './tcp-raw.ts';
+import { createTcpForwarder, resolveTcpPath, tcpPathChoice, type AnyTcpForwarder } from './tcp-raw.ts';
 import { CapLease } from './worker-cap.ts';
 import type { BalancerSpec, FromWorker, ToWorker } from './workers.ts';
 
@@ -93,7 +93,8 @@ process.on('message', (m: ToWorker, handle?: net.Server) => {
         lease = new CapLease(m.capBatch, (n) => send({ op: 'cap-want', n }), (n) => send({ op: 'cap-return', n }));
         processBudgets(m.settings).tcp.shared = lease;
       }
-      send({ op: 'ready' });
+      // The path this worker's forwarders take (its own feature check), for kproxy's stats.
+      send({ op: 'ready', tcpPath: resolveTcpPath(tcpPathChoice(m.settings.tcpPath), log) });
       return;
     case 'cap-grant':
       lease?.granted(m.n);

@@ -50,6 +50,7 @@ after(async () => {
 
 test('with 2 workers, every connection of a client reaches its one endpoint, whichever process accepted it', async () => {
   assert.equal(p.workerStats().length, 1, 'one forked worker besides kproxy\'s own process');
+  assert.equal(p.workerStats()[0].tcpPath, path, `the worker forwards on the ${path} path`);
   const clients = ['127.0.23.1', '127.0.23.2', '127.0.23.3', '127.0.23.4', '127.0.23.5', '127.0.23.6'];
   const chosen = new Map<string, Set<string>>(clients.map((c) => [c, new Set()]));
   // Bursts of concurrent connections until the worker has taken some (the kernel decides
