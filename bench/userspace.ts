@@ -5,9 +5,10 @@
 //   naive pipe      bench/userspace-naive-pipe.ts (20 lines of node:net pipe())
 //   nginx stream    nginx, stream module, worker_processes 1
 //   haproxy         haproxy, mode tcp, nbthread 1
-//   kproxy ×N       the same with `userspace.workers: N`
-//   kproxy          1 worker on raw libuv handles (KPROXY_USERSPACE_TCP=raw, tcp-raw.ts: the default)
-//   kproxy-net      1 worker on net.Socket (KPROXY_USERSPACE_TCP=net, tcp.ts)
+//   kproxy          `node bin/kproxy.js run --mode userspace --manifests DIR`, 1 worker on raw
+//                   libuv handles (KPROXY_USERSPACE_TCP=raw; src/dataplane/tcp-raw.ts, the default)
+//   kproxy-net      the same on net.Socket (KPROXY_USERSPACE_TCP=net; src/dataplane/tcp.ts)
+//   kproxy ×N       with `userspace.workers: N` (the default path)
 //
 // Backends: nginx (http, `return 200`, 1 worker) on 127.0.0.2:8080 and `iperf3 -s` on
 // 127.0.0.2:5201. Figures, each a median of --repeat runs of --duration seconds, the peers
