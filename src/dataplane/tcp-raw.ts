@@ -351,10 +351,14 @@ export class RawTcpForwarder {
       h.close();
       return;
     }
-    peerOut.address = undefined;
-    peerOut.port = 0;
-    h.getpeername(peerOut);
-    const clientIP = plainAddress(peerOut.address);
+    // The client's address only when admission or affinity needs it (a getpeername syscall).
+    let clientIP = '';
+    if (this.admit || (this.balancer as { usesClientIP?: boolean }).usesClientIP !== false) {
+      peerOut.address = undefined;
+      peerOut.port = 0;
+      h.getpeername(peerOut);
+      clientIP = plainAddress(peerOut.address);
+    }
     if (this.admit && !this.admit(clientIP, peerOut.port ?? 0)) {
       this.counters.denied++;
       h.close();

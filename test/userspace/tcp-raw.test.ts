@@ -92,6 +92,10 @@ test('path choice: KPROXY_USERSPACE_TCP wins over userspace.tcpPath; anything el
   assert.equal(tcpPathChoice('net', 'raw'), 'raw');
   assert.equal(tcpPathChoice('net', ''), 'net');
   assert.equal(tcpPathChoice('auto', 'fast'), 'auto');
+  // The raw path skips getpeername unless admission or ClientIP affinity needs the address
+  // (affinity through the raw path: proxy.test.ts, on both paths).
+  assert.equal(new RoundRobinBalancer({ stickyMaxAgeSeconds: 0 }).usesClientIP, false);
+  assert.equal(new RoundRobinBalancer({ stickyMaxAgeSeconds: 10 }).usesClientIP, true);
   const net1 = createTcpForwarder({ host: '127.0.0.1', port: 0, balancer: balancerTo(1), counters: newCounters(), log: silentLogger() }, 'net');
   assert.ok(net1 instanceof TcpForwarder);
   net1.destroy();
