@@ -5,9 +5,10 @@
 //   naive pipe      bench/userspace-naive-pipe.ts (20 lines of node:net pipe())
 //   nginx stream    nginx, stream module, worker_processes 1
 //   haproxy         haproxy, mode tcp, nbthread 1
-//   kproxy          `node bin/kproxy.js run --mode userspace --manifests DIR` (1 worker)
-//   kproxy ×N       the same with `userspace.workers: N`
-//   kproxy before   1 worker with KPROXY_USERSPACE_SHARED_READ=0 (the read path before readbuf.ts)
+//   kproxy          `node bin/kproxy.js run --mode userspace --manifests DIR`, 1 worker on raw
+//                   libuv handles (KPROXY_USERSPACE_TCP=raw; src/dataplane/tcp-raw.ts, the default)
+//   kproxy-net      the same on net.Socket (KPROXY_USERSPACE_TCP=net; src/dataplane/tcp.ts)
+//   kproxy ×N       with `userspace.workers: N` (the default path)
 //
 // Backends: nginx (http, `return 200`, 1 worker) on 127.0.0.2:8080 and `iperf3 -s` on
 // 127.0.0.2:5201. Figures, each a median of --repeat runs of --duration seconds, the peers
@@ -320,10 +321,10 @@ export function peers(workers: number): Peer[] {
         await waitListening(ns, '127.0.0.5', 80);
       },
     },
-    kproxyPeer('kproxy userspace (1 worker)', 'kproxy', '127.0.0.6', 0, { metrics: 10249, healthz: 10256 }),
-    // The read path before src/dataplane/readbuf.ts (a fresh 64 KB buffer per read, freed by
-    // V8's GC in bulk, trimmed by glibc and faulted back in), for before/after in one run.
-    kproxyPeer('kproxy userspace (1 worker, before: a buffer per read)', 'kproxy-old', '127.0.0.8', 0, { metrics: 10269, healthz: 10276 }, [], { KPROXY_USERSPACE_SHARED_READ: '0' }),
+    // The default TCP path: raw libuv handles (src/dataplane/tcp-raw.ts) where this Node has them.
+    kproxyPeer('kproxy userspace (1 worker, raw handles)', 'kproxy', '127.0.0.6', 0, { metrics: 10249, healthz: 10256 }, [], { KPROXY_USERSPACE_TCP: 'raw' }),
+    // The net.Socket path (src/dataplane/tcp.ts), for the two side by side in one run.
+    kproxyPeer('kproxy userspace (1 worker, net.Socket)', 'kproxy-net', '127.0.0.8', 0, { metrics: 10269, healthz: 10276 }, [], { KPROXY_USERSPACE_TCP: 'net' }),
     ...(workers > 1 ? [kproxyPeer(`kproxy userspace (${workers} workers)`, `kproxy-w${workers}`, '127.0.0.7', workers, { metrics: 10259, healthz: 10266 })] : []),
   ];
 }

@@ -74,6 +74,7 @@ export const ENV_VARS = {
   KPROXY_LOG_LEVEL: 'the log level when no flag sets it (debug, info, warn, error)',
   KPROXY_USERSPACE_REDIRECT: 'set to 0 to keep the userspace mode from installing iptables redirects',
   KPROXY_USERSPACE_SHARED_READ: "set to 0 to make userspace TCP sockets read through Node's default path (a buffer per read) instead of the shared read buffer (benchmarks)",
+  KPROXY_USERSPACE_TCP: 'net, raw or auto: the userspace TCP path (net.Socket, raw libuv handles, or raw when this Node has them); wins over userspace.tcpPath',
 } as const;
 
 /** An error a user can meet: `CODE: detail`, with the code kept for callers to test. */

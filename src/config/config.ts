@@ -139,7 +139,7 @@ const SPEC: Spec = {
   syncPeriod: 'duration',
   minSyncPeriod: 'duration',
   // kproxy: the userspace mode's own settings
-  userspace: { workers: 'int32', maxConnections: 'int32', idleTimeout: 'duration', udpMaxSessions: 'int32', udpMaxSessionsPerClient: 'int32' },
+  userspace: { workers: 'int32', maxConnections: 'int32', idleTimeout: 'duration', udpMaxSessions: 'int32', udpMaxSessionsPerClient: 'int32', tcpPath: 'string' },
 };
 
 type Duration = string;
@@ -191,7 +191,7 @@ export interface RawConfig {
   udpIdleTimeout?: Duration;
   syncPeriod?: Duration;
   minSyncPeriod?: Duration;
-  userspace?: { workers?: number; maxConnections?: number; idleTimeout?: Duration; udpMaxSessions?: number; udpMaxSessionsPerClient?: number };
+  userspace?: { workers?: number; maxConnections?: number; idleTimeout?: Duration; udpMaxSessions?: number; udpMaxSessionsPerClient?: number; tcpPath?: string };
 }
 
 const typeName = (v: unknown) => (Array.isArray(v) ? 'a list' : v === null ? 'null' : typeof v === 'object' ? 'a mapping' : `${typeof v} ${JSON.stringify(v)}`);
@@ -349,6 +349,11 @@ export interface UserspaceSettings {
   udpMaxSessions: number;
   /** UDP sessions of one client IP: one client cannot take them all */
   udpMaxSessionsPerClient: number;
+  /**
+   * the TCP data path: raw libuv handles (src/dataplane/tcp-raw.ts), net.Socket (tcp.ts), or
+   * auto (raw when this Node has the internals); KPROXY_USERSPACE_TCP=net|raw|auto wins
+   */
+  tcpPath: 'auto' | 'net' | 'raw';
 }
 
 /** upstream KubeProxyConntrackConfiguration, in kproxy's units */
@@ -408,7 +413,9 @@ function userspaceField(raw: RawConfig, flags: ConfigFlags): UserspaceSettings {
   const idleTimeoutMs = idleParsed;
   const udpMaxSessions = int('udpMaxSessions', undefined, u.udpMaxSessions, 8192, 1, 1_000_000);
   const udpMaxSessionsPerClient = int('udpMaxSessionsPerClient', undefined, u.udpMaxSessionsPerClient, Math.min(1024, udpMaxSessions), 1, udpMaxSessions);
-  return { workers, maxConnections, idleTimeoutMs, udpMaxSessions, udpMaxSessionsPerClient };
+  const tcpPath = u.tcpPath ?? 'auto';
+  if (tcpPath !== 'auto' && tcpPath !== 'net' && tcpPath !== 'raw') throw new ConfigError('userspace.tcpPath', `want auto, net or raw, got ${JSON.stringify(tcpPath)}`);
+  return { workers, maxConnections, idleTimeoutMs, udpMaxSessions, udpMaxSessionsPerClient, tcpPath };
 }
 
 export const DETECT_LOCAL_MODES = ['ClusterCIDR', 'NodeCIDR', 'BridgeInterface', 'InterfaceNamePrefix'] as const;

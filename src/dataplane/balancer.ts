@@ -41,6 +41,11 @@ export class RoundRobinBalancer {
     return this.endpoints.length;
   }
 
+  /** false: next() ignores the client's address (no ClientIP affinity), so it need not be looked up */
+  get usesClientIP(): boolean {
+    return this.stickyMs > 0;
+  }
+
   list(): BalancedEndpoint[] {
     return [...this.endpoints];
   }

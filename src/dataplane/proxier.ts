@@ -14,7 +14,8 @@ import { admissionFor } from './admit.ts';
 import { RoundRobinBalancer } from './balancer.ts';
 import { applyRedirects, removeRedirects } from './redirect.ts';
 import { processBudgets, type ProcessBudgets } from './limits.ts';
-import { TcpForwarder, newCounters, type ForwardCounters } from './tcp.ts';
+import { newCounters, type ForwardCounters } from './tcp.ts';
+import { createTcpForwarder, type AnyTcpForwarder } from './tcp-raw.ts';
 import { WorkerPool, type WorkerPoolStats } from './workers.ts';
 import { capOwnerFor } from './worker-cap.ts';
 import { UdpForwarder } from './udp.ts';
@@ -41,7 +42,7 @@ export interface ServicePortCounters extends ForwardCounters {
 
 interface LiveListener {
   plan: PlannedListener;
-  fwd: TcpForwarder | UdpForwarder;
+  fwd: AnyTcpForwarder | UdpForwarder;
   port: number;
 }
 
@@ -114,7 +115,7 @@ export class UserspaceProxier implements Proxier {
         const live = await this.open(l);
         this.listeners.set(l.id, live);
         changes.push(`+ ${l.id}`);
-        if (this.workers && live.fwd instanceof TcpForwarder) await this.workers.addListener(l, live.fwd.listener);
+        if (this.workers && !(live.fwd instanceof UdpForwarder)) await this.workers.addListener(l, live.fwd.listener);
       } catch (e) {
         failures.push(`${l.protocol} ${l.host}:${l.port} (${l.servicePortKey}): ${(e as Error).message}`);
       }
@@ -182,7 +183,7 @@ export class UserspaceProxier implements Proxier {
     const admit = admissionFor(l);
     const us = this.opts.config.userspace;
     const fwd = l.protocol === 'TCP'
-      ? new TcpForwarder({ host: l.host, port: l.port, balancer, counters, log, admit, dialTimeoutsMs: this.opts.dialTimeoutsMs, budget: this.budgets.tcp, idleTimeoutMs: us.idleTimeoutMs })
+      ? createTcpForwarder({ host: l.host, port: l.port, balancer, counters, log, admit, dialTimeoutsMs: this.opts.dialTimeoutsMs, budget: this.budgets.tcp, idleTimeoutMs: us.idleTimeoutMs }, us.tcpPath)
       : new UdpForwarder({ hosts: [l.host, ...l.extraHosts], port: l.port, balancer, counters, log, admit, idleMs: this.opts.config.udpIdleTimeoutMs || 250, budget: this.budgets.udp });
     const port = await fwd.listen();
     return { plan: l, fwd, port };
@@ -248,7 +249,7 @@ export class UserspaceProxier implements Proxier {
   }
 
   /** The worker processes, for tests and /debug: pid and connections accepted by each. */
-  workerStats(): { pid: number; accepted: number }[] {
+  workerStats(): { pid: number; accepted: number; tcpPath?: 'net' | 'raw' }[] {
     return this.workers?.stats() ?? [];
   }
 
@@ -272,8 +273,7 @@ export class UserspaceProxier implements Proxier {
   async stop(): Promise<void> {
     await this.workers?.stop();
     for (const l of this.listeners.values()) {
-      if (l.fwd instanceof TcpForwarder) l.fwd.destroy();
-      else l.fwd.destroy();
+      l.fwd.destroy();
     }
     this.listeners.clear();
   }

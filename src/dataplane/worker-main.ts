@@ -9,7 +9,8 @@ import type { PlannedListener } from '../modes/userspace/plan.ts';
 import { admissionFor } from './admit.ts';
 import { RoundRobinBalancer, type BalancedEndpoint } from './balancer.ts';
 import { processBudgets } from './limits.ts';
-import { TcpForwarder, newCounters, type EndpointPicker, type ForwardCounters } from './tcp.ts';
+import { newCounters, type EndpointPicker, type ForwardCounters } from './tcp.ts';
+import { createTcpForwarder, resolveTcpPath, tcpPathChoice, type AnyTcpForwarder } from './tcp-raw.ts';
 import { CapLease } from './worker-cap.ts';
 import type { BalancerSpec, FromWorker, ToWorker } from './workers.ts';
 
@@ -17,7 +18,7 @@ const PICK_TIMEOUT_MS = 2000;
 const REPORT_MS = 500;
 
 const log = createLogger({ level: process.env.KPROXY_LOG_LEVEL ?? 'warn' });
-const forwarders = new Map<string, TcpForwarder>();
+const forwarders = new Map<string, AnyTcpForwarder>();
 const local = new Map<string, RoundRobinBalancer>();
 const sticky = new Map<string, number>();
 const counters = new Map<string, ForwardCounters>();
@@ -77,10 +78,10 @@ function listen(id: string, plan: PlannedListener, server: net.Server): void {
   forwarders.get(id)?.close();
   if (!settings) return void server.close();
   const budgets = processBudgets(settings.settings);
-  const fwd = new TcpForwarder({
+  const fwd = createTcpForwarder({
     host: plan.host, port: plan.port, server, balancer: pickerFor(plan.balancerKey), counters: countersFor(plan), log,
     admit: admissionFor(plan), dialTimeoutsMs: settings.dialTimeoutsMs, budget: budgets.tcp, idleTimeoutMs: settings.settings.idleTimeoutMs,
-  });
+  }, settings.settings.tcpPath);
   forwarders.set(id, fwd);
 }
 
@@ -92,7 +93,8 @@ process.on('message', (m: ToWorker, handle?: net.Server) => {
         lease = new CapLease(m.capBatch, (n) => send({ op: 'cap-want', n }), (n) => send({ op: 'cap-return', n }));
         processBudgets(m.settings).tcp.shared = lease;
       }
-      send({ op: 'ready' });
+      // The path this worker's forwarders take (its own feature check), for kproxy's stats.
+      send({ op: 'ready', tcpPath: resolveTcpPath(tcpPathChoice(m.settings.tcpPath), log) });
       return;
     case 'cap-grant':
       lease?.granted(m.n);

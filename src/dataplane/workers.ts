@@ -47,7 +47,7 @@ export type ToWorker =
 
 /** worker → kproxy */
 export type FromWorker =
-  | { op: 'ready' }
+  | { op: 'ready'; tcpPath?: 'net' | 'raw' }
   | { op: 'pick'; req: number; key: string; clientIP: string; reset: boolean; exclude: string[] }
   | { op: 'closed'; req: number }
   | { op: 'counters'; totals: [string, ForwardCounters][] }
@@ -90,6 +90,8 @@ interface Worker {
   startedAt: number;
   totals: Map<string, ForwardCounters>;
   accepted: number;
+  /** the TCP path the worker's forwarders take (tcp-raw.ts), as it reported at start */
+  tcpPath?: 'net' | 'raw';
   /** set once the pool knows this process is gone */
   gone: boolean;
   /** resolves once it was sent what the pool holds (balancers, listeners) */
@@ -239,6 +241,7 @@ export class WorkerPool {
   private onMessage(w: Worker, m: FromWorker): void {
     switch (m.op) {
       case 'ready':
+        w.tcpPath = m.tcpPath;
         w.markReady();
         return;
       case 'pick': {
@@ -376,8 +379,8 @@ export class WorkerPool {
     return out;
   }
 
-  stats(): { pid: number; accepted: number }[] {
-    return this.workers.filter((w): w is Worker => !!w).map((w) => ({ pid: w.child.pid ?? 0, accepted: w.accepted }));
+  stats(): { pid: number; accepted: number; tcpPath?: 'net' | 'raw' }[] {
+    return this.workers.filter((w): w is Worker => !!w).map((w) => ({ pid: w.child.pid ?? 0, accepted: w.accepted, tcpPath: w.tcpPath }));
   }
 
   /** Restarts and refused starts since the pool began. */

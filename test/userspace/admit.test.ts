@@ -6,11 +6,11 @@ import assert from 'node:assert/strict';
 import dgram from 'node:dgram';
 import net from 'node:net';
 import { RoundRobinBalancer } from '../../src/dataplane/balancer.ts';
-import { TcpForwarder, newCounters } from '../../src/dataplane/tcp.ts';
+import { newCounters } from '../../src/dataplane/tcp.ts';
 import { UdpForwarder } from '../../src/dataplane/udp.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, startUdpBackend, tcpExchange, udpExchange } from '../support/backends.ts';
-import { waitFor } from './helpers.ts';
+import { TCP_PATHS, tcpForwarder, waitFor } from './helpers.ts';
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -23,12 +23,12 @@ function balancerTo(ip: string, port: number): RoundRobinBalancer {
   return b;
 }
 
-test('TCP: the admit hook sees each client once and a refused client never reaches the endpoint', async () => {
+for (const path of TCP_PATHS) test(`TCP on ${path}: the admit hook sees each client once and a refused client never reaches the endpoint`, async () => {
   const backend = await startTcpBackend('127.0.21.1', 0, 'b1');
   cleanups.push(() => backend.close());
   const seen: string[] = [];
   const counters = newCounters();
-  const fwd = new TcpForwarder({
+  const fwd = tcpForwarder(path, {
     host: '127.0.21.10', port: 0, balancer: balancerTo('127.0.21.1', backend.port), counters, log: silentLogger(),
     admit: (ip, port) => {
       seen.push(`${ip}:${port > 0}`);

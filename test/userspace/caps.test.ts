@@ -14,7 +14,7 @@ import { newBudget, newCounters } from '../../src/dataplane/tcp.ts';
 import { UdpForwarder, UdpSessionBudget } from '../../src/dataplane/udp.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, startUdpBackend, tcpExchange } from '../support/backends.ts';
-import { firstLine, openFds, planInput, refusingRunner, sleep, slice, svc, testConfig, waitFor } from './helpers.ts';
+import { TCP_PATHS, firstLine, openFds, planInput, refusingRunner, sleep, slice, svc, testConfig, waitFor } from './helpers.ts';
 
 const BP = 20000 + ((process.pid + 13) % 20000);
 const VIP = '127.0.24.10';
@@ -27,7 +27,7 @@ afterEach(async () => {
 async function proxyTo(userspace: Record<string, unknown>): Promise<UserspaceProxier> {
   const backend = await startTcpBackend('127.0.24.1', BP, 'b1');
   cleanups.push(() => backend.close());
-  const config = testConfig({ userspace });
+  const config = testConfig({ userspace: { tcpPath: 'raw', ...userspace } });
   const p = new UserspaceProxier({
     config, log: silentLogger(), runner: refusingRunner, redirect: false, localAddresses: () => [],
     // A budget of this test's own, so other tests' connections in this process do not count.
@@ -38,8 +38,8 @@ async function proxyTo(userspace: Record<string, unknown>): Promise<UserspacePro
   return p;
 }
 
-test('maxConnections: the connection beyond the cap is closed at once and counted; the proxy keeps serving; fds return to baseline', async () => {
-  const p = await proxyTo({ maxConnections: 3 });
+for (const tcpPath of TCP_PATHS) test(`maxConnections (TCP on ${tcpPath}): the connection beyond the cap is closed at once and counted; the proxy keeps serving; fds return to baseline`, async () => {
+  const p = await proxyTo({ maxConnections: 3, tcpPath });
   const baseline = openFds();
   const held: net.Socket[] = [];
   for (let i = 0; i < 3; i++) {
@@ -68,8 +68,8 @@ test('maxConnections: the connection beyond the cap is closed at once and counte
   await waitFor(() => openFds() <= baseline, 5000, `fds back to baseline ${baseline} (now ${openFds()})`);
 });
 
-test('idleTimeout closes a connection silent both ways and counts it; a connection with traffic stays', async () => {
-  const p = await proxyTo({ idleTimeout: '400ms' });
+for (const tcpPath of TCP_PATHS) test(`idleTimeout (TCP on ${tcpPath}) closes a connection silent both ways and counts it; a connection with traffic stays`, async () => {
+  const p = await proxyTo({ idleTimeout: '400ms', tcpPath });
   const idle = net.connect({ host: VIP, port: 80 });
   assert.equal(await firstLine(idle), 'b1');
   const busy = net.connect({ host: VIP, port: 80 });
@@ -94,7 +94,7 @@ test('idleTimeout closes a connection silent both ways and counts it; a connecti
 
 test('config: userspace block defaults, flags over the file, and bad values refused naming the field', () => {
   const d = resolveConfig({ mode: 'userspace' }).userspace;
-  assert.deepEqual(d, { workers: 1, maxConnections: 0, idleTimeoutMs: 24 * 3600_000, udpMaxSessions: 8192, udpMaxSessionsPerClient: 1024 });
+  assert.deepEqual(d, { workers: 1, maxConnections: 0, idleTimeoutMs: 24 * 3600_000, udpMaxSessions: 8192, udpMaxSessionsPerClient: 1024, tcpPath: 'auto' });
   const f = resolveConfig({ mode: 'userspace', userspace: { workers: 2, maxConnections: 10, idleTimeout: '1m' } }, { userspaceWorkers: '4', userspaceIdleTimeout: '0s' }).userspace;
   assert.equal(f.workers, 4);
   assert.equal(f.maxConnections, 10);
@@ -102,6 +102,8 @@ test('config: userspace block defaults, flags over the file, and bad values refu
   assert.throws(() => resolveConfig({ userspace: { workers: 0 } }), /KPROXY_CONFIG_INVALID: userspace\.workers: want an integer from 1 to 64/);
   assert.throws(() => resolveConfig({ userspace: { udpMaxSessions: 10, udpMaxSessionsPerClient: 20 } }), /userspace\.udpMaxSessionsPerClient/);
   assert.throws(() => resolveConfig({}, { userspaceMaxConnections: 'lots' }), /userspace\.maxConnections/);
+  assert.equal(resolveConfig({ userspace: { tcpPath: 'net' } }).userspace.tcpPath, 'net');
+  assert.throws(() => resolveConfig({ userspace: { tcpPath: 'fast' } }), /KPROXY_CONFIG_INVALID: userspace\.tcpPath: want auto, net or raw/);
   // an unknown field is a warning naming its path, as kube-proxy's lenient decoding
   const warnings: string[] = [];
   resolveConfig(parseConfigText('apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\nuserspace:\n  bogus: 1\n'), {}, (w) => warnings.push(w));

@@ -7,6 +7,8 @@ import { stateOf } from '../../src/conformance/case.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
+import { createTcpForwarder, type AnyTcpForwarder } from '../../src/dataplane/tcp-raw.ts';
+import type { TcpForwarderOptions } from '../../src/dataplane/tcp.ts';
 
 export const NODE = 'node-a';
 
@@ -124,4 +126,18 @@ export function firstLine(sock: net.Socket, timeoutMs = 10_000): Promise<string>
       resolve(`closed ${got}`);
     });
   });
+}
+
+/**
+ * The two userspace TCP paths every forwarder test runs against: raw libuv handles
+ * (src/dataplane/tcp-raw.ts, the default) and net.Socket (src/dataplane/tcp.ts).
+ */
+export const TCP_PATHS = ['raw', 'net'] as const;
+export type TcpPathName = (typeof TCP_PATHS)[number];
+
+/** A TCP forwarder on the given path (forced: a test of one path never silently gets the other). */
+export function tcpForwarder(path: TcpPathName, opts: TcpForwarderOptions): AnyTcpForwarder {
+  const f = createTcpForwarder(opts, path);
+  if ((f.constructor.name === 'RawTcpForwarder') !== (path === 'raw')) throw new Error(`asked for the ${path} TCP path, got ${f.constructor.name}`);
+  return f;
 }

@@ -1,7 +1,7 @@
 // The userspace proxy on real sockets over 127.0.0.0/8 (no root, no iptables): Service
 // VIPs on 127.0.10.x are local, so the proxy listens on them directly; backends on
 // 127.0.20.1-3 answer with their identity.
-import { afterEach, describe, test } from 'node:test';
+import { afterEach, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
 import dgram from 'node:dgram';
@@ -13,7 +13,8 @@ import { Metrics } from '../../src/server/servers.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, startUdpBackend, tcpExchange, udpExchange, type Backend } from '../support/backends.ts';
-import { planInput, sleep, slice, svc, testConfig, waitFor, type SvcOpts } from './helpers.ts';
+import { rawStats } from '../../src/dataplane/tcp-raw.ts';
+import { TCP_PATHS, planInput, sleep, slice, svc, testConfig, waitFor, type SvcOpts, type TcpPathName } from './helpers.ts';
 
 const BACKENDS = ['127.0.20.1', '127.0.20.2', '127.0.20.3'];
 /** backend port, per process so parallel runs do not collide */
@@ -47,9 +48,12 @@ async function udpBackends(port = BP, ips = BACKENDS): Promise<Backend[]> {
   return list;
 }
 
+/** The TCP path of the suite running (every suite runs on both). */
+let tcpPath: TcpPathName = 'raw';
+
 function proxier(raw: Record<string, unknown> = {}): UserspaceProxier {
   const p = new UserspaceProxier({
-    config: testConfig(raw),
+    config: testConfig({ ...raw, userspace: { tcpPath, ...(raw.userspace as object | undefined) } }),
     log: silentLogger(),
     runner: refusingRunner,
     redirect: false,
@@ -92,7 +96,13 @@ function holdConnection(host: string, port: number): Promise<{ id: string; sock:
   });
 }
 
-describe('userspace proxy on loopback', () => {
+for (const path of TCP_PATHS) describe(`userspace proxy on loopback (TCP on ${path})`, () => {
+  let rawAccepted = 0;
+  before(() => {
+    tcpPath = path;
+    rawAccepted = rawStats().accepted;
+  });
+
   test('TCP round robin reaches every endpoint evenly, with the whole echo', async () => {
     await tcpBackends();
     const p = proxier();
@@ -319,7 +329,7 @@ describe('userspace proxy on loopback', () => {
         cb();
       },
     });
-    const p = new UserspaceProxier({ config: testConfig(), log: pino({ level: 'info' }, stream), runner: refusingRunner, redirect: false, localAddresses: () => [] });
+    const p = new UserspaceProxier({ config: testConfig({ userspace: { tcpPath } }), log: pino({ level: 'info' }, stream), runner: refusingRunner, redirect: false, localAddresses: () => [] });
     cleanups.push(() => p.stop());
     const objs = [
       svc('mixed', { clusterIP: '127.0.10.15', ports: [{ name: 'http', port: 8080 }, { name: 'sig', port: 9090, protocol: 'SCTP' }] }),
@@ -341,5 +351,11 @@ describe('userspace proxy on loopback', () => {
     await p.sync(planInput(objs), new Set(), false);
     assert.equal(lines.filter((l) => l.code === 'KPROXY_USERSPACE_SCTP').length, 2);
     assert.deepEqual(p.refused(), { sctp: ['ns/mixed:sig'], sctpTotal: 2 });
+  });
+
+  test(`the TCP connections of this suite went through the ${path} path`, () => {
+    const n = rawStats().accepted - rawAccepted;
+    if (path === 'raw') assert.ok(n >= 30, `raw handles accepted ${n} connections`);
+    else assert.equal(n, 0);
   });
 });

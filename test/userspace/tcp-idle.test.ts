@@ -6,7 +6,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import { RoundRobinBalancer } from '../../src/dataplane/balancer.ts';
-import { TcpForwarder, newCounters } from '../../src/dataplane/tcp.ts';
+import { newCounters } from '../../src/dataplane/tcp.ts';
+import { TCP_PATHS, tcpForwarder } from './helpers.ts';
 import { silentLogger } from '../../src/log.ts';
 
 async function waitFor(cond: () => boolean, ms: number, what: string): Promise<void> {
@@ -45,12 +46,12 @@ function connect(port: number): Promise<net.Socket> {
   });
 }
 
-test('idle sweep: silent pairs close and count, one-way traffic keeps a pair, a timeout set later applies to open pairs', async () => {
+for (const path of TCP_PATHS) test(`idle sweep (TCP on ${path}): silent pairs close and count, one-way traffic keeps a pair, a timeout set later applies to open pairs`, async () => {
   const be = await backend();
   const balancer = new RoundRobinBalancer({ stickyMaxAgeSeconds: 0 });
   balancer.setEndpoints([{ key: `127.0.0.1:${be.port}`, ip: '127.0.0.1', port: be.port }]);
   const counters = newCounters();
-  const fwd = new TcpForwarder({ host: '127.0.0.1', port: 0, balancer, counters, log: silentLogger(), idleTimeoutMs: 0 });
+  const fwd = tcpForwarder(path, { host: '127.0.0.1', port: 0, balancer, counters, log: silentLogger(), idleTimeoutMs: 0 });
   const port = await fwd.listen();
   const sockets: net.Socket[] = [];
   try {

@@ -1,28 +1,25 @@
 // userspace.workers: 2 — a worker process accepts on the same listeners as kproxy's own
 // process. ClientIP affinity must hold whichever process accepted a connection: the worker
 // asks kproxy's process (the owner of the affinity table) for the endpoint.
-import { after, before, test } from 'node:test';
+import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { UserspaceProxier } from '../../src/dataplane/proxier.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, tcpExchange, type Backend } from '../support/backends.ts';
-import { planInput, refusingRunner, slice, svc, testConfig, waitFor } from './helpers.ts';
+import { TCP_PATHS, planInput, refusingRunner, slice, svc, testConfig, waitFor, type TcpPathName } from './helpers.ts';
 
 const BACKENDS = ['127.0.22.1', '127.0.22.2', '127.0.22.3'];
 const BP = 20000 + ((process.pid + 7) % 20000);
 
 const cleanups: (() => Promise<void> | void)[] = [];
-after(async () => {
-  for (const c of cleanups.splice(0).reverse()) await c();
-});
 
-async function setup(): Promise<{ p: UserspaceProxier; backends: Backend[] }> {
+async function setup(tcpPath: TcpPathName): Promise<{ p: UserspaceProxier; backends: Backend[] }> {
   const backends = await Promise.all(BACKENDS.map((ip, i) => startTcpBackend(ip, BP, `b${i + 1}`)));
   cleanups.push(async () => {
     await Promise.all(backends.map((b) => b.close()));
   });
   const p = new UserspaceProxier({
-    config: testConfig({ userspace: { workers: 2 } }), log: silentLogger(), runner: refusingRunner, redirect: false,
+    config: testConfig({ userspace: { workers: 2, tcpPath } }), log: silentLogger(), runner: refusingRunner, redirect: false,
     localAddresses: () => [], dialTimeoutsMs: [1000, 1000, 1000, 1000],
   });
   cleanups.push(() => p.stop());
@@ -41,13 +38,19 @@ async function burst(vip: string, from: string, n: number): Promise<string[]> {
   return replies.map((r) => r.id);
 }
 
+// Every suite on both TCP paths: the worker gets the path of kproxy's process (the config).
+for (const path of TCP_PATHS) describe(`TCP on ${path}`, () => {
 let p: UserspaceProxier;
 before(async () => {
-  ({ p } = await setup());
+  ({ p } = await setup(path));
+});
+after(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
 });
 
 test('with 2 workers, every connection of a client reaches its one endpoint, whichever process accepted it', async () => {
   assert.equal(p.workerStats().length, 1, 'one forked worker besides kproxy\'s own process');
+  assert.equal(p.workerStats()[0].tcpPath, path, `the worker forwards on the ${path} path`);
   const clients = ['127.0.23.1', '127.0.23.2', '127.0.23.3', '127.0.23.4', '127.0.23.5', '127.0.23.6'];
   const chosen = new Map<string, Set<string>>(clients.map((c) => [c, new Set()]));
   // Bursts of concurrent connections until the worker has taken some (the kernel decides
@@ -73,4 +76,5 @@ test('with 2 workers, a Service without affinity is balanced over every endpoint
   const ids = await burst('127.0.22.11', '127.0.23.9', 60);
   const seen = new Set(ids);
   assert.deepEqual([...seen].sort(), ['b1', 'b2', 'b3']);
+});
 });
