@@ -24,6 +24,7 @@ import { isServiceChainName } from '../../modes/iptables/names.ts';
 import { optionsFromConfig, type IptablesOptions, type RuntimeFacts, DEFAULT_FACTS } from '../../modes/iptables/options.ts';
 import { compactServiceBlocks, ownerOfPayloadLine, planIptables } from '../../modes/iptables/plan.ts';
 import { IptablesSyncState } from '../../modes/iptables/sync-state.ts';
+import { installedChains } from '../../modes/iptables/canonical.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
 
 export interface JumpRule {
@@ -283,6 +284,7 @@ export class IptablesProxier implements Proxier {
       const kind = plan.full ? 'full' : 'partial';
       const diff = `${kind} sync (IPv${family}): ${plan.writtenServices} service ports written, ${plan.natRulesWritten} of ${plan.natRulesTotal} nat rules, ${plan.filterRules} filter rules` +
         (plan.skippedChains ? `, ${plan.skippedChains} unchanged chains left out` : '') +
+        (plan.adoptedChains ? `, ${plan.adoptedChains} chains found installed as planned` : '') +
         (plan.chunks ? `, in ${plan.chunks.length} restores` : '') +
         (plan.deletedChains.length ? `, deleted ${plan.deletedChains.join(' ')}` : '');
       this.deps.log.debug({ family, full: plan.full, natRulesWritten: plan.natRulesWritten, natRulesTotal: plan.natRulesTotal }, diff);
@@ -313,6 +315,8 @@ export class IptablesProxier implements Proxier {
     const saved = await fs.exec.saveAll();
     const installed = chainsFromSave(saved, 'nat');
     fs.sync.installedNatChains = installed;
+    // what is installed, for the restart form (plan.ts restartPayloads)
+    fs.sync.installed = installedChains(saved);
     let cold = fs.sync.chunkLines > 0;
     for (const c of installed) if (cold && isServiceChainName(c)) cold = false;
     const { now, later } = splitServiceJumps(jumpsPayload(saved), cold);
