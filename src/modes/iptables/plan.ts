@@ -993,7 +993,8 @@ function writeServiceToEndpointRules(
 /**
  * The restore lines that turn an installed chain into `rules` (planned `-A` lines): null when
  * its rules already are those (canonical.ts); otherwise in-place edits, each installed rule
- * not kept deleted by its spec (`-D`, the line iptables-save printed) and each missing one
+ * not kept deleted (`-D` by the line iptables-save printed, or by position for a duplicate;
+ * last first) and each missing one
  * inserted where it belongs (`-I chain pos`), keeping the longest run of installed rules that
  * is already in planned order (a longest increasing subsequence); or the chain declared
  * (flushed) and rewritten whole when that is shorter or the chain is not installed.
@@ -1034,7 +1035,14 @@ export function chainEdits(name: string, installed: InstalledChain | undefined, 
   const edits = have.length - keptInstalled.size + want.length - keptPlanned.size;
   if (edits >= rules.length) return { decls: [chainLine(name)], lines: [...rules], written: rules.length };
   const lines: string[] = [];
-  for (let i = 0; i < have.length; i++) if (!keptInstalled.has(i)) lines.push(`-D${installed.lines[i].slice(2)}`);
+  // Last first, so each deletion leaves the positions before it as read. By spec when the rule
+  // is unique in the chain; a duplicate by its position, or -D would take the first copy.
+  const copies = new Map<string, number>();
+  for (const c of have) copies.set(c, (copies.get(c) ?? 0) + 1);
+  for (let i = have.length - 1; i >= 0; i--) {
+    if (keptInstalled.has(i)) continue;
+    lines.push(copies.get(have[i])! > 1 ? `-D ${name} ${i + 1}` : `-D${installed.lines[i].slice(2)}`);
+  }
   let written = 0;
   for (let j = 0; j < rules.length; j++) {
     if (keptPlanned.has(j)) continue;
