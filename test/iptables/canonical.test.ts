@@ -5,7 +5,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { canonicalRule, installedChains } from '../../src/modes/iptables/canonical.ts';
+import { canonicalRule, chainDigest, installedChains } from '../../src/modes/iptables/canonical.ts';
 import { chainEdits } from '../../src/modes/iptables/plan.ts';
 
 const SAME: Array<[string, string]> = [
@@ -64,7 +64,12 @@ test('installedChains: KUBE-* chains of nat and filter with their rules, others 
   const k = installedChains(saved);
   assert.deepEqual([...k.get('nat')!.keys()], ['KUBE-SERVICES', 'KUBE-SVC-X']);
   assert.deepEqual(k.get('nat')!.get('KUBE-SERVICES')!.canon, [canonicalRule('-A KUBE-SERVICES -m tcp -p tcp -d 172.30.0.1 --dport 80 -j KUBE-SVC-X')]);
-  assert.deepEqual(k.get('nat')!.get('KUBE-SVC-X')!.lines, []);
+  // a service's own chain keeps only the digest of its canonical rules
+  assert.equal(k.get('nat')!.get('KUBE-SVC-X')!.lines, undefined);
+  assert.equal(k.get('nat')!.get('KUBE-SVC-X')!.digest, chainDigest([]));
+  assert.equal(chainDigest(['-A KUBE-SVC-X -m comment --comment "a b" -m tcp -p tcp -d 10.0.0.1 --dport 80 -j KUBE-SEP-Y']),
+    chainDigest(['-A KUBE-SVC-X -d 10.0.0.1/32 -p tcp -m comment --comment "a b" -m tcp --dport 80 -j KUBE-SEP-Y']));
+  assert.notEqual(chainDigest(['-A KUBE-SVC-X -j KUBE-SEP-Y', '-A KUBE-SVC-X -j KUBE-SEP-Z']), chainDigest(['-A KUBE-SVC-X -j KUBE-SEP-Z', '-A KUBE-SVC-X -j KUBE-SEP-Y']));
   assert.deepEqual([...k.get('filter')!.keys()], ['KUBE-FORWARD']);
 });
 
@@ -92,7 +97,7 @@ test('chainEdits: the edits turn any installed chain into the planned one; none 
     fc.property(fc.array(rule, { maxLength: 12 }), fc.array(rule, { maxLength: 12 }), (have, want) => {
       // installed as iptables-save prints them
       const lines = have.map((r) => r.replace(/-m tcp -p tcp -d (\S+)/, '-d $1/32 -p tcp -m tcp'));
-      const e = chainEdits('C', { lines, canon: lines.map(canonicalRule) }, want);
+      const e = chainEdits('C', { digest: '', lines, canon: lines.map(canonicalRule) }, want);
       if (have.join() === want.join()) return assert.equal(e, null);
       assert.ok(e);
       const result = apply(lines, e.decls, e.lines);
@@ -105,7 +110,7 @@ test('chainEdits: the edits turn any installed chain into the planned one; none 
   // one rule replaced in a long chain: one deletion and one insertion, not a rewrite
   const long = Array.from({ length: 50 }, (_, i) => `-A C -d 172.30.1.${i}/32 -j KUBE-SVC-${i}`);
   const want = long.map((r, i) => (i === 20 ? '-A C -d 172.30.9.9/32 -j KUBE-SVC-NEW' : r));
-  const e = chainEdits('C', { lines: long, canon: long.map(canonicalRule) }, want)!;
+  const e = chainEdits('C', { digest: '', lines: long, canon: long.map(canonicalRule) }, want)!;
   assert.deepEqual(e.decls, []);
   assert.deepEqual(e.lines, ['-D C -d 172.30.1.20/32 -j KUBE-SVC-20', '-I C 21 -d 172.30.9.9/32 -j KUBE-SVC-NEW']);
   // a chain that is not installed is declared and written whole

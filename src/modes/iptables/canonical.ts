@@ -15,8 +15,10 @@
 // A wrong "different" only costs a chain rewritten (the restart writes it, as before); a
 // wrong "same" would keep a stale rule, so the mapping only merges forms iptables itself
 // treats as one. Pure.
+import { hash } from 'node:crypto';
 import { canonicalIP } from '../../core/ip.ts';
-import { readSave } from '../../iptables/save.ts';
+import { isServiceChainName } from './names.ts';
+import { readSave, type SavedTable } from '../../iptables/save.ts';
 import { splitRuleArgs } from '../../iptables/tokenize.ts';
 
 const GENERIC: Record<string, string> = {
@@ -28,12 +30,38 @@ const GENERIC: Record<string, string> = {
 };
 const GENERIC_ORDER = ['s', 'd', 'i', 'o', 'p'];
 
+const PLAIN_V4 = /^\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}$/;
+
 function canonicalAddress(v: string): string {
+  // the common case, cheaply: a host address as kproxy writes it
+  if (PLAIN_V4.test(v) && !/(^|\.)0\d/.test(v)) return `${v}/32`;
   const slash = v.indexOf('/');
   const ip = canonicalIP(slash < 0 ? v : v.slice(0, slash));
   if (!ip) return v;
   const len = slash < 0 ? (ip.includes(':') ? '128' : '32') : v.slice(slash + 1);
   return `${ip}/${len}`;
+}
+
+/**
+ * The words of a line, as the tokenizer splits them; faster for the lines iptables-save and
+ * kproxy write (double-quoted words without escapes), which are most of a 200,000-rule restart.
+ */
+function splitWords(line: string): string[] {
+  if (line.indexOf('\\') >= 0) return splitRuleArgs(line);
+  if (line.indexOf('"') < 0) return line.split(/\s+/).filter((w) => w !== '');
+  const parts = line.split('"');
+  // an unterminated quote, or a quote inside a word: the tokenizer decides
+  if (parts.length % 2 === 0) return splitRuleArgs(line);
+  const words: string[] = [];
+  for (let i = 0; i < parts.length; i++) {
+    if (i % 2 === 1) {
+      if ((parts[i - 1] !== '' && !/\s$/.test(parts[i - 1])) || (parts[i + 1] !== '' && !/^\s/.test(parts[i + 1]))) return splitRuleArgs(line);
+      words.push(parts[i]);
+      continue;
+    }
+    for (const w of parts[i].split(/\s+/)) if (w !== '') words.push(w);
+  }
+  return words;
 }
 
 /** One `--opt values...` group (with its `!`), as words. */
@@ -103,7 +131,17 @@ function groups(words: string[]): Group[] {
   return out;
 }
 
-const sortKey = (g: Group) => g.join('\u0001');
+/** A module's (or target's) option groups, canonical, sorted, as one string. */
+function sortedGroups(module: string, words: string[]): string {
+  if (!words.length) return '';
+  const keys: string[] = [];
+  for (const g of groups(words)) {
+    const c = canonicalGroup(module, g);
+    if (c) keys.push(c.join(' '));
+  }
+  if (keys.length > 1) keys.sort();
+  return keys.join(' ');
+}
 
 /**
  * The canonical form of a rule line (`-A CHAIN ...` / `-I CHAIN [n] ...`, as written or as
@@ -111,7 +149,7 @@ const sortKey = (g: Group) => g.join('\u0001');
  * the same rule in the kernel.
  */
 export function canonicalRule(line: string): string {
-  const words = splitRuleArgs(line);
+  const words = splitWords(line);
   let i = 0;
   if (words[0] === '-A' || words[0] === '-I' || words[0] === '-D') i = 2;
   if (words[0] === '-I' && /^\d+$/.test(words[2] ?? '')) i = 3;
@@ -150,42 +188,53 @@ export function canonicalRule(line: string): string {
   const out: string[] = [];
   for (const k of GENERIC_ORDER) if (generic.has(k)) out.push(`-${k} ${generic.get(k)}`);
   for (const m of modules) {
-    const gs = groups(m.words).map((g) => canonicalGroup(m.name, g)).filter((g): g is Group => g !== null);
-    gs.sort((a, b) => (sortKey(a) < sortKey(b) ? -1 : sortKey(a) > sortKey(b) ? 1 : 0));
-    out.push(`-m ${m.name} ${gs.map((g) => g.join(' ')).join(' ')}`.trimEnd());
+    out.push(`-m ${m.name} ${sortedGroups(m.name, m.words)}`.trimEnd());
   }
   if (target) {
-    const gs = groups(target.words).map((g) => canonicalGroup(target!.name, g)).filter((g): g is Group => g !== null);
-    gs.sort((a, b) => (sortKey(a) < sortKey(b) ? -1 : sortKey(a) > sortKey(b) ? 1 : 0));
-    out.push(`${target.name} ${gs.map((g) => g.join(' ')).join(' ')}`.trimEnd());
+    out.push(`${target.name} ${sortedGroups(target.name, target.words)}`.trimEnd());
   }
   return out.join(' ');
 }
 
-/** One installed chain: its rules as iptables-save printed them and in canonical form. */
+/**
+ * One installed chain: the digest of its canonical rules (chainDigest); for chains that are
+ * not a service's own (dispatch, static, filter: the ones edited in place) also its rules as
+ * iptables-save printed them and in canonical form. Service chains keep only the digest:
+ * 200,000 rule strings at 10,000 Services would be seconds of garbage collection.
+ */
 export interface InstalledChain {
-  lines: string[];
-  canon: string[];
+  digest: string;
+  lines?: string[];
+  canon?: string[];
+}
+
+/** The digest of a chain's rules (`-A` lines, either form) by their canonical forms. */
+export function chainDigest(lines: readonly string[]): string {
+  let text = '';
+  for (const l of lines) text += canonicalRule(l) + '\n';
+  return hash('sha1', text, 'base64');
 }
 
 /** What the kernel holds of kproxy's chains (KUBE-*), per table, read from iptables-save. */
 export type InstalledChains = Map<string, Map<string, InstalledChain>>;
 
-export function installedChains(saveText: string, tables: readonly string[] = ['nat', 'filter']): InstalledChains {
+export function installedChains(save: string | Map<string, SavedTable>, tables: readonly string[] = ['nat', 'filter']): InstalledChains {
   const out: InstalledChains = new Map();
-  const saved = readSave(saveText);
+  const saved = typeof save === 'string' ? readSave(save) : save;
   for (const name of tables) {
     const chains = new Map<string, InstalledChain>();
     out.set(name, chains);
     const t = saved.get(name);
     if (!t) continue;
-    for (const c of t.chains) if (c.startsWith('KUBE-')) chains.set(c, { lines: [], canon: [] });
-    for (const r of t.rules) {
-      if (r.op !== '-A') continue;
-      const c = chains.get(r.chain);
-      if (!c) continue;
-      c.lines.push(r.line);
-      c.canon.push(canonicalRule(r.line));
+    const rules = new Map<string, string[]>();
+    for (const c of t.chains) if (c.startsWith('KUBE-')) rules.set(c, []);
+    for (const r of t.rules) if (r.op === '-A') rules.get(r.chain)?.push(r.line);
+    for (const [c, lines] of rules) {
+      if (isServiceChainName(c)) chains.set(c, { digest: chainDigest(lines) });
+      else {
+        const canon = lines.map(canonicalRule);
+        chains.set(c, { digest: hash('sha1', canon.map((x) => x + '\n').join(''), 'base64'), lines, canon });
+      }
     }
   }
   return out;

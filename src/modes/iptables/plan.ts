@@ -21,7 +21,7 @@ import {
 } from './names.ts';
 import { NFACCT_CT_STATE_INVALID_DROPPED, NFACCT_LOCALHOST_NODEPORTS_ACCEPTED, type IptablesOptions } from './options.ts';
 import { safeServicePort } from '../vip.ts';
-import { canonicalRule, type InstalledChain, type InstalledChains } from './canonical.ts';
+import { canonicalRule, chainDigest, type InstalledChain, type InstalledChains } from './canonical.ts';
 
 
 const chainLine = (c: string) => `:${c} - [0:0]`;
@@ -1002,7 +1002,9 @@ function writeServiceToEndpointRules(
 export function chainEdits(name: string, installed: InstalledChain | undefined, rules: readonly string[]): { decls: string[]; lines: string[]; written: number } | null {
   if (!installed) return { decls: [chainLine(name)], lines: [...rules], written: rules.length };
   const want = rules.map(canonicalRule);
+  if (!installed.canon || !installed.lines) return { decls: [chainLine(name)], lines: [...rules], written: rules.length };
   const have = installed.canon;
+  const haveLines = installed.lines;
   if (want.length === have.length && want.every((c, i) => c === have[i])) return null;
   // Match each planned rule to the first unused installed rule with its canonical form.
   const at = new Map<string, number[]>();
@@ -1041,7 +1043,7 @@ export function chainEdits(name: string, installed: InstalledChain | undefined, 
   for (const c of have) copies.set(c, (copies.get(c) ?? 0) + 1);
   for (let i = have.length - 1; i >= 0; i--) {
     if (keptInstalled.has(i)) continue;
-    lines.push(copies.get(have[i])! > 1 ? `-D ${name} ${i + 1}` : `-D${installed.lines[i].slice(2)}`);
+    lines.push(copies.get(have[i])! > 1 ? `-D ${name} ${i + 1}` : `-D${haveLines[i].slice(2)}`);
   }
   let written = 0;
   for (let j = 0; j < rules.length; j++) {
@@ -1097,7 +1099,7 @@ function restartPayloads(o: {
   /** the lines a unit needs (whole, declared) or null when installed as planned */
   const leaf = (u: ChainUnit): ChainUnit | null => {
     const inst = nat.get(u.name);
-    if (inst && inst.canon.length === u.rules.length && u.rules.every((r, i) => canonicalRule(r) === inst.canon[i])) {
+    if (inst && inst.digest === chainDigest(u.rules)) {
       adopted++;
       return null;
     }
