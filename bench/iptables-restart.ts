@@ -31,6 +31,10 @@ interface SyncFigures {
   /** rule lines (-A/-I/-D) and chain declarations written */
   rules: number;
   decls: number;
+  /** time in iptables-save */
+  saveMs: number;
+  /** wall time outside every command: kproxy's planning (render, reading the save, comparing) */
+  inProcessMs: number;
 }
 
 /** Runs in a namespace (TimedRunner) and keeps every restore's input and time. */
@@ -59,7 +63,8 @@ function workload(n: number, endpoints: number, changed: boolean): Workload {
 }
 
 async function timedSync(ns: string, rename: Record<string, string>, w: Workload, timeoutMs: number): Promise<SyncFigures> {
-  const rec = new RestoreRecorder(new TimedRunner(ns, rename, timeoutMs));
+  const timed = new TimedRunner(ns, rename, timeoutMs);
+  const rec = new RestoreRecorder(timed);
   const p = new IptablesProxier({ runner: rec, log: silentLogger(), config: w.input().config });
   const t0 = performance.now();
   await p.sync(w.input(), w.serviceKeys, true);
@@ -72,7 +77,9 @@ async function timedSync(ns: string, rename: Record<string, string>, w: Workload
       else if (l.startsWith(':')) decls++;
     }
   }
-  return { totalMs, restores: rec.restores.length, longestMs: Math.max(0, ...rec.restores.map((r) => r.ms)), rules, decls };
+  const saveMs = timed.records.filter((r) => r.cmd.endsWith('-save')).reduce((a, r) => a + r.ms, 0);
+  const execMs = timed.records.reduce((a, r) => a + r.ms, 0);
+  return { totalMs, restores: rec.restores.length, longestMs: Math.max(0, ...rec.restores.map((r) => r.ms)), rules, decls, saveMs, inProcessMs: totalMs - execMs };
 }
 
 async function rawFlush(nss: Namespaces, rename: Record<string, string>, payload: string, timeoutMs: number): Promise<number> {
@@ -123,7 +130,7 @@ async function main(): Promise<void> {
           await nss.delete(ns);
         }
         row.loads.push(loadavg()[0]);
-        const f = (s: SyncFigures) => `${fmtMs(s.totalMs)} (${s.restores} restores, longest ${fmtMs(s.longestMs)}, ${s.rules} rules)`;
+        const f = (s: SyncFigures) => `${fmtMs(s.totalMs)} (${s.restores} restores, longest ${fmtMs(s.longestMs)}, ${s.rules} rules; iptables-save ${fmtMs(s.saveMs)}, in-process ${fmtMs(s.inProcessMs)})`;
         process.stderr.write(`rep ${rep} ${b}: raw ${fmtMs(row.raw.at(-1))}; cold ${f(row.cold.at(-1)!)}; restart same ${f(row.same.at(-1)!)}; changed ${f(row.changed.at(-1)!)}; load ${loadavg()[0].toFixed(1)}\n`);
       }
     }
@@ -131,14 +138,14 @@ async function main(): Promise<void> {
     await nss.deleteAll();
   }
   process.stdout.write(`\nN=${n} Services × ${endpoints} endpoints, medians of ${Number(values.reps)}; payload ${payload.split('\n').length} lines; load at the end ${loadavg().map((x) => x.toFixed(1)).join(' ')}\n\n`);
-  process.stdout.write('| backend | sync | total (median) | ratio to raw flushing restore | restores | longest restore (median) | rule lines written | chains declared | load (1 min, median) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n');
+  process.stdout.write('| backend | sync | total (median) | ratio to raw flushing restore | restores | longest restore (median) | rule lines written | chains declared | iptables-save | in-process | load (1 min, median) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n');
   for (const [b, row] of rows) {
     if (!row.raw.length) continue;
     const raw = median(row.raw);
-    process.stdout.write(`| ${b} | raw flushing iptables-restore (empty namespace) | ${fmtMs(raw)} | 1.00× | 1 | ${fmtMs(raw)} | ${payload.split('\n').filter((l) => l.startsWith('-A ')).length} | ${payload.split('\n').filter((l) => l.startsWith(':')).length} | ${median(row.loads).toFixed(1)} |\n`);
+    process.stdout.write(`| ${b} | raw flushing iptables-restore (empty namespace) | ${fmtMs(raw)} | 1.00× | 1 | ${fmtMs(raw)} | ${payload.split('\n').filter((l) => l.startsWith('-A ')).length} | ${payload.split('\n').filter((l) => l.startsWith(':')).length} | – | – | ${median(row.loads).toFixed(1)} |\n`);
     for (const [name, xs] of [['cold start (empty nat table)', row.cold], ['restart, same state', row.same], ['restart, 1% of Services changed', row.changed]] as const) {
       const tot = median(xs.map((x) => x.totalMs));
-      process.stdout.write(`| ${b} | ${name} | ${fmtMs(tot)} | ${(tot / raw).toFixed(2)}× | ${median(xs.map((x) => x.restores))} | ${fmtMs(median(xs.map((x) => x.longestMs)))} | ${median(xs.map((x) => x.rules))} | ${median(xs.map((x) => x.decls))} | ${median(row.loads).toFixed(1)} |\n`);
+      process.stdout.write(`| ${b} | ${name} | ${fmtMs(tot)} | ${(tot / raw).toFixed(2)}× | ${median(xs.map((x) => x.restores))} | ${fmtMs(median(xs.map((x) => x.longestMs)))} | ${median(xs.map((x) => x.rules))} | ${median(xs.map((x) => x.decls))} | ${fmtMs(median(xs.map((x) => x.saveMs)))} | ${fmtMs(median(xs.map((x) => x.inProcessMs)))} | ${median(row.loads).toFixed(1)} |\n`);
     }
   }
 }
