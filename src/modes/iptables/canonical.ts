@@ -15,7 +15,6 @@
 // A wrong "different" only costs a chain rewritten (the restart writes it, as before); a
 // wrong "same" would keep a stale rule, so the mapping only merges forms iptables itself
 // treats as one. Pure.
-import { hash } from 'node:crypto';
 import { canonicalIP } from '../../core/ip.ts';
 import { isServiceChainName } from './names.ts';
 import { readSave, type SavedTable } from '../../iptables/save.ts';
@@ -30,11 +29,12 @@ const GENERIC: Record<string, string> = {
 };
 const GENERIC_ORDER = ['s', 'd', 'i', 'o', 'p'];
 
-const PLAIN_V4 = /^\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}$/;
+const PLAIN_V4 = /^(?:[1-9]?\d|1\d\d|2[0-4]\d|25[0-5])(?:\.(?:[1-9]?\d|1\d\d|2[0-4]\d|25[0-5])){3}(\/(?:[12]?\d|3[0-2]))?$/;
 
 function canonicalAddress(v: string): string {
-  // the common case, cheaply: a host address as kproxy writes it
-  if (PLAIN_V4.test(v) && !/(^|\.)0\d/.test(v)) return `${v}/32`;
+  // the common case, cheaply: an IPv4 address without leading zeros, with or without a prefix length
+  const m = PLAIN_V4.exec(v);
+  if (m) return m[1] ? v : `${v}/32`;
   const slash = v.indexOf('/');
   const ip = canonicalIP(slash < 0 ? v : v.slice(0, slash));
   if (!ip) return v;
@@ -197,9 +197,9 @@ export function canonicalRule(line: string): string {
 }
 
 /**
- * One installed chain: the digest of its canonical rules (chainDigest); for chains that are
+ * One installed chain: its canonical rules as one string (chainDigest); for chains that are
  * not a service's own (dispatch, static, filter: the ones edited in place) also its rules as
- * iptables-save printed them and in canonical form. Service chains keep only the digest:
+ * iptables-save printed them and in canonical form. Service chains keep only the one string:
  * 200,000 rule strings at 10,000 Services would be seconds of garbage collection.
  */
 export interface InstalledChain {
@@ -208,11 +208,14 @@ export interface InstalledChain {
   canon?: string[];
 }
 
-/** The digest of a chain's rules (`-A` lines, either form) by their canonical forms. */
+/**
+ * The digest of a chain's rules (`-A` lines, either form): their canonical forms, joined
+ * (compared once per restart: a hash would cost more than it saves).
+ */
 export function chainDigest(lines: readonly string[]): string {
   let text = '';
   for (const l of lines) text += canonicalRule(l) + '\n';
-  return hash('sha1', text, 'base64');
+  return text;
 }
 
 /** What the kernel holds of kproxy's chains (KUBE-*), per table, read from iptables-save. */
@@ -233,7 +236,7 @@ export function installedChains(save: string | Map<string, SavedTable>, tables: 
       if (isServiceChainName(c)) chains.set(c, { digest: chainDigest(lines) });
       else {
         const canon = lines.map(canonicalRule);
-        chains.set(c, { digest: hash('sha1', canon.map((x) => x + '\n').join(''), 'base64'), lines, canon });
+        chains.set(c, { digest: canon.map((x) => x + '\n').join(''), lines, canon });
       }
     }
   }
