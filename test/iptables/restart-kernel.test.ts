@@ -6,7 +6,7 @@
 //   (Services removed, added, re-ported, endpoints changed) leaves kproxy's chains exactly as
 //   ONE flushing restore of the new ruleset leaves them (rule order within every chain),
 //   while another program's nat chain and its jump from PREROUTING survive;
-// - during a restart over a changed state, bounded TCP probes from the node namespace to an
+// - during a restart over a changed state (nf_tables and legacy), bounded TCP probes from the node namespace to an
 //   unchanged and to a changed Service all succeed (the old rules serve until each service is
 //   switched whole);
 // - the restart of an unchanged 2,000-Service ruleset writes no rule at all.
@@ -180,7 +180,7 @@ const one = (t) => new Promise((res) => {
 })();
 `;
 
-test('IPv4 nf_tables: during a restart over a changed state, an unchanged and a changed Service answer every probe', async () => {
+for (const legacy of [false, true]) test(`IPv4 ${legacy ? 'legacy' : 'nf_tables'}: during a restart over a changed state, an unchanged and a changed Service answer every probe`, async () => {
   const node = netns('kprnode');
   const pods = netns('kprpods');
   vethPair(node, 'vn', '192.168.0.2/24', pods, 'vs', '192.168.0.3/24');
@@ -192,7 +192,7 @@ test('IPv4 nf_tables: during a restart over a changed state, an unchanged and a 
   // enough Services that the restart spans many restores
   const base: Model[] = Array.from({ length: 300 }, (_, i) => ({ port: 80, eps: [2 * i + 1, 2 * i + 2] }));
   const old = fixture(4, base);
-  await new IptablesProxier({ runner: new Recording(node, false), log: silentLogger(), config, chunkLines: 60 }).sync(planInput(old.t, config, 4, ['192.168.0.2']), old.keys, true);
+  await new IptablesProxier({ runner: new Recording(node, legacy), log: silentLogger(), config, chunkLines: 60 }).sync(planInput(old.t, config, 4, ['192.168.0.2']), old.keys, true);
   const changed = changedModels(base);
   // svc0 is unchanged, svc2 has an endpoint replaced; both are ClusterIP Services on port 80
   assert.deepEqual(changed[0], base[0]);
@@ -205,8 +205,7 @@ test('IPv4 nf_tables: during a restart over a changed state, an unchanged and a 
     // probes answer before the restart
     await waitFor('probes before the restart', () => targets.every((t) => out.includes(`${t} ok`)), 30_000);
     const next = fixture(4, changed);
-    const r = new Recording(node, false);
-    const start = out.length;
+    const r = new Recording(node, legacy);
     await new IptablesProxier({ runner: r, log: silentLogger(), config, chunkLines: 60 }).sync(planInput(next.t, config, 4, ['192.168.0.2']), next.keys, true);
     assert.ok(r.restores.length >= 3, `${r.restores.length} restores`);
     const during = out.length;
