@@ -6,6 +6,9 @@
 // Partial syncs also leave out every chain whose content is what kproxy last wrote for it
 // (skipUnchangedChains; upstream rewrites KUBE-SERVICES and KUBE-NODEPORTS every time), so
 // a one-endpoint change writes a few rules whatever the number of services.
+// A full sync over installed service chains (a restart over the previous process's rules, or
+// a later full sync) compares them with the plan and writes only what differs (plan.ts
+// restartPayloads): a restart over unchanged rules makes no restore at all.
 import { SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { ensureSysctl, type Sysctl } from '../../exec/sysctl.ts';
