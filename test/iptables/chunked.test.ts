@@ -8,7 +8,9 @@
 //   and the nat jumps into KUBE-SERVICES come with the last restore;
 // - leaf chains first, the dispatch rules and stale-chain deletions in the last chunk, each
 //   chunk a restore of its own, at most about chunkLines lines, whole services; on a cold
-//   start, each chunk's dispatch rules after its services' chains, the catch-all last;
+//   start, each chunk's dispatch rules after its services' chains, the catch-all last; over
+//   installed rules (the restart form) the dispatch chains edited in one restore, only the
+//   stale chains' deletion after it;
 // - the backend decides: legacy is never chunked, nf_tables is by default;
 // - a refused line in a middle chunk still excludes only its Service.
 import { test } from 'node:test';
@@ -180,8 +182,15 @@ for (const family of [4, 6] as const) {
         }
       }
       if (full) {
-        // Only the last restore touches the dispatch chains or deletes chains.
-        for (const r of w.restores.slice(0, -1)) assert.doesNotMatch(r, /^(:KUBE-(SERVICES|NODEPORTS) |-A KUBE-(SERVICES|NODEPORTS) |-X |\*filter)/m);
+        // A full sync over installed rules (the restart form): leaf chunks, then one restore
+        // touches the dispatch chains (and the filter table), then only chain deletions.
+        const touches = (r: string) => /^(:KUBE-(SERVICES|NODEPORTS) |-[AID] KUBE-(SERVICES|NODEPORTS) |\*filter)/m.test(r);
+        const d = w.restores.findIndex(touches);
+        for (const [n, r] of w.restores.entries()) {
+          if (n !== d) assert.ok(!touches(r), `step ${step}: restore ${n} of ${w.restores.length} touches the dispatch chains`);
+          if (d >= 0 && n > d) assert.deepEqual(r.split('\n').filter((l) => l && l !== '*nat' && l !== 'COMMIT' && !l.startsWith('-X ')), [], 'after it only deletions');
+          if (n < d) assert.doesNotMatch(r, /^-X /m, 'no deletion before the dispatch restore');
+        }
       }
       const fresh = new FakeIptables(family);
       await new IptablesProxier({ runner: fresh, log: silentLogger(), config, chunkLines: 0 }).sync(input(), new Set(), true);

@@ -15,6 +15,7 @@ import { getMode } from '../../src/proxy/registry.ts';
 import { IptablesProxier, jumpsPayload } from '../../src/proxy/iptables/proxier.ts';
 import { Netns, uniqueName } from '../support/netns.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
+import { kproxyChains } from './kernel-compare.ts';
 
 let kproxyNs: Netns;
 let rawNs: Netns;
@@ -34,28 +35,6 @@ class Recording implements CommandRunner {
     if (cmd.endsWith('-restore') && opts?.input) this.restores.push(opts.input);
     return hostRunner.run('ip', ['netns', 'exec', kproxyNs.name, cmd, ...args], { timeoutMs: 60_000, ...opts });
   }
-}
-
-/**
- * kproxy's chains (KUBE-*) of nat and filter and the built-in chains' jumps into them: each
- * chain's rules in kernel order, chains sorted by name (the order chains were created in
- * differs, their content may not).
- */
-function kproxyChains(ns: Netns, family: 4 | 6): string {
-  const save = family === 6 ? 'ip6tables-save' : 'iptables-save';
-  const out: string[] = [];
-  for (const table of ['nat', 'filter']) {
-    const chains = new Map<string, string[]>();
-    for (const l of ns.exec(save, ['-t', table]).split('\n')) {
-      const decl = /^:(KUBE-\S+) /.exec(l);
-      if (decl) chains.set(decl[1], chains.get(decl[1]) ?? []);
-      const rule = /^-A (KUBE-\S+|[A-Z]+ .*-j KUBE-\S+$)/.exec(l);
-      const chain = rule && l.split(' ')[1];
-      if (chain) chains.set(chain, [...(chains.get(chain) ?? []), l]);
-    }
-    for (const [name, rules] of [...chains].sort(([a], [b]) => (a < b ? -1 : 1))) out.push(`${table} ${name}`, ...rules.map((r) => `  ${r}`));
-  }
-  return out.join('\n');
 }
 
 for (const family of [4, 6] as const) {

@@ -21,6 +21,7 @@ import {
 } from './names.ts';
 import { NFACCT_CT_STATE_INVALID_DROPPED, NFACCT_LOCALHOST_NODEPORTS_ACCEPTED, type IptablesOptions } from './options.ts';
 import { safeServicePort } from '../vip.ts';
+import { canonicalRule, chainDigest, type InstalledChain, type InstalledChains } from './canonical.ts';
 
 
 const chainLine = (c: string) => `:${c} - [0:0]`;
@@ -54,6 +55,13 @@ export interface PlanRequest {
    * returns `blocks` for the next one.
    */
   applied?: AppliedBlocks;
+  /**
+   * Full syncs: kproxy's chains as the kernel holds them (canonical.ts installedChains, from
+   * the iptables-save the sync reads anyway). When they include a service chain (a restart
+   * over the rules a previous process left, or a full sync over this one's), the plan takes
+   * the restart form (restartPayloads): only chains that differ are written.
+   */
+  installed?: InstalledChains;
 }
 
 /**
@@ -101,6 +109,8 @@ export interface Plan {
    * deletion); set by IptablesSyncState for planIptables' plans, by planIptablesFast for its own.
    */
   deferredChains?: string[];
+  /** the restart form (PlanRequest.installed): chains found as planned in the kernel, not written */
+  adoptedChains?: number;
   /** with `applied` in the request: what this plan renders, for the next sync (commit it) */
   blocks?: AppliedBlocks;
   /** a fast partial plan: the blocks it changed (undefined: the service port is gone) */
@@ -553,14 +563,21 @@ export function planIptables(req: PlanRequest): Plan {
     return out.join('\n') + '\n';
   };
   const natLines = natRulesWritten + natUnits.length + deletedChains.length * 2;
-  const chunked = req.full && req.chunkLines ? natLines > req.chunkLines : false;
+  const restart = req.full && req.installed && hasServiceChain(new Set(req.installed.get('nat')?.keys() ?? []))
+    ? restartPayloads({ natStaticUnits, serviceUnits: natServiceUnits, serviceStarts, filterUnits, deleted: deletedChains, installed: req.installed, maxLines: req.chunkLines ?? 0 })
+    : undefined;
+  if (restart) {
+    natRulesWritten = restart.natRules;
+    filterCount = restart.filterRules;
+  }
+  const chunked = !restart && req.full && req.chunkLines ? natLines > req.chunkLines : false;
   // A cold start (no service chain installed, so the dispatch chains lead nowhere yet) can
   // publish each chunk's services with it; otherwise the dispatch chains are replaced at once.
   const cold = chunked && !deletedChains.length && req.installedNatChains !== undefined && !hasServiceChain(req.installedNatChains);
   const chunks = chunked
     ? chunkedPayloads(natUnits, natServiceUnits, serviceStarts, req.chunkLines!, section('filter', filterUnits, []), deletedChains, cold ? { tops: serviceTops, tail: natTail } : undefined)
     : undefined;
-  const payload = chunks ? '' : section('filter', filterUnits, []) + section('nat', natUnits, deletedChains);
+  const payload = chunks || restart ? '' : section('filter', filterUnits, []) + section('nat', natUnits, deletedChains);
   // upstream iptables NewProxier: route_localnet=1 lets 127.0.0.1:NodePort be DNATed to a
   // pod; needed only when localhost NodePorts are served (IPv4, localhostNodePorts, the
   // NodePort addresses include 127.0.0.1) and some service has a NodePort. The
@@ -582,7 +599,8 @@ export function planIptables(req: PlanRequest): Plan {
     largeClusterMode,
     chainDigests,
     skippedChains,
-    chunks,
+    chunks: restart?.chunks ?? chunks,
+    adoptedChains: restart?.adopted,
     blocks: blocks && { ctx, blocks, natRulesTotal, totalEndpoints: endpointsOf(blocks) },
   };
 }
@@ -970,4 +988,185 @@ function writeServiceToEndpointRules(
     const stat = i < n - 1 ? ` -m statistic --mode random --probability ${probability(n - i)}` : '';
     natRules.push(`-A ${chain}${comment(ep)}${stat} -j ${sepName(svcName, protocol, ep)}`);
   }
+}
+
+/**
+ * The restore lines that turn an installed chain into `rules` (planned `-A` lines): null when
+ * its rules already are those (canonical.ts); otherwise in-place edits, each installed rule
+ * not kept deleted (`-D` by the line iptables-save printed, or by position for a duplicate;
+ * last first) and each missing one
+ * inserted where it belongs (`-I chain pos`), keeping the longest run of installed rules that
+ * is already in planned order (a longest increasing subsequence); or the chain declared
+ * (flushed) and rewritten whole when that is shorter or the chain is not installed.
+ */
+export function chainEdits(name: string, installed: InstalledChain | undefined, rules: readonly string[]): { decls: string[]; lines: string[]; written: number } | null {
+  if (!installed) return { decls: [chainLine(name)], lines: [...rules], written: rules.length };
+  const want = rules.map(canonicalRule);
+  if (!installed.canon || !installed.lines) return { decls: [chainLine(name)], lines: [...rules], written: rules.length };
+  const have = installed.canon;
+  const haveLines = installed.lines;
+  if (want.length === have.length && want.every((c, i) => c === have[i])) return null;
+  // Match each planned rule to the first unused installed rule with its canonical form.
+  const at = new Map<string, number[]>();
+  for (let i = have.length - 1; i >= 0; i--) {
+    const q = at.get(have[i]);
+    if (q) q.push(i);
+    else at.set(have[i], [i]);
+  }
+  const match: number[] = want.map((c) => at.get(c)?.pop() ?? -1);
+  // Longest increasing subsequence of the matched installed positions (patience sorting).
+  const tails: number[] = [];
+  const prev = new Array<number>(want.length).fill(-1);
+  for (let j = 0; j < want.length; j++) {
+    const k = match[j];
+    if (k < 0) continue;
+    let lo = 0;
+    let hi = tails.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (match[tails[mid]] < k) lo = mid + 1;
+      else hi = mid;
+    }
+    prev[j] = lo > 0 ? tails[lo - 1] : -1;
+    tails[lo] = j;
+  }
+  const keptPlanned = new Set<number>();
+  for (let j = tails.length ? tails[tails.length - 1] : -1; j >= 0; j = prev[j]) keptPlanned.add(j);
+  const keptInstalled = new Set<number>();
+  for (const j of keptPlanned) keptInstalled.add(match[j]);
+  const edits = have.length - keptInstalled.size + want.length - keptPlanned.size;
+  if (edits >= rules.length) return { decls: [chainLine(name)], lines: [...rules], written: rules.length };
+  const lines: string[] = [];
+  // Last first, so each deletion leaves the positions before it as read. By spec when the rule
+  // is unique in the chain; a duplicate by its position, or -D would take the first copy.
+  const copies = new Map<string, number>();
+  for (const c of have) copies.set(c, (copies.get(c) ?? 0) + 1);
+  for (let i = have.length - 1; i >= 0; i--) {
+    if (keptInstalled.has(i)) continue;
+    lines.push(copies.get(have[i])! > 1 ? `-D ${name} ${i + 1}` : `-D${haveLines[i].slice(2)}`);
+  }
+  let written = 0;
+  for (let j = 0; j < rules.length; j++) {
+    if (keptPlanned.has(j)) continue;
+    const r = rules[j];
+    const sp = r.indexOf(' ', 3);
+    lines.push(`-I ${name} ${j + 1}${r.slice(sp)}`);
+    written++;
+  }
+  return { decls: [], lines, written };
+}
+
+/**
+ * A full sync over installed rules (kproxy, not upstream): the restart form. Upstream's first
+ * sync after a restart rewrites every chain in one transaction; at 10,000 Services that is
+ * 200,000 rules and, on the nf_tables backend, a commit held for seconds per chunk (tens of
+ * seconds in all). Here every chain whose installed content already is the planned one is
+ * adopted as is (the common restart: nothing changed while kproxy was down), and the rest is
+ * written in restores of about `maxLines` lines (0: one restore), in this order:
+ * 1. leaf chunks: the static chains that differ, then, a group of whole services per chunk,
+ *    each service's own chains that differ or are missing (declared, so flushed, and written
+ *    whole); nothing new is reachable yet, and an installed chain is replaced at once;
+ * 2. the dispatch restore: the filter chains and nat KUBE-SERVICES / KUBE-NODEPORTS edited in
+ *    place (chainEdits: `-D` of rules no longer wanted, `-I` of new ones where they belong),
+ *    so a Service whose rules did not change stays reachable throughout and a changed one is
+ *    switched in one transaction; the stale service chains flushed;
+ * 3. the stale chains deleted (`-X`), nothing jumping to them any more.
+ * --noflush semantics are kept: only chains kproxy owns are declared, flushed or deleted.
+ */
+function restartPayloads(o: {
+  natStaticUnits: ChainUnit[];
+  serviceUnits: ChainUnit[];
+  serviceStarts: number[];
+  filterUnits: ChainUnit[];
+  deleted: string[];
+  installed: InstalledChains;
+  maxLines: number;
+}): { chunks: string[]; natRules: number; filterRules: number; adopted: number } {
+  const nat = o.installed.get('nat') ?? new Map<string, InstalledChain>();
+  const filter = o.installed.get('filter') ?? new Map<string, InstalledChain>();
+  const chunks: string[] = [];
+  let natRules = 0;
+  let filterRules = 0;
+  let adopted = 0;
+  let decls: string[] = [];
+  let lines: string[] = [];
+  const flush = () => {
+    if (!decls.length && !lines.length) return;
+    chunks.push(['*nat', ...decls, ...lines, 'COMMIT', ''].join('\n'));
+    decls = [];
+    lines = [];
+  };
+  /** the lines a unit needs (whole, declared) or null when installed as planned */
+  const leaf = (u: ChainUnit): ChainUnit | null => {
+    const inst = nat.get(u.name);
+    if (inst && inst.digest === chainDigest(u.rules)) {
+      adopted++;
+      return null;
+    }
+    return u;
+  };
+  const add = (u: ChainUnit) => {
+    decls.push(chainLine(u.name));
+    for (const r of u.rules) lines.push(r);
+    natRules += u.rules.length;
+  };
+  const dispatch: ChainUnit[] = [];
+  for (const u of o.natStaticUnits) {
+    if (DISPATCH_CHAINS.has(u.name)) dispatch.push(u);
+    else if (leaf(u)) add(u);
+  }
+  for (let s = 0; s < o.serviceStarts.length; s++) {
+    const end = s + 1 < o.serviceStarts.length ? o.serviceStarts[s + 1] : o.serviceUnits.length;
+    const write: ChainUnit[] = [];
+    for (let i = o.serviceStarts[s]; i < end; i++) {
+      const u = leaf(o.serviceUnits[i]);
+      if (u) write.push(u);
+    }
+    if (!write.length) continue;
+    let n = 0;
+    for (const u of write) n += 1 + u.rules.length;
+    const size = decls.length + lines.length;
+    if (o.maxLines && size && size + n > o.maxLines) flush();
+    for (const u of write) add(u);
+  }
+  if (o.maxLines) flush();
+  // The dispatch restore (with the leaf lines when not chunked).
+  const filterOut = { decls: [] as string[], lines: [] as string[] };
+  for (const u of o.filterUnits) {
+    const e = chainEdits(u.name, filter.get(u.name), u.rules);
+    if (!e) {
+      adopted++;
+      continue;
+    }
+    filterOut.decls.push(...e.decls);
+    filterOut.lines.push(...e.lines);
+    filterRules += e.written;
+  }
+  for (const u of dispatch) {
+    const e = chainEdits(u.name, nat.get(u.name), u.rules);
+    if (!e) {
+      adopted++;
+      continue;
+    }
+    decls.push(...e.decls);
+    lines.push(...e.lines);
+    natRules += e.written;
+  }
+  for (const c of o.deleted) decls.push(chainLine(c));
+  let last = '';
+  if (filterOut.decls.length || filterOut.lines.length) last += ['*filter', ...filterOut.decls, ...filterOut.lines, 'COMMIT', ''].join('\n');
+  if (!o.maxLines) for (const c of o.deleted) lines.push(`-X ${c}`);
+  if (decls.length || lines.length) last += ['*nat', ...decls, ...lines, 'COMMIT', ''].join('\n');
+  decls = [];
+  lines = [];
+  if (last) chunks.push(last);
+  // Chunked: the flushed stale chains deleted in restores of their own.
+  if (o.maxLines) {
+    for (const c of o.deleted) {
+      lines.push(`-X ${c}`);
+      if (lines.length >= o.maxLines) flush();
+    }
+    flush();
+  }
+  return { chunks, natRules, filterRules, adopted };
 }

@@ -10,6 +10,7 @@
 import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
 import { planIptables, planIptablesFast, type AppliedBlocks, type Plan } from './plan.ts';
+import type { InstalledChains } from './canonical.ts';
 
 const NO_BLOCKS: AppliedBlocks = { blocks: new Map(), natRulesTotal: 0 };
 
@@ -25,6 +26,11 @@ export class IptablesSyncState {
   chunkLines = 0;
   /** with skipUnchangedChains: the blocks the last applied sync rendered; null until a full sync */
   private applied: AppliedBlocks | null = null;
+  /**
+   * kproxy's chains as the kernel holds them, read by the full sync about to be planned (the
+   * restart form, plan.ts restartPayloads); used by the next plan() only, then dropped
+   */
+  installed: InstalledChains | null = null;
   /** installed stale service chains whose deletion is deferred (large-cluster mode) */
   private deferred: ReadonlySet<string> = new Set();
 
@@ -39,11 +45,14 @@ export class IptablesSyncState {
    */
   plan(state: ProxyState, opts: IptablesOptions, changed: Set<string>, full: boolean, nowMs = Date.now(), syncPeriodMs = 0): Plan & { full: boolean } {
     const doFull = full || this.needFullSync;
+    const installed = doFull ? (this.installed ?? undefined) : undefined;
+    this.installed = null;
     const skipCleanup = nowMs - this.lastCleanupMs <= syncPeriodMs;
     const digests = {
       recordDigests: this.skipUnchangedChains,
       lastChainDigests: this.skipUnchangedChains && !doFull ? (this.chainDigests ?? undefined) : undefined,
       chunkLines: this.chunkLines,
+      installed,
       // the plan returns its blocks: the base of the next fast partial sync
       applied: this.skipUnchangedChains ? (this.applied ?? NO_BLOCKS) : undefined,
     };

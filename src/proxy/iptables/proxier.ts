@@ -6,12 +6,15 @@
 // Partial syncs also leave out every chain whose content is what kproxy last wrote for it
 // (skipUnchangedChains; upstream rewrites KUBE-SERVICES and KUBE-NODEPORTS every time), so
 // a one-endpoint change writes a few rules whatever the number of services.
+// A full sync over installed service chains (a restart over the previous process's rules, or
+// a later full sync) compares them with the plan and writes only what differs (plan.ts
+// restartPayloads): a restart over unchanged rules makes no restore at all.
 import { SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { ensureSysctl, type Sysctl } from '../../exec/sysctl.ts';
 import { IptablesExecutor, RestoreError, type IptablesBackend, type Table } from '../../iptables/exec.ts';
-import { appendedArgs, chainsFromSave, readSave } from '../../iptables/save.ts';
-import { quoteArg } from '../../iptables/tokenize.ts';
+import { readSave, type SavedTable } from '../../iptables/save.ts';
+import { quoteArg, splitRuleArgs } from '../../iptables/tokenize.ts';
 import type { Logger } from '../../log.ts';
 import type { ProxyConfig } from '../../config/config.ts';
 import type { ServicePort } from '../../core/model.ts';
@@ -24,6 +27,7 @@ import { isServiceChainName } from '../../modes/iptables/names.ts';
 import { optionsFromConfig, type IptablesOptions, type RuntimeFacts, DEFAULT_FACTS } from '../../modes/iptables/options.ts';
 import { compactServiceBlocks, ownerOfPayloadLine, planIptables } from '../../modes/iptables/plan.ts';
 import { IptablesSyncState } from '../../modes/iptables/sync-state.ts';
+import { installedChains } from '../../modes/iptables/canonical.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
 
 export interface JumpRule {
@@ -58,16 +62,28 @@ export const KUBELET_JUMP_RULES: JumpRule[] = [
   { table: 'filter', dst: KUBE_FIREWALL, src: 'OUTPUT', comment: '', extra: [] },
 ];
 
-/** Per table of an iptables-save text: chain → its rules as argument arrays. */
-function parseSave(text: string): Map<string, Map<string, string[][]>> {
-  return new Map([...readSave(text)].map(([name, t]) => [name, appendedArgs(t)]));
+/** the built-in chains the jump rules start from: the only ones whose rules are read */
+const JUMP_SOURCES = new Set([...JUMP_RULES, ...KUBELET_JUMP_RULES].map((j) => j.src));
+
+/**
+ * Per table of an iptables-save text: chain → its rules as argument arrays, for the chains
+ * jumps start from (every declared chain is listed; the 200,000 rules of kproxy's own chains
+ * at 10,000 Services are not split into words: seconds on a loaded machine).
+ */
+function parseSave(saved: Map<string, SavedTable>): Map<string, Map<string, string[][]>> {
+  return new Map([...saved].map(([name, t]) => {
+    const chains = new Map<string, string[][]>();
+    for (const c of t.chains) chains.set(c, []);
+    for (const r of t.rules) if (r.op === '-A' && JUMP_SOURCES.has(r.chain)) chains.get(r.chain)?.push(splitRuleArgs(r.rest));
+    return [name, chains];
+  }));
 }
 
 const sameArgs = (a: string[], b: string[]) => a.length === b.length && a.every((x, i) => x === b[i]);
 
 /** The restore payload that adds the missing canaries, chains and jumps ('' when none). */
-export function jumpsPayload(saved: string): string {
-  const tables = parseSave(saved);
+export function jumpsPayload(saved: string | Map<string, SavedTable>): string {
+  const tables = parseSave(typeof saved === 'string' ? readSave(saved) : saved);
   const out = new Map<Table, { chains: string[]; rules: string[] }>();
   const section = (t: Table) => {
     let s = out.get(t);
@@ -283,6 +299,7 @@ export class IptablesProxier implements Proxier {
       const kind = plan.full ? 'full' : 'partial';
       const diff = `${kind} sync (IPv${family}): ${plan.writtenServices} service ports written, ${plan.natRulesWritten} of ${plan.natRulesTotal} nat rules, ${plan.filterRules} filter rules` +
         (plan.skippedChains ? `, ${plan.skippedChains} unchanged chains left out` : '') +
+        (plan.adoptedChains ? `, ${plan.adoptedChains} chains found installed as planned` : '') +
         (plan.chunks ? `, in ${plan.chunks.length} restores` : '') +
         (plan.deletedChains.length ? `, deleted ${plan.deletedChains.join(' ')}` : '');
       this.deps.log.debug({ family, full: plan.full, natRulesWritten: plan.natRulesWritten, natRulesTotal: plan.natRulesTotal }, diff);
@@ -310,9 +327,11 @@ export class IptablesProxier implements Proxier {
    * 10,000 Services; docs/benchmarks.md "iptables at scale"). Nothing is reachable before it.
    */
   private async ensureJumps(fs: FamilyState): Promise<string> {
-    const saved = await fs.exec.saveAll();
-    const installed = chainsFromSave(saved, 'nat');
+    const saved = readSave(await fs.exec.saveAll());
+    const installed = new Set(saved.get('nat')?.chains ?? []);
     fs.sync.installedNatChains = installed;
+    // what is installed, for the restart form (plan.ts restartPayloads)
+    fs.sync.installed = installedChains(saved);
     let cold = fs.sync.chunkLines > 0;
     for (const c of installed) if (cold && isServiceChainName(c)) cold = false;
     const { now, later } = splitServiceJumps(jumpsPayload(saved), cold);

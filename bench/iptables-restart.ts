@@ -1,0 +1,156 @@
+// A kproxy restart over an existing ruleset (issue 10, "a first sync must not hold the
+// xtables or netlink lock for tens of seconds"): a NEW IptablesProxier (a new process: fresh
+// Workload objects, no state carried over) runs its first sync into a namespace that still
+// holds the full KUBE-* ruleset the previous one left, side by side in one run with a raw
+// flushing `iptables-restore` of the same ruleset into an empty namespace.
+// Per backend (nf_tables: iptables-restore; legacy: iptables-legacy-restore) and repetition:
+//   cold      the previous process's first sync into the empty namespace (for reference);
+//   same      a restart with the same Services and endpoints;
+//   changed   a restart after 1% of the Services gained an endpoint;
+// each timed as: total wall time, number of restores, the longest single restore (how long
+// the xtables lock / the nf_tables commit is held), and the rule lines it wrote (`-A`/`-I`/
+// `-D` lines and chain declarations of the restore inputs). Medians of --reps, load average.
+//
+//   sudo node --import tsx bench/iptables-restart.ts [--n 10000] [--endpoints 5] [--reps 3]
+//        [--backends nft,legacy] [--timeout 300]
+import { loadavg } from 'node:os';
+import { parseArgs } from 'node:util';
+import type { CommandRunner, RunOptions, RunResult } from '../src/exec/runner.ts';
+import { silentLogger } from '../src/log.ts';
+import { getMode } from '../src/proxy/registry.ts';
+import { IptablesProxier } from '../src/proxy/iptables/proxier.ts';
+import { LEGACY_IPTABLES, Namespaces, TimedRunner } from './netns.ts';
+import { fmtMs, median } from './report.ts';
+import { benchConfig, Workload } from './workload.ts';
+
+/** What one sync sent to iptables-restore. */
+interface SyncFigures {
+  totalMs: number;
+  restores: number;
+  longestMs: number;
+  /** rule lines (-A/-I/-D) and chain declarations written */
+  rules: number;
+  decls: number;
+  /** time in iptables-save */
+  saveMs: number;
+  /** wall time outside every command: kproxy's planning (render, reading the save, comparing) */
+  inProcessMs: number;
+}
+
+/** Runs in a namespace (TimedRunner) and keeps every restore's input and time. */
+class RestoreRecorder implements CommandRunner {
+  restores: Array<{ ms: number; input: string }> = [];
+  constructor(private readonly inner: TimedRunner) {}
+  async run(cmd: string, args: string[], opts?: RunOptions): Promise<RunResult> {
+    const t0 = performance.now();
+    const r = await this.inner.run(cmd, args, opts);
+    if (cmd.endsWith('-restore') && opts?.input) this.restores.push({ ms: performance.now() - t0, input: opts.input });
+    if (cmd.endsWith('-restore') && r.code !== 0) throw new Error(`${cmd} failed: ${r.stderr.slice(0, 300)}`);
+    return r;
+  }
+}
+
+/** The Services that gain an endpoint in the "changed" restart: 1%, spread over the key range. */
+function changedIndices(n: number): number[] {
+  const k = Math.max(1, Math.round(n / 100));
+  return Array.from({ length: k }, (_, j) => Math.floor(((j + 0.5) / k) * n));
+}
+
+function workload(n: number, endpoints: number, changed: boolean): Workload {
+  const w = new Workload(n, endpoints, benchConfig('iptables'));
+  if (changed) for (const i of changedIndices(n)) w.addEndpoint(i);
+  return w;
+}
+
+async function timedSync(ns: string, rename: Record<string, string>, w: Workload, timeoutMs: number): Promise<SyncFigures> {
+  const timed = new TimedRunner(ns, rename, timeoutMs);
+  const rec = new RestoreRecorder(timed);
+  const p = new IptablesProxier({ runner: rec, log: silentLogger(), config: w.input().config });
+  const t0 = performance.now();
+  await p.sync(w.input(), w.serviceKeys, true);
+  const totalMs = performance.now() - t0;
+  let rules = 0;
+  let decls = 0;
+  for (const { input } of rec.restores) {
+    for (const l of input.split('\n')) {
+      if (l.startsWith('-A ') || l.startsWith('-I ') || l.startsWith('-D ')) rules++;
+      else if (l.startsWith(':')) decls++;
+    }
+  }
+  const saveMs = timed.records.filter((r) => r.cmd.endsWith('-save')).reduce((a, r) => a + r.ms, 0);
+  const execMs = timed.records.reduce((a, r) => a + r.ms, 0);
+  return { totalMs, restores: rec.restores.length, longestMs: Math.max(0, ...rec.restores.map((r) => r.ms)), rules, decls, saveMs, inProcessMs: totalMs - execMs };
+}
+
+async function rawFlush(nss: Namespaces, rename: Record<string, string>, payload: string, timeoutMs: number): Promise<number> {
+  const ns = await nss.create('raw');
+  try {
+    const t0 = performance.now();
+    const r = await new TimedRunner(ns, rename, timeoutMs).run('iptables-restore', ['-w', '5'], { input: payload, timeoutMs });
+    if (r.code !== 0) throw new Error(`raw iptables-restore failed: ${r.stderr.slice(0, 300)}`);
+    return performance.now() - t0;
+  } finally {
+    await nss.delete(ns);
+  }
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      n: { type: 'string', default: '10000' },
+      endpoints: { type: 'string', default: '5' },
+      reps: { type: 'string', default: '3' },
+      backends: { type: 'string', default: 'nft,legacy' },
+      timeout: { type: 'string', default: '300' },
+    },
+  });
+  if (process.getuid?.() !== 0) throw new Error('KPROXY_BENCH_ROOT: run as root (rules are written in kpb-* namespaces)');
+  const n = Number(values.n);
+  const endpoints = Number(values.endpoints);
+  const timeoutMs = Number(values.timeout) * 1000;
+  const deadline = Date.now() + 3 * 3600_000;
+  const backends = values.backends!.split(',');
+  const payload = getMode('iptables').render(workload(n, endpoints, false).input());
+  const nss = new Namespaces(`${process.pid}r`);
+  type Row = { raw: number[]; cold: SyncFigures[]; same: SyncFigures[]; changed: SyncFigures[]; loads: number[] };
+  const rows = new Map<string, Row>(backends.map((b) => [b, { raw: [], cold: [], same: [], changed: [], loads: [] }]));
+  try {
+    for (let rep = 0; rep < Number(values.reps) && Date.now() < deadline; rep++) {
+      for (const b of backends) {
+        const rename = b === 'legacy' ? LEGACY_IPTABLES : {};
+        const row = rows.get(b)!;
+        row.raw.push(await rawFlush(nss, rename, payload, timeoutMs));
+        const ns = await nss.create('k');
+        try {
+          // each sync by a new proxier over fresh objects: a new process
+          row.cold.push(await timedSync(ns, rename, workload(n, endpoints, false), timeoutMs));
+          row.same.push(await timedSync(ns, rename, workload(n, endpoints, false), timeoutMs));
+          row.changed.push(await timedSync(ns, rename, workload(n, endpoints, true), timeoutMs));
+        } finally {
+          await nss.delete(ns);
+        }
+        row.loads.push(loadavg()[0]);
+        const f = (s: SyncFigures) => `${fmtMs(s.totalMs)} (${s.restores} restores, longest ${fmtMs(s.longestMs)}, ${s.rules} rules; iptables-save ${fmtMs(s.saveMs)}, in-process ${fmtMs(s.inProcessMs)})`;
+        process.stderr.write(`rep ${rep} ${b}: raw ${fmtMs(row.raw.at(-1))}; cold ${f(row.cold.at(-1)!)}; restart same ${f(row.same.at(-1)!)}; changed ${f(row.changed.at(-1)!)}; load ${loadavg()[0].toFixed(1)}\n`);
+      }
+    }
+  } finally {
+    await nss.deleteAll();
+  }
+  process.stdout.write(`\nN=${n} Services × ${endpoints} endpoints, medians of ${Number(values.reps)}; payload ${payload.split('\n').length} lines; load at the end ${loadavg().map((x) => x.toFixed(1)).join(' ')}\n\n`);
+  process.stdout.write('| backend | sync | total (median) | ratio to raw flushing restore | restores | longest restore (median) | rule lines written | chains declared | iptables-save | in-process | load (1 min, median) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n');
+  for (const [b, row] of rows) {
+    if (!row.raw.length) continue;
+    const raw = median(row.raw);
+    process.stdout.write(`| ${b} | raw flushing iptables-restore (empty namespace) | ${fmtMs(raw)} | 1.00× | 1 | ${fmtMs(raw)} | ${payload.split('\n').filter((l) => l.startsWith('-A ')).length} | ${payload.split('\n').filter((l) => l.startsWith(':')).length} | – | – | ${median(row.loads).toFixed(1)} |\n`);
+    for (const [name, xs] of [['cold start (empty nat table)', row.cold], ['restart, same state', row.same], ['restart, 1% of Services changed', row.changed]] as const) {
+      const tot = median(xs.map((x) => x.totalMs));
+      process.stdout.write(`| ${b} | ${name} | ${fmtMs(tot)} | ${(tot / raw).toFixed(2)}× | ${median(xs.map((x) => x.restores))} | ${fmtMs(median(xs.map((x) => x.longestMs)))} | ${median(xs.map((x) => x.rules))} | ${median(xs.map((x) => x.decls))} | ${fmtMs(median(xs.map((x) => x.saveMs)))} | ${fmtMs(median(xs.map((x) => x.inProcessMs)))} | ${median(row.loads).toFixed(1)} |\n`);
+    }
+  }
+}
+
+main().catch((e: Error) => {
+  process.stderr.write(`${e.stack ?? e.message}\n`);
+  process.exitCode = 1;
+});
