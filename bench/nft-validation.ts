@@ -298,11 +298,11 @@ interface SizeResult {
   /** per measure: samples */
   samples: Record<string, number[]>;
   proto?: {
-    coldMs: number;
-    perServiceColdMs?: number;
+    /** per variant ("wide", "slots", "per-service") */
+    coldMs: Record<string, number>;
     kproxyRawMs: number;
     samples: Record<string, number[]>;
-    connect?: { proto: ConnectOutcome; kproxy: ConnectOutcome };
+    connect?: Record<string, ConnectOutcome>;
     error?: string;
   };
 }
@@ -316,6 +316,8 @@ export interface ValidationOptions {
   connects: number;
   connectMin: number;
   perService: boolean;
+  /** prototype variants to build: "wide", "slots" */
+  variants: string[];
   timeoutS: number;
 }
 
@@ -368,12 +370,117 @@ async function kproxyTable(nss: Namespaces, n: number, o: ValidationOptions, res
   }
 }
 
-/** (d) and (e): the prototype table's cold start and changes, beside kproxy's table; connect latency through both. */
+/** Slots each Service owns in the shared `endpoint-slots` data map of the "slots" variant (room to grow without moving). */
+const SLOT_CAPACITY = 16;
+
+/** The "slots" variant's service chain: off-cluster masquerade, then DNAT through the Service's slots of the shared data map. */
+function slotsServiceChain(i: number, e: number): string {
+  return `add chain ip kube-proxy service-${i} { ip daddr ${clusterIPOf(i)} ip saddr != 10.0.0.0/8 jump mark-for-masquerade ; meta l4proto tcp dnat ip to numgen random mod ${e} offset ${i * SLOT_CAPACITY} map @endpoint-slots ; }`;
+}
+
+/**
+ * Variant "slots" (kubernetes PR #140362's shared map, but a DATA map: `numgen random mod E
+ * offset K` → `ip daddr . th dport`, so no element is a verdict the validation would walk):
+ * upstream's dispatch (service-ips / service-nodeports verdict maps → service-* / external-*
+ * chains), no endpoint chains; hairpin by the post-DNAT pair set. Service i owns slots
+ * [16i, 16i+16). An endpoint change adds slot elements (validation-free) and rewrites the
+ * service chain's one dnat rule (validation, over a graph without endpoint chains).
+ */
+export function slotsTable(n: number, e: number, stride: number): string {
+  const L: string[] = [
+    'add table ip kube-proxy { comment "kproxy prototype: shared endpoint-slots data map" ; }',
+    'add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }',
+    'add chain ip kube-proxy nat-output { type nat hook output priority -100 ; }',
+    'add chain ip kube-proxy nat-postrouting { type nat hook postrouting priority 100 ; }',
+    'add chain ip kube-proxy mark-for-masquerade { mark set mark or 0x00004000 ; }',
+  ];
+  const hairpin: string[] = [];
+  const slots: string[] = [];
+  const vmap: string[] = [];
+  const npmap: string[] = [];
+  const chains: string[] = [];
+  for (let i = 0; i < n; i++) {
+    const eps = endpointsOf(i, e, stride);
+    hairpin.push(...eps.map((x) => `${x} . ${x}`));
+    slots.push(...eps.map((x, k) => `${i * SLOT_CAPACITY + k} : ${x} . 8080`));
+    chains.push(slotsServiceChain(i, e));
+    vmap.push(`${clusterIPOf(i)} . tcp . 80 : goto service-${i}`);
+    const np = nodePortOf(i);
+    if (np !== undefined) {
+      chains.push(`add chain ip kube-proxy external-${i} { jump mark-for-masquerade ; goto service-${i} ; }`);
+      npmap.push(`tcp . ${np} : goto external-${i}`);
+    }
+  }
+  L.push(...declare('set', 'hairpin', 'type ipv4_addr . ipv4_addr ;', hairpin));
+  L.push(...declare('map', 'endpoint-slots', SLOTS_SPEC, slots));
+  L.push('add chain ip kube-proxy masquerading { ct status dnat ip saddr . ip daddr @hairpin jump mark-for-masquerade ; mark and 0x00004000 == 0 return ; mark set mark xor 0x00004000 ; masquerade fully-random ; }');
+  L.push(...chains);
+  L.push(...declare('map', 'service-ips', 'type ipv4_addr . inet_proto . inet_service : verdict ;', vmap));
+  L.push(...declare('map', 'service-nodeports', 'type inet_proto . inet_service : verdict ;', npmap));
+  L.push(
+    'add chain ip kube-proxy services { ip daddr . meta l4proto . th dport vmap @service-ips ; fib daddr type local meta l4proto . th dport vmap @service-nodeports ; }',
+    'add rule ip kube-proxy nat-prerouting jump services',
+    'add rule ip kube-proxy nat-output jump services',
+    'add rule ip kube-proxy nat-postrouting jump masquerading',
+  );
+  return L.join('\n') + '\n';
+}
+
+const SLOTS_SPEC = 'typeof numgen random mod 16 : ip daddr . th dport ;';
+
+interface Variant {
+  name: string;
+  table(n: number, e: number, stride: number): string;
+  endpointAdded(i: number, from: string[], to: string[]): string;
+  serviceAdded(c: number, vip: string, eps: string[]): string;
+  serviceDeleted(c: number, vip: string, eps: string[]): string;
+}
+
+const VARIANTS: Record<string, Variant> = {
+  wide: {
+    name: 'wide: one table-wide interval slot map (no per-Service chains)',
+    table: (n, e, stride) => prototypeTable(n, e, stride),
+    endpointAdded: prototypeEndpointChange,
+    serviceAdded: (_c, vip, eps) => prototypeServiceAdd(vip, eps),
+    serviceDeleted: (_c, vip, eps) => prototypeServiceDelete(vip, eps),
+  },
+  slots: {
+    name: 'slots: shared numgen-offset data map, upstream dispatch, no endpoint chains',
+    table: slotsTable,
+    endpointAdded: (i, from, to) =>
+      [
+        ...declare('map', 'endpoint-slots', SLOTS_SPEC, to.slice(from.length).map((x, k) => `${i * SLOT_CAPACITY + from.length + k} : ${x} . 8080`)),
+        ...declare('set', 'hairpin', 'type ipv4_addr . ipv4_addr ;', to.slice(from.length).map((x) => `${x} . ${x}`)),
+        `flush chain ip kube-proxy service-${i}`,
+        slotsServiceChain(i, to.length),
+      ].join('\n') + '\n',
+    // a new Service: slots past the workload's (the bench's sizes stay far below 60,000 Services)
+    serviceAdded: (c, vip, eps) => {
+      const id = 60_000 + c;
+      return [
+        ...declare('map', 'endpoint-slots', SLOTS_SPEC, eps.map((x, k) => `${id * SLOT_CAPACITY + k} : ${x} . 8080`)),
+        ...declare('set', 'hairpin', 'type ipv4_addr . ipv4_addr ;', eps.map((x) => `${x} . ${x}`)),
+        `add chain ip kube-proxy service-${id} { ip daddr ${vip} ip saddr != 10.0.0.0/8 jump mark-for-masquerade ; meta l4proto tcp dnat ip to numgen random mod ${eps.length} offset ${id * SLOT_CAPACITY} map @endpoint-slots ; }`,
+        ...declare('map', 'service-ips', 'type ipv4_addr . inet_proto . inet_service : verdict ;', [`${vip} . tcp . 80 : goto service-${id}`]),
+      ].join('\n') + '\n';
+    },
+    serviceDeleted: (c, vip, eps) => {
+      const id = 60_000 + c;
+      return [
+        `delete element ip kube-proxy service-ips { ${vip} . tcp . 80 }`,
+        `delete chain ip kube-proxy service-${id}`,
+        `delete element ip kube-proxy endpoint-slots { ${eps.map((_, k) => id * SLOT_CAPACITY + k).join(', ')} }`,
+        `delete element ip kube-proxy hairpin { ${eps.map((x) => `${x} . ${x}`).join(', ')} }`,
+      ].join('\n') + '\n';
+    },
+  },
+};
+
+/** (d) and (e): the prototype tables' cold start and changes, beside kproxy's table; connect latency through each. */
 async function prototype(nss: Namespaces, n: number, o: ValidationOptions, res: SizeResult, log: (l: string) => void): Promise<boolean> {
   const stride = o.endpoints + EXTRA;
-  const text = prototypeTable(n, o.endpoints, stride);
   const kproxyText = getMode('nftables').render(new Workload(n, o.endpoints, benchConfig('nftables'), EXTRA).input());
-  const p: NonNullable<SizeResult['proto']> = { coldMs: NaN, kproxyRawMs: NaN, samples: {} };
+  const p: NonNullable<SizeResult['proto']> = { coldMs: {}, kproxyRawMs: NaN, samples: {}, connect: {} };
   res.proto = p;
   const fresh = async <T>(f: (r: TimedRunner) => Promise<T>): Promise<T> => {
     const ns = await nss.create('pr');
@@ -385,40 +492,44 @@ async function prototype(nss: Namespaces, n: number, o: ValidationOptions, res: 
   };
   p.kproxyRawMs = await fresh((r) => timedNft(r, kproxyText, o.timeoutS * 1000));
   log(`N=${n}: raw nft -f of kproxy's table ${fmtMs(p.kproxyRawMs)} (load ${load1()})`);
-  await fresh(async (r) => {
-    p.coldMs = await timedNft(r, text, o.timeoutS * 1000);
-    log(`N=${n}: prototype cold start (raw nft -f) ${fmtMs(p.coldMs)} (${text.length} bytes, load ${load1()})`);
-    const push = (k: string, v: number) => (p.samples[k] ??= []).push(v);
-    for (let c = 0; c < o.reps; c++) {
-      const i = Math.floor((n * (c + 1)) / (o.reps + 1));
-      const from = endpointsOf(i, o.endpoints, stride);
-      const to = endpointsOf(i, o.endpoints + 1, stride);
-      push('prototype: one endpoint added (5 ranges out, 6 in, ×2 maps)', await timedNft(r, prototypeEndpointChange(i, from, to)));
-      push('prototype: floor, one jump rule', await timedNft(r, `add chain ip kube-proxy kpb-scratch-${c}\nadd chain ip kube-proxy kpb-scratch-${c} { jump mark-for-masquerade ; }\n`));
-      const vip = `172.31.253.${c + 1}`;
-      const eps = Array.from({ length: 5 }, (_, k) => `10.250.${c}.${k + 1}`);
-      push('prototype: Service added (ClusterIP, 5 endpoints)', await timedNft(r, prototypeServiceAdd(vip, eps)));
-      push('prototype: Service deleted', await timedNft(r, prototypeServiceDelete(vip, eps)));
-    }
-  });
+  let cheap = true;
+  const opts = { n, e: o.endpoints, stride, connects: o.connects, timeoutS: o.timeoutS };
+  for (const vn of o.variants) {
+    const v = VARIANTS[vn];
+    const text = v.table(n, o.endpoints, stride);
+    await fresh(async (r) => {
+      const cold = await timedNft(r, text, o.timeoutS * 1000);
+      p.coldMs[vn] = cold;
+      if (cold > o.protoBudgetS * 1000) cheap = false;
+      log(`N=${n}: prototype ${vn} cold start (raw nft -f) ${fmtMs(cold)} (${text.length} bytes, load ${load1()})`);
+      const push = (k: string, x: number) => (p.samples[`${vn}: ${k}`] ??= []).push(x);
+      for (let c = 0; c < o.reps; c++) {
+        const i = Math.floor((n * (c + 1)) / (o.reps + 1));
+        const from = endpointsOf(i, o.endpoints, stride);
+        const to = endpointsOf(i, o.endpoints + 1, stride);
+        push('one endpoint added', await timedNft(r, v.endpointAdded(i, from, to)));
+        push('floor, one jump rule', await timedNft(r, `add chain ip kube-proxy kpb-scratch-${c}\nadd chain ip kube-proxy kpb-scratch-${c} { jump mark-for-masquerade ; }\n`));
+        const vip = `172.31.253.${c + 1}`;
+        const eps = Array.from({ length: 5 }, (_, k) => `10.250.${c}.${k + 1}`);
+        push('Service added (ClusterIP, 5 endpoints)', await timedNft(r, v.serviceAdded(c, vip, eps)));
+        push('Service deleted', await timedNft(r, v.serviceDeleted(c, vip, eps)));
+      }
+    });
+    if (n >= o.connectMin) p.connect![vn] = await connectThrough(nss, 'vp', text, opts);
+  }
   if (o.perService) {
-    p.perServiceColdMs = await fresh((r) => timedNft(r, prototypeTable(n, o.endpoints, stride, true), o.timeoutS * 1000));
-    log(`N=${n}: per-Service named data maps, cold start ${fmtMs(p.perServiceColdMs)} (load ${load1()})`);
+    p.coldMs['per-service'] = await fresh((r) => timedNft(r, prototypeTable(n, o.endpoints, stride, true), o.timeoutS * 1000));
+    log(`N=${n}: per-Service named data maps, cold start ${fmtMs(p.coldMs['per-service'])} (load ${load1()})`);
   }
-  if (n >= o.connectMin) {
-    const opts = { n, e: o.endpoints, stride, connects: o.connects, timeoutS: o.timeoutS };
-    const proto = await connectThrough(nss, 'vp', text, opts);
-    const kproxy = await connectThrough(nss, 'vk', kproxyText, opts);
-    p.connect = { proto, kproxy };
-    for (const [k, c] of Object.entries(p.connect)) {
-      const t = c.targets;
-      log(
-        `N=${n} connect ${k}: first ${t.first.p50Ms.toFixed(3)}/${t.first.p99Ms.toFixed(3)}, last ${t.last.p50Ms.toFixed(3)}/${t.last.p99Ms.toFixed(3)}, pod ${t.pod.p50Ms.toFixed(3)}/${t.pod.p99Ms.toFixed(3)} ms; ` +
-          `reached first ${JSON.stringify(c.reached.first)} last ${JSON.stringify(c.reached.last)}; load ${c.load}`,
-      );
-    }
+  if (n >= o.connectMin) p.connect!.kproxy = await connectThrough(nss, 'vk', kproxyText, opts);
+  for (const [k, c] of Object.entries(p.connect ?? {})) {
+    const t = c.targets;
+    log(
+      `N=${n} connect ${k}: first ${t.first.p50Ms.toFixed(3)}/${t.first.p99Ms.toFixed(3)}, last ${t.last.p50Ms.toFixed(3)}/${t.last.p99Ms.toFixed(3)}, pod ${t.pod.p50Ms.toFixed(3)}/${t.pod.p99Ms.toFixed(3)} ms; ` +
+        `reached first ${JSON.stringify(c.reached.first)} last ${JSON.stringify(c.reached.last)}; load ${c.load}`,
+    );
   }
-  return p.coldMs <= o.protoBudgetS * 1000;
+  return cheap;
 }
 
 export async function nftValidation(o: ValidationOptions, log: (l: string) => void): Promise<SizeResult[]> {
@@ -467,11 +578,10 @@ export function validationTables(rows: SizeResult[]): string {
       `| prototype shape (ms) | ${pr.map((r) => r.n.toLocaleString('en-US')).join(' | ')} |`,
       `|---|${pr.map(() => '---:').join('|')}|`,
       `| raw nft -f, kproxy's table (cold) | ${pr.map((r) => fmtMs(r.proto!.kproxyRawMs)).join(' | ')} |`,
-      `| raw nft -f, prototype: table-wide slot maps (cold) | ${pr.map((r) => fmtMs(r.proto!.coldMs)).join(' | ')} |`,
-      `| raw nft -f, prototype: a named data map per Service (cold) | ${pr.map((r) => fmtMs(r.proto!.perServiceColdMs)).join(' | ')} |`,
+      ...['wide', 'slots', 'per-service'].map((v) => `| raw nft -f, prototype ${v} (cold) | ${pr.map((r) => fmtMs(r.proto!.coldMs[v])).join(' | ')} |`),
       ...pk.map((k) => `| ${k} | ${pr.map((r) => m(r.proto!.samples[k])).join(' | ')} |`),
     );
-    const cr = pr.filter((r) => r.proto!.connect);
+    const cr = pr.filter((r) => Object.keys(r.proto!.connect ?? {}).length);
     if (cr.length) {
       L.push('', '| services | table | first Service p50 / p99 (ms) | last Service p50 / p99 | pod (no Service) p50 / p99 | failed | endpoints reached (first / last) | answers not from the Service\'s endpoints | load |', '|---:|---|---:|---:|---:|---:|---:|---:|---:|');
       for (const r of cr) {
@@ -500,6 +610,7 @@ async function main(): Promise<void> {
       connects: { type: 'string', default: '300' },
       'connect-min': { type: 'string', default: '1000' },
       'per-service': { type: 'boolean', default: false },
+      variants: { type: 'string', default: 'wide,slots' },
       timeout: { type: 'string', default: '300' },
     },
   });
@@ -512,9 +623,11 @@ async function main(): Promise<void> {
     connects: Number(values.connects),
     connectMin: Number(values['connect-min']),
     perService: values['per-service']!,
+    variants: values.variants!.split(',').filter(Boolean),
     timeoutS: Number(values.timeout),
   };
   if (o.sizes.some((n) => !Number.isInteger(n) || n < 1 || n > 30_000)) throw new Error('KPROXY_BENCH_ARGS: --sizes wants integers 1..30000');
+  if (o.variants.some((v) => !VARIANTS[v])) throw new Error(`KPROXY_BENCH_ARGS: --variants wants a list of ${Object.keys(VARIANTS).join(', ')}`);
   if (o.endpoints < 1 || o.endpoints > 15) throw new Error('KPROXY_BENCH_ARGS: --endpoints wants 1..15');
   const started = new Date().toISOString();
   const load = os.loadavg().map((x) => x.toFixed(1)).join(' ');
