@@ -212,7 +212,8 @@ export class NftProxier implements Proxier {
       try {
         await this.exec.apply(deleteElementsText(rs, els.items));
       } catch (e) {
-        this.log.warn({ err: (e as Error).message, elements: els.items.length }, coded('KPROXY_NFT_STALE_CHAINS', 'could not delete retired chains; will retry'));
+        // A full sync (it flushes every set) removes them instead.
+        this.log.warn({ err: (e as Error).message, elements: els.items.length }, coded('KPROXY_NFT_STALE_CHAINS', 'could not delete the map elements of removed services; will retry'));
         this.needFull = true;
         this.cleanupFailures++;
         return;
