@@ -14,22 +14,30 @@
 //                        (`ip daddr . meta l4proto . th dport . numgen random mod 65536` →
 //                        `ip daddr . th dport`) that holds --endpoints ranges per Service
 //                        (50,000 at 10k);
-//   the prototype shape (per size up to --proto-max; 1k first: the bench stops growing it when
-//   a size's cold start exceeds --proto-budget seconds), in a node namespace with a pod network:
-//     (d) cold start (`nft -f` of the whole prototype table): ONE table-wide
-//         `dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 65536 map @endpoint-slots`
-//         (and the same for NodePorts) instead of per-Service and per-endpoint chains; beside it,
-//         a variant with one named 5-range data map per Service (`--per-service`), and raw
-//         `nft -f` of kproxy's own table;
-//         one-Service change in the prototype: an endpoint added (5 ranges deleted, 6 added,
-//         one hairpin pair), a Service added, a Service deleted (raw nft -f, medians);
+//   prototype shapes (--variants; per size up to --proto-max; 1k first: the bench stops growing
+//   them when a size's cold start exceeds --proto-budget seconds), each in a fresh namespace:
+//     (d) cold start (raw `nft -f` of the whole prototype table), beside raw `nft -f` of kproxy's
+//         own table:
+//         wide   ONE table-wide `dnat ip to ip daddr . meta l4proto . th dport . numgen random
+//                mod 65536 map @endpoint-slots` (and the same for NodePorts) instead of
+//                per-Service and per-endpoint chains;
+//         slots  upstream's dispatch (verdict maps → service / external chains), no endpoint
+//                chains: `dnat ip to numgen random mod E offset K map @endpoint-slots`, one
+//                shared DATA map;
+//         --per-service: one named 5-range data map per Service (cold start only);
+//         one-Service changes in each: an endpoint added, a Service added, a Service deleted
+//         (raw nft -f, medians);
 //     (e) first-packet connect latency (bench/connect-client.ts, connect() → SYN-ACK) through
 //         the prototype and through kproxy's table, same size, same run: first and last
 //         Service's ClusterIP and a pod IP (non-service traffic); and a check that packets
 //         really reach one of the Service's endpoints (conntrack's reply source), all of them.
 //
 //   sudo node --import tsx bench/nft-validation.ts [--sizes 100,1000,10000] [--endpoints 5]
-//        [--reps 7] [--proto-max 10000] [--proto-budget 20] [--connects 300] [--timeout 300]
+//        [--reps 7] [--variants wide,slots] [--per-service] [--proto-max 10000] [--proto-budget 20]
+//        [--connects 300] [--connect-min 1000] [--timeout 300]
+//
+// Hazard: at 10,000 the prototypes take 30-95 s of kernel time to create (docs/benchmarks.md,
+// "A validation-free change"); they are data maps, no soft lockup was seen, but run 1,000 first.
 //
 // Prints the 1-minute load average beside every phase and markdown tables at the end.
 import { spawn, type ChildProcess } from 'node:child_process';
