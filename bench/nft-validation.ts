@@ -35,6 +35,7 @@
 //   sudo node --import tsx bench/nft-validation.ts [--sizes 100,1000,10000] [--endpoints 5]
 //        [--reps 7] [--variants wide,slots] [--per-service] [--proto-max 10000] [--proto-budget 20]
 //        [--connects 300] [--connect-min 1000] [--timeout 300]
+// --quick: sizes 100,1000, 5 repetitions, 100 connects per target (about a minute).
 //
 // Hazard: at 10,000 the prototypes take 30-95 s of kernel time to create (docs/benchmarks.md,
 // "A validation-free change"); they are data maps, no soft lockup was seen, but run 1,000 first.
@@ -610,25 +611,27 @@ export function validationTables(rows: SizeResult[]): string {
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
-      sizes: { type: 'string', default: '100,1000,10000' },
+      quick: { type: 'boolean', default: false },
+      sizes: { type: 'string' },
       endpoints: { type: 'string', default: '5' },
-      reps: { type: 'string', default: '7' },
+      reps: { type: 'string' },
       'proto-max': { type: 'string', default: '10000' },
       'proto-budget': { type: 'string', default: '20' },
-      connects: { type: 'string', default: '300' },
+      connects: { type: 'string' },
       'connect-min': { type: 'string', default: '1000' },
       'per-service': { type: 'boolean', default: false },
       variants: { type: 'string', default: 'wide,slots' },
       timeout: { type: 'string', default: '300' },
     },
   });
+  const q = values.quick!;
   const o: ValidationOptions = {
-    sizes: values.sizes!.split(',').map(Number),
+    sizes: (values.sizes ?? (q ? '100,1000' : '100,1000,10000')).split(',').map(Number),
     endpoints: Number(values.endpoints),
-    reps: Number(values.reps),
+    reps: Number(values.reps ?? (q ? 5 : 7)),
     protoMax: Number(values['proto-max']),
     protoBudgetS: Number(values['proto-budget']),
-    connects: Number(values.connects),
+    connects: Number(values.connects ?? (q ? 100 : 300)),
     connectMin: Number(values['connect-min']),
     perService: values['per-service']!,
     variants: values.variants!.split(',').filter(Boolean),
