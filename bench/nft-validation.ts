@@ -35,7 +35,7 @@
 //   sudo node --import tsx bench/nft-validation.ts [--sizes 100,1000,10000] [--endpoints 5]
 //        [--reps 7] [--variants wide,slots] [--per-service] [--proto-max 10000] [--proto-budget 20]
 //        [--connects 300] [--connect-min 1000] [--timeout 300]
-// --quick: sizes 100,1000, 5 repetitions, 100 connects per target (about a minute).
+// --quick: sizes 100,1000, 5 repetitions, 100 connects per target (under a minute).
 //
 // Hazard: at 10,000 the prototypes take 30-95 s of kernel time to create (docs/benchmarks.md,
 // "A validation-free change"); they are data maps, no soft lockup was seen, but run 1,000 first.

@@ -2,6 +2,8 @@
 // sync (full on the first sync, after a failure and when asked; otherwise only the
 // difference from what it last applied), and retires unused chains later: flushed at once,
 // deleted with a transaction that deletes anyway, or after an idle sync (staleChainMaxWaitMs).
+// A removed element that is harmless meanwhile (a jump into such a chain, a ClusterIP no
+// Service has) lingers the same way and goes before its chain (deferElementDeletes).
 import { SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
