@@ -37,7 +37,7 @@ export const ERROR_CODES = {
   KPROXY_NFT_APPLY: 'nft -f refused the transaction of a sync; the message holds the refused line. The next sync is a full one',
   KPROXY_NFT_INTERNAL: 'the nftables planner built an inconsistent ruleset (an element for an undeclared set): a kproxy bug, please report it',
   KPROXY_NFT_PARSE: 'text given as nft list output cannot be read; the message names the line',
-  KPROXY_NFT_STALE_CHAINS: 'chains of removed services could not be deleted yet; they are retried at the next sync',
+  KPROXY_NFT_STALE_CHAINS: 'chains or map elements of removed services could not be deleted yet; they are retried at the next sync',
   KPROXY_NFT_TIMEOUT: 'nft -f did not finish in time and was killed; the next sync retries',
   KPROXY_NO_SOURCE: 'kproxy run has nothing to watch; give --manifests DIR or --kubeconfig FILE, or run it in a cluster',
   KPROXY_RENDER_INPUT: 'kproxy render needs --manifests DIR',

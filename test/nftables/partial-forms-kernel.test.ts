@@ -3,7 +3,8 @@
 // element` and any `delete` (src/cache.c), which made a one-Service change at 10k cost a
 // second; a partial sync writes only the forms whose cache is the table list (add chain
 // with a body, add set/map with an elements body, flush chain), and `delete` only when an
-// element or set really goes. The text asserted on is the text the proxier sent; the
+// element must go at once: a deleted Service's elements (harmless: its ClusterIP, jumps into
+// its chains flushed in the same transaction) linger until an idle sync deletes them. The text asserted on is the text the proxier sent; the
 // kernel table after it equals a fresh full sync's. A table changed behind kproxy's back
 // makes the partial transaction fail, and the same sync() call repairs it with a full one.
 // Namespaces come from uniqueName() and are removed in `after`.
@@ -19,7 +20,7 @@ import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { PARTIAL_O1_COMMANDS } from '../../src/modes/nftables/transaction.ts';
 import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
-import { dropRetiredAffinitySets } from '../support/nft-retired.ts';
+import { dropLingering, dropRetiredAffinitySets } from '../support/nft-retired.ts';
 import { uniqueName } from '../support/netns.ts';
 
 const NS = { partial: uniqueName('kpt-nft-pf-a'), full: uniqueName('kpt-nft-pf-b') };
@@ -71,9 +72,12 @@ function slice(i: number, n: number): K8sEndpointSlice {
   };
 }
 
-async function table(ns: string): Promise<string[]> {
+/** The kernel's table, sorted lines; `proxier`: leave out exactly its lingering elements, after checking each is there and harmless. */
+async function table(ns: string, proxier?: NftProxier, o: { strict?: boolean } = {}): Promise<string[]> {
   const r = await runChecked(nsRunner(ns), 'nft', ['list', 'table', 'ip', 'kube-proxy'], { timeoutMs: 20_000 });
   const rs = parseKubeProxyTable(r.stdout, 'ip');
+  if (proxier) assert.deepEqual(dropLingering(rs, proxier.lingeringElements()), []);
+  if (o.strict) return dumpRuleset(rs).split('\n').filter(Boolean).sort();
   // Chains retired by a partial sync are flushed now and deleted later.
   for (const [name, ch] of rs.chains) if (name.includes('/') && ch.rules.length === 0) rs.chains.delete(name);
   dropRetiredAffinitySets(rs);
@@ -81,10 +85,10 @@ async function table(ns: string): Promise<string[]> {
 }
 
 /** The table a fresh proxier writes for the same state with one full sync. */
-async function freshTable(input: PlanInput): Promise<string[]> {
+async function freshTable(input: PlanInput, o: { strict?: boolean } = {}): Promise<string[]> {
   await nsRunner(NS.full).run('nft', ['delete', 'table', 'ip', 'kube-proxy'], { timeoutMs: 10_000 });
   await new NftProxier({ runner: nsRunner(NS.full), log: silentLogger() }).sync(input, new Set(), true);
-  return table(NS.full);
+  return table(NS.full, undefined, o);
 }
 
 function lines(text: string): string[] {
@@ -99,7 +103,7 @@ after(async () => {
   for (const ns of Object.values(NS)) await hostRunner.run('ip', ['netns', 'del', ns], { timeoutMs: 10_000 });
 });
 
-test('a partial sync sends only commands nft runs without listing the table; removals add only deletes', async () => {
+test('a partial sync sends only commands nft runs without listing the table, a Service deletion too; only removals that are not harmless delete at once', async () => {
   const config = resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' });
   const tracker = new ProxyStateTracker(4, NODE.nodeName);
   for (let i = 0; i < 12; i++) {
@@ -108,7 +112,8 @@ test('a partial sync sends only commands nft runs without listing the table; rem
   }
   const input: PlanInput = { state: tracker.state, config, node: NODE };
   const runner = new RecordingRunner(NS.partial);
-  const proxier = new NftProxier({ runner, log: silentLogger(), staleChainDelayMs: 60_000 });
+  let clock = 1_000_000;
+  const proxier = new NftProxier({ runner, log: silentLogger(), staleChainDelayMs: 60_000, now: () => clock });
   await proxier.sync(input, tracker.apply(), true);
   assert.match(runner.take()[0], /^add table ip kube-proxy/, 'the first sync is a full one');
 
@@ -137,15 +142,41 @@ test('a partial sync sends only commands nft runs without listing the table; rem
     assert.deepEqual(await table(NS.partial), await freshTable(input), `${what}: table after the partial sync`);
   }
 
-  // Removing elements needs `delete element`: only there, and nothing else of the O(N) kinds.
+  // A Service deleted: no `delete element` either (nft 1.0.6 would list every chain for it):
+  // its ClusterIP and its dispatch elements, which jump into its chains flushed now, linger.
   tracker.services.update(service(7), null);
   tracker.endpoints.update(slice(7, 3), null);
   await proxier.sync(input, tracker.apply(), false);
-  const removal = lines(runner.take()[0]);
-  const dels = removal.filter((l) => !PARTIAL_O1_COMMANDS.test(l));
-  assert.ok(dels.length > 0, 'the deleted service\'s elements are removed');
-  for (const l of dels) assert.match(l, /^delete element ip kube-proxy \S+ \{ (172\.30\.0\.8|1\.2\.3\.8|tcp \. 30007)\b/);
-  assert.deepEqual(await table(NS.partial), await freshTable(input), 'service deleted');
+  let sent = runner.take();
+  assert.equal(sent.length, 1);
+  assert.deepEqual(lines(sent[0]).filter((l) => !PARTIAL_O1_COMMANDS.test(l)), [], 'service deleted: only table-list forms');
+  const left = proxier.lingeringElements();
+  assert.deepEqual(left.map(({ set }) => set).sort(), ['cluster-ips', 'service-ips', 'service-ips', 'service-nodeports']);
+  for (const { el } of left) assert.match(el.key.join(' . '), /^(172\.30\.0\.8|1\.2\.3\.8|tcp \. 30007)\b/, 'only its own elements linger');
+  assert.deepEqual(await table(NS.partial, proxier), await freshTable(input), 'service deleted (modulo what lingers)');
+
+  // Endpoints emptied: the dispatch element lingers (its chain is flushed); endpoints back:
+  // it is used again as it is, and the no-endpoint reject, not harmless, goes at once.
+  tracker.endpoints.update(slice(8, 3), slice(8, 0));
+  await proxier.sync(input, tracker.apply(), false);
+  sent = runner.take();
+  assert.deepEqual(lines(sent[0]).filter((l) => !PARTIAL_O1_COMMANDS.test(l)), [], 'endpoints emptied: only table-list forms');
+  assert.deepEqual(await table(NS.partial, proxier), await freshTable(input), 'endpoints emptied');
+  tracker.endpoints.update(slice(8, 0), slice(8, 2));
+  await proxier.sync(input, tracker.apply(), false);
+  sent = runner.take();
+  for (const l of lines(sent[0]).filter((l) => !PARTIAL_O1_COMMANDS.test(l))) {
+    assert.match(l, /^delete element ip kube-proxy no-endpoint-(services|nodeports) \{ (172\.30\.0\.9|1\.2\.3\.9|tcp \. 30008)\b/, 'endpoints back: only its no-endpoint verdicts are deleted');
+  }
+  assert.match(sent[0], /^delete element ip kube-proxy no-endpoint-services \{ 172\.30\.0\.9 \. tcp \. 80 \}/m);
+  assert.doesNotMatch(sent[0], /^add map ip kube-proxy service-ips .*172\.30\.0\.9 /m, 'the lingering dispatch element is used again, not re-added');
+  assert.deepEqual(await table(NS.partial, proxier), await freshTable(input), 'endpoints back');
+
+  // After the delay, an idle sync deletes what lingers, then the retired chains: exactly a fresh full sync's table.
+  clock += 61_000;
+  await proxier.sync(input, new Set(), false);
+  assert.deepEqual(proxier.lingeringElements(), []);
+  assert.deepEqual(await table(NS.partial, undefined, { strict: true }), await freshTable(input, { strict: true }), 'after the idle sync');
   assert.equal(proxier.partialFallbacks, 0, 'no partial transaction was refused');
 });
 

@@ -43,8 +43,115 @@ export interface Transaction {
    * every chain; `flush set` does not); delete them in a later sync, with the chains
    */
   staleSets: string[];
+  /**
+   * elements that went from the desired table but stay in the kernel for now (a partial
+   * sync's `delete element` makes nft 1.0.6 list every chain: 1.4 s at 10,000 Services):
+   * each jumps to a chain this transaction flushes, so a packet that finds it is not NATed,
+   * or is a ClusterIP no Service uses any more (see deferrable); the proxier deletes them
+   * later, with the retired chains
+   */
+  lingering: LingeringElement[];
+  /** lingering elements (from earlier syncs) this transaction took back into use or deleted */
+  revived: LingeringElement[];
   /** short description of what changed */
   summary: string;
+}
+
+export interface LingeringElement {
+  set: string;
+  el: NftElement;
+}
+
+/** set name → element key → element, of elements left in the kernel by earlier partial syncs */
+export type Lingering = ReadonlyMap<string, ReadonlyMap<string, NftElement>>;
+
+/** the plain set whose removed elements may linger: a ClusterIP there is only rejected on ports no Service has */
+const CLUSTER_IPS_SET = 'cluster-ips';
+
+/**
+ * Whether a removed element may stay in the kernel until a later cleanup instead of being
+ * deleted now: a `goto`/`jump` into a chain the same transaction flushes (a packet that
+ * finds it runs an empty chain and comes back un-NATed, as if nothing matched), or a
+ * ClusterIP in cluster-ips (packets to it on any port are rejected at once instead of
+ * routed on, until the cleanup). Any other removal (a verdict into a live chain such as a
+ * port moved to another number, a no-endpoint reject or drop) is deleted at once.
+ */
+export function deferrable(set: string, el: NftElement, flushed: ReadonlySet<string>): boolean {
+  if (set === CLUSTER_IPS_SET) return true;
+  const target = lingeringTarget(el);
+  return target !== undefined && flushed.has(target);
+}
+
+/**
+ * Element bookkeeping shared by both partial diffs: an element to add that lingers in the
+ * kernel with the same value is already there (revived, nothing written); with another value
+ * the lingering one is deleted first. A removal is deferred when deferrable().
+ */
+class ElementDiff {
+  readonly delLines: string[] = [];
+  readonly addLines: string[] = [];
+  readonly lingering: LingeringElement[] = [];
+  readonly revived: LingeringElement[] = [];
+
+  constructor(
+    private readonly desired: Ruleset,
+    private readonly flushed: ReadonlySet<string>,
+    private readonly kept: Lingering,
+    private readonly defer: boolean,
+  ) {}
+
+  add(setName: string, el: NftElement, prev: NftElement | undefined | null): void {
+    if (!prev) {
+      const k = elementKey(el.key);
+      const old = this.kept.get(setName)?.get(k);
+      if (old) {
+        this.revived.push({ set: setName, el: old });
+        if (sameElement(old, el)) return;
+        this.delLines.push(deleteElementLine(this.desired, setName, old));
+      }
+    } else this.delLines.push(deleteElementLine(this.desired, setName, prev));
+    this.addLines.push(addElementsBySetLine(this.desired, this.desired.sets.get(setName)!, [el]));
+  }
+
+  remove(setName: string, el: NftElement): void {
+    if (this.defer && deferrable(setName, el, this.flushed)) this.lingering.push({ set: setName, el });
+    else this.delLines.push(deleteElementLine(this.desired, setName, el));
+  }
+
+  /**
+   * A lingering element whose target chain is in use again (a Service re-created under the
+   * same name, another address) would NAT packets to its old address: it goes now.
+   */
+  settle(): this {
+    const taken = new Set(this.revived.map((r) => `${r.set} ${elementKey(r.el.key)}`));
+    for (const [set, els] of this.kept) {
+      for (const [k, el] of els) {
+        if (taken.has(`${set} ${k}`)) continue;
+        const target = lingeringTarget(el);
+        if (target === undefined || !this.desired.chains.has(target)) continue;
+        this.delLines.push(deleteElementLine(this.desired, set, el));
+        this.revived.push({ set, el });
+      }
+    }
+    return this;
+  }
+}
+
+/** The chain a lingering element jumps to, if any (the proxier deletes that chain only after the element). */
+export function lingeringTarget(el: NftElement): string | undefined {
+  return /^(?:goto|jump) (\S+)$/.exec(el.value ?? '')?.[1];
+}
+
+/** `delete element` lines for lingering elements (a later cleanup). */
+export function deleteElementsText(rs: { family: Ruleset['family']; table: string }, els: LingeringElement[]): string {
+  return els.map(({ set, el }) => `delete element ${rs.family} ${rs.table} ${set} { ${elementKey(el.key)} }`).join('\n') + (els.length ? '\n' : '');
+}
+
+export interface PartialOptions {
+  /** elements earlier partial syncs left in the kernel (Transaction.lingering) */
+  lingering?: Lingering;
+  /** defer the removals deferrable() allows (default true) */
+  deferRemovals?: boolean;
 }
 
 export interface TransactionOptions {
@@ -100,19 +207,21 @@ export function fullTransaction(desired: Ruleset, live: LiveNames | null, opts: 
     ops: lines.length,
     staleChains,
     staleSets: [],
+    lingering: [],
+    revived: [],
     summary: `full sync: ${desired.chains.size} chains, ${desired.sets.size} sets/maps; ${staleChains.length} stale chains flushed, ${staleSets.length} stale sets deleted`,
   };
 }
 
 /** Partial sync: only the differences from `applied` (the table as kproxy last wrote it). */
-export function partialTransaction(desired: Ruleset, applied: Ruleset): Transaction {
+export function partialTransaction(desired: Ruleset, applied: Ruleset, opts: PartialOptions = {}): Transaction {
   const t = tableRef(desired);
   const setLines: string[] = [];
   const chainLines: string[] = [];
   const ruleLines: string[] = [];
-  const delLines: string[] = [];
-  const addLines: string[] = [];
   const changedChains: string[] = [];
+  const staleChains = [...applied.chains.keys()].filter((c) => !desired.chains.has(c)).sort();
+  const els = new ElementDiff(desired, new Set(staleChains), opts.lingering ?? new Map(), opts.deferRemovals ?? true);
 
   for (const s of desired.sets.values()) {
     const old = applied.sets.get(s.name);
@@ -122,10 +231,9 @@ export function partialTransaction(desired: Ruleset, applied: Ruleset): Transact
     for (const [k, el] of s.elements) {
       const prev = oldEls.get(k);
       if (prev && sameElement(prev, el)) continue;
-      if (prev) delLines.push(deleteElementLine(desired, s.name, prev));
-      addLines.push(addElementsBySetLine(desired, s, [el]));
+      els.add(s.name, el, prev);
     }
-    for (const [k, el] of oldEls) if (!s.elements.has(k)) delLines.push(deleteElementLine(desired, s.name, el));
+    for (const [k, el] of oldEls) if (!s.elements.has(k)) els.remove(s.name, el);
   }
 
   for (const ch of desired.chains.values()) {
@@ -138,9 +246,8 @@ export function partialTransaction(desired: Ruleset, applied: Ruleset): Transact
   }
   declareReferencedSets(desired, changedChains, setLines);
 
-  const staleChains = [...applied.chains.keys()].filter((c) => !desired.chains.has(c)).sort();
   const staleSets = [...applied.sets.values()].filter((s) => !desired.sets.has(s.name)).map((s) => [s.name, s.kind] as const).sort();
-  return assemblePartial(desired, { setLines, chainLines, ruleLines, delLines, addLines, tail: [] }, changedChains.length, staleChains, staleSets);
+  return assemblePartial(desired, { setLines, chainLines, ruleLines, els, tail: [] }, changedChains.length, staleChains, staleSets);
 }
 
 /**
@@ -173,27 +280,16 @@ export function deleteChainsTransaction(rs: { family: Ruleset['family']; table: 
  * partialTransaction would write, found by comparing only the objects the replanned ports
  * name with their previous values, so its cost follows the change, not the table.
  */
-export function partialTransactionFor(desired: Ruleset, previous: PreviousValues): Transaction {
+export function partialTransactionFor(desired: Ruleset, previous: PreviousValues, opts: PartialOptions = {}): Transaction {
   const t = tableRef(desired);
   const setLines: string[] = [];
   const chainLines: string[] = [];
   const ruleLines: string[] = [];
-  const delLines: string[] = [];
-  const addLines: string[] = [];
   const changedChains: string[] = [];
 
   for (const [name, old] of previous.sets) {
     const s = desired.sets.get(name);
     if (s && !old) setLines.push(addSetLine(desired, s));
-  }
-  for (const [setName, els] of previous.elements) {
-    const want = desired.sets.get(setName)?.elements;
-    for (const [k, prev] of els) {
-      const el = want?.get(k);
-      if (el && prev && (el === prev || sameElement(prev, el))) continue;
-      if (prev) delLines.push(deleteElementLine(desired, setName, prev));
-      if (el) addLines.push(addElementsBySetLine(desired, desired.sets.get(setName)!, [el]));
-    }
   }
   const staleChains: string[] = [];
   for (const [name, old] of previous.chains) {
@@ -208,10 +304,20 @@ export function partialTransactionFor(desired: Ruleset, previous: PreviousValues
     if (old) chainLines.push(`flush chain ${t} ${name}`);
     if (ch.rules.length) ruleLines.push(chainWithRulesLine(desired, ch));
   }
+  const els = new ElementDiff(desired, new Set(staleChains), opts.lingering ?? new Map(), opts.deferRemovals ?? true);
+  for (const [setName, prevEls] of previous.elements) {
+    const want = desired.sets.get(setName)?.elements;
+    for (const [k, prev] of prevEls) {
+      const el = want?.get(k);
+      if (el && prev && (el === prev || sameElement(prev, el))) continue;
+      if (el) els.add(setName, el, prev);
+      else if (prev) els.remove(setName, prev);
+    }
+  }
   declareReferencedSets(desired, changedChains, setLines);
   staleChains.sort();
   const staleSets = [...previous.sets].filter(([s, old]) => old && !desired.sets.has(s)).map(([s, old]) => [s, old!.kind] as const).sort();
-  return assemblePartial(desired, { setLines, chainLines, ruleLines, delLines, addLines, tail: [] }, changedChains.length, staleChains, staleSets);
+  return assemblePartial(desired, { setLines, chainLines, ruleLines, els, tail: [] }, changedChains.length, staleChains, staleSets);
 }
 
 /** The commands of a partial sync whose nft 1.0.6 cache is only the table list (see assemblePartial). */
@@ -230,7 +336,7 @@ export const PARTIAL_O1_COMMANDS = /^(?:add chain|flush chain|add set|add map|fl
  */
 function assemblePartial(
   desired: Ruleset,
-  p: { setLines: string[]; chainLines: string[]; ruleLines: string[]; delLines: string[]; addLines: string[]; tail: string[] },
+  p: { setLines: string[]; chainLines: string[]; ruleLines: string[]; els: ElementDiff; tail: string[] },
   changedChains: number,
   staleChains: string[],
   staleSets: ReadonlyArray<readonly [string, 'set' | 'map']>,
@@ -241,15 +347,18 @@ function assemblePartial(
   const retiredSets = staleSets.filter(([s]) => isAffinitySetName(s)).map(([s]) => s);
   p.tail.push(...staleChains.map((c) => `flush chain ${t} ${c}`));
   for (const [s, kind] of staleSets) p.tail.push(isAffinitySetName(s) ? `flush ${kind} ${t} ${s}` : `delete ${kind} ${t} ${s}`);
-  const body = [...p.setLines, ...p.chainLines, ...p.ruleLines, ...p.delLines, ...p.addLines, ...p.tail];
-  if (body.length === 0) return { text: '', ops: 0, staleChains: [], staleSets: [], summary: 'no changes' };
+  const { delLines, addLines, lingering, revived } = p.els.settle();
+  const body = [...p.setLines, ...p.chainLines, ...p.ruleLines, ...delLines, ...addLines, ...p.tail];
+  if (body.length === 0) return { text: '', ops: 0, staleChains: [], staleSets: [], lingering, revived, summary: 'no changes' };
   return {
     text: body.join('\n') + '\n',
     ops: body.length,
     staleChains,
     staleSets: retiredSets,
+    lingering,
+    revived,
     summary:
-      `partial sync: ${changedChains} chains rewritten, ${p.addLines.length} elements added, ` +
-      `${p.delLines.length} elements deleted, ${staleChains.length} chains and ${retiredSets.length} affinity sets retired`,
+      `partial sync: ${changedChains} chains rewritten, ${addLines.length} elements added, ` +
+      `${delLines.length} elements deleted, ${lingering.length} left for later, ${staleChains.length} chains and ${retiredSets.length} affinity sets retired`,
   };
 }

@@ -2,6 +2,8 @@
 // sync (full on the first sync, after a failure and when asked; otherwise only the
 // difference from what it last applied), and retires unused chains later: flushed at once,
 // deleted with a transaction that deletes anyway, or after an idle sync (staleChainMaxWaitMs).
+// A removed element that is harmless meanwhile (a jump into such a chain, a ClusterIP no
+// Service has) lingers the same way and goes before its chain (deferElementDeletes).
 import { SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
@@ -12,7 +14,18 @@ import { parseNftText } from '../../modes/nftables/parse.ts';
 import { assembleRuleset, optionsFromInput, type NftPlanOptions } from '../../modes/nftables/plan.ts';
 import { IncrementalPlanner } from '../../modes/nftables/incremental.ts';
 import { dumpRuleset, type NftFamily, type Ruleset } from '../../modes/nftables/ruleset.ts';
-import { deleteChainsTransaction, fullTransaction, partialTransaction, partialTransactionFor, type LiveNames, type Transaction } from '../../modes/nftables/transaction.ts';
+import {
+  deleteChainsTransaction,
+  deleteElementsText,
+  fullTransaction,
+  lingeringTarget,
+  partialTransaction,
+  partialTransactionFor,
+  type LingeringElement,
+  type LiveNames,
+  type Transaction,
+} from '../../modes/nftables/transaction.ts';
+import { elementKey, type NftElement } from '../../modes/nftables/ruleset.ts';
 import { TABLE } from '../../modes/nftables/names.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
 import { coded } from '../../errors.ts';
@@ -38,6 +51,14 @@ export interface NftProxierOptions {
    * pauses it is deleted anyway once it has been due this long (default 60 s)
    */
   staleChainMaxWaitMs?: number;
+  /**
+   * Leave a removed element in the kernel when it is harmless (it jumps to a chain the same
+   * transaction flushes, or it is a ClusterIP no Service uses: transaction.ts deferrable) and
+   * delete it later with the retired chains (default true): a partial sync's `delete element`
+   * makes nft 1.0.6 list every chain of the table (1.4 s at 10,000 Services), so a deleted
+   * Service would cost that on the hot path
+   */
+  deferElementDeletes?: boolean;
 }
 
 /** The input restricted to the ports of `services` (what a partial sync may have changed). */
@@ -67,6 +88,11 @@ export class NftProxier implements Proxier {
   private readonly staleChains = new Map<string, number>();
   /** retired affinity set → when it was flushed (deleted with the chains) */
   private readonly staleSets = new Map<string, number>();
+  /** elements removed from the desired table but left in the kernel (set → key → element), deleted with the chains */
+  private readonly lingering = new Map<string, Map<string, NftElement>>();
+  /** `${set} ${key}` of a lingering element → when it was left */
+  private readonly lingeringSince = new Map<string, number>();
+  private readonly deferElementDeletes: boolean;
   private lastTransaction = '';
   /** whether the last syncAttempt wrote a partial transaction */
   private lastAttemptPartial = false;
@@ -89,6 +115,43 @@ export class NftProxier implements Proxier {
     this.delayMs = opts.staleChainDelayMs ?? 1000;
     this.batchMs = opts.staleChainBatchMs ?? 10_000;
     this.maxWaitMs = opts.staleChainMaxWaitMs ?? 60_000;
+    this.deferElementDeletes = opts.deferElementDeletes ?? true;
+  }
+
+  /** Elements left in the kernel by partial syncs, to be deleted later (tests, /debug). */
+  lingeringElements(): LingeringElement[] {
+    return [...this.lingering].flatMap(([set, els]) => [...els.values()].map((el) => ({ set, el })));
+  }
+
+  private linger(items: LingeringElement[]): void {
+    for (const { set, el } of items) {
+      const k = elementKey(el.key);
+      let m = this.lingering.get(set);
+      if (!m) this.lingering.set(set, (m = new Map()));
+      m.set(k, el);
+      if (!this.lingeringSince.has(`${set} ${k}`)) this.lingeringSince.set(`${set} ${k}`, this.now());
+    }
+  }
+
+  private unlinger(items: LingeringElement[]): void {
+    for (const { set, el } of items) {
+      const k = elementKey(el.key);
+      this.lingering.get(set)?.delete(k);
+      if (this.lingering.get(set)?.size === 0) this.lingering.delete(set);
+      this.lingeringSince.delete(`${set} ${k}`);
+    }
+  }
+
+  /** Lingering elements left at least delayMs ago, and the oldest time among them. */
+  private dueLingering(): { items: LingeringElement[]; oldest: number } {
+    const out = { items: [] as LingeringElement[], oldest: Infinity };
+    for (const item of this.lingeringElements()) {
+      const since = this.lingeringSince.get(`${item.set} ${elementKey(item.el.key)}`) ?? this.now();
+      if (this.now() - since < this.delayMs) continue;
+      out.items.push(item);
+      out.oldest = Math.min(out.oldest, since);
+    }
+    return out;
   }
 
   /** the text of the last transaction sent to nft (for /debug and tests); '' after a successful one over MAX_KEPT_TRANSACTION_CHARS */
@@ -108,12 +171,20 @@ export class NftProxier implements Proxier {
   /** Chains and affinity sets retired at least delayMs ago that the desired table does not use again. */
   private dueStale(desired: Ruleset): { chains: string[]; sets: string[]; oldest: number } {
     const due = { chains: [] as string[], sets: [] as string[], oldest: Infinity };
+    // A chain a lingering element still jumps to goes in a later transaction than the element
+    // (a kernel older than 6.2 sees it referenced by an element deleted in the same batch).
+    const held = new Set<string>();
+    for (const { el } of this.lingeringElements()) {
+      const target = lingeringTarget(el);
+      if (target !== undefined) held.add(target);
+    }
     for (const [map, has, out] of [
       [this.staleChains, (n: string) => desired.chains.has(n), due.chains],
       [this.staleSets, (n: string) => desired.sets.has(n), due.sets],
     ] as const) {
       for (const [name, since] of map) {
         if (has(name)) map.delete(name);
+        else if (held.has(name)) continue;
         else if (this.now() - since >= this.delayMs) {
           out.push(name);
           due.oldest = Math.min(due.oldest, since);
@@ -134,13 +205,29 @@ export class NftProxier implements Proxier {
    */
   private async deleteStaleChains(family: NftFamily, desired: Ruleset, quiet: boolean): Promise<void> {
     if (this.now() - this.lastChainDeletion < this.batchMs) return;
+    const rs = { family, table: TABLE };
+    // Lingering elements first, in their own transaction: the chains they jump to are due only after.
+    const els = this.dueLingering();
+    if (els.items.length && (quiet || this.now() - els.oldest >= this.delayMs + this.maxWaitMs)) {
+      this.lastChainDeletion = this.now();
+      this.unlinger(els.items);
+      try {
+        await this.exec.apply(deleteElementsText(rs, els.items));
+      } catch (e) {
+        // A full sync (it flushes every set) removes them instead.
+        this.log.warn({ err: (e as Error).message, elements: els.items.length }, coded('KPROXY_NFT_STALE_CHAINS', 'could not delete the map elements of removed services; will retry'));
+        this.needFull = true;
+        this.cleanupFailures++;
+        return;
+      }
+    }
     const due = this.dueStale(desired);
     if (due.chains.length + due.sets.length === 0) return;
     if (!quiet && this.now() - due.oldest < this.delayMs + this.maxWaitMs) return;
     this.lastChainDeletion = this.now();
     this.forgetStale(due);
     try {
-      await this.exec.apply(deleteChainsTransaction({ family, table: TABLE }, due.chains, due.sets));
+      await this.exec.apply(deleteChainsTransaction(rs, due.chains, due.sets));
     } catch (e) {
       // They will be found again by the next full sync's listing and retried.
       this.log.warn({ err: (e as Error).message, chains: due.chains.length, sets: due.sets.length }, coded('KPROXY_NFT_STALE_CHAINS', 'could not delete retired chains; will retry'));
@@ -212,16 +299,24 @@ export class NftProxier implements Proxier {
       const live = await this.liveNames(family);
       deletesStaleSets = live !== null;
       tx = fullTransaction(desired, live, { recreateBaseChains: !this.baseChainsRecreated });
-    } else if (plan.previous) {
-      tx = partialTransactionFor(desired, plan.previous);
     } else {
-      // The options changed (e.g. node addresses): every port was replanned, diff it all.
-      tx = partialTransaction(desired, this.applied!);
+      const popts = { lingering: this.lingering, deferRemovals: this.deferElementDeletes };
+      // plan.previous: only some ports were replanned; otherwise the options changed (e.g.
+      // node addresses): every port was replanned, diff it all.
+      tx = plan.previous ? partialTransactionFor(desired, plan.previous, popts) : partialTransaction(desired, this.applied!, popts);
     }
-    // nft lists every chain for this transaction's deletes anyway: retire due chains with it.
-    const riders = this.lastAttemptPartial && /^delete /m.test(tx.text) ? this.dueStale(desired) : { chains: [], sets: [] };
-    const riding = riders.chains.length + riders.sets.length;
-    if (riding) tx = { ...tx, text: tx.text + deleteChainsTransaction({ family, table: TABLE }, riders.chains, riders.sets), ops: tx.ops + riding };
+    // nft lists every chain for this transaction's deletes anyway: lingering elements and due
+    // retired chains (those no lingering element jumps to) ride along.
+    const deletes = this.lastAttemptPartial && /^delete /m.test(tx.text);
+    const revived = new Set(tx.revived.map(({ set, el }) => `${set} ${elementKey(el.key)}`));
+    const ridingEls = deletes ? this.dueLingering().items.filter(({ set, el }) => !revived.has(`${set} ${elementKey(el.key)}`)) : [];
+    const riders = deletes ? this.dueStale(desired) : { chains: [], sets: [] };
+    const riding = ridingEls.length + riders.chains.length + riders.sets.length;
+    if (riding) {
+      const rs = { family, table: TABLE };
+      const text = tx.text + deleteElementsText(rs, ridingEls) + (riders.chains.length + riders.sets.length ? deleteChainsTransaction(rs, riders.chains, riders.sets) : '');
+      tx = { ...tx, text, ops: tx.ops + riding };
+    }
     if (tx.ops > 0) {
       this.lastTransaction = tx.text;
       try {
@@ -232,6 +327,14 @@ export class NftProxier implements Proxier {
       }
     }
     this.forgetStale(riders);
+    this.unlinger(ridingEls);
+    // A full transaction flushed every set: nothing lingers; a partial one may leave elements.
+    if (!this.lastAttemptPartial) {
+      this.lingering.clear();
+      this.lingeringSince.clear();
+    }
+    this.unlinger(tx.revived);
+    this.linger(tx.lingering);
     // The full transaction deleted the retired sets itself.
     if (deletesStaleSets) for (const s of this.staleSets.keys()) if (!desired.sets.has(s)) this.staleSets.delete(s);
     // memory: a full transaction at 10,000 Services is tens of MiB of text; it is needed only
