@@ -22,6 +22,8 @@ export interface IpvsPhaseOptions {
   memMiB: number;
   /** the whole VM run is killed after this many seconds */
   timeoutS: number;
+  /** the one-Service change by a full sync (the old read-back, a comparison) only up to this many Services; all when absent */
+  fullChangeMax?: number;
   log: (line: string) => void;
 }
 
@@ -49,7 +51,7 @@ export function vmArgs(o: Omit<IpvsPhaseOptions, 'log'>, outGuestPath: string, r
     ...(bundleGuestPath ? ['--env', `BUNDLE=${bundleGuestPath}`] : []), '--cwd', '/project',
     'bench/ipvs-in-vm.sh', '--cold-sizes', o.coldSizes.join(','), '--connect-sizes', o.connectSizes.join(','),
     '--endpoints', String(o.endpoints), '--changes', String(o.changes), '--connect-count', String(o.connectCount),
-    '--exec-timeout', String(o.timeoutS), '--out', outGuestPath,
+    '--exec-timeout', String(o.timeoutS), ...(o.fullChangeMax !== undefined ? ['--full-change-max', String(o.fullChangeMax)] : []), '--out', outGuestPath,
   ];
 }
 

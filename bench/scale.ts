@@ -4,7 +4,8 @@
 //   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,memory,cold,run,connect,ipvs]
 //        [--sizes 100,1000,...] [--run-sizes 100,10000] [--connect-sizes 100,1000,...]
 //        [--variants iptables,iptables-legacy,nftables] [--nft-max 60000] [--endpoints 5]
-//        [--ipvs-sizes 100,1000] [--ipvs-connect-sizes 100,1000] [--ipvs-mem 1536] [--ipvs-timeout 1500]
+//        [--ipvs-sizes 100,1000,10000] [--ipvs-connect-sizes 100,1000,5000,10000] [--ipvs-mem 4096] [--ipvs-timeout 2700]
+//        [--ipvs-full-change-max 1000] [--ipvs-connect-count 200] [--ipvs-parallel] [--ipvs-from FILE]
 //        [--memory-size 10000] [--memory-variant iptables-legacy] [--manifest-services 10000]
 //        [--stream-seconds 30] [--stream-rate 10] [--detect both|packet|kernel] [--timeout 600] [--out bench/out] [--docs docs]
 //
@@ -84,6 +85,8 @@ export interface ScaleOptions {
   /** connects per target in the VM (each costs tens of ms under emulation) */
   ipvsConnectCount: number;
   ipvsTimeoutS: number;
+  /** the VM's one-Service change by a full sync (a comparison: minutes at 10,000 under emulation) only up to this size */
+  ipvsFullChangeMax?: number;
   /** run the VM alongside the host phases (--quick, to stay under 5 minutes) instead of after them */
   ipvsParallel: boolean;
   /** report a saved VM run (bench/out/ipvs-vm-*.json) instead of booting the VM */
@@ -161,6 +164,7 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
   const ipvsOpts = () => ({
     coldSizes: o.ipvsSizes, connectSizes: o.ipvsConnectSizes, endpoints: o.endpoints, changes: o.changes,
     connectCount: o.ipvsConnectCount, memMiB: o.ipvsMemMiB, timeoutS: o.ipvsTimeoutS, log: o.log,
+    ...(o.ipvsFullChangeMax !== undefined ? { fullChangeMax: o.ipvsFullChangeMax } : {}),
   });
   let ipvsRun: Promise<IpvsPhaseResult> | undefined;
   if (o.phases.includes('ipvs') && o.ipvsFrom) {
@@ -485,15 +489,15 @@ export function ipvsMarkdown(x: IpvsPhaseResult): string {
     (x.error ? `\n\n**The VM run failed:** ${x.error}` : '')];
   const cold = x.cold ?? [];
   if (cold.length) {
-    parts.push(table(['N', 'raw: ipset restore', 'iptables-restore', 'ipvsadm -R', 'ip -batch (VIPs)', 'raw total', 'kproxy first sync (its commands)', 'kproxy ÷ raw', 'one-Service change (median)'],
-      cold.map((c) => c.error ? [n0(c.n), `failed: ${c.error.slice(0, 100)}`, '', '', '', '', '', '', ''] : [n0(c.n), fmtMs(c.raw.ipset), fmtMs(c.raw.iptables), `${fmtMs(c.raw.ipvsadm)} (${n0(c.raw.ipvsLines)} lines)`, fmtMs(c.raw.addresses), fmtMs(c.raw.total),
-        `${fmtMs(c.kproxyMs)} (${fmtMs(c.kproxyExecMs)})`, (c.kproxyMs / c.raw.total).toFixed(2), c.changeMs.length ? `${fmtMs(median(c.changeMs))} (${c.changeMs.map((m) => fmtMs(m)).join(', ')})` : '–'])));
+    parts.push(table(['N', 'raw: ipset restore', 'iptables-restore', 'ipvsadm -R', 'ip -batch (VIPs)', 'raw total', 'kproxy first sync (its commands)', 'kproxy ÷ raw', 'one-Service change (median)', 'the same change by a full sync'],
+      cold.map((c) => c.error ? [n0(c.n), `failed: ${c.error.slice(0, 100)}`, '', '', '', '', '', '', '', ''] : [n0(c.n), fmtMs(c.raw.ipset), fmtMs(c.raw.iptables), `${fmtMs(c.raw.ipvsadm)} (${n0(c.raw.ipvsLines)} lines)`, fmtMs(c.raw.addresses), fmtMs(c.raw.total),
+        `${fmtMs(c.kproxyMs)} (${fmtMs(c.kproxyExecMs)})`, (c.kproxyMs / c.raw.total).toFixed(2), c.changeMs.length ? `${fmtMs(median(c.changeMs))} (${c.changeMs.map((m) => fmtMs(m)).join(', ')})` : '–', c.changeFullMs !== undefined ? fmtMs(c.changeFullMs) : '–'])));
     const cmds = cold.filter((c) => c.firstSyncCommands).map((c) => `- N=${n0(c.n)}: first sync: ${c.firstSyncCommands}; last change: ${c.changeCommands ?? '–'}`);
     if (cmds.length) parts.push(`Where kproxy's time goes (commands, slowest first):\n\n${cmds.join('\n')}`);
   }
   const con = x.connect ?? [];
   if (con.length) {
-    parts.push(`First-packet connect latency in the VM (ms, p10 / p50 / p99, ${o.connectCount} connects per target, each mode in a fresh node namespace; ipvs: kproxy's first sync; iptables: the iptables mode's rendered rules, flushing iptables-restore, nf_tables backend). Under emulation on a loaded host the p50 is mostly the emulator's scheduling; the p10 is the closest to the path's own cost.\n\n` +
+    parts.push(`First-packet connect latency in the VM (ms, p10 / p50 / p99, ${o.connectCount} connects per target, each mode in a fresh node namespace; ipvs: over kproxy's first sync, in the namespace where it was timed ("rules loaded in" is that sync); iptables: the iptables mode's rendered rules, flushing iptables-restore, nf_tables backend). Under emulation on a loaded host the p50 is mostly the emulator's scheduling; the p10 is the closest to the path's own cost.\n\n` +
       table(['mode', 'N', 'first Service', 'last Service', 'pod IP (no Service)', 'rules loaded in', 'errors'],
         con.map((c) => [c.mode, n0(c.n), ...(['first', 'last', 'pod'] as const).map((k) => c.targets[k] ? `${c.targets[k].p10Ms.toFixed(2)} / ${c.targets[k].p50Ms.toFixed(2)} / ${c.targets[k].p99Ms.toFixed(2)}` : '–'), fmtMs(c.loadMs), c.error ?? ''])));
   }
@@ -600,15 +604,15 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
       quick: { type: 'boolean', default: false },
       phases: { type: 'string' }, sizes: { type: 'string' }, 'run-sizes': { type: 'string' }, 'connect-sizes': { type: 'string' },
       variants: { type: 'string' }, 'nft-max': { type: 'string' }, 'memory-size': { type: 'string' }, 'memory-variant': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
-      'ipvs-sizes': { type: 'string' }, 'ipvs-connect-sizes': { type: 'string' }, 'ipvs-mem': { type: 'string' }, 'ipvs-timeout': { type: 'string' }, 'ipvs-connect-count': { type: 'string' }, 'ipvs-parallel': { type: 'boolean' }, 'ipvs-from': { type: 'string' },
+      'ipvs-sizes': { type: 'string' }, 'ipvs-connect-sizes': { type: 'string' }, 'ipvs-mem': { type: 'string' }, 'ipvs-timeout': { type: 'string' }, 'ipvs-connect-count': { type: 'string' }, 'ipvs-parallel': { type: 'boolean' }, 'ipvs-from': { type: 'string' }, 'ipvs-full-change-max': { type: 'string' },
       changes: { type: 'string' }, detect: { type: 'string' }, 'stream-seconds': { type: 'string' }, 'stream-rate': { type: 'string' }, 'connect-count': { type: 'string' },
       timeout: { type: 'string' }, out: { type: 'string', default: 'bench/out' }, docs: { type: 'string', default: 'docs' }, 'no-docs': { type: 'boolean', default: false },
     },
   });
   const q = values.quick!;
   const d = q
-    ? { sizes: '100,1000', run: '100,1000', connect: '100,1000', stream: '5', timeout: '120', count: '200', changes: '3', ipvs: '100', ipvsConnect: '100', ipvsMem: '1024', ipvsTimeout: '300', ipvsCount: '50' }
-    : { sizes: '100,1000,5000,10000,20000,50000', run: '100,10000', connect: '100,1000,5000,10000,20000', stream: '30', timeout: '900', count: '300', changes: '5', ipvs: '100,1000,10000', ipvsConnect: '100,1000', ipvsMem: '3072', ipvsTimeout: '2400', ipvsCount: '200' };
+    ? { sizes: '100,1000', run: '100,1000', connect: '100,1000', stream: '5', timeout: '120', count: '200', changes: '3', ipvs: '100', ipvsConnect: '100', ipvsMem: '1024', ipvsTimeout: '300', ipvsCount: '50', ipvsFullChangeMax: undefined }
+    : { sizes: '100,1000,5000,10000,20000,50000', run: '100,10000', connect: '100,1000,5000,10000,20000', stream: '30', timeout: '900', count: '300', changes: '5', ipvs: '100,1000,10000', ipvsConnect: '100,1000,5000,10000', ipvsMem: '4096', ipvsTimeout: '2700', ipvsCount: '200', ipvsFullChangeMax: '1000' };
   const phases = (values.phases ?? PHASES.join(',')).split(',').map((s) => s.trim()).filter(Boolean);
   for (const p of phases) if (!(PHASES as readonly string[]).includes(p)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown phase ${JSON.stringify(p)} (want some of ${PHASES.join(', ')})`);
   const variants = (values.variants ?? ALL_VARIANTS.join(',')).split(',').map((s) => s.trim()).filter(Boolean);
@@ -629,6 +633,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
     ipvsSizes: intList('--ipvs-sizes', values['ipvs-sizes'] ?? d.ipvs), ipvsConnectSizes: intList('--ipvs-connect-sizes', values['ipvs-connect-sizes'] ?? d.ipvsConnect),
     ipvsMemMiB: one('--ipvs-mem', values['ipvs-mem'] ?? d.ipvsMem), ipvsTimeoutS: one('--ipvs-timeout', values['ipvs-timeout'] ?? d.ipvsTimeout),
     ipvsConnectCount: one('--ipvs-connect-count', values['ipvs-connect-count'] ?? d.ipvsCount), ipvsParallel: values['ipvs-parallel'] ?? q, ipvsFrom: values['ipvs-from'] ? resolve(values['ipvs-from']) : null,
+    ...((values['ipvs-full-change-max'] ?? d.ipvsFullChangeMax) !== undefined ? { ipvsFullChangeMax: one('--ipvs-full-change-max', (values['ipvs-full-change-max'] ?? d.ipvsFullChangeMax)!) } : {}),
     timeoutS: one('--timeout', values.timeout ?? d.timeout),
     outDir: resolve(values.out!), docsDir: values['no-docs'] ? null : resolve(values.docs!), log,
   };

@@ -84,6 +84,10 @@ test('--quick picks small sizes; bad arguments are refused with a code', () => {
   const full = parseScaleArgs([], () => {});
   assert.ok(full.sizes.includes(50_000) && full.connectSizes.includes(20_000) && full.runSizes.includes(10_000));
   assert.ok(full.ipvsSizes.includes(1000) && full.ipvsTimeoutS > q.ipvsTimeoutS);
+  assert.ok(full.ipvsConnectSizes.includes(10_000), 'the full VM run measures connect latency at 10,000');
+  assert.equal(full.ipvsFullChangeMax, 1000, 'the full-sync change comparison stops at 1,000 in the full run (minutes at 10,000 under emulation)');
+  assert.equal(q.ipvsFullChangeMax, undefined);
+  assert.equal(parseScaleArgs(['--ipvs-full-change-max', '5000'], () => {}).ipvsFullChangeMax, 5000);
   assert.throws(() => parseScaleArgs(['--ipvs-sizes', '100,x'], () => {}), /KPROXY_BENCH_ARGS/);
   assert.throws(() => parseScaleArgs(['--variants', 'ipvs'], () => {}), (e: Error) => e instanceof ScaleError && /KPROXY_BENCH_ARGS/.test(e.message));
   assert.throws(() => parseScaleArgs(['--sizes', '0'], () => {}), /KPROXY_BENCH_ARGS/);
@@ -159,6 +163,10 @@ test('the VM command line shares a symlinked node_modules at its own path', asyn
     assert.deepEqual(shares, [`${join(d, 'repo')}:/project`, '/usr/bin:/hostbin:ro', `${join(d, 'real-nm')}:${join(d, 'real-nm')}:ro`]);
     assert.deepEqual(a.slice(a.indexOf('bench/ipvs-in-vm.sh') + 1, a.indexOf('bench/ipvs-in-vm.sh') + 3), ['--cold-sizes', '100,1000']);
     assert.equal(a[a.indexOf('--mem') + 1], '2048');
+    assert.ok(!a.includes('--full-change-max'), 'absent: the guest default (every size)');
+    const b = vmArgs({ coldSizes: [100], connectSizes: [100, 10_000], endpoints: 5, changes: 3, connectCount: 50, memMiB: 4096, timeoutS: 900, fullChangeMax: 1000 }, '/x.json', join(d, 'repo'));
+    assert.equal(b[b.indexOf('--full-change-max') + 1], '1000');
+    assert.equal(b[b.indexOf('--connect-sizes') + 1], '100,10000');
   } finally {
     rmSync(d, { recursive: true, force: true });
   }
