@@ -1,7 +1,8 @@
 // Runs INSIDE the IPVS VM (bench/ipvs-in-vm.sh starts it; the host side is bench/ipvs-vm.ts).
 // Measures, side by side in one VM (software emulation: absolute times are 10–50× a real
 // machine's; the ratios are what the figures are for):
-//   cold     per size: a raw reference (`ipset restore` + `iptables-restore` + `ipvsadm -R` +
+//   cold     per size (after each namespace's deletion the bench waits for an idle CPU: the
+//            kernel's teardown would land on the next measurement): a raw reference (`ipset restore` + `iptables-restore` + `ipvsadm -R` +
 //            `ip -batch` of the same content kproxy's plan holds, into an empty kernel) beside
 //            kproxy's first full sync (IpvsProxier.sync), then one-Service changes (one endpoint
 //            added to one Service, IpvsProxier.sync partial), median;
@@ -141,7 +142,31 @@ async function withNamespace<T>(name: string, timeoutMs: number, fn: (runner: Vm
     return await fn(runner);
   } finally {
     await hostRunner.run('ip', ['netns', 'del', name], { timeoutMs: 120_000 });
+    // the kernel tears a namespace down later, in a work queue (its virtual servers, real servers,
+    // rules, sets): on the one vCPU that would land on the next measurement (seen: the same 12,000
+    // `ipvsadm -R` lines 8.5 s raw, then 22.9 s in kproxy's sync right after the raw namespace
+    // was deleted)
+    const ms = await quiesce();
+    say(`namespace ${name} deleted; the CPU was idle again after ${(ms / 1000).toFixed(1)} s`);
   }
+}
+
+/** CPU time counters of /proc/stat: [idle + iowait, total] */
+function cpuTimes(): [number, number] {
+  const f = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
+  return [f[3] + (f[4] ?? 0), f.reduce((a, b) => a + b, 0)];
+}
+
+/** Waits (at most maxMs) until the CPU was ≥ 85 % idle for two 1 s windows in a row; returns the time waited. */
+async function quiesce(maxMs = 240_000): Promise<number> {
+  const t0 = performance.now();
+  for (let calm = 0; calm < 2 && performance.now() - t0 < maxMs; ) {
+    const [i0, a0] = cpuTimes();
+    await new Promise((r) => setTimeout(r, 1000));
+    const [i1, a1] = cpuTimes();
+    calm = (i1 - i0) / Math.max(1, a1 - a0) >= 0.85 ? calm + 1 : 0;
+  }
+  return performance.now() - t0;
 }
 
 function say(line: string): void {

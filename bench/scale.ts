@@ -46,7 +46,7 @@ import { spawnSync } from 'node:child_process';
 import { coldPhase, type ColdResult } from './cold.ts';
 import { connectPhase, type ConnectResult, type ConnectVariant } from './connect.ts';
 import { killStarted, runPhase, type Detect, type RunPhaseResult, type RunVariant, type StreamResult } from './kproxy-run.ts';
-import { ipvsPhase, type IpvsPhaseResult } from './ipvs-vm.ts';
+import { ipvsPhase, killVms, type IpvsPhaseResult } from './ipvs-vm.ts';
 import { manifestsLoad, type ManifestsLoadResult } from './manifests-load.ts';
 import type { MemoryStep } from './memory.ts';
 import { Namespaces } from './netns.ts';
@@ -154,7 +154,7 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
   const workDir = mkdtempSync(join(tmpdir(), 'kpb-scale-'));
   const onSignal = () => {
     // kproxy and the probes first: a namespace with a process in it outlives `ip netns del`
-    void killStarted().finally(() => nss.deleteAll()).finally(() => {
+    void Promise.all([killStarted(), killVms()]).finally(() => nss.deleteAll()).finally(() => {
       rmSync(workDir, { recursive: true, force: true });
       process.exit(130);
     });
