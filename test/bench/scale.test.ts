@@ -253,3 +253,43 @@ test('the write log counts the rule writes that started in a window, reads and p
   assert.equal(writesIn(log, 1_001_400, 1_002_800).writes, 1);
   assert.equal(writesIn(log, 1_003_000, 1_008_000).writes, 0);
 });
+
+test('killVm kills the VM runner and what it runs under `timeout`, which sits in a process group of its own', async () => {
+  const { spawn } = await import('node:child_process');
+  const { mkdtempSync, readFileSync, existsSync, rmSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { join } = await import('node:path');
+  const { killVm } = await import('../../bench/ipvs-vm.ts');
+  const d = mkdtempSync(join(tmpdir(), 'kpb-killvm-'));
+  const pidFile = join(d, 'pid');
+  // the runner's shape: a shell that runs the "VM" under timeout and waits for it
+  const p = spawn('bash', ['-c', `timeout -k 2 60 sh -c 'echo $$ > ${pidFile}; exec sleep 60'; echo after`], { detached: true, stdio: 'ignore' });
+  try {
+    const deadline = Date.now() + 10_000;
+    while (!existsSync(pidFile) || !readFileSync(pidFile, 'utf8').trim()) {
+      assert.ok(Date.now() < deadline, 'the child never started');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const inner = Number(readFileSync(pidFile, 'utf8').trim());
+    const alive = (pid: number) => {
+      try {
+        process.kill(pid, 0);
+        return true;
+      } catch {
+        return false;
+      }
+    };
+    assert.ok(alive(inner));
+    await killVm(p);
+    const gone = Date.now() + 10_000;
+    while (alive(inner) && Date.now() < gone) await new Promise((r) => setTimeout(r, 20));
+    assert.ok(!alive(inner), 'the process under timeout was killed');
+  } finally {
+    try {
+      process.kill(-p.pid!, 'SIGKILL');
+    } catch {
+      /* gone */
+    }
+    rmSync(d, { recursive: true, force: true });
+  }
+});
