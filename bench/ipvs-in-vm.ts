@@ -370,6 +370,8 @@ async function main(): Promise<void> {
     strict: true,
     options: {
       'cold-sizes': { type: 'string', default: '100,1000' }, 'connect-sizes': { type: 'string', default: '100,1000' },
+      // which modes the connect sizes measure (a second boot can measure one mode only)
+      'connect-modes': { type: 'string', default: 'ipvs,iptables' },
       endpoints: { type: 'string', default: '5' }, changes: { type: 'string', default: '3' }, 'connect-count': { type: 'string', default: '100' },
       'exec-timeout': { type: 'string', default: '600' }, out: { type: 'string' },
       // the one-Service change by a full sync (the old read-back, for comparison) only up to this size
@@ -394,38 +396,42 @@ async function main(): Promise<void> {
     // (each sample is also printed as an IPVSBENCH line)
     const coldSizes = ints(values['cold-sizes']!);
     const connectSizes = ints(values['connect-sizes']!);
+    const modes = values['connect-modes']!.split(',').map((x) => x.trim());
     const emit = (x: { cold: IpvsColdSample } | { connect: IpvsConnectSample }) => process.stdout.write(`IPVSBENCH ${JSON.stringify(x)}\n`);
     for (const n of [...new Set([...coldSizes, ...connectSizes])].sort((x, y) => x - y)) {
       const cold = coldSizes.includes(n);
-      const con = connectSizes.includes(n);
-      say(`N=${n}: ${[cold ? 'cold start + changes' : '', con ? 'connect (ipvs, iptables)' : ''].filter(Boolean).join(', ')}`);
-      try {
-        // partial syncs no longer list the whole IPVS table: as many changes at 10k as at 100
-        const r = await sizeAt(n, { endpoints: res.endpoints, changes: Number(values.changes), cold, connect: con, connectCount: Number(values['connect-count']), fullChangeMax: Number(values['full-change-max']) }, runner);
-        if (r.cold) {
-          res.cold.push(r.cold);
-          emit({ cold: r.cold });
-        }
-        if (r.ipvsConnect) {
-          res.connect.push(r.ipvsConnect);
-          emit({ connect: r.ipvsConnect });
-        }
-      } catch (e) {
-        const error = (e as Error).message.slice(0, 300);
-        say(`N=${n}: FAILED ${error}`);
-        if (cold) {
-          const c: IpvsColdSample = { n, raw: { ipset: NaN, iptables: NaN, ipvsadm: NaN, addresses: NaN, total: NaN, ipvsLines: 0, setLines: 0 }, kproxyMs: NaN, kproxyExecMs: NaN, changeMs: [], virtualServers: 0, error };
-          res.cold.push(c);
-          emit({ cold: c });
-        }
-        if (con) {
-          const c: IpvsConnectSample = { n, mode: 'ipvs', loadMs: NaN, targets: {} as IpvsConnectSample['targets'], error };
-          res.connect.push(c);
-          emit({ connect: c });
+      const con = connectSizes.includes(n) && modes.includes('ipvs');
+      const conIptables = connectSizes.includes(n) && modes.includes('iptables');
+      say(`N=${n}: ${[cold ? 'cold start + changes' : '', con ? 'connect ipvs' : '', conIptables ? 'connect iptables' : ''].filter(Boolean).join(', ')}`);
+      if (cold || con) {
+        try {
+          // partial syncs no longer list the whole IPVS table: as many changes at 10k as at 100
+          const r = await sizeAt(n, { endpoints: res.endpoints, changes: Number(values.changes), cold, connect: con, connectCount: Number(values['connect-count']), fullChangeMax: Number(values['full-change-max']) }, runner);
+          if (r.cold) {
+            res.cold.push(r.cold);
+            emit({ cold: r.cold });
+          }
+          if (r.ipvsConnect) {
+            res.connect.push(r.ipvsConnect);
+            emit({ connect: r.ipvsConnect });
+          }
+        } catch (e) {
+          const error = (e as Error).message.slice(0, 300);
+          say(`N=${n}: FAILED ${error}`);
+          if (cold) {
+            const c: IpvsColdSample = { n, raw: { ipset: NaN, iptables: NaN, ipvsadm: NaN, addresses: NaN, total: NaN, ipvsLines: 0, setLines: 0 }, kproxyMs: NaN, kproxyExecMs: NaN, changeMs: [], virtualServers: 0, error };
+            res.cold.push(c);
+            emit({ cold: c });
+          }
+          if (con) {
+            const c: IpvsConnectSample = { n, mode: 'ipvs', loadMs: NaN, targets: {} as IpvsConnectSample['targets'], error };
+            res.connect.push(c);
+            emit({ connect: c });
+          }
         }
       }
       save();
-      if (con) {
+      if (conIptables) {
         const c = await iptablesConnectAt(n, res.endpoints, Number(values['connect-count']), runner.timeoutMs);
         res.connect.push(c);
         emit({ connect: c });

@@ -83,6 +83,8 @@ export interface IpvsPhaseOptions {
   timeoutS: number;
   /** the one-Service change by a full sync (the old read-back, a comparison) only up to this many Services; all when absent */
   fullChangeMax?: number;
+  /** the modes the connect sizes measure; both when absent */
+  connectModes?: Array<'ipvs' | 'iptables'>;
   log: (line: string) => void;
 }
 
@@ -110,7 +112,8 @@ export function vmArgs(o: Omit<IpvsPhaseOptions, 'log'>, outGuestPath: string, r
     ...(bundleGuestPath ? ['--env', `BUNDLE=${bundleGuestPath}`] : []), '--cwd', '/project',
     'bench/ipvs-in-vm.sh', '--cold-sizes', o.coldSizes.join(','), '--connect-sizes', o.connectSizes.join(','),
     '--endpoints', String(o.endpoints), '--changes', String(o.changes), '--connect-count', String(o.connectCount),
-    '--exec-timeout', String(o.timeoutS), ...(o.fullChangeMax !== undefined ? ['--full-change-max', String(o.fullChangeMax)] : []), '--out', outGuestPath,
+    '--exec-timeout', String(o.timeoutS), ...(o.fullChangeMax !== undefined ? ['--full-change-max', String(o.fullChangeMax)] : []),
+    ...(o.connectModes ? ['--connect-modes', o.connectModes.join(',')] : []), '--out', outGuestPath,
   ];
 }
 

@@ -87,6 +87,8 @@ export interface ScaleOptions {
   ipvsTimeoutS: number;
   /** the VM's one-Service change by a full sync (a comparison: minutes at 10,000 under emulation) only up to this size */
   ipvsFullChangeMax?: number;
+  /** the modes the VM's connect sizes measure (both by default) */
+  ipvsConnectModes?: Array<'ipvs' | 'iptables'>;
   /** run the VM alongside the host phases (--quick, to stay under 5 minutes) instead of after them */
   ipvsParallel: boolean;
   /** report a saved VM run (bench/out/ipvs-vm-*.json) instead of booting the VM */
@@ -165,6 +167,7 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     coldSizes: o.ipvsSizes, connectSizes: o.ipvsConnectSizes, endpoints: o.endpoints, changes: o.changes,
     connectCount: o.ipvsConnectCount, memMiB: o.ipvsMemMiB, timeoutS: o.ipvsTimeoutS, log: o.log,
     ...(o.ipvsFullChangeMax !== undefined ? { fullChangeMax: o.ipvsFullChangeMax } : {}),
+    ...(o.ipvsConnectModes ? { connectModes: o.ipvsConnectModes } : {}),
   });
   let ipvsRun: Promise<IpvsPhaseResult> | undefined;
   if (o.phases.includes('ipvs') && o.ipvsFrom) {
@@ -590,6 +593,12 @@ function syncsCell(x?: StreamResult): string {
   return `${s.count} (${s.changedMedian} / ${s.changedMax} each, ${fmtMs(s.durationMedianMs)}${w})`;
 }
 
+function connectModes(text: string): Array<'ipvs' | 'iptables'> {
+  const xs = text.split(',').map((s) => s.trim()).filter(Boolean);
+  if (!xs.length || xs.some((x) => x !== 'ipvs' && x !== 'iptables')) throw new ScaleError(`KPROXY_BENCH_ARGS: --ipvs-connect-modes wants ipvs and/or iptables separated by commas, got ${JSON.stringify(text)}`);
+  return xs as Array<'ipvs' | 'iptables'>;
+}
+
 function intList(flag: string, text: string): number[] {
   const xs = text.split(',').map((s) => s.trim()).filter(Boolean).map(Number);
   if (!xs.length || xs.some((x) => !Number.isInteger(x) || x < 1 || x > 60_000)) throw new ScaleError(`KPROXY_BENCH_ARGS: ${flag} wants integers 1..60000 separated by commas, got ${JSON.stringify(text)}`);
@@ -604,7 +613,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
       quick: { type: 'boolean', default: false },
       phases: { type: 'string' }, sizes: { type: 'string' }, 'run-sizes': { type: 'string' }, 'connect-sizes': { type: 'string' },
       variants: { type: 'string' }, 'nft-max': { type: 'string' }, 'memory-size': { type: 'string' }, 'memory-variant': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
-      'ipvs-sizes': { type: 'string' }, 'ipvs-connect-sizes': { type: 'string' }, 'ipvs-mem': { type: 'string' }, 'ipvs-timeout': { type: 'string' }, 'ipvs-connect-count': { type: 'string' }, 'ipvs-parallel': { type: 'boolean' }, 'ipvs-from': { type: 'string' }, 'ipvs-full-change-max': { type: 'string' },
+      'ipvs-sizes': { type: 'string' }, 'ipvs-connect-sizes': { type: 'string' }, 'ipvs-mem': { type: 'string' }, 'ipvs-timeout': { type: 'string' }, 'ipvs-connect-count': { type: 'string' }, 'ipvs-parallel': { type: 'boolean' }, 'ipvs-from': { type: 'string' }, 'ipvs-full-change-max': { type: 'string' }, 'ipvs-connect-modes': { type: 'string' },
       changes: { type: 'string' }, detect: { type: 'string' }, 'stream-seconds': { type: 'string' }, 'stream-rate': { type: 'string' }, 'connect-count': { type: 'string' },
       timeout: { type: 'string' }, out: { type: 'string', default: 'bench/out' }, docs: { type: 'string', default: 'docs' }, 'no-docs': { type: 'boolean', default: false },
     },
@@ -630,7 +639,9 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
     memorySize: one('--memory-size', values['memory-size'] ?? '10000'), memoryVariant: memoryVariant as ScaleVariant, breakdown: !q, changes: one('--changes', values.changes ?? d.changes),
     streamSeconds: one('--stream-seconds', values['stream-seconds'] ?? d.stream), streamRate: one('--stream-rate', values['stream-rate'] ?? '10'),
     connectCount: one('--connect-count', values['connect-count'] ?? d.count),
-    ipvsSizes: intList('--ipvs-sizes', values['ipvs-sizes'] ?? d.ipvs), ipvsConnectSizes: intList('--ipvs-connect-sizes', values['ipvs-connect-sizes'] ?? d.ipvsConnect),
+    // `--ipvs-sizes none`: no cold start in the VM (a boot for connect latency only)
+    ipvsSizes: values['ipvs-sizes'] === 'none' ? [] : intList('--ipvs-sizes', values['ipvs-sizes'] ?? d.ipvs),
+    ...(values['ipvs-connect-modes'] !== undefined ? { ipvsConnectModes: connectModes(values['ipvs-connect-modes']) } : {}), ipvsConnectSizes: intList('--ipvs-connect-sizes', values['ipvs-connect-sizes'] ?? d.ipvsConnect),
     ipvsMemMiB: one('--ipvs-mem', values['ipvs-mem'] ?? d.ipvsMem), ipvsTimeoutS: one('--ipvs-timeout', values['ipvs-timeout'] ?? d.ipvsTimeout),
     ipvsConnectCount: one('--ipvs-connect-count', values['ipvs-connect-count'] ?? d.ipvsCount), ipvsParallel: values['ipvs-parallel'] ?? q, ipvsFrom: values['ipvs-from'] ? resolve(values['ipvs-from']) : null,
     ...((values['ipvs-full-change-max'] ?? d.ipvsFullChangeMax) !== undefined ? { ipvsFullChangeMax: one('--ipvs-full-change-max', (values['ipvs-full-change-max'] ?? d.ipvsFullChangeMax)!) } : {}),

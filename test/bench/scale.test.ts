@@ -88,6 +88,9 @@ test('--quick picks small sizes; bad arguments are refused with a code', () => {
   assert.equal(full.ipvsFullChangeMax, 1000, 'the full-sync change comparison stops at 1,000 in the full run (minutes at 10,000 under emulation)');
   assert.equal(q.ipvsFullChangeMax, undefined);
   assert.equal(parseScaleArgs(['--ipvs-full-change-max', '5000'], () => {}).ipvsFullChangeMax, 5000);
+  const only = parseScaleArgs(['--ipvs-sizes', 'none', '--ipvs-connect-modes', 'iptables'], () => {});
+  assert.deepEqual([only.ipvsSizes, only.ipvsConnectModes], [[], ['iptables']], 'a VM boot for iptables connect latency only');
+  assert.throws(() => parseScaleArgs(['--ipvs-connect-modes', 'nft'], () => {}), /KPROXY_BENCH_ARGS/);
   assert.throws(() => parseScaleArgs(['--ipvs-sizes', '100,x'], () => {}), /KPROXY_BENCH_ARGS/);
   assert.throws(() => parseScaleArgs(['--variants', 'ipvs'], () => {}), (e: Error) => e instanceof ScaleError && /KPROXY_BENCH_ARGS/.test(e.message));
   assert.throws(() => parseScaleArgs(['--sizes', '0'], () => {}), /KPROXY_BENCH_ARGS/);
@@ -167,6 +170,9 @@ test('the VM command line shares a symlinked node_modules at its own path', asyn
     const b = vmArgs({ coldSizes: [100], connectSizes: [100, 10_000], endpoints: 5, changes: 3, connectCount: 50, memMiB: 4096, timeoutS: 900, fullChangeMax: 1000 }, '/x.json', join(d, 'repo'));
     assert.equal(b[b.indexOf('--full-change-max') + 1], '1000');
     assert.equal(b[b.indexOf('--connect-sizes') + 1], '100,10000');
+    assert.ok(!b.includes('--connect-modes'), 'absent: both modes');
+    const c = vmArgs({ coldSizes: [], connectSizes: [10_000], endpoints: 5, changes: 3, connectCount: 50, memMiB: 4096, timeoutS: 900, connectModes: ['iptables'] }, '/x.json', join(d, 'repo'));
+    assert.deepEqual([c[c.indexOf('--connect-modes') + 1], c[c.indexOf('--cold-sizes') + 1]], ['iptables', '']);
   } finally {
     rmSync(d, { recursive: true, force: true });
   }
