@@ -140,6 +140,7 @@ test('the ipvs phase: goals are reported (met only at the sizes they name), a se
   const p = plots(r);
   assert.ok(p['scale-ipvs-vm-connect.svg'] && p['scale-ipvs-vm-sync.svg']);
   assert.equal((p['scale-ipvs-vm-connect.svg'].match(/<path /g) ?? []).length, 6);
+  assert.equal((p['scale-ipvs-vm-connect-ratio.svg'].match(/<path /g) ?? []).length, 4, 'last ÷ first, p10 and p50, per mode');
   assert.equal((p['scale-ipvs-vm-sync.svg'].match(/<path /g) ?? []).length, 3);
 });
 
