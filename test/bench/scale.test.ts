@@ -130,8 +130,9 @@ test('the ipvs phase: goals are reported (met only at the sizes they name), a se
   assert.match(find('IPVS (VM): one-Service change').measured, /1,000: 25\.0 s \(5\.0× from 100 to 1,000\)/);
   const con = find('IPVS (VM): first-packet');
   assert.equal(con.met, true, 'both modes at two sizes');
-  assert.match(con.measured, /1,000: ipvs last 1\.10 ms, iptables last 3\.00 ms/);
-  assert.match(find("the seed's claim").measured, /VM ipvs: last p50 1\.10 ms at 100 → 1\.10 ms at 1,000/);
+  assert.match(con.measured, /1,000: ipvs 1\.10 \(0\.55 ms\), iptables 3\.00 \(1\.50 ms\)/, 'last ÷ first in p10, and the last p10');
+  assert.match(find("the seed's claim").measured, /VM ipvs: last ÷ first Service \(p10, one window\) 1\.10 at 100 → 1\.10 at 1,000/);
+  assert.match(find("the seed's claim").measured, /VM iptables: last ÷ first Service \(p10, one window\) 1\.20 at 100 → 3\.00 at 1,000/);
   r.goals = g;
   const md = markdown(r);
   assert.match(md, /### IPVS in the IPVS VM/);
