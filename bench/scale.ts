@@ -571,7 +571,7 @@ export function plots(r: ScaleResult): Record<string, string> {
       ratio.push({ label: `${mode}: last ÷ first Service, p10`, color, points: rs.map((c) => [c.n, c.targets.last.p10Ms / c.targets.first.p10Ms]) });
       ratio.push({ label: `${mode}: last ÷ first Service, p50`, color, dash: true, points: rs.map((c) => [c.n, c.targets.last.p50Ms / c.targets.first.p50Ms]) });
     }
-    out['scale-ipvs-vm-connect-ratio.svg'] = linePlotSVG(ratio, { title: 'IPVS VM: connect latency to the last ÷ the first Service', subtitle: vsub, yLabel: 'last ÷ first (1 = no cost of N)', fmt: (v) => v.toFixed(2) });
+    out['scale-ipvs-vm-connect-ratio.svg'] = linePlotSVG(ratio, { title: 'IPVS VM: connect latency to the last ÷ the first Service', subtitle: vsub, yLabel: 'last ÷ first (1 = no cost of N)', fmt: (v) => v.toFixed(2), yMin: 0.8 });
   }
   const cold = (x?.cold ?? []).filter((c) => !c.error).sort((a, b) => a.n - b.n);
   if (cold.length) {

@@ -301,3 +301,13 @@ test('killVm kills the VM runner and what it runs under `timeout`, which sits in
     rmSync(d, { recursive: true, force: true });
   }
 });
+
+test('linePlotSVG: yMin lifts a linear axis off 0 (ratios near 1), the default keeps 0', async () => {
+  const { linePlotSVG } = await import('../../bench/plot.ts');
+  const series = [{ label: 'a', color: '#000', points: [[100, 0.9], [1000, 1.4]] as Array<[number, number]> }];
+  const o = { title: 't', subtitle: 's', yLabel: 'y', fmt: (v: number) => v.toFixed(2) };
+  const lifted = linePlotSVG(series, { ...o, yMin: 0.8 });
+  assert.match(lifted, />0\.80<\/text>/);
+  assert.doesNotMatch(lifted, />0\.00<\/text>/);
+  assert.match(linePlotSVG(series, o), />0\.00<\/text>/);
+});
