@@ -1,15 +1,19 @@
 // Runs INSIDE the IPVS VM (bench/ipvs-in-vm.sh starts it; the host side is bench/ipvs-vm.ts).
 // Measures, side by side in one VM (software emulation: absolute times are 10–50× a real
 // machine's; the ratios are what the figures are for):
-//   cold     per size: a raw reference (`ipset restore` + `iptables-restore` + `ipvsadm -R` +
+//   cold     per size (after each namespace's deletion the bench waits for an idle CPU: the
+//            kernel's teardown would land on the next measurement): a raw reference (`ipset restore` + `iptables-restore` + `ipvsadm -R` +
 //            `ip -batch` of the same content kproxy's plan holds, into an empty kernel) beside
 //            kproxy's first full sync (IpvsProxier.sync), then one-Service changes (one endpoint
 //            added to one Service, IpvsProxier.sync partial), median;
-//   connect  per size: first-packet connect latency (connect() → SYN-ACK, p50 / p99) to the
-//            FIRST and the LAST Service's ClusterIP and to a pod IP directly, with the ipvs
-//            mode's rules (kproxy's first sync) and then with the iptables mode's rules
-//            (the rendered payload, loaded raw with a flushing iptables-restore as bench/connect.ts
-//            does on the host), in the same VM.
+//   connect  per size: first-packet connect latency (connect() → SYN-ACK, p10 / p50 / p99) to
+//            the FIRST and the LAST Service's ClusterIP and to a pod IP directly, with the ipvs
+//            mode's rules (kproxy's first sync: the same one the cold start times, at a size
+//            in both lists) and then with the iptables mode's rules (the rendered payload,
+//            loaded raw with a flushing iptables-restore as bench/connect.ts does on the
+//            host), in the same VM.
+// Sizes run smallest first, each once: raw reference, kproxy's first sync, changes, ipvs
+// connects, then the iptables connects in a fresh namespace.
 // The node is the VM's root namespace (192.168.0.2 on a veth, default route to the pods'
 // namespace `srv`, where 10.0.0.0/8 is local and one listener answers on :8080), set up by
 // bench/ipvs-in-vm.sh. Prints progress lines and "IPVSBENCH <json>" lines, and writes the whole
@@ -138,7 +142,31 @@ async function withNamespace<T>(name: string, timeoutMs: number, fn: (runner: Vm
     return await fn(runner);
   } finally {
     await hostRunner.run('ip', ['netns', 'del', name], { timeoutMs: 120_000 });
+    // the kernel tears a namespace down later, in a work queue (its virtual servers, real servers,
+    // rules, sets): on the one vCPU that would land on the next measurement (seen: the same 12,000
+    // `ipvsadm -R` lines 8.5 s raw, then 22.9 s in kproxy's sync right after the raw namespace
+    // was deleted)
+    const ms = await quiesce();
+    say(`namespace ${name} deleted; the CPU was idle again after ${(ms / 1000).toFixed(1)} s`);
   }
+}
+
+/** CPU time counters of /proc/stat: [idle + iowait, total] */
+function cpuTimes(): [number, number] {
+  const f = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
+  return [f[3] + (f[4] ?? 0), f.reduce((a, b) => a + b, 0)];
+}
+
+/** Waits (at most maxMs) until the CPU was ≥ 85 % idle for two 1 s windows in a row; returns the time waited. */
+async function quiesce(maxMs = 240_000): Promise<number> {
+  const t0 = performance.now();
+  for (let calm = 0; calm < 2 && performance.now() - t0 < maxMs; ) {
+    const [i0, a0] = cpuTimes();
+    await new Promise((r) => setTimeout(r, 1000));
+    const [i1, a1] = cpuTimes();
+    calm = (i1 - i0) / Math.max(1, a1 - a0) >= 0.85 ? calm + 1 : 0;
+  }
+  return performance.now() - t0;
 }
 
 function say(line: string): void {
@@ -173,29 +201,45 @@ function timesOf(n: number, k: number): number[] {
   return Array.from({ length: k }, (_, j) => Math.floor(((j + 1) / (k + 1)) * n));
 }
 
-async function coldAt(n: number, endpoints: number, changes: number, runner: VmRunner): Promise<IpvsColdSample> {
+/**
+ * One size: (cold sizes) the raw reference into an empty namespace; then a fresh node namespace
+ * wired to the pods where kproxy's first full sync is timed, followed by (cold sizes) the
+ * one-Service changes and the same change by a full sync (up to fullChangeMax Services), and
+ * (connect sizes) the ipvs connect latency over the rules that first sync wrote (the proxier
+ * stopped first: one first sync serves both, the 10,000-Service one costs minutes under emulation).
+ */
+async function sizeAt(n: number, o: { endpoints: number; changes: number; cold: boolean; connect: boolean; connectCount: number; fullChangeMax: number }, runner: VmRunner): Promise<{ cold?: IpvsColdSample; ipvsConnect?: IpvsConnectSample }> {
+  const { endpoints, changes } = o;
   const w = new Workload(n, endpoints, benchConfig('ipvs'));
   const input = w.input();
-  const p = plan(input);
-  const sets = diffIPSets(p.sets, new Map()).script;
-  const ipvsLines = diffIpvs(p.table, new Map(), () => true).lines;
-  const addrs = p.boundAddresses.map((a) => `addr add ${a}/${a.includes(':') ? 128 : 32} dev kube-ipvs0`).join('\n') + '\n';
   const out: IpvsColdSample = {
     n, kproxyMs: NaN, kproxyExecMs: NaN, changeMs: [], virtualServers: 0,
-    raw: { ipset: NaN, iptables: NaN, ipvsadm: NaN, addresses: NaN, total: NaN, ipvsLines: ipvsLines.length, setLines: sets.split('\n').filter(Boolean).length },
+    raw: { ipset: NaN, iptables: NaN, ipvsadm: NaN, addresses: NaN, total: NaN, ipvsLines: 0, setLines: 0 },
   };
-  // raw: the same content, one tool call each, into an empty namespace (kube-ipvs0 created first, untimed)
-  await withNamespace(`raw${n}`, runner.timeoutMs, async (r) => {
-    await must(r, 'ip', ['link', 'add', 'kube-ipvs0', 'type', 'dummy']);
-    out.raw.ipset = await must(r, 'ipset', ['restore'], sets);
-    out.raw.iptables = await must(r, 'iptables-restore', ['--noflush'], p.iptables);
-    out.raw.ipvsadm = await must(r, 'ipvsadm', ['-R'], ipvsLines.join('\n') + '\n');
-    out.raw.addresses = await must(r, 'ip', ['-batch', '-'], addrs);
-  });
-  out.raw.total = out.raw.ipset + out.raw.iptables + out.raw.ipvsadm + out.raw.addresses;
-  say(`cold N=${n}: raw ${(out.raw.total / 1000).toFixed(2)} s (ipset ${(out.raw.ipset / 1000).toFixed(2)}, iptables ${(out.raw.iptables / 1000).toFixed(2)}, ipvsadm -R ${(out.raw.ipvsadm / 1000).toFixed(2)} for ${ipvsLines.length} lines, ip -batch ${(out.raw.addresses / 1000).toFixed(2)})`);
-
+  if (o.cold) {
+    const p = plan(input);
+    const sets = diffIPSets(p.sets, new Map()).script;
+    const ipvsLines = diffIpvs(p.table, new Map(), () => true).lines;
+    const addrs = p.boundAddresses.map((a) => `addr add ${a}/${a.includes(':') ? 128 : 32} dev kube-ipvs0`).join('\n') + '\n';
+    out.raw.ipvsLines = ipvsLines.length;
+    out.raw.setLines = sets.split('\n').filter(Boolean).length;
+    // raw: the same content, one tool call each, into an empty namespace (kube-ipvs0 created first, untimed)
+    await withNamespace(`raw${n}`, runner.timeoutMs, async (r) => {
+      await must(r, 'ip', ['link', 'add', 'kube-ipvs0', 'type', 'dummy']);
+      out.raw.ipset = await must(r, 'ipset', ['restore'], sets);
+      out.raw.iptables = await must(r, 'iptables-restore', ['--noflush'], p.iptables);
+      out.raw.ipvsadm = await must(r, 'ipvsadm', ['-R'], ipvsLines.join('\n') + '\n');
+      out.raw.addresses = await must(r, 'ip', ['-batch', '-'], addrs);
+    });
+    out.raw.total = out.raw.ipset + out.raw.iptables + out.raw.ipvsadm + out.raw.addresses;
+    say(`cold N=${n}: raw ${(out.raw.total / 1000).toFixed(2)} s (ipset ${(out.raw.ipset / 1000).toFixed(2)}, iptables ${(out.raw.iptables / 1000).toFixed(2)}, ipvsadm -R ${(out.raw.ipvsadm / 1000).toFixed(2)} for ${ipvsLines.length} lines, ip -batch ${(out.raw.addresses / 1000).toFixed(2)})`);
+  }
+  let ipvsConnect: IpvsConnectSample | undefined;
   await withNamespace(`kproxy${n}`, runner.timeoutMs, async (r) => {
+    // wired before the first sync: the node namespace the connect client runs in (the workload's
+    // node IPs are fixed in its input, so the extra interface changes nothing kproxy writes)
+    if (o.connect) await wireNode(r);
+    r.take();
     const px = await createIpvsProxier({ config: input.config, runner: r, log, gracefulCheckMs: 0, family: 4, sysctl: nsSysctl(r) });
     try {
       r.take();
@@ -206,28 +250,44 @@ async function coldAt(n: number, endpoints: number, changes: number, runner: VmR
       out.firstSyncCommands = r.take();
       const listing = await r.run('ipvsadm', ['-Ln']);
       out.virtualServers = listing.stdout.split('\n').filter((l) => /^(TCP|UDP|SCTP)\s/.test(l)).length;
-      say(`cold N=${n}: kproxy first sync ${(out.kproxyMs / 1000).toFixed(2)} s (commands ${(out.kproxyExecMs / 1000).toFixed(2)} s), ${out.virtualServers} virtual servers; its commands: ${out.firstSyncCommands}`);
+      say(`${o.cold ? 'cold' : 'first sync'} N=${n}: kproxy first sync ${(out.kproxyMs / 1000).toFixed(2)} s (commands ${(out.kproxyExecMs / 1000).toFixed(2)} s), ${out.virtualServers} virtual servers; its commands: ${out.firstSyncCommands}`);
       r.take();
-      for (const i of timesOf(n, changes)) {
-        const changed = w.addEndpoint(i);
-        const t1 = performance.now();
-        await px.sync(w.input(), changed, false);
-        out.changeMs.push(performance.now() - t1);
-        out.changeCommands = r.take();
+      if (o.cold) {
+        for (const i of timesOf(n, changes)) {
+          const changed = w.addEndpoint(i);
+          const t1 = performance.now();
+          await px.sync(w.input(), changed, false);
+          out.changeMs.push(performance.now() - t1);
+          out.changeCommands = r.take();
+        }
+        say(`change N=${n}: ${out.changeMs.map((x) => x.toFixed(0)).join(' / ')} ms; the last one's commands: ${out.changeCommands}`);
+        if (n <= o.fullChangeMax) {
+          // the same change through a full sync (reads the whole kernel state back), for comparison
+          const changed = w.addEndpoint(Math.min(n - 1, timesOf(n, 1)[0] + 1));
+          const t2 = performance.now();
+          await px.sync(w.input(), changed, true);
+          out.changeFullMs = performance.now() - t2;
+          out.changeFullCommands = r.take();
+          say(`change N=${n} by a full sync: ${out.changeFullMs.toFixed(0)} ms; its commands: ${out.changeFullCommands}`);
+        }
       }
-      say(`change N=${n}: ${out.changeMs.map((x) => x.toFixed(0)).join(' / ')} ms; the last one's commands: ${out.changeCommands}`);
-      // the same change through a full sync (reads the whole kernel state back), for comparison
-      const changed = w.addEndpoint(Math.min(n - 1, timesOf(n, 1)[0] + 1));
-      const t2 = performance.now();
-      await px.sync(w.input(), changed, true);
-      out.changeFullMs = performance.now() - t2;
-      out.changeFullCommands = r.take();
-      say(`change N=${n} by a full sync: ${out.changeFullMs.toFixed(0)} ms; its commands: ${out.changeFullCommands}`);
     } finally {
       await px.stop();
     }
+    if (o.connect) {
+      // the changes only added endpoints to Services in the middle: the first and the last Service are as the first sync wrote them
+      const s: IpvsConnectSample = { n, mode: 'ipvs', loadMs: out.kproxyMs, targets: {} as IpvsConnectSample['targets'] };
+      try {
+        s.targets = await measureConnects(r, n, o.connectCount);
+        say(`connect ipvs N=${n}: ${fmtTargets(s.targets)} ms (p10/p50/p99; rules in ${(s.loadMs / 1000).toFixed(1)} s)`);
+      } catch (e) {
+        s.error = (e as Error).message.slice(0, 300);
+        say(`connect ipvs N=${n}: FAILED ${s.error}`);
+      }
+      ipvsConnect = s;
+    }
   });
-  return out;
+  return { cold: o.cold ? out : undefined, ipvsConnect };
 }
 
 /**
@@ -282,38 +342,22 @@ function fmtTargets(t: IpvsConnectSample['targets']): string {
   return (['first', 'last', 'pod'] as const).map((k) => `${k} ${t[k].p10Ms.toFixed(2)}/${t[k].p50Ms.toFixed(2)}/${t[k].p99Ms.toFixed(2)}${t[k].failed ? ` (${t[k].failed} failed)` : ''}`).join(', ');
 }
 
-/** Per mode, a fresh node namespace (an empty IPVS trash, see withNamespace): rules loaded, then the client. */
-async function connectAt(n: number, endpoints: number, count: number, timeoutMs: number): Promise<IpvsConnectSample[]> {
-  const out: IpvsConnectSample[] = [];
-  for (const mode of ['ipvs', 'iptables'] as const) {
-    const s: IpvsConnectSample = { n, mode, loadMs: NaN, targets: {} as IpvsConnectSample['targets'] };
-    try {
-      await withNamespace(`c${mode}${n}`, timeoutMs, async (r) => {
-        await wireNode(r);
-        if (mode === 'ipvs') {
-          const w = new Workload(n, endpoints, benchConfig('ipvs'));
-          const px = await createIpvsProxier({ config: w.config, runner: r, log, gracefulCheckMs: 0, family: 4, sysctl: nsSysctl(r) });
-          try {
-            const t0 = performance.now();
-            await px.sync(w.input(), w.serviceKeys, true);
-            s.loadMs = performance.now() - t0;
-          } finally {
-            await px.stop();
-          }
-        } else {
-          const w = new Workload(n, endpoints, benchConfig('iptables'));
-          s.loadMs = await must(r, 'iptables-restore', ['-w', '5'], withJumps(getMode('iptables').render(w.input())));
-        }
-        s.targets = await measureConnects(r, n, count);
-      });
-      say(`connect ${mode} N=${n}: ${fmtTargets(s.targets)} ms (p10/p50/p99; rules in ${(s.loadMs / 1000).toFixed(1)} s)`);
-    } catch (e) {
-      s.error = (e as Error).message.slice(0, 300);
-      say(`connect ${mode} N=${n}: FAILED ${s.error}`);
-    }
-    out.push(s);
+/** The iptables mode in a fresh node namespace: the rendered rules loaded with a flushing restore, then the client. */
+async function iptablesConnectAt(n: number, endpoints: number, count: number, timeoutMs: number): Promise<IpvsConnectSample> {
+  const s: IpvsConnectSample = { n, mode: 'iptables', loadMs: NaN, targets: {} as IpvsConnectSample['targets'] };
+  try {
+    await withNamespace(`ciptables${n}`, timeoutMs, async (r) => {
+      await wireNode(r);
+      const w = new Workload(n, endpoints, benchConfig('iptables'));
+      s.loadMs = await must(r, 'iptables-restore', ['-w', '5'], withJumps(getMode('iptables').render(w.input())));
+      s.targets = await measureConnects(r, n, count);
+    });
+    say(`connect iptables N=${n}: ${fmtTargets(s.targets)} ms (p10/p50/p99; rules in ${(s.loadMs / 1000).toFixed(1)} s)`);
+  } catch (e) {
+    s.error = (e as Error).message.slice(0, 300);
+    say(`connect iptables N=${n}: FAILED ${s.error}`);
   }
-  return out;
+  return s;
 }
 
 function ints(text: string): number[] {
@@ -326,8 +370,12 @@ async function main(): Promise<void> {
     strict: true,
     options: {
       'cold-sizes': { type: 'string', default: '100,1000' }, 'connect-sizes': { type: 'string', default: '100,1000' },
+      // which modes the connect sizes measure (a second boot can measure one mode only)
+      'connect-modes': { type: 'string', default: 'ipvs,iptables' },
       endpoints: { type: 'string', default: '5' }, changes: { type: 'string', default: '3' }, 'connect-count': { type: 'string', default: '100' },
       'exec-timeout': { type: 'string', default: '600' }, out: { type: 'string' },
+      // the one-Service change by a full sync (the old read-back, for comparison) only up to this size
+      'full-change-max': { type: 'string', default: '1000000' },
     },
   });
   const started = performance.now();
@@ -342,30 +390,53 @@ async function main(): Promise<void> {
     // warm-up, not recorded: the first apply loads the kernel modules (ip_vs, nf_tables, ip_set,
     // ...) and the tools' libraries, seconds under emulation, which would land on whichever
     // of raw and kproxy goes first
-    await coldAt(10, res.endpoints, 1, runner);
+    await sizeAt(10, { endpoints: res.endpoints, changes: 1, cold: true, connect: false, connectCount: 0, fullChangeMax: 0 }, runner);
     say('warm-up done');
-    // connect first (small sizes), then the cold starts by size: a VM killed at its time limit
-    // still reports what it finished (each sample is also printed as an IPVSBENCH line)
-    for (const n of ints(values['connect-sizes']!)) {
-      for (const c of await connectAt(n, res.endpoints, Number(values['connect-count']), runner.timeoutMs)) {
+    // by size, smallest first: a VM killed at its time limit still reports what it finished
+    // (each sample is also printed as an IPVSBENCH line)
+    const coldSizes = ints(values['cold-sizes']!);
+    const connectSizes = ints(values['connect-sizes']!);
+    const modes = values['connect-modes']!.split(',').map((x) => x.trim());
+    const emit = (x: { cold: IpvsColdSample } | { connect: IpvsConnectSample }) => process.stdout.write(`IPVSBENCH ${JSON.stringify(x)}\n`);
+    for (const n of [...new Set([...coldSizes, ...connectSizes])].sort((x, y) => x - y)) {
+      const cold = coldSizes.includes(n);
+      const con = connectSizes.includes(n) && modes.includes('ipvs');
+      const conIptables = connectSizes.includes(n) && modes.includes('iptables');
+      say(`N=${n}: ${[cold ? 'cold start + changes' : '', con ? 'connect ipvs' : '', conIptables ? 'connect iptables' : ''].filter(Boolean).join(', ')}`);
+      if (cold || con) {
+        try {
+          // partial syncs no longer list the whole IPVS table: as many changes at 10k as at 100
+          const r = await sizeAt(n, { endpoints: res.endpoints, changes: Number(values.changes), cold, connect: con, connectCount: Number(values['connect-count']), fullChangeMax: Number(values['full-change-max']) }, runner);
+          if (r.cold) {
+            res.cold.push(r.cold);
+            emit({ cold: r.cold });
+          }
+          if (r.ipvsConnect) {
+            res.connect.push(r.ipvsConnect);
+            emit({ connect: r.ipvsConnect });
+          }
+        } catch (e) {
+          const error = (e as Error).message.slice(0, 300);
+          say(`N=${n}: FAILED ${error}`);
+          if (cold) {
+            const c: IpvsColdSample = { n, raw: { ipset: NaN, iptables: NaN, ipvsadm: NaN, addresses: NaN, total: NaN, ipvsLines: 0, setLines: 0 }, kproxyMs: NaN, kproxyExecMs: NaN, changeMs: [], virtualServers: 0, error };
+            res.cold.push(c);
+            emit({ cold: c });
+          }
+          if (con) {
+            const c: IpvsConnectSample = { n, mode: 'ipvs', loadMs: NaN, targets: {} as IpvsConnectSample['targets'], error };
+            res.connect.push(c);
+            emit({ connect: c });
+          }
+        }
+      }
+      save();
+      if (conIptables) {
+        const c = await iptablesConnectAt(n, res.endpoints, Number(values['connect-count']), runner.timeoutMs);
         res.connect.push(c);
-        process.stdout.write(`IPVSBENCH ${JSON.stringify({ connect: c })}\n`);
+        emit({ connect: c });
+        save();
       }
-      save();
-    }
-    for (const n of ints(values['cold-sizes']!)) {
-      let c: IpvsColdSample;
-      try {
-        // partial syncs no longer list the whole IPVS table: as many changes at 10k as at 100
-        c = await coldAt(n, res.endpoints, Number(values.changes), runner);
-      } catch (e) {
-        const error = (e as Error).message.slice(0, 300);
-        say(`cold N=${n}: FAILED ${error}`);
-        c = { n, raw: { ipset: NaN, iptables: NaN, ipvsadm: NaN, addresses: NaN, total: NaN, ipvsLines: 0, setLines: 0 }, kproxyMs: NaN, kproxyExecMs: NaN, changeMs: [], virtualServers: 0, error };
-      }
-      res.cold.push(c);
-      process.stdout.write(`IPVSBENCH ${JSON.stringify({ cold: c })}\n`);
-      save();
     }
   } catch (e) {
     res.error = (e as Error).message.slice(0, 400);

@@ -3,12 +3,71 @@
 // change and connect latency, IPVS beside iptables in the same VM). The VM runs under software
 // emulation (TCG, one vCPU, no KVM here): every absolute time is many times a real machine's,
 // and the host's load slows it further; compare within the VM only (ratios).
-import { spawn } from 'node:child_process';
-import { existsSync, lstatSync, mkdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { build } from 'esbuild';
 import type { IpvsVmResult } from './ipvs-in-vm.ts';
-import { killGroup } from './kproxy-run.ts';
+
+/** The VM runners this module started and that still run: killed on Ctrl-C (killVms) and at the time limit. */
+const runners = new Set<ChildProcess>();
+
+/** pid → [ppid, pgrp] of every process, from /proc */
+function processTable(): Map<number, [number, number]> {
+  const out = new Map<number, [number, number]>();
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses
+      const st = readFileSync(`/proc/${d}/stat`, 'utf8');
+      const f = st.slice(st.lastIndexOf(')') + 2).split(' ');
+      out.set(Number(d), [Number(f[1]), Number(f[2])]);
+    } catch {
+      /* gone meanwhile */
+    }
+  }
+  return out;
+}
+
+/**
+ * Kills a VM runner and everything under it. Killing the runner's group is not enough: it runs
+ * qemu under `timeout`, which puts itself and qemu in a process group of their own.
+ */
+export async function killVm(p: ChildProcess): Promise<void> {
+  if (p.pid === undefined || p.exitCode !== null || p.signalCode !== null) return;
+  const groups = new Set<number>([p.pid]);
+  const table = processTable();
+  const pids = new Set<number>([p.pid]);
+  for (let grew = true; grew; ) {
+    grew = false;
+    for (const [pid, [ppid, pgrp]] of table) {
+      if (pids.has(ppid) && !pids.has(pid)) {
+        pids.add(pid);
+        groups.add(pgrp);
+        grew = true;
+      }
+    }
+  }
+  const done = new Promise<void>((r) => p.once('exit', () => r()));
+  const kill = (sig: NodeJS.Signals) => {
+    for (const g of groups) {
+      try {
+        process.kill(-g, sig);
+      } catch {
+        /* gone */
+      }
+    }
+  };
+  kill('SIGTERM');
+  const t = setTimeout(() => kill('SIGKILL'), 5000);
+  await done;
+  clearTimeout(t);
+}
+
+/** Kills every VM runner still running (the scale bench's SIGINT/SIGTERM handler). */
+export async function killVms(): Promise<void> {
+  await Promise.all([...runners].map((p) => killVm(p)));
+}
 
 export type { IpvsColdSample, IpvsConnectSample, IpvsVmResult } from './ipvs-in-vm.ts';
 
@@ -22,6 +81,10 @@ export interface IpvsPhaseOptions {
   memMiB: number;
   /** the whole VM run is killed after this many seconds */
   timeoutS: number;
+  /** the one-Service change by a full sync (the old read-back, a comparison) only up to this many Services; all when absent */
+  fullChangeMax?: number;
+  /** the modes the connect sizes measure; both when absent */
+  connectModes?: Array<'ipvs' | 'iptables'>;
   log: (line: string) => void;
 }
 
@@ -49,7 +112,8 @@ export function vmArgs(o: Omit<IpvsPhaseOptions, 'log'>, outGuestPath: string, r
     ...(bundleGuestPath ? ['--env', `BUNDLE=${bundleGuestPath}`] : []), '--cwd', '/project',
     'bench/ipvs-in-vm.sh', '--cold-sizes', o.coldSizes.join(','), '--connect-sizes', o.connectSizes.join(','),
     '--endpoints', String(o.endpoints), '--changes', String(o.changes), '--connect-count', String(o.connectCount),
-    '--exec-timeout', String(o.timeoutS), '--out', outGuestPath,
+    '--exec-timeout', String(o.timeoutS), ...(o.fullChangeMax !== undefined ? ['--full-change-max', String(o.fullChangeMax)] : []),
+    ...(o.connectModes ? ['--connect-modes', o.connectModes.join(',')] : []), '--out', outGuestPath,
   ];
 }
 
@@ -95,6 +159,8 @@ export async function ipvsPhase(o: IpvsPhaseOptions): Promise<IpvsPhaseResult> {
   const p = spawn(vmRunner, vmArgs(options, `/project/bench/out/${name}`, repoRoot, `/project/bench/out/${bundle.split('/').pop()}`), {
     stdio: ['ignore', 'pipe', 'pipe'], detached: true, env: { ...process.env, IPVS_VM_EXTRA_BINS: '' },
   });
+  runners.add(p);
+  p.once('exit', () => runners.delete(p));
   let tail = '';
   let errTail = '';
   const lines: string[] = [];
@@ -110,7 +176,7 @@ export async function ipvsPhase(o: IpvsPhaseOptions): Promise<IpvsPhaseResult> {
   const exited = new Promise<number>((r) => p.once('exit', (code) => r(code ?? -1)));
   const limit = (o.timeoutS + 120) * 1000;
   const code = await Promise.race([exited, new Promise<null>((r) => setTimeout(() => r(null), limit).unref())]);
-  if (code === null) await killGroup(p);
+  if (code === null) await killVm(p);
   res.vmSeconds = (performance.now() - t0) / 1000;
   rmSync(bundle, { force: true });
   res.exitCode = code ?? -1;

@@ -14,6 +14,8 @@ export interface PlotOptions {
   subtitle: string;
   yLabel: string;
   logY?: boolean;
+  /** linear axis only: its bottom (default 0), for values that sit far from 0 (ratios near 1) */
+  yMin?: number;
   /** formats a y value for ticks and point labels */
   fmt?: (v: number) => string;
 }
@@ -63,12 +65,14 @@ export function linePlotSVG(series: Series[], o: PlotOptions): string {
     y = (v) => T + ph - ((Math.log10(v) - lo) / (top - lo)) * ph;
     for (let d = lo; d <= top; d++) yTicks.push(10 ** d);
   } else {
-    const ymaxRaw = Math.max(1e-9, ...ys) * 1.05;
-    const mag = 10 ** Math.floor(Math.log10(ymaxRaw));
-    const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => ymaxRaw / s <= 6) ?? 10 * mag;
+    const lo = Math.min(o.yMin ?? 0, ...ys);
+    const ymaxRaw = Math.max(lo + 1e-9, ...ys) * 1.05;
+    const mag = 10 ** Math.floor(Math.log10(ymaxRaw - lo));
+    const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => (ymaxRaw - lo) / s <= 6) ?? 10 * mag;
+    const ymin = Math.floor(lo / step + 1e-9) * step;
     const ymax = Math.ceil(ymaxRaw / step) * step;
-    y = (v) => T + ph - (v / ymax) * ph;
-    for (let v = 0; v <= ymax + 1e-12; v += step) yTicks.push(v);
+    y = (v) => T + ph - ((v - ymin) / (ymax - ymin)) * ph;
+    for (let k = 0; ymin + k * step <= ymax + 1e-12; k++) yTicks.push(ymin + k * step);
   }
   const out: string[] = [];
   out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="sans-serif" font-size="12">`);

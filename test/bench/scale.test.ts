@@ -84,6 +84,13 @@ test('--quick picks small sizes; bad arguments are refused with a code', () => {
   const full = parseScaleArgs([], () => {});
   assert.ok(full.sizes.includes(50_000) && full.connectSizes.includes(20_000) && full.runSizes.includes(10_000));
   assert.ok(full.ipvsSizes.includes(1000) && full.ipvsTimeoutS > q.ipvsTimeoutS);
+  assert.ok(full.ipvsConnectSizes.includes(10_000), 'the full VM run measures connect latency at 10,000');
+  assert.equal(full.ipvsFullChangeMax, 1000, 'the full-sync change comparison stops at 1,000 in the full run (minutes at 10,000 under emulation)');
+  assert.equal(q.ipvsFullChangeMax, undefined);
+  assert.equal(parseScaleArgs(['--ipvs-full-change-max', '5000'], () => {}).ipvsFullChangeMax, 5000);
+  const only = parseScaleArgs(['--ipvs-sizes', 'none', '--ipvs-connect-modes', 'iptables'], () => {});
+  assert.deepEqual([only.ipvsSizes, only.ipvsConnectModes], [[], ['iptables']], 'a VM boot for iptables connect latency only');
+  assert.throws(() => parseScaleArgs(['--ipvs-connect-modes', 'nft'], () => {}), /KPROXY_BENCH_ARGS/);
   assert.throws(() => parseScaleArgs(['--ipvs-sizes', '100,x'], () => {}), /KPROXY_BENCH_ARGS/);
   assert.throws(() => parseScaleArgs(['--variants', 'ipvs'], () => {}), (e: Error) => e instanceof ScaleError && /KPROXY_BENCH_ARGS/.test(e.message));
   assert.throws(() => parseScaleArgs(['--sizes', '0'], () => {}), /KPROXY_BENCH_ARGS/);
@@ -123,8 +130,9 @@ test('the ipvs phase: goals are reported (met only at the sizes they name), a se
   assert.match(find('IPVS (VM): one-Service change').measured, /1,000: 25\.0 s \(5\.0× from 100 to 1,000\)/);
   const con = find('IPVS (VM): first-packet');
   assert.equal(con.met, true, 'both modes at two sizes');
-  assert.match(con.measured, /1,000: ipvs last 1\.10 ms, iptables last 3\.00 ms/);
-  assert.match(find("the seed's claim").measured, /VM ipvs: last p50 1\.10 ms at 100 → 1\.10 ms at 1,000/);
+  assert.match(con.measured, /1,000: ipvs 1\.10 \(0\.55 ms\), iptables 3\.00 \(1\.50 ms\)/, 'last ÷ first in p10, and the last p10');
+  assert.match(find("the seed's claim").measured, /VM ipvs: last ÷ first Service \(p10, one window\) 1\.10 at 100 → 1\.10 at 1,000/);
+  assert.match(find("the seed's claim").measured, /VM iptables: last ÷ first Service \(p10, one window\) 1\.20 at 100 → 3\.00 at 1,000/);
   r.goals = g;
   const md = markdown(r);
   assert.match(md, /### IPVS in the IPVS VM/);
@@ -133,6 +141,7 @@ test('the ipvs phase: goals are reported (met only at the sizes they name), a se
   const p = plots(r);
   assert.ok(p['scale-ipvs-vm-connect.svg'] && p['scale-ipvs-vm-sync.svg']);
   assert.equal((p['scale-ipvs-vm-connect.svg'].match(/<path /g) ?? []).length, 6);
+  assert.equal((p['scale-ipvs-vm-connect-ratio.svg'].match(/<path /g) ?? []).length, 4, 'last ÷ first, p10 and p50, per mode');
   assert.equal((p['scale-ipvs-vm-sync.svg'].match(/<path /g) ?? []).length, 3);
 });
 
@@ -159,6 +168,13 @@ test('the VM command line shares a symlinked node_modules at its own path', asyn
     assert.deepEqual(shares, [`${join(d, 'repo')}:/project`, '/usr/bin:/hostbin:ro', `${join(d, 'real-nm')}:${join(d, 'real-nm')}:ro`]);
     assert.deepEqual(a.slice(a.indexOf('bench/ipvs-in-vm.sh') + 1, a.indexOf('bench/ipvs-in-vm.sh') + 3), ['--cold-sizes', '100,1000']);
     assert.equal(a[a.indexOf('--mem') + 1], '2048');
+    assert.ok(!a.includes('--full-change-max'), 'absent: the guest default (every size)');
+    const b = vmArgs({ coldSizes: [100], connectSizes: [100, 10_000], endpoints: 5, changes: 3, connectCount: 50, memMiB: 4096, timeoutS: 900, fullChangeMax: 1000 }, '/x.json', join(d, 'repo'));
+    assert.equal(b[b.indexOf('--full-change-max') + 1], '1000');
+    assert.equal(b[b.indexOf('--connect-sizes') + 1], '100,10000');
+    assert.ok(!b.includes('--connect-modes'), 'absent: both modes');
+    const c = vmArgs({ coldSizes: [], connectSizes: [10_000], endpoints: 5, changes: 3, connectCount: 50, memMiB: 4096, timeoutS: 900, connectModes: ['iptables'] }, '/x.json', join(d, 'repo'));
+    assert.deepEqual([c[c.indexOf('--connect-modes') + 1], c[c.indexOf('--cold-sizes') + 1]], ['iptables', '']);
   } finally {
     rmSync(d, { recursive: true, force: true });
   }
@@ -244,4 +260,54 @@ test('the write log counts the rule writes that started in a window, reads and p
   // probes (`--version`) and reads (`nft list`) are not writes
   assert.equal(writesIn(log, 1_001_400, 1_002_800).writes, 1);
   assert.equal(writesIn(log, 1_003_000, 1_008_000).writes, 0);
+});
+
+test('killVm kills the VM runner and what it runs under `timeout`, which sits in a process group of its own', async () => {
+  const { spawn } = await import('node:child_process');
+  const { mkdtempSync, readFileSync, existsSync, rmSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { join } = await import('node:path');
+  const { killVm } = await import('../../bench/ipvs-vm.ts');
+  const d = mkdtempSync(join(tmpdir(), 'kpb-killvm-'));
+  const pidFile = join(d, 'pid');
+  // the runner's shape: a shell that runs the "VM" under timeout and waits for it
+  const p = spawn('bash', ['-c', `timeout -k 2 60 sh -c 'echo $$ > ${pidFile}; exec sleep 60'; echo after`], { detached: true, stdio: 'ignore' });
+  try {
+    const deadline = Date.now() + 10_000;
+    while (!existsSync(pidFile) || !readFileSync(pidFile, 'utf8').trim()) {
+      assert.ok(Date.now() < deadline, 'the child never started');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const inner = Number(readFileSync(pidFile, 'utf8').trim());
+    const alive = (pid: number) => {
+      try {
+        process.kill(pid, 0);
+        return true;
+      } catch {
+        return false;
+      }
+    };
+    assert.ok(alive(inner));
+    await killVm(p);
+    const gone = Date.now() + 10_000;
+    while (alive(inner) && Date.now() < gone) await new Promise((r) => setTimeout(r, 20));
+    assert.ok(!alive(inner), 'the process under timeout was killed');
+  } finally {
+    try {
+      process.kill(-p.pid!, 'SIGKILL');
+    } catch {
+      /* gone */
+    }
+    rmSync(d, { recursive: true, force: true });
+  }
+});
+
+test('linePlotSVG: yMin lifts a linear axis off 0 (ratios near 1), the default keeps 0', async () => {
+  const { linePlotSVG } = await import('../../bench/plot.ts');
+  const series = [{ label: 'a', color: '#000', points: [[100, 0.9], [1000, 1.4]] as Array<[number, number]> }];
+  const o = { title: 't', subtitle: 's', yLabel: 'y', fmt: (v: number) => v.toFixed(2) };
+  const lifted = linePlotSVG(series, { ...o, yMin: 0.8 });
+  assert.match(lifted, />0\.80<\/text>/);
+  assert.doesNotMatch(lifted, />0\.00<\/text>/);
+  assert.match(linePlotSVG(series, o), />0\.00<\/text>/);
 });
