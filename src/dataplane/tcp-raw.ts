@@ -27,7 +27,7 @@ import net from 'node:net';
 import { getSystemErrorName } from 'node:util';
 import type { Logger } from '../log.ts';
 import type { BalancedEndpoint } from './balancer.ts';
-import { DIAL_TIMEOUTS_MS, TcpForwarder, newBudget, plainAddress, type AdmitFn, type ConnectionBudget, type EndpointPicker, type ForwardCounters, type TcpForwarderOptions } from './tcp.ts';
+import { ListeningForwarder, TcpForwarder, plainAddress, type ForwardCounters, type TcpForwarderOptions } from './tcp.ts';
 
 // ---- the internals, typed as this file uses them ----
 
@@ -171,7 +171,6 @@ const READ_SIZE = 64 * 1024;
 const HIGH_WATER = 64 * 1024;
 /** idle 64 KB copy buffers kept for reuse (2 MiB) */
 const POOL_MAX = 32;
-const ACCEPT_ERROR_LOG_MS = 10_000;
 const DIAL_TICK_MS = 50;
 
 const READ_BUF = Buffer.allocUnsafeSlow(READ_SIZE);
@@ -225,49 +224,37 @@ class Conn {
   ) {}
 }
 
-export class RawTcpForwarder {
-  balancer: EndpointPicker;
-  counters: ForwardCounters;
-  admit: AdmitFn | undefined;
-  readonly budget: ConnectionBudget;
+export class RawTcpForwarder extends ListeningForwarder {
   readonly path = 'raw';
-  acceptErrors = 0;
-  private idleMs: number;
   /** every client connection of this listener, from accept to close */
   private readonly conns = new Set<Conn>();
   /** dials in flight, one FIFO per attempt (same timeout: deadline order) */
   private readonly dialing: Set<Conn>[];
   private dialTimer: NodeJS.Timeout | null = null;
   private sweep: NodeJS.Timeout | null = null;
-  private readonly server: net.Server;
-  private readonly log: Logger;
-  /** @internal */
-  readonly dialTimeouts: number[];
-  private closed = false;
-  private lastAcceptErrorLog = 0;
 
-  constructor(private readonly opts: TcpForwarderOptions) {
+  constructor(opts: TcpForwarderOptions) {
     if (!B) {
       const d = (detected ??= rawSupport());
       if (!('bindings' in d)) throw new Error(`the raw TCP path is not available: ${d.missing} is missing`);
       B = d.bindings;
     }
-    this.balancer = opts.balancer;
-    this.counters = opts.counters;
-    this.admit = opts.admit;
-    this.log = opts.log;
-    this.idleMs = opts.idleTimeoutMs ?? 0;
-    this.budget = opts.budget ?? newBudget();
-    this.dialTimeouts = opts.dialTimeoutsMs ?? DIAL_TIMEOUTS_MS;
+    super(opts);
     this.dialing = this.dialTimeouts.map(() => new Set<Conn>());
     stats.forwarders++;
-    if (opts.server) {
-      this.server = opts.server;
-      this.server.on('error', (e) => this.onServerError(e));
-      this.takeOver();
-    } else {
-      this.server = net.createServer();
-    }
+    if (opts.server) this.takeOver();
+  }
+
+  protected createServer(): net.Server {
+    return net.createServer();
+  }
+
+  /**
+   * 'listening' is emitted on a nextTick after the handle listens: no connection can be
+   * dispatched to node:net's onconnection before the take-over.
+   */
+  protected override onListening(): void {
+    this.takeOver();
   }
 
   /** Accepting is ours: the server's handle calls onConnection instead of node:net's. */
@@ -282,43 +269,9 @@ export class RawTcpForwarder {
     h.onconnection = onConnection;
   }
 
-  /** Binds and resolves with the bound port. */
-  listen(): Promise<number> {
-    if (this.opts.server) return Promise.resolve(this.port);
-    return new Promise((resolve, reject) => {
-      const onError = (e: Error) => reject(e);
-      this.server.once('error', onError);
-      // 'listening' is emitted on a nextTick after the handle listens: no connection can be
-      // dispatched to node:net's onconnection before the take-over.
-      this.server.listen({ host: this.opts.host, port: this.opts.port, ipv6Only: this.opts.host === '::', backlog: 4096 }, () => {
-        this.server.off('error', onError);
-        this.server.on('error', (e) => this.onServerError(e));
-        this.takeOver();
-        resolve((this.server.address() as net.AddressInfo).port);
-      });
-    });
-  }
-
-  /** The listening server (the main process hands it to its workers). */
-  get listener(): net.Server {
-    return this.server;
-  }
-
-  get port(): number {
-    const a = this.server.address();
-    return a && typeof a === 'object' ? a.port : 0;
-  }
-
   /** Open client connections of this listener. */
   get openClients(): number {
     return this.conns.size;
-  }
-
-  /** Stops accepting; spliced connections carry on until their ends close them. */
-  close(): void {
-    if (this.closed) return;
-    this.closed = true;
-    this.server.close();
   }
 
   /** Stops accepting and cuts every open connection. */
@@ -329,25 +282,9 @@ export class RawTcpForwarder {
     this.stopDialTimer();
   }
 
-  private onServerError(e: NodeJS.ErrnoException): void {
-    this.acceptError(e.code ?? e.message);
-  }
-
-  /** @internal EMFILE/ENFILE on accept: libuv already closed the connection it could not take. */
-  acceptError(code: string): void {
-    this.acceptErrors++;
-    this.counters.refused++;
-    const now = Date.now();
-    if (now - this.lastAcceptErrorLog < ACCEPT_ERROR_LOG_MS) return;
-    this.lastAcceptErrorLog = now;
-    this.log.warn({ code, host: this.opts.host, errors: this.acceptErrors }, 'userspace TCP listener cannot accept (out of file descriptors?); connections are refused until some close');
-  }
-
   /** @internal a connection accepted by the listening handle */
   accept(h: StreamHandle): void {
-    const budget = this.budget;
-    if (!budget.shared && budget.max > 0 && budget.open >= budget.max) {
-      this.counters.refused++;
+    if (this.overCap()) {
       h.close();
       return;
     }
@@ -359,11 +296,11 @@ export class RawTcpForwarder {
       h.getpeername(peerOut);
       clientIP = plainAddress(peerOut.address);
     }
-    if (this.admit && !this.admit(clientIP, peerOut.port ?? 0)) {
-      this.counters.denied++;
+    if (this.denied(clientIP, peerOut.port ?? 0)) {
       h.close();
       return;
     }
+    const budget = this.budget;
     const room = budget.shared?.take() ?? true;
     if (room === true) return this.start(h, clientIP);
     if (room === false) {

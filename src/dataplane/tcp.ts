@@ -115,32 +115,26 @@ const ACCEPT_ERROR_LOG_MS = 10_000;
  */
 const HIGH_WATER_MARK = 128 * 1024;
 
-export class TcpForwarder {
+/**
+ * What both TCP forwarders (this file's on net.Socket, tcp-raw.ts's on raw handles) share:
+ * the listening net.Server (bind, a worker's handed-over copy, the bound port), accept
+ * errors counted and logged at most once per 10 s, and the per-connection gates in their
+ * order: the process's cap, then admission (source ranges, traffic policy).
+ */
+export abstract class ListeningForwarder {
   balancer: EndpointPicker;
   counters: ForwardCounters;
   admit: AdmitFn | undefined;
   readonly budget: ConnectionBudget;
-  private idleMs: number;
-  /** spliced pairs of this listener not yet over (both ends closed) */
-  private spliced = 0;
-  private sweep: NodeJS.Timeout | null = null;
-  private readonly server: net.Server;
-  /**
-   * Client sockets from admission until they closed and, when spliced, their pair is over:
-   * the one set per connection (the pair and its upstream hang off the client socket).
-   */
-  private readonly clients = new Set<Tagged>();
-  /** upstream sockets still dialling, each with its deadline in its DIAL record */
-  private readonly dialing = new Set<Tagged>();
-  private dialSweep: NodeJS.Timeout | null = null;
-  private readonly dialSweepMs: number;
-  private readonly log: Logger;
-  private readonly dialTimeouts: number[];
-  private closed = false;
-  private lastAcceptErrorLog = 0;
   acceptErrors = 0;
+  protected idleMs: number;
+  protected readonly server: net.Server;
+  protected readonly log: Logger;
+  protected readonly dialTimeouts: number[];
+  protected closed = false;
+  private lastAcceptErrorLog = 0;
 
-  constructor(private readonly opts: TcpForwarderOptions) {
+  constructor(protected readonly opts: TcpForwarderOptions) {
     this.balancer = opts.balancer;
     this.counters = opts.counters;
     this.admit = opts.admit;
@@ -148,21 +142,15 @@ export class TcpForwarder {
     this.idleMs = opts.idleTimeoutMs ?? 0;
     this.budget = opts.budget ?? newBudget();
     this.dialTimeouts = opts.dialTimeoutsMs ?? DIAL_TIMEOUTS_MS;
-    // A dial times out between 1 and 1.2 × its step (the sweep's period is a fifth of the shortest step).
-    this.dialSweepMs = Math.min(500, Math.max(10, Math.floor(Math.min(...this.dialTimeouts) / 5)));
-    const onClient = (c: net.Socket) => this.onClient(c);
-    if (opts.server) {
-      // A server received over IPC is created without options: the accepted sockets read
-      // these two fields (node:net onconnection), so set them as the constructor would.
-      this.server = opts.server;
-      Object.assign(this.server, { allowHalfOpen: true, pauseOnConnect: true, highWaterMark: HIGH_WATER_MARK });
-      this.server.on('connection', onClient);
-      this.server.on('error', (e) => this.onServerError(e));
-    } else {
-      // pauseOnConnect: nothing is read from the client until an endpoint accepted.
-      this.server = net.createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true, highWaterMark: HIGH_WATER_MARK }, onClient);
-    }
+    this.server = opts.server ?? this.createServer();
+    if (opts.server) this.server.on('error', (e) => this.onServerError(e));
   }
+
+  /** A new listening server (not called for a worker's handed-over one). */
+  protected abstract createServer(): net.Server;
+
+  /** Called once the server listens (after listen(); a handed-over server is already listening). */
+  protected onListening(): void {}
 
   /** Binds and resolves with the bound port. */
   listen(): Promise<number> {
@@ -173,6 +161,7 @@ export class TcpForwarder {
       this.server.listen({ host: this.opts.host, port: this.opts.port, ipv6Only: this.opts.host === '::', backlog: 4096 }, () => {
         this.server.off('error', onError);
         this.server.on('error', (e) => this.onServerError(e));
+        this.onListening();
         resolve((this.server.address() as net.AddressInfo).port);
       });
     });
@@ -188,6 +177,74 @@ export class TcpForwarder {
     return a && typeof a === 'object' ? a.port : 0;
   }
 
+  /** Stops accepting; spliced connections carry on until their ends close them. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.server.close();
+  }
+
+  private onServerError(e: NodeJS.ErrnoException): void {
+    this.acceptError(e.code ?? e.message);
+  }
+
+  /** @internal EMFILE/ENFILE on accept: libuv already closed the connection it could not take. */
+  acceptError(code: string): void {
+    this.acceptErrors++;
+    this.counters.refused++;
+    const now = Date.now();
+    if (now - this.lastAcceptErrorLog < ACCEPT_ERROR_LOG_MS) return;
+    this.lastAcceptErrorLog = now;
+    this.log.warn({ code, host: this.opts.host, errors: this.acceptErrors }, 'userspace TCP listener cannot accept (out of file descriptors?); connections are refused until some close');
+  }
+
+  /** The process's cap (when not shared with workers) is reached: the new connection is refused (counted). */
+  protected overCap(): boolean {
+    const b = this.budget;
+    if (b.shared || b.max <= 0 || b.open < b.max) return false;
+    this.counters.refused++;
+    return true;
+  }
+
+  /** The admission hook refuses this client (counted). */
+  protected denied(clientIP: string, port: number): boolean {
+    if (!this.admit || this.admit(clientIP, port)) return false;
+    this.counters.denied++;
+    return true;
+  }
+}
+
+export class TcpForwarder extends ListeningForwarder {
+  /** spliced pairs of this listener not yet over (both ends closed) */
+  private spliced = 0;
+  private sweep: NodeJS.Timeout | null = null;
+  /**
+   * Client sockets from admission until they closed and, when spliced, their pair is over:
+   * the one set per connection (the pair and its upstream hang off the client socket).
+   */
+  private readonly clients = new Set<Tagged>();
+  /** upstream sockets still dialling, each with its deadline in its DIAL record */
+  private readonly dialing = new Set<Tagged>();
+  private dialSweep: NodeJS.Timeout | null = null;
+  private readonly dialSweepMs: number;
+
+  constructor(opts: TcpForwarderOptions) {
+    super(opts);
+    // A dial times out between 1 and 1.2 × its step (the sweep's period is a fifth of the shortest step).
+    this.dialSweepMs = Math.min(500, Math.max(10, Math.floor(Math.min(...this.dialTimeouts) / 5)));
+    if (opts.server) {
+      // A server received over IPC is created without options: the accepted sockets read
+      // these two fields (node:net onconnection), so set them as the constructor would.
+      Object.assign(this.server, { allowHalfOpen: true, pauseOnConnect: true, highWaterMark: HIGH_WATER_MARK });
+      this.server.on('connection', (c: net.Socket) => this.onClient(c));
+    }
+  }
+
+  protected createServer(): net.Server {
+    // pauseOnConnect: nothing is read from the client until an endpoint accepted.
+    return net.createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true, highWaterMark: HIGH_WATER_MARK }, (c) => this.onClient(c));
+  }
+
   /** Open client connections of this listener. */
   get openClients(): number {
     let n = 0;
@@ -198,13 +255,6 @@ export class TcpForwarder {
   /** Upstream sockets still dialling (for tests: the dial sweep). */
   get dialsPending(): number {
     return this.dialing.size;
-  }
-
-  /** Stops accepting; spliced connections carry on until their ends close them. */
-  close(): void {
-    if (this.closed) return;
-    this.closed = true;
-    this.server.close();
   }
 
   /** Stops accepting and cuts every open connection. */
@@ -226,20 +276,8 @@ export class TcpForwarder {
     this.clients.delete(c);
   }
 
-  private onServerError(e: NodeJS.ErrnoException): void {
-    // EMFILE/ENFILE on accept: libuv already closed the connection it could not take.
-    this.acceptErrors++;
-    this.counters.refused++;
-    const now = Date.now();
-    if (now - this.lastAcceptErrorLog < ACCEPT_ERROR_LOG_MS) return;
-    this.lastAcceptErrorLog = now;
-    this.log.warn({ err: e.message, code: e.code, host: this.opts.host, errors: this.acceptErrors }, 'userspace TCP listener cannot accept (out of file descriptors?); connections are refused until some close');
-  }
-
   private onClient(client: net.Socket): void {
-    const budget = this.budget;
-    if (!budget.shared && budget.max > 0 && budget.open >= budget.max) {
-      this.counters.refused++;
+    if (this.overCap()) {
       client.on('error', noop);
       client.destroy();
       return;
@@ -257,12 +295,12 @@ export class TcpForwarder {
       remotePort = client.remotePort ?? 0;
     }
     const clientIP = plainAddress(address);
-    if (this.admit && !this.admit(clientIP, remotePort)) {
-      this.counters.denied++;
+    if (this.denied(clientIP, remotePort)) {
       client.on('error', noop);
       client.destroy();
       return;
     }
+    const budget = this.budget;
     const room = budget.shared?.take() ?? true;
     if (room === true) return this.start(clientIP, client);
     client.on('error', noop);
