@@ -231,7 +231,6 @@ export class RawTcpForwarder extends ListeningForwarder {
   /** dials in flight, one FIFO per attempt (same timeout: deadline order) */
   private readonly dialing: Set<Conn>[];
   private dialTimer: NodeJS.Timeout | null = null;
-  private sweep: NodeJS.Timeout | null = null;
 
   constructor(opts: TcpForwarderOptions) {
     if (!B) {
@@ -471,32 +470,11 @@ export class RawTcpForwarder extends ListeningForwarder {
     if (c.flags & ACTIVE) c.counters.active--;
   }
 
-  /** closes a spliced pair whose both sides were silent idleTimeoutMs */
-  get idleTimeoutMs(): number {
-    return this.idleMs;
+  protected hasSpliced(): boolean {
+    return this.conns.size > 0;
   }
 
-  set idleTimeoutMs(ms: number) {
-    if (ms === this.idleMs) return;
-    this.idleMs = ms;
-    this.stopSweep();
-    if (ms > 0 && this.conns.size > 0) this.startSweep();
-  }
-
-  /** One coarse timer per listener (as TcpForwarder): a pair closes 1–1.25 × idleTimeout after its last byte. */
-  private startSweep(): void {
-    if (this.sweep) return;
-    const every = Math.min(30_000, Math.max(25, Math.floor(this.idleMs / 4)));
-    this.sweep = setInterval(() => this.sweepIdle(), every);
-    this.sweep.unref();
-  }
-
-  private stopSweep(): void {
-    if (this.sweep) clearInterval(this.sweep);
-    this.sweep = null;
-  }
-
-  private sweepIdle(): void {
+  protected sweepIdle(): void {
     coarseNow = Date.now();
     if (this.conns.size === 0 || this.idleMs <= 0) return this.stopSweep();
     for (const c of this.conns) {

@@ -133,6 +133,7 @@ export abstract class ListeningForwarder {
   protected readonly dialTimeouts: number[];
   protected closed = false;
   private lastAcceptErrorLog = 0;
+  private sweep: NodeJS.Timeout | null = null;
 
   constructor(protected readonly opts: TcpForwarderOptions) {
     this.balancer = opts.balancer;
@@ -198,6 +199,42 @@ export abstract class ListeningForwarder {
     this.log.warn({ code, host: this.opts.host, errors: this.acceptErrors }, 'userspace TCP listener cannot accept (out of file descriptors?); connections are refused until some close');
   }
 
+  /** closes a spliced pair whose both sides were silent idleTimeoutMs */
+  get idleTimeoutMs(): number {
+    return this.idleMs;
+  }
+
+  set idleTimeoutMs(ms: number) {
+    if (ms === this.idleMs) return;
+    this.idleMs = ms;
+    this.stopSweep();
+    if (ms > 0 && this.hasSpliced()) this.startSweep();
+  }
+
+  /** Some spliced pair of this listener is not over yet. */
+  protected abstract hasSpliced(): boolean;
+
+  /** One idle sweep over the spliced pairs (stops the sweep when none is left). */
+  protected abstract sweepIdle(): void;
+
+  /**
+   * One coarse timer per listener instead of a timer per socket refreshed on every chunk:
+   * every idleTimeout/4 (25 ms … 30 s) a pair that moved a byte since the last sweep is
+   * stamped, one that did not for idleTimeout is closed (so it closes between 1 and 1.25 ×
+   * idleTimeout after its last byte).
+   */
+  protected startSweep(): void {
+    if (this.sweep) return;
+    const every = Math.min(30_000, Math.max(25, Math.floor(this.idleMs / 4)));
+    this.sweep = setInterval(() => this.sweepIdle(), every);
+    this.sweep.unref();
+  }
+
+  protected stopSweep(): void {
+    if (this.sweep) clearInterval(this.sweep);
+    this.sweep = null;
+  }
+
   /** The process's cap (when not shared with workers) is reached: the new connection is refused (counted). */
   protected overCap(): boolean {
     const b = this.budget;
@@ -217,7 +254,6 @@ export abstract class ListeningForwarder {
 export class TcpForwarder extends ListeningForwarder {
   /** spliced pairs of this listener not yet over (both ends closed) */
   private spliced = 0;
-  private sweep: NodeJS.Timeout | null = null;
   /**
    * Client sockets from admission until they closed and, when spliced, their pair is over:
    * the one set per connection (the pair and its upstream hang off the client socket).
@@ -465,37 +501,11 @@ export class TcpForwarder extends ListeningForwarder {
     this.clients.delete(pair.client);
   }
 
-  /** closes a spliced pair whose both sides were silent idleTimeoutMs */
-  get idleTimeoutMs(): number {
-    return this.idleMs;
+  protected hasSpliced(): boolean {
+    return this.spliced > 0;
   }
 
-  set idleTimeoutMs(ms: number) {
-    if (ms === this.idleMs) return;
-    this.idleMs = ms;
-    this.stopSweep();
-    if (ms > 0 && this.spliced > 0) this.startSweep();
-  }
-
-  /**
-   * One coarse timer per listener instead of a timer per socket refreshed on every chunk:
-   * every idleTimeout/4 (25 ms … 30 s) a pair that moved a byte since the last sweep is
-   * stamped, one that did not for idleTimeout is closed (so it closes between 1 and 1.25 ×
-   * idleTimeout after its last byte).
-   */
-  private startSweep(): void {
-    if (this.sweep) return;
-    const every = Math.min(30_000, Math.max(25, Math.floor(this.idleMs / 4)));
-    this.sweep = setInterval(() => this.sweepIdle(), every);
-    this.sweep.unref();
-  }
-
-  private stopSweep(): void {
-    if (this.sweep) clearInterval(this.sweep);
-    this.sweep = null;
-  }
-
-  private sweepIdle(): void {
+  protected sweepIdle(): void {
     coarseNow = Date.now() - CLOCK_ZERO;
     if (this.spliced === 0 || this.idleMs <= 0) return this.stopSweep();
     for (const c of this.clients) {
