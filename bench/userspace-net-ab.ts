@@ -19,12 +19,12 @@
 //   git archive COMMIT | tar -x -C BASE && ln -s "$PWD/node_modules" BASE/node_modules
 //   sudo node --import tsx bench/userspace-net-ab.ts --base BASE [--duration 3] [--repeat 5] [--idle 5000] [--idle-repeat 3] [--json FILE]
 import type { ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { Netns, repoRoot, uniqueName } from '../test/support/netns.ts';
-import { BACKEND, HTTP_PORT, inNs, median, nginxBackendConf, parseWrk, processTree, waitListening } from './userspace.ts';
+import { BACKEND, HTTP_PORT, holdIdle, inNs, median, nginxBackendConf, parseWrk, processTree, waitListening } from './userspace.ts';
 
 interface Proxy {
   key: string;
@@ -36,44 +36,9 @@ interface Proxy {
   runs: { connPerSec: number; cpuUsPerConn: number; p50us: number; p99us: number; keepAliveRps: number }[];
 }
 
-/** RSS and fds of a process and its children (`ip netns exec`, node, tsx's esbuild), as bench/userspace.ts. */
-function usage(root: number): { rss: number; fds: number } {
-  let rss = 0;
-  let fds = 0;
-  for (const pid of processTree(root)) {
-    try {
-      const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-      rss += m ? Number(m[1]) * 1024 : 0;
-      fds += readdirSync(`/proc/${pid}/fd`).length;
-    } catch {
-      /* gone */
-    }
-  }
-  return { rss, fds };
-}
-
 async function measureIdle(ns: Netns, p: Proxy, n: number): Promise<Proxy['idle']> {
-  const pid = p.proc!.pid!;
-  const before = usage(pid);
-  let out = '';
-  const client = ns.node('bench/userspace-idle-client.ts', [p.host, '80', String(n)], (s) => (out += s));
-  const deadline = Date.now() + 60_000;
-  while (!out.includes('held') && Date.now() < deadline && client.exitCode === null) await new Promise((r) => setTimeout(r, 100));
-  if (!out.includes('held')) {
-    await ns.kill(client, 'SIGKILL');
-    throw new Error(`idle client for ${p.key} did not hold ${n} connections: ${out.slice(-300)}`);
-  }
-  // The proxy dials the backend after accepting: wait until its fds settle.
-  let last = -1;
-  let after = usage(pid);
-  for (let i = 0; i < 50 && after.fds !== last; i++) {
-    last = after.fds;
-    await new Promise((r) => setTimeout(r, 300));
-    after = usage(pid);
-  }
-  await ns.kill(client, 'SIGKILL');
-  const held = Number(/held (\d+)/.exec(out)?.[1] ?? n);
-  return { connections: held, rssBytesPerConn: Math.round((after.rss - before.rss) / held), fdsPerConn: (after.fds - before.fds) / held };
+  const idle = await holdIdle(ns, p.key, p.host, 80, n, [p.proc!.pid!]);
+  return { ...idle, rssBytesPerConn: Math.round(idle.rssBytesPerConn) };
 }
 
 /** Starts a proxy (the forwarder's 24 h idle timeout is kproxy's default: the sweep runs) and warms it with one short load. */

@@ -356,15 +356,23 @@ async function measure(ns: Netns, p: Peer, durationS: number): Promise<Figures> 
 async function measureIdle(ns: Netns, p: Peer, n: number): Promise<IdleFigures | undefined> {
   const pids = p.procs.map((c) => c.pid!).filter(Boolean);
   if (pids.length === 0) return undefined;
-  const client = ns.node('bench/userspace-idle-client.ts', [p.host, String(p.httpPort), String(n)]);
+  return holdIdle(ns, p.key, p.host, p.httpPort, n, pids);
+}
+
+/**
+ * Holds n idle connections to host:port (bench/userspace-idle-client.ts in the namespace)
+ * and returns the RSS and fd deltas of the process trees of pids per connection held.
+ */
+export async function holdIdle(ns: Netns, key: string, host: string, port: number, n: number, pids: number[]): Promise<IdleFigures> {
   const before = treeUsage(pids);
+  const client = ns.node('bench/userspace-idle-client.ts', [host, String(port), String(n)]);
   let out = '';
   client.stdout?.on('data', (b: Buffer) => (out += b.toString()));
   const deadline = Date.now() + 60_000;
   while (!out.includes('held') && Date.now() < deadline && client.exitCode === null) await new Promise((r) => setTimeout(r, 100));
   if (!out.includes('held')) {
     await ns.kill(client, 'SIGKILL');
-    throw new Error(`idle client for ${p.key} did not hold ${n} connections: ${out.slice(-300)}`);
+    throw new Error(`idle client for ${key} did not hold ${n} connections: ${out.slice(-300)}`);
   }
   // The proxy dials the backend after accepting: wait until its fds settle.
   let last = -1;
