@@ -97,13 +97,24 @@ export interface PortView {
   affinitySeconds: number;
 }
 
-/** A UDP/SCTP conntrack flow that must be cleared after the sync (upstream conntrack cleanup). */
+/**
+ * A conntrack flow that must be cleared after the sync: UDP/SCTP as upstream's conntrack
+ * cleanup, and (kproxy, not upstream) TCP connection attempts that were never DNATed.
+ */
 export type StaleFlow =
   /** flows DNATed to an endpoint that left the service (upstream: deleted UDP endpoints) */
   | { kind: 'endpoint'; protocol: 'UDP' | 'SCTP'; serviceIP: string; port: number; endpointIP: string; endpointPort: number }
   /** flows to a service address whose service went from no endpoints to some (upstream: newly active UDP services) */
   | { kind: 'service'; protocol: 'UDP' | 'SCTP'; ip: string; port: number }
-  | { kind: 'nodePort'; protocol: 'UDP' | 'SCTP'; port: number };
+  | { kind: 'nodePort'; protocol: 'UDP' | 'SCTP'; port: number }
+  /**
+   * TCP connection attempts to a service address (ip) or to a NodePort on any address (ip
+   * null) that were made while the port had no rule, so were never DNATed and never answered
+   * (conntrack state SYN_SENT, reply tuple = the original destination). Conntrack keeps such an
+   * entry for 120 s and does not refresh it on a new SYN; a client that reuses the source port
+   * (or a SYN retransmitted after the rules arrived) matches it, skips NAT and is lost.
+   */
+  | { kind: 'unNATed'; protocol: 'TCP'; ip: string | null; port: number };
 
 /** The node-wide settings (NodeSettings, below) plus every port's decisions. */
 export interface NodeView extends NodeSettings {
@@ -377,7 +388,7 @@ export function buildViewFrom(state: ProxyState, s: NodeSettings, previous?: Nod
     nodeViewWork.portsVisited++;
     ports.set(key, portView(sp, state.endpoints.get(key) ?? EMPTY, node, nodeKey));
   }
-  return { ...s, ports, staleFlows: previous ? staleFlows(previous, ports) : [] };
+  return { ...s, ports, staleFlows: previous ? staleFlows(previous, ports) : unNATedFlows(ports) };
 }
 
 const SETTINGS_KEYS: Array<keyof NodeSettings> = [
@@ -462,7 +473,11 @@ function serviceAddresses(sp: ServicePort): string[] {
  * - flows to a UDP service's addresses and NodePort when it went from no endpoints to some:
  *   while it had none, packets were rejected and conntrack remembered that, blackholing the
  *   client until the entry expires (kubernetes#48370).
- * TCP needs neither: its connections end with the endpoint.
+ * TCP needs neither: its connections end with the endpoint. But a TCP connection attempt made
+ * while a port had no rule at all (before the Service existed, after it was deleted, before
+ * kproxy's first sync) leaves a never-DNATed SYN_SENT entry that black-holes a later
+ * connection from the same source port for up to 120 s (kproxy, not upstream: `unNATed`,
+ * cleared when the port gets endpoints, and for every port with endpoints at the first sync).
  */
 function staleFlows(prev: NodeView, now: Map<string, PortView>): StaleFlow[] {
   const out: StaleFlow[] = [];
@@ -482,12 +497,29 @@ function staleFlows(prev: NodeView, now: Map<string, PortView>): StaleFlow[] {
   }
   for (const [key, after] of now) {
     const proto = after.sp.protocol;
-    if (proto !== 'UDP' && proto !== 'SCTP') continue;
     const before = prev.ports.get(key);
     if (before === after || !after.hasAnyEndpoints) continue;
     if (before && before.hasAnyEndpoints) continue;
+    if (proto === 'TCP') {
+      out.push(...unNATedOf(after));
+      continue;
+    }
+    if (proto !== 'UDP' && proto !== 'SCTP') continue;
     for (const ip of serviceAddresses(after.sp)) out.push({ kind: 'service', protocol: proto, ip, port: after.sp.port });
     if (after.sp.nodePort) out.push({ kind: 'nodePort', protocol: proto, port: after.sp.nodePort });
   }
+  return out;
+}
+
+function unNATedOf(pv: PortView): StaleFlow[] {
+  const out: StaleFlow[] = serviceAddresses(pv.sp).map((ip) => ({ kind: 'unNATed', protocol: 'TCP', ip, port: pv.sp.port }));
+  if (pv.sp.nodePort) out.push({ kind: 'unNATed', protocol: 'TCP', ip: null, port: pv.sp.nodePort });
+  return out;
+}
+
+/** The first view (no previous one): never-DNATed TCP attempts to every port with endpoints. */
+function unNATedFlows(ports: Map<string, PortView>): StaleFlow[] {
+  const out: StaleFlow[] = [];
+  for (const pv of ports.values()) if (pv.sp.protocol === 'TCP' && pv.hasAnyEndpoints) out.push(...unNATedOf(pv));
   return out;
 }

@@ -1,11 +1,12 @@
 // Conntrack: clearing stale UDP/SCTP flows after a sync (upstream pkg/proxy/conntrack
-// cleanup.go CleanStaleEntries) and the conntrack sysctls and oom_score_adj applied at start
+// cleanup.go CleanStaleEntries), and never-DNATed TCP attempts (kproxy, not upstream) and the conntrack sysctls and oom_score_adj applied at start
 // (upstream cmd/kube-proxy server_linux.go, conntrack.go). Everything through argument arrays.
 import type { CommandRunner } from './runner.ts';
 import type { Sysctl } from './sysctl.ts';
 import type { StaleFlow } from '../core/nodeview.ts';
 import type { Logger } from '../log.ts';
 import { kproxyError } from '../errors.ts';
+import { canonicalIP } from '../core/ip.ts';
 import type { ConntrackSettings } from '../config/config.ts';
 
 /**
@@ -28,8 +29,64 @@ export function conntrackDeleteArgs(family: 4 | 6, flow: StaleFlow): string[] {
     case 'nodePort':
       args.push('--orig-port-dst', String(flow.port));
       break;
+    case 'unNATed':
+      // never reached by one filter per flow: see unNATedDeletes (one listing, exact tuples)
+      throw new Error('unNATed flows are cleared from a listing, not by a filter');
   }
   return args;
+}
+
+/** The listing that finds never-DNATed TCP attempts: unanswered SYNs only. */
+export function unNATedListArgs(family: 4 | 6): string[] {
+  return ['-L', '-f', family === 6 ? 'ipv6' : 'ipv4', '-p', 'tcp', '--state', 'SYN_SENT'];
+}
+
+interface Tuple {
+  src: string;
+  dst: string;
+  sport: number;
+  dport: number;
+}
+
+/** "tcp 6 119 SYN_SENT src=… dst=… sport=… dport=… [UNREPLIED] src=… …" → original and reply tuples */
+export function parseConntrackLine(line: string): { orig: Tuple; reply: Tuple } | null {
+  const re = /src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+)/g;
+  const tuples: Tuple[] = [];
+  for (const m of line.matchAll(re)) {
+    const src = canonicalIP(m[1]);
+    const dst = canonicalIP(m[2]);
+    if (!src || !dst) return null;
+    tuples.push({ src, dst, sport: Number(m[3]), dport: Number(m[4]) });
+  }
+  return tuples.length === 2 ? { orig: tuples[0], reply: tuples[1] } : null;
+}
+
+/**
+ * The `conntrack -D` arguments, one exact tuple each, of the listed SYN_SENT entries that are
+ * to a flagged service address:port (or to a flagged NodePort on any address) and were never
+ * DNATed (the reply comes from the original destination). The delete repeats `--reply-src` and
+ * the state, so an entry that got answered or replaced since the listing is left alone.
+ */
+export function unNATedDeletes(family: 4 | 6, flows: StaleFlow[], listing: string): string[][] {
+  const addresses = new Set<string>();
+  const nodePorts = new Set<number>();
+  for (const f of flows) {
+    if (f.kind !== 'unNATed') continue;
+    if (f.ip === null) nodePorts.add(f.port);
+    else addresses.add(`${canonicalIP(f.ip) ?? f.ip}|${f.port}`);
+  }
+  const out: string[][] = [];
+  for (const line of listing.split('\n')) {
+    if (!/\bSYN_SENT\b/.test(line)) continue;
+    const t = parseConntrackLine(line);
+    if (!t) continue;
+    const { orig, reply } = t;
+    if (reply.src !== orig.dst || reply.sport !== orig.dport) continue; // DNATed: a live attempt
+    if (!addresses.has(`${orig.dst}|${orig.dport}`) && !nodePorts.has(orig.dport)) continue;
+    out.push(['-D', '-f', family === 6 ? 'ipv6' : 'ipv4', '-p', 'tcp', '--orig-src', orig.src, '--orig-dst', orig.dst,
+      '--sport', String(orig.sport), '--dport', String(orig.dport), '--reply-src', orig.dst, '--state', 'SYN_SENT']);
+  }
+  return out;
 }
 
 /** "conntrack v1.4.6 (conntrack-tools): 2 flow entries have been deleted." → 2; null when absent */
@@ -55,6 +112,7 @@ export interface StaleFlowCleaner {
 function unique(family: 4 | 6, flows: StaleFlow[]): string[][] {
   const seen = new Map<string, string[]>();
   for (const f of flows) {
+    if (f.kind === 'unNATed') continue;
     const a = conntrackDeleteArgs(family, f);
     seen.set(a.join(' '), a);
   }
@@ -80,6 +138,33 @@ export function conntrackCleaner(runner: CommandRunner, log: Logger): StaleFlowC
         } catch (e) {
           failed++;
           log.warn({ code: 'KPROXY_CONNTRACK_FAILED', family, args, err: (e as Error).message }, 'could not clear stale conntrack entries; UDP/SCTP clients may stay on a gone endpoint until the entry expires');
+        }
+      }
+      if (flows.some((f) => f.kind === 'unNATed')) {
+        // one listing of the unanswered TCP attempts, then one delete per never-DNATed entry found
+        let deletes: string[][] = [];
+        try {
+          const r = await runner.run('conntrack', unNATedListArgs(family), { timeoutMs: 10_000 });
+          if (r.code !== 0) throw kproxyError('KPROXY_CONNTRACK_FAILED', `conntrack ${unNATedListArgs(family).join(' ')} exited ${r.code}: ${r.stderr.trim()}`);
+          deletes = unNATedDeletes(family, flows, r.stdout);
+        } catch (e) {
+          failed++;
+          log.warn({ code: 'KPROXY_CONNTRACK_FAILED', family, err: (e as Error).message }, 'could not list never-DNATed TCP attempts; a client reusing their source port may time out until they expire (120 s)');
+        }
+        for (const args of deletes) {
+          try {
+            const r = await runner.run('conntrack', args, { timeoutMs: 10_000 });
+            const n = deletedCount(r.stderr + r.stdout);
+            // gone since the listing (answered, expired): not an error
+            if (r.code === 0 || (r.code === 1 && n === 0)) {
+              deleted += n ?? 0;
+              continue;
+            }
+            throw kproxyError('KPROXY_CONNTRACK_FAILED', `conntrack ${args.join(' ')} exited ${r.code}: ${(r.stderr || r.stdout).trim()}`);
+          } catch (e) {
+            failed++;
+            log.warn({ code: 'KPROXY_CONNTRACK_FAILED', family, args, err: (e as Error).message }, 'could not clear a never-DNATed TCP attempt');
+          }
         }
       }
       return { deleted, failed, durationMs: Date.now() - started };

@@ -509,7 +509,8 @@ export class ProxyController {
           const programmedAt = this.now();
           const latencies = f.triggerTimes.map((t) => Math.max(0, programmedAt - t) / 1000);
           f.triggerTimes = [];
-          // Stale UDP/SCTP flows: the cleaner logs its failures and never fails the sync.
+          // Stale UDP/SCTP flows and never-DNATed TCP attempts: the cleaner logs its failures and
+          // never fails the sync.
           const flows = input.view?.staleFlows ?? [];
           const ct = flows.length && this.opts.conntrack ? await this.opts.conntrack.clean(f.family, flows).catch(() => undefined) : undefined;
           rec.families!.push({

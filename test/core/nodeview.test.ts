@@ -207,21 +207,22 @@ test('the iptables plan asks for route_localnet=1 iff localhost NodePorts are in
 
 // ---- stale flows -----------------------------------------------------------------------
 
-test('stale UDP flows: endpoints that left, and services that went from no endpoints to some', () => {
+test('stale flows: UDP endpoints that left, UDP services that went from no endpoints to some, never-DNATed TCP attempts', () => {
   const settings = nodeSettings(resolveConfig({}), { nodeName: NODE, nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 });
   const udp = sp('dns', { protocol: 'UDP', nodePort: 30053, externalIPs: ['192.168.99.1'] });
   const tcp = sp('web');
   const a = ep('10.180.1.1');
   const b = ep('10.180.1.2');
   const v1 = buildViewFrom(stateOf([[udp, [a, b]], [tcp, [a, b]]]), settings);
-  assert.deepEqual(v1.staleFlows, [], 'no previous view: nothing to clear');
+  assert.deepEqual(v1.staleFlows, [{ kind: 'unNATed', protocol: 'TCP', ip: '172.30.0.1', port: 80 }],
+    'no previous view: no UDP flow to clear; never-DNATed TCP attempts to every TCP port with endpoints');
   const v2 = buildViewFrom(stateOf([[udp, [a]], [tcp, [a]]]), settings, v1);
   assert.deepEqual(v2.staleFlows.filter((f) => f.kind === 'endpoint').map((f) => f.kind === 'endpoint' && `${f.serviceIP}:${f.port}->${f.endpointIP}`), [
     '172.30.0.1:80->10.180.1.2',
     '192.168.99.1:80->10.180.1.2',
     ':30053->10.180.1.2',
   ]);
-  assert.ok(v2.staleFlows.every((f) => f.protocol === 'UDP'), 'TCP needs no conntrack cleanup');
+  assert.ok(v2.staleFlows.every((f) => f.protocol === 'UDP'), 'a TCP port that keeps endpoints needs no conntrack cleanup');
   const v3 = buildViewFrom(stateOf([[udp, []]]), settings, v2);
   const v4 = buildViewFrom(stateOf([[udp, [b]]]), settings, v3);
   assert.deepEqual(v4.staleFlows, [
@@ -231,6 +232,17 @@ test('stale UDP flows: endpoints that left, and services that went from no endpo
   ]);
   const v5 = buildViewFrom(stateOf([[udp, [b]]]), settings, v4);
   assert.deepEqual(v5.staleFlows, [], 'unchanged: nothing');
+  // a TCP port that gets endpoints (new, or from none): its never-DNATed attempts, NodePort too
+  const tcpNP = sp('web', { nodePort: 30080 });
+  const v6 = buildViewFrom(stateOf([[udp, [b]], [tcpNP, []]]), settings, v5);
+  assert.deepEqual(v6.staleFlows, [], 'a TCP port without endpoints: nothing');
+  const v7 = buildViewFrom(stateOf([[udp, [b]], [tcpNP, [a]]]), settings, v6);
+  assert.deepEqual(v7.staleFlows, [
+    { kind: 'unNATed', protocol: 'TCP', ip: '172.30.0.1', port: 80 },
+    { kind: 'unNATed', protocol: 'TCP', ip: null, port: 30080 },
+  ]);
+  const v8 = buildViewFrom(stateOf([[udp, [b]], [tcpNP, [a, b]]]), settings, v7);
+  assert.deepEqual(v8.staleFlows, [], 'a TCP port that had endpoints already: nothing');
 });
 
 // ---- planners render, they do not decide --------------------------------------------------

@@ -4,7 +4,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pino from 'pino';
-import { applyStartSettings, conntrackCleaner, conntrackDeleteArgs, conntrackMax, conntrackSysctls, deletedCount } from '../../src/exec/conntrack.ts';
+import { applyStartSettings, conntrackCleaner, conntrackDeleteArgs, conntrackMax, conntrackSysctls, deletedCount, parseConntrackLine, unNATedDeletes, unNATedListArgs } from '../../src/exec/conntrack.ts';
 import { resolveConfig, ConfigError } from '../../src/config/config.ts';
 import type { CommandRunner, RunResult } from '../../src/exec/runner.ts';
 import type { Sysctl } from '../../src/exec/sysctl.ts';
@@ -62,6 +62,75 @@ test('conntrackCleaner: counts deletions, "0 flow entries" with exit 1 is no err
   assert.equal(warns.length, 2);
   assert.match(warns[0].err, /invalid parameters/);
   assert.match(warns[1].err, /not found/);
+});
+
+// `conntrack -L -f ipv4 -p tcp --state SYN_SENT` as conntrack-tools 1.4.7 prints it (the
+// first line is what a connection attempt made before the Service had rules leaves behind)
+const LISTING4 = [
+  'tcp      6 103 SYN_SENT src=203.0.113.2 dst=172.30.0.10 sport=55138 dport=80 [UNREPLIED] src=172.30.0.10 dst=203.0.113.2 sport=80 dport=55138 mark=0 use=1',
+  // DNATed and masqueraded, not answered yet: a live attempt, kept
+  'tcp      6 119 SYN_SENT src=203.0.113.2 dst=172.30.0.10 sport=55140 dport=80 [UNREPLIED] src=10.180.0.2 dst=10.180.0.254 sport=8080 dport=3748 mark=0 use=1',
+  // never DNATed, but to an address that is no flagged service: kept
+  'tcp      6 110 SYN_SENT src=203.0.113.2 dst=172.30.0.99 sport=41000 dport=80 [UNREPLIED] src=172.30.0.99 dst=203.0.113.2 sport=80 dport=41000 mark=0 use=1',
+  // the flagged address on another port: kept
+  'tcp      6 110 SYN_SENT src=203.0.113.2 dst=172.30.0.10 sport=41002 dport=81 [UNREPLIED] src=172.30.0.10 dst=203.0.113.2 sport=81 dport=41002 mark=0 use=1',
+  // a flagged NodePort on a node address, never DNATed
+  'tcp      6 100 SYN_SENT src=203.0.113.2 dst=192.168.0.2 sport=41004 dport=30080 [UNREPLIED] src=192.168.0.2 dst=203.0.113.2 sport=30080 dport=41004 mark=0 use=1',
+  'conntrack v1.4.7 (conntrack-tools): 5 flow entries have been shown.',
+].join('\n');
+
+test('never-DNATed TCP attempts: one SYN_SENT listing; only the flagged address:port and NodePort entries whose reply is the original destination', () => {
+  assert.deepEqual(unNATedListArgs(4), ['-L', '-f', 'ipv4', '-p', 'tcp', '--state', 'SYN_SENT']);
+  assert.deepEqual(parseConntrackLine(LISTING4.split('\n')[1]), {
+    orig: { src: '203.0.113.2', dst: '172.30.0.10', sport: 55140, dport: 80 },
+    reply: { src: '10.180.0.2', dst: '10.180.0.254', sport: 8080, dport: 3748 },
+  });
+  assert.equal(parseConntrackLine('conntrack v1.4.7 (conntrack-tools): 5 flow entries have been shown.'), null);
+  const flows = [
+    { kind: 'unNATed', protocol: 'TCP', ip: '172.30.0.10', port: 80 },
+    { kind: 'unNATed', protocol: 'TCP', ip: null, port: 30080 },
+  ] as const;
+  assert.deepEqual(unNATedDeletes(4, [...flows], LISTING4), [
+    ['-D', '-f', 'ipv4', '-p', 'tcp', '--orig-src', '203.0.113.2', '--orig-dst', '172.30.0.10', '--sport', '55138', '--dport', '80', '--reply-src', '172.30.0.10', '--state', 'SYN_SENT'],
+    ['-D', '-f', 'ipv4', '-p', 'tcp', '--orig-src', '203.0.113.2', '--orig-dst', '192.168.0.2', '--sport', '41004', '--dport', '30080', '--reply-src', '192.168.0.2', '--state', 'SYN_SENT'],
+  ]);
+  assert.deepEqual(unNATedDeletes(4, [flows[0]], ''), [], 'nothing listed: nothing deleted');
+  // IPv6: conntrack prints compressed addresses; the flow's address may be written longer
+  const v6 = 'tcp      6 119 SYN_SENT src=fd00:203::2 dst=fd00:172:30::10 sport=40000 dport=80 [UNREPLIED] src=fd00:172:30::10 dst=fd00:203::2 sport=80 dport=40000 mark=0 use=1';
+  assert.deepEqual(unNATedDeletes(6, [{ kind: 'unNATed', protocol: 'TCP', ip: 'fd00:172:30:0:0:0:0:10', port: 80 }], v6), [
+    ['-D', '-f', 'ipv6', '-p', 'tcp', '--orig-src', 'fd00:203::2', '--orig-dst', 'fd00:172:30::10', '--sport', '40000', '--dport', '80', '--reply-src', 'fd00:172:30::10', '--state', 'SYN_SENT'],
+  ]);
+});
+
+test('conntrackCleaner: never-DNATed TCP attempts are listed once and deleted by exact tuple; a failed listing is logged, not thrown', async () => {
+  const calls: string[][] = [];
+  const runner: CommandRunner = {
+    run: async (_cmd, args) => {
+      calls.push(args);
+      if (args[0] === '-L') return { code: 0, stdout: LISTING4, stderr: '' };
+      return { code: 0, stdout: '', stderr: 'conntrack v1.4.7 (conntrack-tools): 1 flow entries have been deleted.\n' };
+    },
+  };
+  const { log } = logger();
+  const r = await conntrackCleaner(runner, log).clean(4, [
+    { kind: 'unNATed', protocol: 'TCP', ip: '172.30.0.10', port: 80 },
+    { kind: 'unNATed', protocol: 'TCP', ip: '172.30.0.11', port: 80 },
+    { kind: 'service', protocol: 'UDP', ip: '172.30.0.53', port: 53 },
+  ]);
+  assert.deepEqual(calls.map((a) => a.slice(0, 2).concat(a.includes('--sport') ? [a[a.indexOf('--sport') + 1]] : [])), [
+    ['-D', '-f'], // the UDP filter
+    ['-L', '-f'], // one listing for both TCP addresses
+    ['-D', '-f', '55138'],
+  ]);
+  assert.equal(r.deleted, 2);
+  assert.equal(r.failed, 0);
+
+  const { logs, log: log2 } = logger();
+  const broken: CommandRunner = { run: async () => ({ code: 1, stdout: '', stderr: 'conntrack v1.4.7 (conntrack-tools): Operation failed: Permission denied' }) };
+  const r2 = await conntrackCleaner(broken, log2).clean(4, [{ kind: 'unNATed', protocol: 'TCP', ip: '172.30.0.10', port: 80 }]);
+  assert.equal(r2.failed, 1);
+  assert.equal(r2.deleted, 0);
+  assert.match(logs.find((l) => l.code === 'KPROXY_CONNTRACK_FAILED')?.err ?? '', /Permission denied/);
 });
 
 function fakeSysctl(values: Record<string, string>, readOnly: string[] = []): Sysctl & { values: Record<string, string>; writes: string[] } {

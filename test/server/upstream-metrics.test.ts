@@ -3,6 +3,7 @@
 // metrics server has every name of upstream's pkg/proxy/metrics/metrics.go that applies, with
 // upstream's type, label names and histogram buckets, checked against a table copied from
 // upstream (not computed by the code under test), and values that follow what happened.
+import type { StaleFlow } from '../../src/core/nodeview.ts';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pino from 'pino';
@@ -144,11 +145,13 @@ test('after real iptables syncs, /metrics has upstream names, types, labels and 
     createProxier: async () => new IptablesProxier({ runner: fake, log, config }),
   };
   const startedAt = Date.now();
+  const cleaned: StaleFlow[] = [];
   const ctrl = new ProxyController({
     config, nodeName: 'node-a', mode, allModes: { iptables: mode } as any, source, sourceName: 'test', runner: fake, log,
     skipCleanup: true, nodeIPs: () => ['192.168.0.2'], families: [4], healthTimeoutMs: 60_000, backoffInitialMs: 20, backoffMaxMs: 50,
-    // the web Service's first endpoint makes flows to its ClusterIP stale
-    conntrack: { clean: async (_family, flows) => ({ deleted: flows.length, failed: 0, durationMs: 2 }) },
+    // the web Service's first endpoint makes flows to its ClusterIP stale; the first sync clears
+    // never-DNATed TCP attempts to the TCP Service with endpoints
+    conntrack: { clean: async (_family, flows) => (cleaned.push(...flows), { deleted: flows.length, failed: 0, durationMs: 2 }) },
   });
   const servers = await startServers({ ctrl, source, mode: 'iptables', log }, '127.0.0.1:0', '127.0.0.1:0');
   const scrape = async () => (await fetch(`http://127.0.0.1:${servers.ports.metrics}/metrics`)).text();
@@ -205,7 +208,8 @@ test('after real iptables syncs, /metrics has upstream names, types, labels and 
     assert.ok(Math.abs(last - Date.now() / 1000) < 60 && last >= queued, `last sync ${last} after last queued ${queued}`);
     assert.equal(value(text, 'kubeproxy_proxy_healthz_total', { code: '200' }), 3);
     assert.equal(value(text, 'kubeproxy_proxy_livez_total', { code: '200' }), 1);
-    assert.equal(value(text, 'kubeproxy_conntrack_reconciler_deleted_entries_total', v4), 1);
+    assert.deepEqual(cleaned.map((f) => `${f.kind} ${f.protocol}`).sort(), ['service UDP', 'unNATed TCP']);
+    assert.equal(value(text, 'kubeproxy_conntrack_reconciler_deleted_entries_total', v4), 2);
     assert.match(text, /^process_resident_memory_bytes \d/m, 'process metrics, as upstream exports');
     assert.match(text, /^kproxy_rules_total \d/m, "kproxy's own stay");
   } finally {
