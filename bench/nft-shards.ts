@@ -20,11 +20,19 @@
 //                           re-declared with its rules (the planner's output before/after);
 //   and (N ≥ --connect-min) packets: a node namespace with a pod network, all K tables loaded,
 //   connects to the first and last Service's ClusterIP and to a pod IP (bench/connect-client.ts),
-//   conntrack's reply source of every Service connection must be one of that Service's endpoints.
+//   conntrack's reply source of every Service connection must be one of that Service's endpoints;
+//   and (N ≥ --semantics-min) upstream's semantics across the tables, from the node namespace:
+//   --semantics-connects connects to the first and last Service's ClusterIP and NodePort (conntrack:
+//   answered by one of its endpoints, source-NATed by the masquerade rule), and one connect each
+//   to an endpoint-less Service's ClusterIP and NodePort and to a ClusterIP's unknown port (REJECT:
+//   ECONNREFUSED).
+//
+// Services past 35,534 have no NodePort (the port range is full); the semantics check needs
+// one for Service n, so it runs below that.
 //
 //   node --import tsx bench/nft-shards.ts [--sizes 100,1000,10000] [--shards 1,4,16,auto]
 //        [--per-table 500] [--endpoints 5] [--reps 7] [--connects 100] [--connect-min 1000]
-//        [--timeout 300]
+//        [--semantics-min 100] [--semantics-connects 20] [--timeout 300]
 //
 // Prints the 1-minute load average beside every phase and a markdown table at the end.
 import { createHash } from 'node:crypto';
@@ -34,10 +42,13 @@ import { parseArgs } from 'node:util';
 import os from 'node:os';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
 import { getMode } from '../src/proxy/registry.ts';
-import { connectThrough, timedNft, type ConnectOutcome } from './nft-validation.ts';
-import { Namespaces, TimedRunner } from './netns.ts';
-import { fmtMs, median } from './stats.ts';
-import { benchConfig, NAMESPACE, NODE, serviceName, serviceObject, sliceObject } from './workload.ts';
+import type { ChildProcess } from 'node:child_process';
+import { killGroup } from './kproxy-run.ts';
+import { connectThrough, spawnNode, timedNft, type ConnectOutcome } from './nft-validation.ts';
+import { Namespaces, podNetwork, TimedRunner } from './netns.ts';
+import { fmtMs, median, pollUntil } from './stats.ts';
+import type { K8sService } from '../src/core/convert.ts';
+import { benchConfig, clusterIPOf, endpointIPOf, MAX_NODE_PORT_SERVICES, NAMESPACE, NODE, serviceName, serviceObject, sliceObject } from './workload.ts';
 
 /** Room for extra endpoints per Service, as nft-validation.ts (endpoint j of Service i is endpointIPOf(i * stride + j)). */
 const EXTRA = 16;
@@ -62,6 +73,13 @@ export function renameTable(text: string, name: string): string {
     .join('\n');
 }
 
+/** Service i: a NodePort Service while the port range lasts, then ClusterIP only (as bench/nft-scale.ts). */
+function serviceOf(i: number): K8sService {
+  const s = serviceObject(i);
+  if (i < MAX_NODE_PORT_SERVICES) return s;
+  return { ...s, spec: { ...s.spec!, type: 'ClusterIP', ports: s.spec!.ports!.map(({ nodePort: _, ...p }) => p) } };
+}
+
 /** One shard: the tracker of its Services only, rendered by the nftables planner. */
 class Shard {
   readonly tracker = new ProxyStateTracker(4, NODE.nodeName);
@@ -74,11 +92,11 @@ class Shard {
     private readonly stride: number,
   ) {}
 
-  add(i: number): void {
+  add(i: number, endpoints = this.e): void {
     this.services.push(i);
-    this.counts.set(i, this.e);
-    this.tracker.services.update(null, serviceObject(i));
-    this.tracker.endpoints.update(null, sliceObject(i, this.e, this.stride));
+    this.counts.set(i, endpoints);
+    this.tracker.services.update(null, serviceOf(i));
+    this.tracker.endpoints.update(null, sliceObject(i, endpoints, this.stride));
   }
 
   render(): string {
@@ -118,11 +136,105 @@ function chainsOf(text: string, i: number): Map<string, string[]> {
   return out;
 }
 
-export function buildShards(n: number, e: number, k: number): Shard[] {
+/** The K shards of Services 0..n-1 (and, with `noEndpoint`, Service n without endpoints). */
+export function buildShards(n: number, e: number, k: number, noEndpoint = false): Shard[] {
   const stride = e + EXTRA;
   const shards = Array.from({ length: k }, (_, s) => new Shard(tableName(s, k), e, stride));
   for (let i = 0; i < n; i++) shards[shardOf(`${NAMESPACE}/${serviceName(i)}`, k)].add(i);
+  if (noEndpoint) shards[shardOf(`${NAMESPACE}/${serviceName(n)}`, k)].add(n, 0);
   return shards;
+}
+
+export function shardOfService(i: number, k: number): number {
+  return shardOf(`${NAMESPACE}/${serviceName(i)}`, k);
+}
+
+interface Semantics {
+  /** per target: connections conntrack saw, how many answered by one of the Service's endpoints, how many source-NATed */
+  conntrack: Record<string, { entries: number; right: number; masqueraded: number }>;
+  /** connects that failed, per target */
+  failed: Record<string, number>;
+  /** one connect each: the endpoint-less Service's ClusterIP and NodePort, a ClusterIP's unknown port */
+  probes: Record<string, string>;
+  /** the table of the first, last and endpoint-less Service */
+  tables: string;
+}
+
+/**
+ * Upstream's packet semantics across the shard tables, from the node namespace (source
+ * 192.168.0.2, off-cluster): ClusterIP and NodePort of the first and last Service reach only
+ * their endpoints and are masqueraded (a pod IP, the control, is not); the endpoint-less
+ * Service (Service n) is REJECTed on its ClusterIP and NodePort; a ClusterIP's unknown port
+ * is REJECTed.
+ */
+async function semanticsThrough(nss: Namespaces, n: number, k: number, e: number, connects: number, timeoutS: number): Promise<Semantics> {
+  const node = await nss.create('smn');
+  const srv = await nss.create('sms');
+  const procs: ChildProcess[] = [];
+  const stride = e + EXTRA;
+  try {
+    await podNetwork(node, srv);
+    let serverOut = '';
+    procs.push(spawnNode(srv, ['serve', '8080'], (x) => void (serverOut += x)));
+    const runner = new TimedRunner(node);
+    await timedNft(runner, buildShards(n, e, k, true).map((sh) => sh.render()).join(''), timeoutS * 1000);
+    if (!(await pollUntil(async () => (serverOut.includes('READY') ? true : undefined), 30_000, 20))) {
+      throw new Error(`KPROXY_BENCH_CONNECT: the pod listener did not start: ${serverOut.slice(0, 300)}`);
+    }
+    const np = (i: number) => serviceObject(i).spec!.ports![0].nodePort!;
+    const targets: Record<string, { ip: string; port: number; service: number }> = {
+      'ClusterIP, first': { ip: clusterIPOf(0), port: 80, service: 0 },
+      'ClusterIP, last': { ip: clusterIPOf(n - 1), port: 80, service: n - 1 },
+      'NodePort, first': { ip: NODE.nodeIPs[0], port: np(0), service: 0 },
+      'NodePort, last': { ip: NODE.nodeIPs[0], port: np(n - 1), service: n - 1 },
+      // the control: no Service, no NAT (its "endpoints" are Service 0's, of which it is one)
+      'pod IP (no Service)': { ip: endpointIPOf(0), port: 8080, service: 0 },
+    };
+    const labels = Object.keys(targets);
+    const run = async (args: string[]): Promise<string> => {
+      let out = '';
+      const p = spawnNode(node, args, (x) => void (out += x));
+      procs.push(p);
+      const exited = new Promise<void>((r) => p.once('exit', () => r()));
+      const budget = connects * labels.length * 2000 + 60_000;
+      const done = await Promise.race([exited.then(() => true), new Promise<false>((r) => setTimeout(() => r(false), budget).unref())]);
+      if (!done) throw new Error(`KPROXY_BENCH_CONNECT: the client did not finish within ${budget / 1000} s`);
+      const line = out.split('\n').find((l) => l.startsWith('{'));
+      if (!line) throw new Error(`KPROXY_BENCH_CONNECT: no result from the client: ${out.slice(0, 300)}`);
+      return line;
+    };
+    const lat = JSON.parse(await run(['connect', String(connects), '2000', ...labels.map((l, x) => `t${x}=${targets[l].ip}:${targets[l].port}`)])) as Record<string, number[]>;
+    const probes = JSON.parse(
+      await run(['probe', '2000', `noep=${clusterIPOf(n)}:80`, `noepnp=${NODE.nodeIPs[0]}:${np(n)}`, `wrongport=${clusterIPOf(n - 1)}:81`]),
+    ) as Record<string, string>;
+    const out: Semantics = {
+      conntrack: {},
+      failed: {},
+      probes: {
+        "endpoint-less Service's ClusterIP": probes.noep,
+        "endpoint-less Service's NodePort": probes.noepnp,
+        "last Service's ClusterIP, unknown port 81": probes.wrongport,
+      },
+      tables: [0, n - 1, n].map((i) => tableName(shardOfService(i, k), k)).join(' / '),
+    };
+    for (const [x, label] of labels.entries()) {
+      const t = targets[label];
+      out.failed[label] = lat[`t${x}`].filter((v) => !Number.isFinite(v)).length;
+      const list = async (extra: string[]) => {
+        const r = await runner.run('conntrack', ['-L', '-p', 'tcp', '--orig-dst', t.ip, '--orig-port-dst', String(t.port), ...extra], { timeoutMs: 30_000 });
+        return r.stdout.split('\n').filter((l) => /src=\S+.*src=\S+/.test(l));
+      };
+      const eps = new Set(Array.from({ length: e }, (_, j) => endpointIPOf(t.service * stride + j)));
+      const all = await list([]);
+      const right = all.filter((l) => eps.has([...l.matchAll(/src=(\S+)/g)][1][1])).length;
+      out.conntrack[label] = { entries: all.length, right, masqueraded: (await list(['--src-nat'])).length };
+    }
+    return out;
+  } finally {
+    for (const p of procs) await killGroup(p);
+    await nss.delete(node);
+    await nss.delete(srv);
+  }
 }
 
 interface Row {
@@ -135,6 +247,7 @@ interface Row {
   change: number[];
   load: string[];
   connect?: ConnectOutcome;
+  semantics?: Semantics;
 }
 
 export interface ShardOptions {
@@ -145,6 +258,9 @@ export interface ShardOptions {
   reps: number;
   connects: number;
   connectMin: number;
+  /** the semantics check (NodePort, masquerade, REJECTs) from this many Services; its connects per target */
+  semanticsMin: number;
+  semanticsConnects: number;
   timeoutS: number;
 }
 
@@ -210,6 +326,11 @@ export async function nftShards(o: ShardOptions, log: (l: string) => void): Prom
               `reached first ${JSON.stringify(c.reached.first)} last ${JSON.stringify(c.reached.last)}; load ${c.load}`,
           );
         }
+        // the endpoint-less Service n needs a NodePort too
+        if (n >= o.semanticsMin && n < MAX_NODE_PORT_SERVICES) {
+          row.semantics = await semanticsThrough(nss, n, k, o.endpoints, o.semanticsConnects, o.timeoutS);
+          log(`N=${n} K=${k} semantics (${row.semantics.tables}): ${JSON.stringify(row.semantics)}`);
+        }
       }
     }
   } finally {
@@ -243,6 +364,22 @@ export function shardTables(rows: Row[], reps: number): string {
       );
     }
   }
+  const sr = rows.filter((r) => r.semantics);
+  if (sr.length) {
+    const labels = Object.keys(sr[0].semantics!.conntrack);
+    const probes = Object.keys(sr[0].semantics!.probes);
+    L.push(
+      '',
+      `| Services | K | tables of the first / last / endpoint-less Service | ${labels.map((l) => `${l}: failed, conntrack entries, to its endpoints, masqueraded`).join(' | ')} | ${probes.join(' | ')} |`,
+      `|---:|---:|---|${labels.map(() => '---:').join('|')}|${probes.map(() => '---').join('|')}|`,
+    );
+    for (const r of sr) {
+      const m = r.semantics!;
+      L.push(
+        `| ${r.n.toLocaleString('en-US')} | ${r.k} | ${m.tables} | ${labels.map((l) => `${m.failed[l]}, ${m.conntrack[l].entries}, ${m.conntrack[l].right}, ${m.conntrack[l].masqueraded}`).join(' | ')} | ${probes.map((p) => m.probes[p]).join(' | ')} |`,
+      );
+    }
+  }
   return L.join('\n');
 }
 
@@ -256,6 +393,8 @@ async function main(): Promise<void> {
       reps: { type: 'string', default: '7' },
       connects: { type: 'string', default: '100' },
       'connect-min': { type: 'string', default: '1000' },
+      'semantics-min': { type: 'string', default: '100' },
+      'semantics-connects': { type: 'string', default: '20' },
       timeout: { type: 'string', default: '300' },
     },
   });
@@ -267,9 +406,11 @@ async function main(): Promise<void> {
     reps: Number(values.reps),
     connects: Number(values.connects),
     connectMin: Number(values['connect-min']),
+    semanticsMin: Number(values['semantics-min']),
+    semanticsConnects: Number(values['semantics-connects']),
     timeoutS: Number(values.timeout),
   };
-  if (o.sizes.some((n) => !Number.isInteger(n) || n < 1 || n > 30_000)) throw new Error('KPROXY_BENCH_ARGS: --sizes wants integers 1..30000');
+  if (o.sizes.some((n) => !Number.isInteger(n) || n < 1 || n > 60_000)) throw new Error('KPROXY_BENCH_ARGS: --sizes wants integers 1..60000');
   if (o.shards.some((s) => s !== 'auto' && !(Number.isInteger(Number(s)) && Number(s) >= 1 && Number(s) <= 256))) {
     throw new Error('KPROXY_BENCH_ARGS: --shards wants a list of 1..256 or "auto"');
   }

@@ -214,7 +214,7 @@ export async function timedNft(runner: TimedRunner, text: string, timeoutMs = 12
   return ms;
 }
 
-function spawnNode(ns: string, args: string[], onOut: (s: string) => void): ChildProcess {
+export function spawnNode(ns: string, args: string[], onOut: (s: string) => void): ChildProcess {
   const p = spawn('ip', ['netns', 'exec', ns, process.execPath, '--import', 'tsx', resolve(repoRoot, 'bench/connect-client.ts'), ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
     detached: true,

@@ -31,6 +31,18 @@ test('each shard is a complete table of its own Services, renamed in every comma
   assert.equal(renameTable('add rule ip kube-proxy x jump y', 'kube-proxy'), 'add rule ip kube-proxy x jump y');
 });
 
+test('the semantics check\'s endpoint-less Service is REJECTed by its own table only', () => {
+  const shards = buildShards(20, 2, 4, true);
+  const owner = shards.findIndex((sh) => sh.services.includes(20));
+  assert.ok(owner >= 0);
+  for (const [s, sh] of shards.entries()) {
+    const text = sh.render();
+    const reject = text.includes(`add element ip kube-proxy-${s} no-endpoint-services { 172.30.0.21 . tcp . 80 comment "bench/svc-00020:http" : goto reject-chain }`);
+    assert.equal(reject, s === owner, `table ${s}`);
+    assert.equal(text.includes(`no-endpoint-nodeports { tcp . 30020 `), s === owner, `table ${s}`);
+  }
+});
+
 test('addEndpoint: the new endpoint chain, and the service chain flushed and re-declared', () => {
   const [sh] = buildShards(3, 2, 1);
   const tx = sh.addEndpoint(1).trim().split('\n');
