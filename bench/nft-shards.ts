@@ -25,10 +25,10 @@
 //   --semantics-connects connects to the first and last Service's ClusterIP and NodePort (conntrack:
 //   answered by one of its endpoints, source-NATed by the masquerade rule), and one connect each
 //   to an endpoint-less Service's ClusterIP and NodePort and to a ClusterIP's unknown port (REJECT:
-//   ECONNREFUSED).
+//   ECONNREFUSED); and to a Service with ClientIP session affinity (all to one endpoint).
 //
 // Services past 35,534 have no NodePort (the port range is full); the semantics check needs
-// one for Service n, so it runs below that.
+// them for Services n and n+1, so it runs below that.
 //
 //   node --import tsx bench/nft-shards.ts [--sizes 100,1000,10000] [--shards 1,4,16,auto]
 //        [--per-table 500] [--endpoints 5] [--reps 7] [--connects 100] [--connect-min 1000]
@@ -92,10 +92,11 @@ class Shard {
     private readonly stride: number,
   ) {}
 
-  add(i: number, endpoints = this.e): void {
+  add(i: number, endpoints = this.e, sticky = false): void {
     this.services.push(i);
     this.counts.set(i, endpoints);
-    this.tracker.services.update(null, serviceOf(i));
+    const svc = serviceOf(i);
+    this.tracker.services.update(null, sticky ? { ...svc, spec: { ...svc.spec!, sessionAffinity: 'ClientIP' } } : svc);
     this.tracker.endpoints.update(null, sliceObject(i, endpoints, this.stride));
   }
 
@@ -136,12 +137,18 @@ function chainsOf(text: string, i: number): Map<string, string[]> {
   return out;
 }
 
-/** The K shards of Services 0..n-1 (and, with `noEndpoint`, Service n without endpoints). */
-export function buildShards(n: number, e: number, k: number, noEndpoint = false): Shard[] {
+/**
+ * The K shards of Services 0..n-1 (and, with `extra`, Service n without endpoints and Service
+ * n+1 with ClientIP session affinity, for the semantics check).
+ */
+export function buildShards(n: number, e: number, k: number, extra = false): Shard[] {
   const stride = e + EXTRA;
   const shards = Array.from({ length: k }, (_, s) => new Shard(tableName(s, k), e, stride));
   for (let i = 0; i < n; i++) shards[shardOf(`${NAMESPACE}/${serviceName(i)}`, k)].add(i);
-  if (noEndpoint) shards[shardOf(`${NAMESPACE}/${serviceName(n)}`, k)].add(n, 0);
+  if (extra) {
+    shards[shardOf(`${NAMESPACE}/${serviceName(n)}`, k)].add(n, 0);
+    shards[shardOf(`${NAMESPACE}/${serviceName(n + 1)}`, k)].add(n + 1, e, true);
+  }
   return shards;
 }
 
@@ -151,12 +158,12 @@ export function shardOfService(i: number, k: number): number {
 
 interface Semantics {
   /** per target: connections conntrack saw, how many answered by one of the Service's endpoints, how many source-NATed */
-  conntrack: Record<string, { entries: number; right: number; masqueraded: number }>;
+  conntrack: Record<string, { entries: number; right: number; distinct: number; masqueraded: number }>;
   /** connects that failed, per target */
   failed: Record<string, number>;
   /** one connect each: the endpoint-less Service's ClusterIP and NodePort, a ClusterIP's unknown port */
   probes: Record<string, string>;
-  /** the table of the first, last and endpoint-less Service */
+  /** the table of the first, last, endpoint-less and sticky Service */
   tables: string;
 }
 
@@ -165,7 +172,7 @@ interface Semantics {
  * 192.168.0.2, off-cluster): ClusterIP and NodePort of the first and last Service reach only
  * their endpoints and are masqueraded (a pod IP, the control, is not); the endpoint-less
  * Service (Service n) is REJECTed on its ClusterIP and NodePort; a ClusterIP's unknown port
- * is REJECTed.
+ * is REJECTed; the sticky Service (n+1, ClientIP affinity) sends every connection to one endpoint.
  */
 async function semanticsThrough(nss: Namespaces, n: number, k: number, e: number, connects: number, timeoutS: number): Promise<Semantics> {
   const node = await nss.create('smn');
@@ -189,6 +196,8 @@ async function semanticsThrough(nss: Namespaces, n: number, k: number, e: number
       'NodePort, last': { ip: NODE.nodeIPs[0], port: np(n - 1), service: n - 1 },
       // the control: no Service, no NAT (its "endpoints" are Service 0's, of which it is one)
       'pod IP (no Service)': { ip: endpointIPOf(0), port: 8080, service: 0 },
+      // ClientIP session affinity: every connection from the node must reach the same endpoint
+      'ClusterIP, sticky Service': { ip: clusterIPOf(n + 1), port: 80, service: n + 1 },
     };
     const labels = Object.keys(targets);
     const run = async (args: string[]): Promise<string> => {
@@ -215,7 +224,7 @@ async function semanticsThrough(nss: Namespaces, n: number, k: number, e: number
         "endpoint-less Service's NodePort": probes.noepnp,
         "last Service's ClusterIP, unknown port 81": probes.wrongport,
       },
-      tables: [0, n - 1, n].map((i) => tableName(shardOfService(i, k), k)).join(' / '),
+      tables: [0, n - 1, n, n + 1].map((i) => tableName(shardOfService(i, k), k)).join(' / '),
     };
     for (const [x, label] of labels.entries()) {
       const t = targets[label];
@@ -226,8 +235,13 @@ async function semanticsThrough(nss: Namespaces, n: number, k: number, e: number
       };
       const eps = new Set(Array.from({ length: e }, (_, j) => endpointIPOf(t.service * stride + j)));
       const all = await list([]);
-      const right = all.filter((l) => eps.has([...l.matchAll(/src=(\S+)/g)][1][1])).length;
-      out.conntrack[label] = { entries: all.length, right, masqueraded: (await list(['--src-nat'])).length };
+      const answers = all.map((l) => [...l.matchAll(/src=(\S+)/g)][1][1]);
+      out.conntrack[label] = {
+        entries: all.length,
+        right: answers.filter((a) => eps.has(a)).length,
+        distinct: new Set(answers).size,
+        masqueraded: (await list(['--src-nat'])).length,
+      };
     }
     return out;
   } finally {
@@ -326,8 +340,8 @@ export async function nftShards(o: ShardOptions, log: (l: string) => void): Prom
               `reached first ${JSON.stringify(c.reached.first)} last ${JSON.stringify(c.reached.last)}; load ${c.load}`,
           );
         }
-        // the endpoint-less Service n needs a NodePort too
-        if (n >= o.semanticsMin && n < MAX_NODE_PORT_SERVICES) {
+        // the endpoint-less Service n and the sticky n+1 need NodePorts too
+        if (n >= o.semanticsMin && n + 1 < MAX_NODE_PORT_SERVICES) {
           row.semantics = await semanticsThrough(nss, n, k, o.endpoints, o.semanticsConnects, o.timeoutS);
           log(`N=${n} K=${k} semantics (${row.semantics.tables}): ${JSON.stringify(row.semantics)}`);
         }
@@ -370,13 +384,13 @@ export function shardTables(rows: Row[], reps: number): string {
     const probes = Object.keys(sr[0].semantics!.probes);
     L.push(
       '',
-      `| Services | K | tables of the first / last / endpoint-less Service | ${labels.map((l) => `${l}: failed, conntrack entries, to its endpoints, masqueraded`).join(' | ')} | ${probes.join(' | ')} |`,
+      `| Services | K | tables of the first / last / endpoint-less / sticky Service | ${labels.map((l) => `${l}: failed, conntrack entries, to its endpoints, distinct endpoints, masqueraded`).join(' | ')} | ${probes.join(' | ')} |`,
       `|---:|---:|---|${labels.map(() => '---:').join('|')}|${probes.map(() => '---').join('|')}|`,
     );
     for (const r of sr) {
       const m = r.semantics!;
       L.push(
-        `| ${r.n.toLocaleString('en-US')} | ${r.k} | ${m.tables} | ${labels.map((l) => `${m.failed[l]}, ${m.conntrack[l].entries}, ${m.conntrack[l].right}, ${m.conntrack[l].masqueraded}`).join(' | ')} | ${probes.map((p) => m.probes[p]).join(' | ')} |`,
+        `| ${r.n.toLocaleString('en-US')} | ${r.k} | ${m.tables} | ${labels.map((l) => `${m.failed[l]}, ${m.conntrack[l].entries}, ${m.conntrack[l].right}, ${m.conntrack[l].distinct}, ${m.conntrack[l].masqueraded}`).join(' | ')} | ${probes.map((p) => m.probes[p]).join(' | ')} |`,
       );
     }
   }

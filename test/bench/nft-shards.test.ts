@@ -31,7 +31,7 @@ test('each shard is a complete table of its own Services, renamed in every comma
   assert.equal(renameTable('add rule ip kube-proxy x jump y', 'kube-proxy'), 'add rule ip kube-proxy x jump y');
 });
 
-test('the semantics check\'s endpoint-less Service is REJECTed by its own table only', () => {
+test('the semantics check\'s endpoint-less Service is REJECTed, and its sticky Service has affinity sets, in its own table only', () => {
   const shards = buildShards(20, 2, 4, true);
   const owner = shards.findIndex((sh) => sh.services.includes(20));
   assert.ok(owner >= 0);
@@ -40,6 +40,9 @@ test('the semantics check\'s endpoint-less Service is REJECTed by its own table 
     const reject = text.includes(`add element ip kube-proxy-${s} no-endpoint-services { 172.30.0.21 . tcp . 80 comment "bench/svc-00020:http" : goto reject-chain }`);
     assert.equal(reject, s === owner, `table ${s}`);
     assert.equal(text.includes(`no-endpoint-nodeports { tcp . 30020 `), s === owner, `table ${s}`);
+    const sticky = shards.findIndex((x) => x.services.includes(21));
+    const sets = text.split('\n').filter((l) => l.startsWith(`add set ip kube-proxy-${s} affinity-`) && l.includes('bench/svc-00021/'));
+    assert.equal(sets.length, s === sticky ? 2 : 0, `table ${s}`);
   }
 });
 
