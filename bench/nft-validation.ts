@@ -206,7 +206,7 @@ function prototypeServiceDelete(vip: string, eps: string[]): string {
   ].join('\n') + '\n';
 }
 
-async function timedNft(runner: TimedRunner, text: string, timeoutMs = 120_000): Promise<number> {
+export async function timedNft(runner: TimedRunner, text: string, timeoutMs = 120_000): Promise<number> {
   const t0 = performance.now();
   const r = await runner.run('nft', ['-f', '-'], { input: text, timeoutMs });
   const ms = performance.now() - t0;
@@ -214,7 +214,7 @@ async function timedNft(runner: TimedRunner, text: string, timeoutMs = 120_000):
   return ms;
 }
 
-function spawnNode(ns: string, args: string[], onOut: (s: string) => void): ChildProcess {
+export function spawnNode(ns: string, args: string[], onOut: (s: string) => void): ChildProcess {
   const p = spawn('ip', ['netns', 'exec', ns, process.execPath, '--import', 'tsx', resolve(repoRoot, 'bench/connect-client.ts'), ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
     detached: true,
@@ -225,13 +225,13 @@ function spawnNode(ns: string, args: string[], onOut: (s: string) => void): Chil
   return p;
 }
 
-interface Latency {
+export interface Latency {
   p50Ms: number;
   p99Ms: number;
   failed: number;
 }
 
-interface ConnectOutcome {
+export interface ConnectOutcome {
   loadMs: number;
   targets: Record<'first' | 'last' | 'pod', Latency>;
   /** per Service target: distinct endpoints conntrack saw answering, and answers from outside the Service's endpoints */
@@ -240,7 +240,7 @@ interface ConnectOutcome {
 }
 
 /** Loads `payload` with nft -f into a node namespace with a pod network, then times connects and checks where they went. */
-async function connectThrough(
+export async function connectThrough(
   nss: Namespaces,
   label: string,
   payload: string,
