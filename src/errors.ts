@@ -9,7 +9,7 @@ export const ERROR_CODES = {
   KPROXY_CLEANUP_FAILED: 'kproxy cleanup could not remove the state of one or more modes; the log names each mode and why, fix that (often: run as root) and run cleanup again',
   KPROXY_CLEANUP_KEPT: 'cleanup left one of kproxy\'s (or kube-proxy\'s) iptables chains in place because another program\'s chain still jumps to it; the warning names both: remove that rule, then run kproxy cleanup again',
   KPROXY_CONFIG_INVALID: 'the configuration (file or flags) is invalid; the message names the field and the value to fix. Nothing on the host was touched',
-  KPROXY_CONNTRACK_FAILED: 'conntrack could not delete the stale UDP/SCTP entries of a sync (the tool is missing or refused the filter); the sync itself succeeded, but clients may stay on a gone endpoint until the entry times out. Install conntrack (conntrack-tools) and run as root',
+  KPROXY_CONNTRACK_FAILED: 'conntrack could not list or delete the stale entries of a sync (UDP/SCTP flows, never-DNATed TCP attempts; the tool is missing or refused the filter); the sync itself succeeded, but clients may stay on a gone endpoint, or a TCP client reusing a source port may time out, until the entry times out. Install conntrack (conntrack-tools) and run as root',
   KPROXY_DEMO_MANIFESTS: 'kproxy demo found no examples/manifests next to it; give --manifests DIR',
   KPROXY_ERROR_STORM: 'too many errors escaped within a short window: the process state cannot be trusted, so kproxy exits for its supervisor to restart it; the log holds the errors',
   KPROXY_EXEC_FAILED: 'a host command exited non-zero; the message holds its stderr. The next sync retries',
