@@ -494,3 +494,42 @@ test('chunked dispatch edits (fast-check): any installed dispatch chains become 
     { numRuns: 500, seed: 20261204 },
   );
 });
+
+test('a restart whose dispatch edits span restores: a rule refused in a middle one excludes only its Service; the others are programmed', async () => {
+  // The "kernel" refuses svc17's dispatch rule once it is re-ported (as iptables-restore refuses a bad rule).
+  const k = new FakeIptables(4, { check: (_table, spec) => (/--dport 81 .*-j KUBE-SVC-/.test(spec) ? 'refused' : null) });
+  /** 30 Services; `restarted`: svc10..29 re-ported to 91, svc17 to 81 (or left out: null) */
+  const state = (restarted: boolean, with17 = true) => {
+    const t = tracker();
+    for (let i = 0; i < 30; i++) {
+      if (i === 17 && !with17) continue;
+      const port = !restarted || i < 10 ? 80 : i === 17 ? 81 : 91;
+      t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.0.${i + 1}`, port }));
+      t.endpoints.update(null, slice(`ns${i}`, `svc${i}`, 's', [{ ip: `10.180.0.${i}` }], [{ port: 8080 }]));
+    }
+    return t;
+  };
+  const old = state(false);
+  await new IptablesProxier({ runner: k, log: silentLogger(), config: testConfig(), chunkLines: 30 }).sync(planInput(old), old.apply(), true);
+  // A restart: 20 Services' dispatch edits (2 lines each), 6 lines per dispatch restore.
+  const next = state(true);
+  const w = new Watching(k);
+  const p = new IptablesProxier({ runner: w, log: silentLogger(), config: testConfig(), chunkLines: 30, dispatchChunkLines: 6 });
+  const before = k.calls.length;
+  const stats = await p.sync(planInput(next), next.apply(), true);
+  assert.deepEqual(stats.excludedServices, ['ns17/svc17']);
+  // the refused restore came after dispatch restores that were applied
+  const restores = k.calls.slice(before).filter((c) => c.cmd === 'iptables-restore').map((c) => c.input ?? '');
+  const refused = restores.findIndex((r) => /--dport 81 .*-j KUBE-SVC-/.test(r));
+  assert.ok(restores.slice(0, refused).filter((r) => /^-I KUBE-SERVICES /m.test(r)).length >= 2, `refused in restore ${refused}`);
+  const top = k.rules('nat', 'KUBE-SERVICES').join('\n');
+  for (let i = 0; i < 30; i++) {
+    if (i === 17) assert.doesNotMatch(top, /ns17\/svc17:/);
+    else assert.match(top, new RegExp(`ns${i}/svc${i}:p80 cluster IP" .*--dport ${i < 10 ? 80 : 91} `), `svc${i}`);
+  }
+  // the kernel holds what a fresh full sync without svc17 writes, rule order included
+  const fresh = new FakeIptables(4);
+  const without = state(true, false);
+  await new IptablesProxier({ runner: fresh, log: silentLogger(), config: testConfig(), chunkLines: 0 }).sync(planInput(without), without.apply(), true);
+  assert.equal(kernelState(k), kernelState(fresh));
+});
