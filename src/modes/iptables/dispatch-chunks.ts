@@ -12,8 +12,8 @@
 // - an installed rule is the Service's whose chains (KUBE-SVC/SVL/EXT/FW-<hash>) it jumps
 //   to, or else the Service its comment names (kproxy's comments start with "ns/name:port"; a
 //   removed Service's rules are one group too, linked by its comment to its chains), or else
-//   the static rules' when its comment or its target is theirs; a rule that tells none of these (no kproxy comment, no service chain target) is
-//   deleted on its own, in the first restores;
+//   the static rules' when its comment or its target is theirs; a rule that tells none of
+//   these (no kproxy comment, no service chain target) is deleted on its own, first;
 // - every `-D` and `-I` is by position, computed against a model of each chain as the
 //   restores before it (and the lines before it in its own) leave it: the kept installed
 //   rules, the inserted planned ones and the deleted ones in one order (a Fenwick tree of
@@ -203,7 +203,7 @@ export function chunkedDispatchEdits(chains: readonly DispatchChain[], maxLines:
     positions.push(p);
   });
 
-  // Groups: a planned rule's owner; an installed rule's by its target, else its comment.
+  // Groups: a planned rule's owner; an installed rule's by its target or its comment.
   const byTarget = new Map<string, string | null>();
   const byComment = new Map<string, string | null>();
   const note = (m: Map<string, string | null>, k: string | undefined, owner: string) => {
@@ -214,7 +214,8 @@ export function chunkedDispatchEdits(chains: readonly DispatchChain[], maxLines:
   };
   chains.forEach((c, ci) => {
     wants[ci].forEach((w, j) => {
-      note(byTarget, `${c.table} ${targetOf(w)}`, c.owners[j]);
+      const target = targetOf(w);
+      if (target) note(byTarget, `${c.table} ${target}`, c.owners[j]);
       const comment = commentOf(w);
       if (comment) note(byComment, `${c.table} ${comment}`, c.owners[j]);
     });
