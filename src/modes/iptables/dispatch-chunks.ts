@@ -44,8 +44,6 @@ export const STATIC_GROUP = '';
 export interface DispatchChunk {
   filter: string[];
   nat: string[];
-  /** the groups (Services, STATIC_GROUP, or `-` + a free deletion) it edits */
-  groups: string[];
 }
 
 export interface DispatchEdits {
@@ -263,23 +261,22 @@ export function chunkedDispatchEdits(chains: readonly DispatchChain[], maxLines:
   ];
 
   // Pack the groups into restores, then write each restore's lines against the model.
-  const packed: Array<{ groups: string[]; edits: Edit[] }> = [];
-  let cur = { groups: [] as string[], edits: [] as Edit[] };
+  const packed: Array<{ edits: Edit[] }> = [];
+  let cur = { edits: [] as Edit[] };
   let size = declared.length;
-  for (const [key, g] of ordered) {
+  for (const [, g] of ordered) {
     if (maxLines > 0 && cur.edits.length > 0 && size + g.length > maxLines) {
       packed.push(cur);
-      cur = { groups: [], edits: [] };
+      cur = { edits: [] };
       size = 0;
     }
-    cur.groups.push(key);
     for (const e of g) cur.edits.push(e);
     size += g.length;
   }
   if (cur.edits.length || declared.length) packed.push(cur);
 
   packed.forEach((p, n) => {
-    const chunk: DispatchChunk = { filter: [], nat: [], groups: p.groups };
+    const chunk: DispatchChunk = { filter: [], nat: [] };
     if (n === 0) for (const ci of declared) chunk[chains[ci].table].push(`:${chains[ci].name} - [0:0]`);
     // per chain (in the given order): deletions from the end, then insertions from the start
     const perChain = new Map<number, Edit[]>();
