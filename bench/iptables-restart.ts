@@ -18,7 +18,7 @@
 // `-D` lines and chain declarations of the restore inputs). Medians of --reps, load average.
 //
 //   sudo node --import tsx bench/iptables-restart.ts [--n 10000] [--endpoints 5] [--reps 3]
-//        [--backends nft,legacy] [--timeout 300] [--scenarios same,changed,older]
+//        [--backends nft,legacy] [--timeout 300] [--scenarios same,changed,older] [--dispatch-lines N]
 import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import type { CommandRunner, RunOptions, RunResult } from '../src/exec/runner.ts';
@@ -141,9 +141,12 @@ async function main(): Promise<void> {
       backends: { type: 'string', default: 'nft,legacy' },
       timeout: { type: 'string', default: '300' },
       scenarios: { type: 'string', default: 'same,changed' },
+      // the default form's lines per dispatch restore (unset: the proxier's default, the chunk size)
+      'dispatch-lines': { type: 'string' },
     },
   });
   const scenarios = new Set(values.scenarios!.split(','));
+  const dispatchLines = values['dispatch-lines'] === undefined ? undefined : Number(values['dispatch-lines']);
   if (process.getuid?.() !== 0) throw new Error('KPROXY_BENCH_ROOT: run as root (rules are written in kpb-* namespaces)');
   const n = Number(values.n);
   const endpoints = Number(values.endpoints);
@@ -171,7 +174,7 @@ async function main(): Promise<void> {
             // the current rules, so the older ones are made again before each
             for (const chunked of rep % 2 ? [true, false] : [false, true]) {
               const c = await olderComments(ns, rename, timeoutMs);
-              const f = await timedSync(ns, rename, workload(n, endpoints, scenarios.has('changed')), timeoutMs, chunked ? undefined : 0);
+              const f = await timedSync(ns, rename, workload(n, endpoints, scenarios.has('changed')), timeoutMs, chunked ? dispatchLines : 0);
               process.stderr.write(`rep ${rep} ${b}: older rules (${c} dispatch rules other), dispatch ${chunked ? 'in the default form' : 'in one restore'}: ${fmtMs(f.totalMs)}, ${f.restores} restores, longest ${fmtMs(f.longestMs)}, ${f.rules} rule lines; load ${loadavg()[0].toFixed(1)}\n`);
               (chunked ? row.olderChunked : row.olderOne).push(f);
             }
