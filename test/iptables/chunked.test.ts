@@ -17,7 +17,8 @@
 //   planned ones on a fake that models positions, each restore within its budget, each
 //   Service's edits in one restore;
 // - the backend decides: legacy is never chunked, nf_tables is by default;
-// - a refused line in a middle chunk still excludes only its Service.
+// - a refused line in a middle chunk (a cold start's, or a restart's dispatch restore) still
+//   excludes only its Service.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
