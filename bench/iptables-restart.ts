@@ -7,12 +7,18 @@
 //   cold      the previous process's first sync into the empty namespace (for reference);
 //   same      a restart with the same Services and endpoints;
 //   changed   a restart after 1% of the Services gained an endpoint;
+//   older     a restart over an older version's rules: every dispatch rule's comment other
+//             (KUBE-SERVICES, KUBE-NODEPORTS, KUBE-EXTERNAL-SERVICES, KUBE-PROXY-FIREWALL; set
+//             untimed, by one flushing restore of the namespace's save), so every dispatch
+//             rule differs; twice per repetition, in alternating order: the dispatch edits in
+//             one restore (`dispatchChunkLines: 0`, main's form before round rsb, which
+//             rewrites the chains whole) and in restores of about 5,000 lines (the default);
 // each timed as: total wall time, number of restores, the longest single restore (how long
 // the xtables lock / the nf_tables commit is held), and the rule lines it wrote (`-A`/`-I`/
 // `-D` lines and chain declarations of the restore inputs). Medians of --reps, load average.
 //
 //   sudo node --import tsx bench/iptables-restart.ts [--n 10000] [--endpoints 5] [--reps 3]
-//        [--backends nft,legacy] [--timeout 300]
+//        [--backends nft,legacy] [--timeout 300] [--scenarios same,changed,older] [--dispatch-lines N]
 import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import type { CommandRunner, RunOptions, RunResult } from '../src/exec/runner.ts';
@@ -28,6 +34,8 @@ interface SyncFigures {
   totalMs: number;
   restores: number;
   longestMs: number;
+  /** all restores together */
+  restoreMs: number;
   /** rule lines (-A/-I/-D) and chain declarations written */
   rules: number;
   decls: number;
@@ -62,10 +70,10 @@ function workload(n: number, endpoints: number, changed: boolean): Workload {
   return w;
 }
 
-async function timedSync(ns: string, rename: Record<string, string>, w: Workload, timeoutMs: number): Promise<SyncFigures> {
+async function timedSync(ns: string, rename: Record<string, string>, w: Workload, timeoutMs: number, dispatchChunkLines?: number): Promise<SyncFigures> {
   const timed = new TimedRunner(ns, rename, timeoutMs);
   const rec = new RestoreRecorder(timed);
-  const p = new IptablesProxier({ runner: rec, log: silentLogger(), config: w.input().config });
+  const p = new IptablesProxier({ runner: rec, log: silentLogger(), config: w.input().config, dispatchChunkLines });
   const t0 = performance.now();
   await p.sync(w.input(), w.serviceKeys, true);
   const totalMs = performance.now() - t0;
@@ -79,7 +87,37 @@ async function timedSync(ns: string, rename: Record<string, string>, w: Workload
   }
   const saveMs = timed.records.filter((r) => r.cmd.endsWith('-save')).reduce((a, r) => a + r.ms, 0);
   const execMs = timed.records.reduce((a, r) => a + r.ms, 0);
-  return { totalMs, restores: rec.restores.length, longestMs: Math.max(0, ...rec.restores.map((r) => r.ms)), rules, decls, saveMs, inProcessMs: totalMs - execMs };
+  return { totalMs, restores: rec.restores.length, longestMs: Math.max(0, ...rec.restores.map((r) => r.ms)), restoreMs: rec.restores.reduce((a, r) => a + r.ms, 0), rules, decls, saveMs, inProcessMs: totalMs - execMs };
+}
+
+const DISPATCH_CHAINS = ['KUBE-SERVICES', 'KUBE-NODEPORTS', 'KUBE-EXTERNAL-SERVICES', 'KUBE-PROXY-FIREWALL'];
+
+/**
+ * An older version's rules (untimed): every dispatch rule's comment other, the dispatch chains
+ * flushed and refilled by one `--noflush` restore per table (the service chains stay as kproxy
+ * made them: a flushing restore of the whole save would recreate 70,000 chains in another
+ * order, after which iptables-save alone takes 37 s instead of 5–15). Returns how many rules changed.
+ */
+async function olderComments(ns: string, rename: Record<string, string>, timeoutMs: number): Promise<number> {
+  const r = new TimedRunner(ns, rename, timeoutMs);
+  let changed = 0;
+  for (const table of ['filter', 'nat']) {
+    const save = await r.run('iptables-save', ['-t', table]);
+    if (save.code !== 0) throw new Error(`iptables-save failed: ${save.stderr.slice(0, 300)}`);
+    const out = [`*${table}`];
+    const rules: string[] = [];
+    for (const l of save.stdout.split('\n')) {
+      const decl = /^:(\S+) /.exec(l);
+      if (decl && DISPATCH_CHAINS.includes(decl[1])) out.push(`:${decl[1]} - [0:0]`);
+      const chain = /^-A (\S+) /.exec(l)?.[1];
+      if (!chain || !DISPATCH_CHAINS.includes(chain)) continue;
+      if (l.includes('--comment')) changed++;
+      rules.push(l.replace(/--comment (?:"([^"]*)"|(\S+))/, (_m, q: string | undefined, w: string | undefined) => `--comment "${q ?? w} (v0)"`));
+    }
+    const res = await r.run('iptables-restore', ['-w', '5', '--noflush'], { input: [...out, ...rules, 'COMMIT', ''].join('\n') });
+    if (res.code !== 0) throw new Error(`iptables-restore of the older rules failed: ${res.stderr.slice(0, 300)}`);
+  }
+  return changed;
 }
 
 async function rawFlush(nss: Namespaces, rename: Record<string, string>, payload: string, timeoutMs: number): Promise<number> {
@@ -102,8 +140,13 @@ async function main(): Promise<void> {
       reps: { type: 'string', default: '3' },
       backends: { type: 'string', default: 'nft,legacy' },
       timeout: { type: 'string', default: '300' },
+      scenarios: { type: 'string', default: 'same,changed' },
+      // the default form's lines per dispatch restore (unset: the proxier's default, the chunk size)
+      'dispatch-lines': { type: 'string' },
     },
   });
+  const scenarios = new Set(values.scenarios!.split(','));
+  const dispatchLines = values['dispatch-lines'] === undefined ? undefined : Number(values['dispatch-lines']);
   if (process.getuid?.() !== 0) throw new Error('KPROXY_BENCH_ROOT: run as root (rules are written in kpb-* namespaces)');
   const n = Number(values.n);
   const endpoints = Number(values.endpoints);
@@ -112,8 +155,8 @@ async function main(): Promise<void> {
   const backends = values.backends!.split(',');
   const payload = getMode('iptables').render(workload(n, endpoints, false).input());
   const nss = new Namespaces(`${process.pid}r`);
-  type Row = { raw: number[]; cold: SyncFigures[]; same: SyncFigures[]; changed: SyncFigures[]; loads: number[] };
-  const rows = new Map<string, Row>(backends.map((b) => [b, { raw: [], cold: [], same: [], changed: [], loads: [] }]));
+  type Row = { raw: number[]; cold: SyncFigures[]; same: SyncFigures[]; changed: SyncFigures[]; olderOne: SyncFigures[]; olderChunked: SyncFigures[]; loads: number[] };
+  const rows = new Map<string, Row>(backends.map((b) => [b, { raw: [], cold: [], same: [], changed: [], olderOne: [], olderChunked: [], loads: [] }]));
   try {
     for (let rep = 0; rep < Number(values.reps) && Date.now() < deadline; rep++) {
       for (const b of backends) {
@@ -124,28 +167,42 @@ async function main(): Promise<void> {
         try {
           // each sync by a new proxier over fresh objects: a new process
           row.cold.push(await timedSync(ns, rename, workload(n, endpoints, false), timeoutMs));
-          row.same.push(await timedSync(ns, rename, workload(n, endpoints, false), timeoutMs));
-          row.changed.push(await timedSync(ns, rename, workload(n, endpoints, true), timeoutMs));
+          if (scenarios.has('same')) row.same.push(await timedSync(ns, rename, workload(n, endpoints, false), timeoutMs));
+          if (scenarios.has('changed')) row.changed.push(await timedSync(ns, rename, workload(n, endpoints, true), timeoutMs));
+          if (scenarios.has('older')) {
+            // both forms over the same older rules, in alternating order; the last sync left
+            // the current rules, so the older ones are made again before each
+            for (const chunked of rep % 2 ? [true, false] : [false, true]) {
+              const c = await olderComments(ns, rename, timeoutMs);
+              const f = await timedSync(ns, rename, workload(n, endpoints, scenarios.has('changed')), timeoutMs, chunked ? dispatchLines : 0);
+              process.stderr.write(`rep ${rep} ${b}: older rules (${c} dispatch rules other), dispatch ${chunked ? 'in the default form' : 'in one restore'}: ${fmtMs(f.totalMs)}, ${f.restores} restores, longest ${fmtMs(f.longestMs)}, ${f.rules} rule lines; load ${loadavg()[0].toFixed(1)}\n`);
+              (chunked ? row.olderChunked : row.olderOne).push(f);
+            }
+          }
         } finally {
           await nss.delete(ns);
         }
         row.loads.push(loadavg()[0]);
         const f = (s: SyncFigures) => `${fmtMs(s.totalMs)} (${s.restores} restores, longest ${fmtMs(s.longestMs)}, ${s.rules} rules; iptables-save ${fmtMs(s.saveMs)}, in-process ${fmtMs(s.inProcessMs)})`;
-        process.stderr.write(`rep ${rep} ${b}: raw ${fmtMs(row.raw.at(-1))}; cold ${f(row.cold.at(-1)!)}; restart same ${f(row.same.at(-1)!)}; changed ${f(row.changed.at(-1)!)}; load ${loadavg()[0].toFixed(1)}\n`);
+        const g = (xs: SyncFigures[]) => (xs.length ? f(xs.at(-1)!) : '-');
+        process.stderr.write(`rep ${rep} ${b}: raw ${fmtMs(row.raw.at(-1))}; cold ${f(row.cold.at(-1)!)}; restart same ${g(row.same)}; changed ${g(row.changed)}; load ${loadavg()[0].toFixed(1)}\n`);
       }
     }
   } finally {
     await nss.deleteAll();
   }
   process.stdout.write(`\nN=${n} Services × ${endpoints} endpoints, medians of ${Number(values.reps)}; payload ${payload.split('\n').length} lines; load at the end ${loadavg().map((x) => x.toFixed(1)).join(' ')}\n\n`);
-  process.stdout.write('| backend | sync | total (median) | ratio to raw flushing restore | restores | longest restore (median) | rule lines written | chains declared | iptables-save | in-process | load (1 min, median) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n');
+  process.stdout.write('| backend | sync | total (median) | ratio to raw flushing restore | restores | longest restore (median) | all restores (median) | rule lines written | chains declared | iptables-save | in-process | load (1 min, median) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n');
   for (const [b, row] of rows) {
     if (!row.raw.length) continue;
     const raw = median(row.raw);
-    process.stdout.write(`| ${b} | raw flushing iptables-restore (empty namespace) | ${fmtMs(raw)} | 1.00× | 1 | ${fmtMs(raw)} | ${payload.split('\n').filter((l) => l.startsWith('-A ')).length} | ${payload.split('\n').filter((l) => l.startsWith(':')).length} | – | – | ${median(row.loads).toFixed(1)} |\n`);
-    for (const [name, xs] of [['cold start (empty nat table)', row.cold], ['restart, same state', row.same], ['restart, 1% of Services changed', row.changed]] as const) {
+    process.stdout.write(`| ${b} | raw flushing iptables-restore (empty namespace) | ${fmtMs(raw)} | 1.00× | 1 | ${fmtMs(raw)} | ${fmtMs(raw)} | ${payload.split('\n').filter((l) => l.startsWith('-A ')).length} | ${payload.split('\n').filter((l) => l.startsWith(':')).length} | – | – | ${median(row.loads).toFixed(1)} |\n`);
+    for (const [name, xs] of [['cold start (empty nat table)', row.cold], ['restart, same state', row.same], ['restart, 1% of Services changed', row.changed],
+      ['restart over older rules (every dispatch rule differs), dispatch in one restore (before)', row.olderOne],
+      ['restart over older rules (every dispatch rule differs), dispatch in the default form (after: chunked on nf_tables, one restore on legacy)', row.olderChunked]] as const) {
+      if (!xs.length) continue;
       const tot = median(xs.map((x) => x.totalMs));
-      process.stdout.write(`| ${b} | ${name} | ${fmtMs(tot)} | ${(tot / raw).toFixed(2)}× | ${median(xs.map((x) => x.restores))} | ${fmtMs(median(xs.map((x) => x.longestMs)))} | ${median(xs.map((x) => x.rules))} | ${median(xs.map((x) => x.decls))} | ${fmtMs(median(xs.map((x) => x.saveMs)))} | ${fmtMs(median(xs.map((x) => x.inProcessMs)))} | ${median(row.loads).toFixed(1)} |\n`);
+      process.stdout.write(`| ${b} | ${name} | ${fmtMs(tot)} | ${(tot / raw).toFixed(2)}× | ${median(xs.map((x) => x.restores))} | ${fmtMs(median(xs.map((x) => x.longestMs)))} | ${fmtMs(median(xs.map((x) => x.restoreMs)))} | ${median(xs.map((x) => x.rules))} | ${median(xs.map((x) => x.decls))} | ${fmtMs(median(xs.map((x) => x.saveMs)))} | ${fmtMs(median(xs.map((x) => x.inProcessMs)))} | ${median(row.loads).toFixed(1)} |\n`);
     }
   }
 }

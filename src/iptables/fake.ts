@@ -4,7 +4,7 @@
 // iptables -N/-C/-I/-D/-S/-F/-X calls the executors make. It rejects what the kernel
 // rejects: an unknown table, a rule in a missing chain, a jump to a missing chain (checked
 // per rule and again at COMMIT), deleting a missing or still-referenced chain, deleting a
-// rule that is not there. Lines are read with the package's save reader and tokenizer, so a
+// rule that is not there, a restore's `-I chain pos` / `-D chain pos` past the chain's end. Lines are read with the package's save reader and tokenizer, so a
 // quoted comment matches however it was quoted. One instance per family. Used by tests
 // only; pure (no I/O), so it lives beside the code it fakes.
 import type { CommandRunner, RunOptions, RunResult } from '../exec/runner.ts';
@@ -181,8 +181,15 @@ export class FakeIptables implements CommandRunner {
         }
         const why = this.refusal(tableName, tbl, spec);
         if (why) return void (refused = err(n, why));
+        // as iptables: a position from 1 to one past the last rule
+        if (op === '-I' && (pos < 1 || pos > rules.length + 1)) return void (refused = err(n, 'Index of insertion too big'));
         if (op === '-A') rules.push(spec);
         else rules.splice(pos - 1, 0, spec);
+      } else if (op === '-D' && /^\d+$/.test(rest)) {
+        // by position
+        const pos = Number(rest);
+        if (pos < 1 || pos > rules.length) return void (refused = err(n, 'Index of deletion too big'));
+        rules.splice(pos - 1, 1);
       } else if (op === '-D') {
         const i = rules.findIndex((r) => canonicalRule(r) === canonicalRule(rest));
         if (i < 0) return void (refused = err(n, 'Bad rule (does a matching rule exist in that chain?)'));

@@ -3,24 +3,33 @@
 //   both families, over 40 seeded random changes where every third sync is a forced full
 //   sync over the previous state (stale chains, changed services) and the rest are partial;
 // - between two chunks, every service reachable from KUBE-SERVICES / KUBE-NODEPORTS is
-//   entirely its old or entirely its new version (traffic never sees half a service), and on
+//   entirely its old or entirely its new version (traffic never sees half a service), each
+//   Service's dispatch rules (every dispatch chain, both tables) are all old or all new, and on
 //   a cold start (no service chain installed) each chunk publishes its own services whole,
 //   and the nat jumps into KUBE-SERVICES come with the last restore;
 // - leaf chains first, the dispatch rules and stale-chain deletions in the last chunk, each
 //   chunk a restore of its own, at most about chunkLines lines, whole services; on a cold
 //   start, each chunk's dispatch rules after its services' chains, the catch-all last; over
-//   installed rules (the restart form) the dispatch chains edited in one restore, only the
-//   stale chains' deletion after it;
+//   installed rules (the restart form) the dispatch chains edited in consecutive restores
+//   (several, with 4 lines per dispatch restore), only the stale chains' flush and deletion
+//   after them;
+// - (fast-check) the chunked dispatch edits turn any installed dispatch chains into the
+//   planned ones on a fake that models positions, each restore within its budget, each
+//   Service's edits in one restore;
 // - the backend decides: legacy is never chunked, nf_tables is by default;
-// - a refused line in a middle chunk still excludes only its Service.
+// - a refused line in a middle chunk (a cold start's, or a restart's dispatch restore) still
+//   excludes only its Service.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import fc from 'fast-check';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
 import type { CommandRunner, RunOptions, RunResult } from '../../src/exec/runner.ts';
 import { FakeIptables } from '../../src/iptables/fake.ts';
 import { silentLogger } from '../../src/log.ts';
 import { DEFAULT_FACTS, optionsFromConfig } from '../../src/modes/iptables/options.ts';
 import { planIptables } from '../../src/modes/iptables/plan.ts';
+import { canonicalRule } from '../../src/modes/iptables/canonical.ts';
+import { chunkedDispatchEdits, STATIC_GROUP, type DispatchChain } from '../../src/modes/iptables/dispatch-chunks.ts';
 import { chunkLinesFor, DEFAULT_CHUNK_LINES, IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 import { kernelState, rng } from '../support/iptables-state.ts';
@@ -60,16 +69,38 @@ function reachable(k: FakeIptables): Map<string, string> {
   return out;
 }
 
+const DISPATCH: Array<[string, string]> = [
+  ['nat', 'KUBE-SERVICES'], ['nat', 'KUBE-NODEPORTS'], ['filter', 'KUBE-SERVICES'], ['filter', 'KUBE-EXTERNAL-SERVICES'],
+  ['filter', 'KUBE-NODEPORTS'], ['filter', 'KUBE-PROXY-FIREWALL'],
+];
+
+/** Each Service's dispatch rules (both tables, every dispatch chain), by the Service its comment names. */
+function dispatchRules(k: FakeIptables): Map<string, string> {
+  const out = new Map<string, string[]>();
+  for (const [table, chain] of DISPATCH) {
+    for (const r of k.rules(table, chain)) {
+      const m = /--comment "?(ns\d+\/svc\d+):/.exec(r);
+      if (!m) continue;
+      let l = out.get(m[1]);
+      if (!l) out.set(m[1], (l = []));
+      l.push(`${table} ${chain} ${r}`);
+    }
+  }
+  return new Map([...out].map(([s, l]) => [s, l.sort().join('\n')]));
+}
+
 /** A runner around a fake that snapshots what traffic could reach after every restore. */
 class Watching implements CommandRunner {
   snapshots: Array<Map<string, string>> = [];
+  dispatch: Array<Map<string, string>> = [];
   restores: string[] = [];
   constructor(readonly k: FakeIptables) {}
   async run(cmd: string, args: string[], opts?: RunOptions): Promise<RunResult> {
     const r = await this.k.run(cmd, args, opts);
-    if (cmd.endsWith('-restore') && r.code === 0 && opts?.input?.includes('*nat')) {
-      this.restores.push(opts.input);
+    if (cmd.endsWith('-restore') && r.code === 0 && (opts?.input?.includes('*nat') || opts?.input?.includes('*filter'))) {
+      this.restores.push(opts.input!);
       this.snapshots.push(reachable(this.k));
+      this.dispatch.push(dispatchRules(this.k));
     }
     return r;
   }
@@ -97,8 +128,9 @@ for (const family of [4, 6] as const) {
     const config = testConfig();
     const k = new FakeIptables(family);
     const w = new Watching(k);
-    // 40 lines per chunk: the 14 services below make several chunks per full sync.
-    const p = new IptablesProxier({ runner: w, log: silentLogger(), config, chunkLines: 40 });
+    // 40 lines per chunk: the 14 services below make several chunks per full sync; 4 lines
+    // per dispatch restore: a restart form's dispatch edits often span several.
+    const p = new IptablesProxier({ runner: w, log: silentLogger(), config, chunkLines: 40, dispatchChunkLines: 4 });
     const t = tracker(family);
     const N = 14;
     const models: Model[] = [];
@@ -151,11 +183,14 @@ for (const family of [4, 6] as const) {
     for (const r of w.restores.slice(0, -1)) assert.doesNotMatch(natOf(r), /^-I (PREROUTING|OUTPUT) .*-j KUBE-SERVICES$/m);
     assert.equal(k.rules('nat', 'PREROUTING').filter((r) => r.endsWith('-j KUBE-SERVICES')).length, 1);
     let chunkedFullSyncs = 1;
+    let multiDispatch = 0;
 
     const kinds = ['endpoint-add', 'endpoint-remove', 'service-add', 'service-remove', 'port', 'policy', 'type'] as const;
     for (let step = 0; step < 40; step++) {
-      // Several changes at once, so a forced full sync rewrites many services and drops chains.
-      for (let c = 0; c < 3; c++) {
+      // Several changes at once, so a forced full sync rewrites many services and drops chains
+      // (more before a full sync: its dispatch edits then span several restores).
+      const full = step % 3 === 0;
+      for (let c = 0; c < (full ? 8 : 3); c++) {
         const kind = pick([...kinds]);
         const i = Math.floor(random() * N);
         const m = models[i];
@@ -168,28 +203,39 @@ for (const family of [4, 6] as const) {
         else m.type = pick(['ClusterIP', 'NodePort', 'LoadBalancer']);
         put(i);
       }
-      const full = step % 3 === 0;
       const before = reachable(k);
+      const dispatchBefore = dispatchRules(k);
       w.snapshots = [];
+      w.dispatch = [];
       w.restores = [];
       await p.sync(input(), t.apply(), full);
       const after = reachable(k);
+      const dispatchAfter = dispatchRules(k);
       if (full && w.restores.length > 1) chunkedFullSyncs++;
-      // Between chunks: each reachable service is wholly old or wholly new.
+      // Between chunks: each reachable service is wholly old or wholly new, and so are each
+      // Service's dispatch rules (all of them, in every dispatch chain of both tables).
       for (const snap of w.snapshots.slice(0, -1)) {
         for (const [entry, content] of snap) {
           assert.ok(content === before.get(entry) || content === after.get(entry), `step ${step}: ${entry} half written:\n${content}`);
         }
       }
+      for (const [n, snap] of w.dispatch.entries()) {
+        for (const s of new Set([...snap.keys(), ...dispatchBefore.keys(), ...dispatchAfter.keys()])) {
+          const now = snap.get(s);
+          assert.ok(now === dispatchBefore.get(s) || now === dispatchAfter.get(s), `step ${step}, after restore ${n}: ${s}'s dispatch rules half switched:\n${now}\nbefore:\n${dispatchBefore.get(s)}\nafter:\n${dispatchAfter.get(s)}\n${w.restores.join("---\n")}`);
+        }
+      }
       if (full) {
-        // A full sync over installed rules (the restart form): leaf chunks, then one restore
-        // touches the dispatch chains (and the filter table), then only chain deletions.
+        // A full sync over installed rules (the restart form): leaf chunks, then the restores
+        // that edit the dispatch chains (and the filter table), one after the other, then only
+        // the stale chains' flush and deletion.
         const touches = (r: string) => /^(:KUBE-(SERVICES|NODEPORTS) |-[AID] KUBE-(SERVICES|NODEPORTS) |\*filter)/m.test(r);
-        const d = w.restores.findIndex(touches);
+        const d = w.restores.map((r, n) => (touches(r) ? n : -1)).filter((n) => n >= 0);
+        if (d.length) assert.deepEqual(d, Array.from({ length: d.length }, (_, i) => d[0] + i), `step ${step}: the dispatch restores are consecutive`);
+        if (d.length > 1) multiDispatch++;
         for (const [n, r] of w.restores.entries()) {
-          if (n !== d) assert.ok(!touches(r), `step ${step}: restore ${n} of ${w.restores.length} touches the dispatch chains`);
-          if (d >= 0 && n > d) assert.deepEqual(r.split('\n').filter((l) => l && l !== '*nat' && l !== 'COMMIT' && !l.startsWith('-X ')), [], 'after it only deletions');
-          if (n < d) assert.doesNotMatch(r, /^-X /m, 'no deletion before the dispatch restore');
+          if (d.length && n > d.at(-1)!) assert.deepEqual(r.split('\n').filter((l) => l && l !== '*nat' && l !== 'COMMIT' && !/^(-X |:KUBE-(SVC|SVL|EXT|FW|SEP)-)/.test(l)), [], 'after them only flushes and deletions');
+          if (d.length && n < d.at(-1)!) assert.doesNotMatch(r, /^-X /m, 'no deletion before the last dispatch restore');
         }
       }
       const fresh = new FakeIptables(family);
@@ -197,6 +243,7 @@ for (const family of [4, 6] as const) {
       assert.equal(kernelState(k), kernelState(fresh), `step ${step}`);
     }
     assert.ok(chunkedFullSyncs >= 10, `${chunkedFullSyncs} chunked full syncs`);
+    assert.ok(multiDispatch >= 3, `${multiDispatch} full syncs with several dispatch restores`);
   });
 }
 
@@ -316,4 +363,174 @@ test('a line refused in a middle chunk excludes only its Service; the others are
   assert.deepEqual(stats.excludedServices, ['ns17/svc17']);
   const top = k.rules('nat', 'KUBE-SERVICES').join('\n');
   for (let i = 0; i < 30; i++) assert.equal(top.includes(`ns${i}/svc${i}:p80 cluster IP`), i !== 17, `svc${i}`);
+});
+
+/** A dispatch chain's rule for Service `i` in version `v` (0, 1: re-ported, 2: other comment text), or the static catch-all. */
+type RuleKind = 'svc' | 'np' | 'reject' | 'ext' | 'static' | 'bare-svc' | 'bare-reject';
+const CHAIN_OF: Record<RuleKind, [('nat' | 'filter'), string]> = {
+  svc: ['nat', 'KUBE-SERVICES'], static: ['nat', 'KUBE-SERVICES'], 'bare-svc': ['nat', 'KUBE-SERVICES'],
+  np: ['nat', 'KUBE-NODEPORTS'], reject: ['filter', 'KUBE-SERVICES'], 'bare-reject': ['filter', 'KUBE-SERVICES'],
+  ext: ['filter', 'KUBE-EXTERNAL-SERVICES'],
+};
+function dispatchRule(kind: RuleKind, i: number, v: number): string {
+  const old = v === 2 ? ' old' : '';
+  const port = 80 + (v === 1 ? 1 : 0);
+  switch (kind) {
+    case 'svc': return `-A KUBE-SERVICES -m comment --comment "ns/s${i}:p cluster IP${old}" -m tcp -p tcp -d 172.30.0.${i} --dport ${port} -j KUBE-SVC-${i}`;
+    case 'np': return `-A KUBE-NODEPORTS -m comment --comment ${v === 2 ? `"ns/s${i}:p nodeport"` : `ns/s${i}:p`} -m tcp -p tcp --dport ${30000 + i + (v === 1 ? 100 : 0)} -j KUBE-EXT-${i}`;
+    case 'reject': return `-A KUBE-SERVICES -m comment --comment "ns/s${i}:p has no endpoints${old}" -m tcp -p tcp -d 172.30.0.${i} --dport ${port} -j REJECT`;
+    case 'ext': return `-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns/s${i}:p has no local endpoints${old}" -m tcp -p tcp -d 1.2.3.${i} --dport ${port} -j DROP`;
+    case 'static': return `-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports${old}" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS`;
+    // an older version's text without kproxy's comment
+    case 'bare-svc': return `-A KUBE-SERVICES -m tcp -p tcp -d 172.30.0.${i} --dport ${port} -j KUBE-SVC-${i}`;
+    case 'bare-reject': return `-A KUBE-SERVICES -m tcp -p tcp -d 172.30.9.${i} --dport ${port} -j REJECT`;
+  }
+}
+
+/** Who a rule (as the fake holds it) belongs to, as a reader of the rules would tell: a Service, 'static', or null (nobody). */
+function observedOwner(rule: string): string | null {
+  const m = /-j KUBE-(?:SVC|EXT)-(\d+)/.exec(rule) ?? /--comment "?ns\/s(\d+):/.exec(rule);
+  if (m) return `ns/s${m[1]}`;
+  return /-j KUBE-NODEPORTS/.test(rule) ? 'static' : null;
+}
+
+test('chunked dispatch edits (fast-check): any installed dispatch chains become the planned ones; each restore within its budget; each Service in one restore', () => {
+  const tables = ['filter', 'nat'] as const;
+  const chainNames: Array<[('filter' | 'nat'), string]> = [['filter', 'KUBE-SERVICES'], ['filter', 'KUBE-EXTERNAL-SERVICES'], ['nat', 'KUBE-SERVICES'], ['nat', 'KUBE-NODEPORTS']];
+  const kinds: RuleKind[] = ['svc', 'np', 'reject', 'ext', 'static', 'bare-svc', 'bare-reject'];
+  const anyRule = fc.record({ kind: fc.constantFrom(...kinds), i: fc.integer({ min: 0, max: 7 }), v: fc.integer({ min: 0, max: 2 }) });
+  // a planned Service: present or not, its version, which dispatch rules it has
+  const plannedService = fc.record({ present: fc.boolean(), v: fc.integer({ min: 0, max: 2 }), kinds: fc.subarray(['svc', 'np', 'reject', 'ext'] as RuleKind[]) });
+  fc.assert(
+    fc.property(
+      fc.array(anyRule, { maxLength: 30 }),
+      fc.array(plannedService, { minLength: 8, maxLength: 8 }),
+      fc.record({ static: fc.boolean(), staticV: fc.integer({ min: 0, max: 2 }) }),
+      fc.subarray([0, 1, 2, 3]),
+      fc.integer({ min: 1, max: 12 }),
+      (installedRules, planned, stat, missing, budget) => {
+        // planned: per chain, the Services' rules in key order, the catch-all last
+        const chains: DispatchChain[] = chainNames.map(([table, name]) => ({ table, name, rules: [], owners: [], installed: undefined }));
+        const chainOf = (kind: RuleKind) => chains.find((c) => c.table === CHAIN_OF[kind][0] && c.name === CHAIN_OF[kind][1])!;
+        planned.forEach((p, i) => {
+          if (!p.present) return;
+          for (const kind of p.kinds) {
+            const c = chainOf(kind);
+            (c.rules as string[]).push(dispatchRule(kind, i, p.v));
+            (c.owners as string[]).push(`ns/s${i}`);
+          }
+        });
+        if (stat.static) {
+          (chainOf('static').rules as string[]).push(dispatchRule('static', 0, stat.staticV));
+          (chainOf('static').owners as string[]).push(STATIC_GROUP);
+        }
+        // installed: any rules, in any order, as iptables-save prints them; some chains missing
+        const kernel = new Map<string, string[]>();
+        chains.forEach((c, n) => {
+          const lines = installedRules.filter((r) => CHAIN_OF[r.kind][0] === c.table && CHAIN_OF[r.kind][1] === c.name)
+            .map((r) => dispatchRule(r.kind, r.i, r.v).replace(/-m tcp -p tcp -d (\S+)/, '-d $1/32 -p tcp -m tcp'));
+          if (missing.includes(n) && !lines.length) return;
+          c.installed = { digest: '', lines, canon: lines.map(canonicalRule) };
+          kernel.set(`${c.table} ${c.name}`, lines.map((l) => l.slice(l.indexOf(' ', 3) + 1)));
+        });
+        const chainOwners = new Map(planned.flatMap((p, i) => (p.present ? [[`#${i}`, `ns/s${i}`] as [string, string]] : [])));
+        const d = chunkedDispatchEdits(chains, budget, chainOwners);
+        // apply restore by restore, as the kernel would: -I/-D positions must be in range
+        const touched = new Map<string, Set<number>>();
+        d.chunks.forEach((chunk, n) => {
+          const owners = new Set<string>();
+          let edits = 0;
+          let free = 0;
+          for (const table of tables) {
+            for (const l of chunk[table]) {
+              const decl = /^:(\S+) - \[0:0\]$/.exec(l);
+              if (decl) {
+                assert.equal(n, 0, 'declarations in the first restore');
+                assert.ok(!kernel.has(`${table} ${decl[1]}`), `${decl[1]} declared though installed`);
+                kernel.set(`${table} ${decl[1]}`, []);
+                continue;
+              }
+              edits++;
+              const m = /^-([ID]) (\S+) (\d+)(?: (.*))?$/.exec(l);
+              assert.ok(m, `an edit by position: ${l}`);
+              const rules = kernel.get(`${table} ${m[2]}`);
+              assert.ok(rules, `${table} ${m[2]} exists`);
+              const pos = Number(m[3]);
+              let rule: string;
+              if (m[1] === 'I') {
+                assert.ok(pos >= 1 && pos <= rules.length + 1, `-I at ${pos} of ${rules.length}`);
+                rule = m[4];
+                rules.splice(pos - 1, 0, rule);
+              } else {
+                assert.equal(m[4], undefined);
+                assert.ok(pos >= 1 && pos <= rules.length, `-D at ${pos} of ${rules.length}`);
+                rule = rules.splice(pos - 1, 1)[0];
+              }
+              const o = observedOwner(rule);
+              if (o === null) free++;
+              else owners.add(o);
+              if (o !== null) {
+                if (!touched.has(o)) touched.set(o, new Set());
+                touched.get(o)!.add(n);
+              }
+            }
+          }
+          assert.ok(edits > 0, `restore ${n} edits something`);
+          // within the budget, unless one group alone is larger
+          if (edits > budget) assert.equal(owners.size + free, 1, `restore ${n}: ${edits} edits > ${budget}, of ${[...owners]} and ${free} free`);
+        });
+        // Every Service in one restore; a removed one too, unless some of its old rules carry no
+        // comment (nothing links them to the others: it goes away over several restores)
+        const bare = new Set(installedRules.filter((r) => r.kind === 'bare-svc').map((r) => `ns/s${r.i}`));
+        const present = new Set(planned.flatMap((p, i) => (p.present ? [`ns/s${i}`] : [])));
+        for (const [o, chunks] of touched) if (present.has(o) || !bare.has(o)) assert.equal(chunks.size, 1, `${o} edited in restores ${[...chunks]}`);
+        for (const c of chains) {
+          const now = kernel.get(`${c.table} ${c.name}`) ?? [];
+          assert.deepEqual(now.map((r) => canonicalRule(`-A ${c.name} ${r}`)), c.rules.map(canonicalRule), `${c.table} ${c.name}`);
+        }
+        const inserted = d.chunks.flatMap((x) => [...x.filter, ...x.nat]).filter((l) => l.startsWith('-I ')).length;
+        assert.equal(d.written.filter + d.written.nat, inserted);
+      },
+    ),
+    { numRuns: 500, seed: 20261204 },
+  );
+});
+
+test('a restart whose dispatch edits span restores: a rule refused in a middle one excludes only its Service; the others are programmed', async () => {
+  // The "kernel" refuses svc17's dispatch rule once it is re-ported (as iptables-restore refuses a bad rule).
+  const k = new FakeIptables(4, { check: (_table, spec) => (/--dport 81 .*-j KUBE-SVC-/.test(spec) ? 'refused' : null) });
+  /** 30 Services; `restarted`: svc10..29 re-ported to 91, svc17 to 81 (or left out: null) */
+  const state = (restarted: boolean, with17 = true) => {
+    const t = tracker();
+    for (let i = 0; i < 30; i++) {
+      if (i === 17 && !with17) continue;
+      const port = !restarted || i < 10 ? 80 : i === 17 ? 81 : 91;
+      t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.0.${i + 1}`, port }));
+      t.endpoints.update(null, slice(`ns${i}`, `svc${i}`, 's', [{ ip: `10.180.0.${i}` }], [{ port: 8080 }]));
+    }
+    return t;
+  };
+  const old = state(false);
+  await new IptablesProxier({ runner: k, log: silentLogger(), config: testConfig(), chunkLines: 30 }).sync(planInput(old), old.apply(), true);
+  // A restart: 20 Services' dispatch edits (2 lines each), 6 lines per dispatch restore.
+  const next = state(true);
+  const w = new Watching(k);
+  const p = new IptablesProxier({ runner: w, log: silentLogger(), config: testConfig(), chunkLines: 30, dispatchChunkLines: 6 });
+  const before = k.calls.length;
+  const stats = await p.sync(planInput(next), next.apply(), true);
+  assert.deepEqual(stats.excludedServices, ['ns17/svc17']);
+  // the refused restore came after dispatch restores that were applied
+  const restores = k.calls.slice(before).filter((c) => c.cmd === 'iptables-restore').map((c) => c.input ?? '');
+  const refused = restores.findIndex((r) => /--dport 81 .*-j KUBE-SVC-/.test(r));
+  assert.ok(restores.slice(0, refused).filter((r) => /^-I KUBE-SERVICES /m.test(r)).length >= 2, `refused in restore ${refused}`);
+  const top = k.rules('nat', 'KUBE-SERVICES').join('\n');
+  for (let i = 0; i < 30; i++) {
+    if (i === 17) assert.doesNotMatch(top, /ns17\/svc17:/);
+    else assert.match(top, new RegExp(`ns${i}/svc${i}:p80 cluster IP" .*--dport ${i < 10 ? 80 : 91} `), `svc${i}`);
+  }
+  // the kernel holds what a fresh full sync without svc17 writes, rule order included
+  const fresh = new FakeIptables(4);
+  const without = state(true, false);
+  await new IptablesProxier({ runner: fresh, log: silentLogger(), config: testConfig(), chunkLines: 0 }).sync(planInput(without), without.apply(), true);
+  assert.equal(kernelState(k), kernelState(fresh));
 });

@@ -9,7 +9,15 @@
 // - during a restart over a changed state (nf_tables and legacy), bounded TCP probes from the node namespace to an
 //   unchanged and to a changed Service all succeed (the old rules serve until each service is
 //   switched whole);
-// - the restart of an unchanged 2,000-Service ruleset writes no rule at all.
+// - the restart of an unchanged 2,000-Service ruleset writes no rule at all;
+// - (nf_tables, IPv4 and IPv6) a restart over an older version's dispatch rules (every
+//   dispatch rule's comment other, so every one differs) edits them in several restores of at
+//   most 40 lines (the chunk size the test sets), KUBE-SERVICES never flushed, each Service's
+//   new rules in one restore, and leaves the KUBE-* chains as one flushing restore of the new
+//   ruleset does; during such a restart of 300 Services (60 lines per restore, 10 or more
+//   dispatch restores) bounded TCP probes to an unchanged and a changed Service all succeed
+//   (a deliberately broken form, every deletion in the first restores and the insertions
+//   after, fails it).
 // Every namespace and process is removed in `after`, also on failure.
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -91,6 +99,33 @@ function flushingReference(ns: Netns, family: 4 | 6, legacy: boolean, input: Ret
   ns.exec(tool(v6 ? 'ip6tables-restore' : 'iptables-restore'), ['-w', '5', '--noflush'], { input: jumpsPayload(ns.exec(tool(v6 ? 'ip6tables-save' : 'iptables-save'), [])) });
 }
 
+const DISPATCH_RULE = /^-A (KUBE-SERVICES|KUBE-NODEPORTS|KUBE-EXTERNAL-SERVICES|KUBE-PROXY-FIREWALL) /;
+
+/**
+ * An older version's rules: every dispatch rule's comment given other text (as an upgrade
+ * from a version whose comments differ finds them), through one flushing restore of the
+ * namespace's whole save. Returns how many rules changed.
+ */
+function olderComments(ns: Netns, family: 4 | 6): number {
+  const v6 = family === 6;
+  let changed = 0;
+  const save = ns.exec(v6 ? 'ip6tables-save' : 'iptables-save', []).split('\n').map((l) => {
+    if (!DISPATCH_RULE.test(l) || !l.includes('--comment')) return l;
+    changed++;
+    return l.replace(/--comment (?:"([^"]*)"|(\S+))/, (_m, q: string | undefined, w: string | undefined) => `--comment "${q ?? w} (v0)"`);
+  });
+  ns.exec(v6 ? 'ip6tables-restore' : 'iptables-restore', ['-w', '5'], { input: save.join('\n') });
+  return changed;
+}
+
+/** Whether a restore input edits a dispatch chain (or the filter table, all of whose chains are). */
+const editsDispatch = (r: string) => /^(-[AID] KUBE-(SERVICES|NODEPORTS) |\*filter)/m.test(r);
+
+/** Each Service a dispatch restore inserts rules of ("ns/name" from the rule's comment). */
+function insertedServices(r: string): Set<string> {
+  return new Set([...r.matchAll(/^-I KUBE-\S+ \d+ .*--comment "?(ns\d+\/svc\d+):/gm)].map((m) => m[1]));
+}
+
 function changedModels(base: Model[]): Model[] {
   return base.map((m, i) => {
     if (i % 11 === 3) return { ...m, gone: true }; // removed while kproxy was down
@@ -164,7 +199,9 @@ const targets = process.argv[1].split(',');
 const until = Date.now() + 120000;
 let n = 0;
 const one = (t) => new Promise((res) => {
-  const [h, p] = t.split(':');
+  const at = t.lastIndexOf(':');
+  const host = t.slice(0, at);
+  const [h, p] = [host.startsWith('[') ? host.slice(1, -1) : host, t.slice(at + 1)];
   const s = net.connect({ host: h, port: Number(p) });
   const timer = setTimeout(() => { s.destroy(); res('timeout'); }, 5000);
   let got = '';
@@ -232,4 +269,89 @@ test('IPv4 nf_tables: the restart of an unchanged 2,000-Service ruleset writes n
   await new IptablesProxier({ runner: r1, log: silentLogger(), config }).sync(planInput(same.t, config, 4, ['192.168.0.2']), same.keys, true);
   assert.equal(r1.rulesWritten(), 0);
   assert.equal(r1.restores.length, 0);
+});
+
+for (const family of [4, 6] as const) test(`IPv${family} nf_tables: a restart over an older version's dispatch rules (every comment other) edits them in several bounded restores, each Service's in one, and equals a flushing restore`, async () => {
+  const k = netns('kprcmt');
+  const raw = netns('kprraw');
+  const config = testConfig();
+  const nodeIPs = [family === 6 ? 'fd00:192::2' : '192.168.0.2'];
+  const base: Model[] = Array.from({ length: 60 }, (_, i) => ({ port: 80, eps: i % 9 === 4 ? [] : [3 * i + 1, 3 * i + 2, 3 * i + 3] }));
+  // 40 lines per restore, leaf chunks and dispatch edits alike
+  const chunkLines = 40;
+  const old = fixture(family, base);
+  await new IptablesProxier({ runner: new Recording(k, false), log: silentLogger(), config, chunkLines }).sync(planInput(old.t, config, family, nodeIPs), old.keys, true);
+  const rewritten = olderComments(k, family);
+  assert.ok(rewritten > 100, `${rewritten} dispatch rules given other comments`);
+
+  const next = fixture(family, changedModels(base));
+  const r = new Recording(k, false);
+  const nextInput = planInput(next.t, config, family, nodeIPs);
+  await new IptablesProxier({ runner: r, log: silentLogger(), config, chunkLines }).sync(nextInput, next.keys, true);
+  const dispatch = r.restores.filter(editsDispatch);
+  assert.ok(dispatch.length >= 4, `${dispatch.length} dispatch restores`);
+  // every restore within the budget (no Service here has 40 dispatch edits)
+  for (const [n, input] of r.restores.entries()) {
+    const lines = input.split('\n').filter((l) => /^(-[AIDX] |:)/.test(l)).length;
+    assert.ok(lines <= chunkLines, `restore ${n}: ${lines} lines`);
+  }
+  // KUBE-SERVICES is edited, never flushed; each Service's new dispatch rules come in one restore
+  assert.ok(r.restores.every((x) => !/^:KUBE-SERVICES /m.test(x)), 'KUBE-SERVICES not flushed');
+  const seen = new Map<string, number>();
+  dispatch.forEach((x, n) => {
+    for (const svcKey of insertedServices(x)) {
+      assert.equal(seen.get(svcKey) ?? n, n, `${svcKey} inserted in two restores`);
+      seen.set(svcKey, n);
+    }
+  });
+  assert.ok(seen.size >= 40, `${seen.size} Services' dispatch rules rewritten`);
+  flushingReference(raw, family, false, nextInput);
+  const kernel = kproxyChains(k, family, false);
+  assert.equal(kernel, kproxyChains(raw, family, false), 'the restart over an older version\'s rules');
+  assert.doesNotMatch(kernel, /\(v0\)/);
+});
+
+for (const family of [4, 6] as const) test(`IPv${family} nf_tables: during a restart over an older version's dispatch rules, in several restores, an unchanged and a changed Service answer every probe`, async () => {
+  const v6 = family === 6;
+  const node = netns('kprnode');
+  const pods = netns('kprpods');
+  for (const ns of [node, pods]) ns.exec('sysctl', ['-qw', 'net.ipv6.conf.default.accept_dad=0']);
+  vethPair(node, 'vn', v6 ? 'fd00:192::2/64' : '192.168.0.2/24', pods, 'vs', v6 ? 'fd00:192::3/64' : '192.168.0.3/24');
+  node.exec('ip', v6 ? ['-6', 'route', 'add', 'default', 'via', 'fd00:192::3'] : ['route', 'add', 'default', 'via', '192.168.0.3']);
+  // every pod address answers: the endpoints' prefix is local in the pods namespace, one server on :8080
+  pods.exec('ip', v6 ? ['-6', 'route', 'add', 'local', 'fd00:10:180::/64', 'dev', 'lo'] : ['route', 'add', 'local', '10.0.0.0/8', 'dev', 'lo']);
+  pods.spawn(process.execPath, ['-e', `require('node:net').createServer((s) => s.end('ok')).listen(8080, '${v6 ? '::' : '0.0.0.0'}', () => console.log('listening'))`]);
+  const config = testConfig();
+  const nodeIPs = [v6 ? 'fd00:192::2' : '192.168.0.2'];
+  const base: Model[] = Array.from({ length: 300 }, (_, i) => ({ port: 80, eps: [2 * i + 1, 2 * i + 2] }));
+  const old = fixture(family, base);
+  await new IptablesProxier({ runner: new Recording(node, false), log: silentLogger(), config, chunkLines: 60 }).sync(planInput(old.t, config, family, nodeIPs), old.keys, true);
+  assert.ok(olderComments(node, family) > 300);
+  const changed = changedModels(base);
+  // svc0 is unchanged (but its dispatch rule's text is an older version's), svc2 has an
+  // endpoint replaced; both are ClusterIP Services on port 80
+  assert.deepEqual(changed[0], base[0]);
+  assert.notDeepEqual(changed[2].eps, base[2].eps);
+  const target = (i: number) => (v6 ? `[${old.cluster(i)}]:80` : `${old.cluster(i)}:80`);
+  const targets = [target(0), target(2)];
+  let out = '';
+  await waitFor('the pod server', () => pods.exec('ss', ['-ltn']).includes(':8080'), 20_000);
+  const client = node.spawn(process.execPath, ['-e', PROBE_CLIENT, targets.join(',')], { onOutput: (s) => (out += s) });
+  let r: Recording;
+  try {
+    await waitFor('probes before the restart', () => targets.every((t) => out.includes(`${t} ok`)), 30_000);
+    const next = fixture(family, changed);
+    r = new Recording(node, false);
+    await new IptablesProxier({ runner: r, log: silentLogger(), config, chunkLines: 60 }).sync(planInput(next.t, config, family, nodeIPs), next.keys, true);
+    const during = out.length;
+    await waitFor('probes after the restart', () => targets.every((t) => out.slice(during).includes(`${t} ok`)), 30_000);
+  } finally {
+    await node.kill(client);
+  }
+  assert.ok(r.restores.filter(editsDispatch).length >= 10, `${r.restores.filter(editsDispatch).length} dispatch restores`);
+  assert.doesNotMatch(node.exec(v6 ? 'ip6tables-save' : 'iptables-save', ['-t', 'nat']), /\(v0\)/, 'every dispatch rule rewritten');
+  const lines = out.split('\n').filter(Boolean);
+  const failed = lines.filter((l) => !l.endsWith(' ok'));
+  assert.deepEqual(failed.slice(0, 5), [], `${failed.length} of ${lines.length} probes failed`);
+  assert.ok(lines.length >= 4);
 });

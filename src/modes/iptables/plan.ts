@@ -22,6 +22,7 @@ import {
 import { NFACCT_CT_STATE_INVALID_DROPPED, NFACCT_LOCALHOST_NODEPORTS_ACCEPTED, type IptablesOptions } from './options.ts';
 import { safeServicePort } from '../vip.ts';
 import { canonicalRule, chainDigest, type InstalledChain, type InstalledChains } from './canonical.ts';
+import { chunkedDispatchEdits, keptRules, serviceChainKey, STATIC_GROUP, type DispatchChain } from './dispatch-chunks.ts';
 
 
 const chainLine = (c: string) => `:${c} - [0:0]`;
@@ -49,6 +50,13 @@ export interface PlanRequest {
    * holding whole services (kproxy, not upstream; see chunkedPayloads). Unset or 0: one payload.
    */
   chunkLines?: number;
+  /**
+   * The restart form only: lines per restore of the dispatch edits (dispatch-chunks.ts), each
+   * Service's edits in one restore. Unset: chunkLines. 0: every dispatch edit in one restore
+   * (the form before round rsb; what legacy, whose every commit replaces the whole table, does
+   * through chunkLines 0; kept settable for the comparison in bench/iptables-restart.ts).
+   */
+  dispatchChunkLines?: number;
   /**
    * What the last applied sync rendered (the production proxier's IptablesSyncState). With
    * it, a partial sync also writes any service whose rendered block changed, and the plan
@@ -452,6 +460,9 @@ export function planIptables(req: PlanRequest): Plan {
   const blocks = req.applied ? new Map<string, ServiceBlock>() : undefined;
   // A block rendered differently from the applied one (other settings) is written too.
   const prev = req.applied && req.applied.ctx?.key === ctx.key ? req.applied.blocks : undefined;
+  // The restart form: each dispatch rule's Service, so its edits stay in one restore.
+  const owners = req.full && req.installed ? new Map<string, string>() : undefined;
+  const chainOwners = owners && new Map<string, string>();
 
   for (const sp of services) {
     const eps = state.endpoints.get(sp.key) ?? EMPTY;
@@ -466,6 +477,11 @@ export function planIptables(req: PlanRequest): Plan {
     blocks?.set(sp.key, b);
     for (const l of b.filter) filterRules.push(l);
     for (const l of b.natTop) natStatic.push(l);
+    if (owners) {
+      for (const l of b.filter) owners.set(l, sp.serviceKey);
+      for (const l of b.natTop) owners.set(l, sp.serviceKey);
+      chainOwners!.set(serviceChainKey(serviceChains(sp).svc)!, sp.serviceKey);
+    }
     for (const c of b.active) active.add(c);
     // Unchanged services' chains are already installed: count their rules, don't write them.
     if (write) {
@@ -564,7 +580,7 @@ export function planIptables(req: PlanRequest): Plan {
   };
   const natLines = natRulesWritten + natUnits.length + deletedChains.length * 2;
   const restart = req.full && req.installed && hasServiceChain(new Set(req.installed.get('nat')?.keys() ?? []))
-    ? restartPayloads({ natStaticUnits, serviceUnits: natServiceUnits, serviceStarts, filterUnits, deleted: deletedChains, installed: req.installed, maxLines: req.chunkLines ?? 0 })
+    ? restartPayloads({ natStaticUnits, serviceUnits: natServiceUnits, serviceStarts, filterUnits, deleted: deletedChains, installed: req.installed, maxLines: req.chunkLines ?? 0, dispatchLines: req.dispatchChunkLines ?? req.chunkLines ?? 0, owners: owners!, chainOwners: chainOwners! })
     : undefined;
   if (restart) {
     natRulesWritten = restart.natRules;
@@ -1006,34 +1022,14 @@ export function chainEdits(name: string, installed: InstalledChain | undefined, 
   const have = installed.canon;
   const haveLines = installed.lines;
   if (want.length === have.length && want.every((c, i) => c === have[i])) return null;
-  // Match each planned rule to the first unused installed rule with its canonical form.
-  const at = new Map<string, number[]>();
-  for (let i = have.length - 1; i >= 0; i--) {
-    const q = at.get(have[i]);
-    if (q) q.push(i);
-    else at.set(have[i], [i]);
-  }
-  const match: number[] = want.map((c) => at.get(c)?.pop() ?? -1);
-  // Longest increasing subsequence of the matched installed positions (patience sorting).
-  const tails: number[] = [];
-  const prev = new Array<number>(want.length).fill(-1);
-  for (let j = 0; j < want.length; j++) {
-    const k = match[j];
-    if (k < 0) continue;
-    let lo = 0;
-    let hi = tails.length;
-    while (lo < hi) {
-      const mid = (lo + hi) >> 1;
-      if (match[tails[mid]] < k) lo = mid + 1;
-      else hi = mid;
-    }
-    prev[j] = lo > 0 ? tails[lo - 1] : -1;
-    tails[lo] = j;
-  }
+  const kept = keptRules(have, want);
   const keptPlanned = new Set<number>();
-  for (let j = tails.length ? tails[tails.length - 1] : -1; j >= 0; j = prev[j]) keptPlanned.add(j);
   const keptInstalled = new Set<number>();
-  for (const j of keptPlanned) keptInstalled.add(match[j]);
+  kept.keptPlanned.forEach((k, j) => {
+    if (!k) return;
+    keptPlanned.add(j);
+    keptInstalled.add(kept.match[j]);
+  });
   const edits = have.length - keptInstalled.size + want.length - keptPlanned.size;
   if (edits >= rules.length) return { decls: [chainLine(name)], lines: [...rules], written: rules.length };
   const lines: string[] = [];
@@ -1066,10 +1062,14 @@ export function chainEdits(name: string, installed: InstalledChain | undefined, 
  * 1. leaf chunks: the static chains that differ, then, a group of whole services per chunk,
  *    each service's own chains that differ or are missing (declared, so flushed, and written
  *    whole); nothing new is reachable yet, and an installed chain is replaced at once;
- * 2. the dispatch restore: the filter chains and nat KUBE-SERVICES / KUBE-NODEPORTS edited in
- *    place (chainEdits: `-D` of rules no longer wanted, `-I` of new ones where they belong),
- *    so a Service whose rules did not change stays reachable throughout and a changed one is
- *    switched in one transaction; the stale service chains flushed;
+ * 2. the dispatch edits: the filter chains and nat KUBE-SERVICES / KUBE-NODEPORTS edited in
+ *    place (`-D` of rules no longer wanted, `-I` of new ones where they belong), so a Service
+ *    whose rules did not change stays reachable throughout and a changed one is switched in
+ *    one transaction. With `dispatchLines` (nf_tables: the chunk size) in restores of about
+ *    that many lines, each Service's edits in one (dispatch-chunks.ts), then the stale service
+ *    chains flushed (with the last one when it fits); without (legacy, whose every commit
+ *    replaces the whole table: one restore) in one restore with the flushes (chainEdits per
+ *    chain, a chain rewritten whole when that is shorter);
  * 3. the stale chains deleted (`-X`), nothing jumping to them any more.
  * --noflush semantics are kept: only chains kproxy owns are declared, flushed or deleted.
  */
@@ -1081,6 +1081,12 @@ function restartPayloads(o: {
   deleted: string[];
   installed: InstalledChains;
   maxLines: number;
+  /** lines per restore of the dispatch edits (0: one restore, chainEdits per chain) */
+  dispatchLines: number;
+  /** each service dispatch rule's Service (the others are static) */
+  owners: ReadonlyMap<string, string>;
+  /** each service port's chains (serviceChainKey) → its Service */
+  chainOwners: ReadonlyMap<string, string>;
 }): { chunks: string[]; natRules: number; filterRules: number; adopted: number } {
   const nat = o.installed.get('nat') ?? new Map<string, InstalledChain>();
   const filter = o.installed.get('filter') ?? new Map<string, InstalledChain>();
@@ -1130,6 +1136,44 @@ function restartPayloads(o: {
     for (const u of write) add(u);
   }
   if (o.maxLines) flush();
+  if (o.dispatchLines) {
+    // The dispatch edits in restores of about dispatchLines lines, each Service's in one.
+    flush();
+    const chains: DispatchChain[] = [];
+    const ownersOf = (u: ChainUnit) => u.rules.map((r) => o.owners.get(r) ?? STATIC_GROUP);
+    for (const u of o.filterUnits) chains.push({ table: 'filter', name: u.name, rules: u.rules, owners: ownersOf(u), installed: filter.get(u.name) });
+    for (const u of dispatch) chains.push({ table: 'nat', name: u.name, rules: u.rules, owners: ownersOf(u), installed: nat.get(u.name) });
+    const d = chunkedDispatchEdits(chains, o.dispatchLines, o.chainOwners);
+    adopted += d.adopted;
+    natRules += d.written.nat;
+    filterRules += d.written.filter;
+    // The stale chains' flush after every edit: with the last restore when it fits.
+    const stale = o.deleted.map(chainLine);
+    const last = d.chunks.at(-1);
+    if (last && last.filter.length + last.nat.length + stale.length <= o.dispatchLines) {
+      last.nat.unshift(...stale);
+      stale.length = 0;
+    }
+    for (const c of d.chunks) {
+      let text = '';
+      if (c.filter.length) text += ['*filter', ...c.filter, 'COMMIT', ''].join('\n');
+      if (c.nat.length) text += ['*nat', ...c.nat, 'COMMIT', ''].join('\n');
+      if (text) chunks.push(text);
+    }
+    const budget = o.maxLines || o.dispatchLines;
+    for (const l of stale) {
+      decls.push(l);
+      if (decls.length >= budget) flush();
+    }
+    flush();
+    // Then the stale chains deleted, nothing jumping to them any more.
+    for (const c of o.deleted) {
+      lines.push(`-X ${c}`);
+      if (lines.length >= budget) flush();
+    }
+    flush();
+    return { chunks, natRules, filterRules, adopted };
+  }
   // The dispatch restore (with the leaf lines when not chunked).
   const filterOut = { decls: [] as string[], lines: [] as string[] };
   for (const u of o.filterUnits) {

@@ -24,6 +24,8 @@ export class IptablesSyncState {
   readonly skipUnchangedChains: boolean;
   /** full syncs larger than this many nat lines are applied in chunks (0: never; see plan.ts) */
   chunkLines = 0;
+  /** the restart form's dispatch edits per restore (plan.ts PlanRequest.dispatchChunkLines); undefined: chunkLines */
+  dispatchChunkLines: number | undefined = undefined;
   /** with skipUnchangedChains: the blocks the last applied sync rendered; null until a full sync */
   private applied: AppliedBlocks | null = null;
   /**
@@ -52,6 +54,7 @@ export class IptablesSyncState {
       recordDigests: this.skipUnchangedChains,
       lastChainDigests: this.skipUnchangedChains && !doFull ? (this.chainDigests ?? undefined) : undefined,
       chunkLines: this.chunkLines,
+      dispatchChunkLines: this.dispatchChunkLines,
       installed,
       // the plan returns its blocks: the base of the next fast partial sync
       applied: this.skipUnchangedChains ? (this.applied ?? NO_BLOCKS) : undefined,

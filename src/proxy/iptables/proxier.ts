@@ -180,6 +180,12 @@ export interface IptablesProxierDeps {
   sysctl?: Sysctl;
   /** lines per chunk of a full sync (0: one restore); default: chunkLinesFor(the probed backend) */
   chunkLines?: number;
+  /**
+   * lines per restore of a restart's dispatch edits (plan.ts restartPayloads,
+   * dispatch-chunks.ts); default: the chunk size. 0: one dispatch restore (the form before
+   * round rsb, for bench/iptables-restart.ts's comparison)
+   */
+  dispatchChunkLines?: number;
 }
 
 /** The input with only the service ports of `changed` services (for per-service checks). */
@@ -271,6 +277,7 @@ export class IptablesProxier implements Proxier {
       if (doFull) {
         fs.backend ??= await fs.exec.backend();
         fs.sync.chunkLines = chunkLinesFor(fs.backend, this.deps.chunkLines);
+        fs.sync.dispatchChunkLines = this.deps.dispatchChunkLines;
         deferredJumps = await this.ensureJumps(fs);
       }
       const plan = fs.sync.plan(input.state, opts, changed, doFull, this.now(), syncPeriodMs);
