@@ -125,20 +125,23 @@ export function conntrackCleaner(runner: CommandRunner, log: Logger): StaleFlowC
       const started = Date.now();
       let deleted = 0;
       let failed = 0;
-      for (const args of unique(family, flows)) {
+      /** One `conntrack -D`; exit 1 with "0 flow entries have been deleted" (nothing matched, or gone since a listing) is no error. */
+      const remove = async (args: string[], what: string) => {
         try {
           const r = await runner.run('conntrack', args, { timeoutMs: 10_000 });
           const n = deletedCount(r.stderr + r.stdout);
-          // exit 1 with "0 flow entries have been deleted" means nothing matched: not an error
           if (r.code === 0 || (r.code === 1 && n === 0)) {
             deleted += n ?? 0;
-            continue;
+            return;
           }
           throw kproxyError('KPROXY_CONNTRACK_FAILED', `conntrack ${args.join(' ')} exited ${r.code}: ${(r.stderr || r.stdout).trim()}`);
         } catch (e) {
           failed++;
-          log.warn({ code: 'KPROXY_CONNTRACK_FAILED', family, args, err: (e as Error).message }, 'could not clear stale conntrack entries; UDP/SCTP clients may stay on a gone endpoint until the entry expires');
+          log.warn({ code: 'KPROXY_CONNTRACK_FAILED', family, args, err: (e as Error).message }, what);
         }
+      };
+      for (const args of unique(family, flows)) {
+        await remove(args, 'could not clear stale conntrack entries; UDP/SCTP clients may stay on a gone endpoint until the entry expires');
       }
       if (flows.some((f) => f.kind === 'unNATed')) {
         // one listing of the unanswered TCP attempts, then one delete per never-DNATed entry found
@@ -151,21 +154,7 @@ export function conntrackCleaner(runner: CommandRunner, log: Logger): StaleFlowC
           failed++;
           log.warn({ code: 'KPROXY_CONNTRACK_FAILED', family, err: (e as Error).message }, 'could not list never-DNATed TCP attempts; a client reusing their source port may time out until they expire (120 s)');
         }
-        for (const args of deletes) {
-          try {
-            const r = await runner.run('conntrack', args, { timeoutMs: 10_000 });
-            const n = deletedCount(r.stderr + r.stdout);
-            // gone since the listing (answered, expired): not an error
-            if (r.code === 0 || (r.code === 1 && n === 0)) {
-              deleted += n ?? 0;
-              continue;
-            }
-            throw kproxyError('KPROXY_CONNTRACK_FAILED', `conntrack ${args.join(' ')} exited ${r.code}: ${(r.stderr || r.stdout).trim()}`);
-          } catch (e) {
-            failed++;
-            log.warn({ code: 'KPROXY_CONNTRACK_FAILED', family, args, err: (e as Error).message }, 'could not clear a never-DNATed TCP attempt');
-          }
-        }
+        for (const args of deletes) await remove(args, 'could not clear a never-DNATed TCP attempt');
       }
       return { deleted, failed, durationMs: Date.now() - started };
     },
