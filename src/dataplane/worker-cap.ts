@@ -156,11 +156,14 @@ export class CapOwner {
         this.mainOpen++;
         return true;
       }
-      return this.reclaimAll().then(() => {
+      const joined = this.reclaiming !== null;
+      const grant = () => {
         if (this.free <= 0) return false;
         this.mainOpen++;
         return true;
-      });
+      };
+      // decided in the same turn as the check: no grant can slip in between
+      return this.reclaimAll().then(() => (joined && this.free <= 0 ? this.reclaimAll().then(grant) : grant()));
     },
     release: () => {
       this.mainOpen--;
@@ -180,7 +183,12 @@ export class CapOwner {
 
   /** A worker asks for n tokens; resolves with how many it got (0: the node is full). */
   async want(id: string, n: number): Promise<number> {
-    if (this.free <= 0) await this.reclaimAll();
+    if (this.free <= 0) {
+      // see `joined` below; the grant is computed in the same turn as the last check
+      const joined = this.reclaiming !== null;
+      await this.reclaimAll();
+      if (joined && this.free <= 0) await this.reclaimAll();
+    }
     if (!this.leases.has(id)) return 0;
     const g = Math.max(0, Math.min(n, this.free));
     this.leases.set(id, this.leases.get(id)! + g);
@@ -194,7 +202,13 @@ export class CapOwner {
     this.leases.set(id, Math.max(0, l - n));
   }
 
-  /** One reclaim round at a time; a caller arriving during one waits for it. */
+  /**
+   * One reclaim round at a time; a caller arriving during one waits for it. A round that began
+   * before a caller arrived may have missed tokens granted since (a worker that asked for a
+   * batch got more than it needed after answering that round), so a caller that `joined` a
+   * running round and still finds nothing free runs one fresh round before a refusal: the
+   * reclaim before any refusal covers every grant made before the caller asked.
+   */
   private reclaimAll(): Promise<void> {
     if (!this.reclaiming) {
       this.reclaims++;

@@ -106,6 +106,38 @@ test('a worker that dies gives its whole lease back: its connections died with i
   assert.equal(await leases[1].take(), true, 'another process gets room at once');
 });
 
+test('a request that joined a running reclaim round gets a fresh one before a refusal: tokens granted after that round began are found', async () => {
+  // The race seen on real sockets (a refusal with fewer than max open): a reclaim round R1 is
+  // running; W2 asks and joins it; tokens free up and W1's earlier request, answered after R1,
+  // takes both (it asked for a batch of 2 but needs 1); W2 then finds nothing free although W1
+  // holds a token unused. Only a round that starts after W2 asked can find it.
+  const owner = new CapOwner(2);
+  const pending: Array<{ id: string; answer: (n: number) => void }> = [];
+  const spare = new Map<string, number>([['w1', 0], ['w2', 0]]);
+  for (const id of ['w1', 'w2']) {
+    owner.attach(id, {
+      reclaim: () => new Promise<void>((r) => pending.push({ id, answer: (n) => (owner.giveBack(id, n), spare.set(id, spare.get(id)! - n), r()) })),
+    });
+  }
+  assert.equal(owner.local.take(), true);
+  assert.equal(owner.local.take(), true);
+  const w1 = owner.want('w1', 2); // free 0: starts round R1
+  await settle();
+  const w2 = owner.want('w2', 1); // joins R1
+  await settle();
+  owner.local.release();
+  owner.local.release();
+  for (const p of pending.splice(0)) p.answer(0); // R1: nothing unused anywhere yet
+  assert.equal(await w1, 2, 'w1 is granted its batch of 2');
+  spare.set('w1', 1); // w1 needed one of the two
+  await settle();
+  assert.equal(pending.length, 2, 'w2 started a fresh round instead of being refused');
+  for (const p of pending.splice(0)) p.answer(spare.get(p.id)!);
+  assert.equal(await w2, 1, 'w2 gets the token w1 held unused');
+  assert.equal(owner.free, 0);
+  assert.equal(owner.reclaims, 2);
+});
+
 const BP = 20000 + ((process.pid + 17) % 20000);
 const VIP = '127.0.25.10';
 
