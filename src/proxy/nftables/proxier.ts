@@ -59,6 +59,8 @@ export interface NftProxierOptions {
    * Service would cost that on the hot path
    */
   deferElementDeletes?: boolean;
+  /** the table this proxier owns (default `kube-proxy`, upstream's single table) */
+  table?: string;
 }
 
 /** The input restricted to the ports of `services` (what a partial sync may have changed). */
@@ -73,6 +75,8 @@ export const MAX_KEPT_TRANSACTION_CHARS = 1 << 20;
 
 export class NftProxier implements Proxier {
   private readonly exec: NftExecutor;
+  /** the table this proxier writes (names.ts TABLE unless given) */
+  readonly table: string;
   private readonly log: Logger;
   private readonly now: () => number;
   private readonly delayMs: number;
@@ -116,6 +120,7 @@ export class NftProxier implements Proxier {
     this.batchMs = opts.staleChainBatchMs ?? 10_000;
     this.maxWaitMs = opts.staleChainMaxWaitMs ?? 60_000;
     this.deferElementDeletes = opts.deferElementDeletes ?? true;
+    this.table = opts.table ?? TABLE;
   }
 
   /** Elements left in the kernel by partial syncs, to be deleted later (tests, /debug). */
@@ -160,10 +165,10 @@ export class NftProxier implements Proxier {
   }
 
   private async liveNames(family: NftFamily): Promise<LiveNames | null> {
-    const text = await this.exec.listTable(family, TABLE);
+    const text = await this.exec.listTable(family, this.table);
     // No table: nothing to flush or retire (null would mean "unknown": flush everything).
     if (text === null) return { chains: new Set(), sets: new Map() };
-    const rs = parseNftText(text).get(`${family} ${TABLE}`);
+    const rs = parseNftText(text).get(`${family} ${this.table}`);
     if (!rs) return null;
     return { chains: new Set(rs.chains.keys()), sets: new Map([...rs.sets.values()].map((s) => [s.name, s.kind])) };
   }
@@ -205,7 +210,7 @@ export class NftProxier implements Proxier {
    */
   private async deleteStaleChains(family: NftFamily, desired: Ruleset, quiet: boolean): Promise<void> {
     if (this.now() - this.lastChainDeletion < this.batchMs) return;
-    const rs = { family, table: TABLE };
+    const rs = { family, table: this.table };
     // Lingering elements first, in their own transaction: the chains they jump to are due only after.
     const els = this.dueLingering();
     if (els.items.length && (quiet || this.now() - els.oldest >= this.delayMs + this.maxWaitMs)) {
@@ -286,7 +291,7 @@ export class NftProxier implements Proxier {
   private async syncAttempt(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     const fullSync = full || this.needFull || !this.applied;
     // A full sync plans every port afresh (and so also resets the fragment cache).
-    const options = optionsFromInput(input);
+    const options = this.table === TABLE ? optionsFromInput(input) : { ...optionsFromInput(input), table: this.table };
     const plan = this.planner.plan(input.state, options, fullSync ? null : changed);
     const desired = plan.desired;
     const family = desired.family;
@@ -313,7 +318,7 @@ export class NftProxier implements Proxier {
     const riders = deletes ? this.dueStale(desired) : { chains: [], sets: [] };
     const riding = ridingEls.length + riders.chains.length + riders.sets.length;
     if (riding) {
-      const rs = { family, table: TABLE };
+      const rs = { family, table: this.table };
       const text = tx.text + deleteElementsText(rs, ridingEls) + (riders.chains.length + riders.sets.length ? deleteChainsTransaction(rs, riders.chains, riders.sets) : '');
       tx = { ...tx, text, ops: tx.ops + riding };
     }
