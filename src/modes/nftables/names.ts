@@ -13,6 +13,20 @@ export const CHAIN_NAME_BASE_LENGTH_MAX = NAME_LENGTH_MAX - CHAIN_NAME_PREFIX_LE
 
 export const TABLE = 'kube-proxy';
 
+/** The table of shard n when the Services are spread over several tables (issue 10): `kube-proxy-<n>`. */
+export function shardTable(n: number): string {
+  return `${TABLE}-${n}`;
+}
+
+/**
+ * Whether a table (of family ip or ip6) is kube-proxy's: upstream's `kube-proxy`, or a shard's
+ * `kube-proxy-<n>` (n a decimal number without leading zeros, as shardTable writes it).
+ * Cleanup removes exactly these; any other name (`kube-proxy-x`, `kube-proxy-01`) is not ours.
+ */
+export function isKubeProxyTable(name: string): boolean {
+  return name === TABLE || /^kube-proxy-(?:0|[1-9][0-9]{0,3})$/.test(name);
+}
+
 /**
  * nft's limit on comments (NFTNL_UDATA_COMMENT_MAXLEN, knftables.CommentLengthMax): a longer
  * one makes nft refuse the whole transaction ("comment too long, 128 characters maximum

@@ -9,7 +9,7 @@ import { canonicalIP } from '../../core/ip.ts';
 import type { Logger } from '../../log.ts';
 import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
 import { nftablesConformance } from '../../modes/nftables/conformance.ts';
-import { TABLE } from '../../modes/nftables/names.ts';
+import { isKubeProxyTable, TABLE } from '../../modes/nftables/names.ts';
 import { optionsFromInput, planRuleset } from '../../modes/nftables/plan.ts';
 import { NftProxier } from './proxier.ts';
 import { dumpRuleset } from '../../modes/nftables/ruleset.ts';
@@ -41,11 +41,14 @@ async function createProxier(deps: ModeDeps): Promise<Proxier> {
   return new NftProxier({ runner: deps.runner, log: deps.log });
 }
 
+/** Removes every kube-proxy table of ip and ip6: `kube-proxy` and the shards' `kube-proxy-<n>` (names.ts isKubeProxyTable), nothing else. */
 async function cleanup(runner: CommandRunner, log: Logger): Promise<void> {
   const exec = new NftExecutor(runner);
   for (const family of ['ip', 'ip6'] as const) {
     try {
-      if (await exec.deleteTable(family, TABLE)) log.info({ family }, 'deleted nftables table kube-proxy');
+      for (const table of (await exec.listTables(family)).filter(isKubeProxyTable)) {
+        if (await exec.deleteTable(family, table)) log.info({ family, table }, `deleted nftables table ${table}`);
+      }
     } catch (e) {
       const code = (e as { code?: string }).code;
       // No nft at all means nothing of ours can be there.
