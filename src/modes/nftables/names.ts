@@ -19,6 +19,15 @@ export function shardTable(n: number): string {
 }
 
 /**
+ * The shard (0..k-1) of a Service, `namespace/name`: the first 4 bytes of its sha256 mod k.
+ * Stable: a Service never moves when others come and go (only when k changes).
+ */
+export function shardOf(serviceKey: string, k: number): number {
+  if (k <= 1) return 0;
+  return createHash('sha256').update(serviceKey).digest().readUInt32BE(0) % k;
+}
+
+/**
  * Whether a table (of family ip or ip6) is kube-proxy's: upstream's `kube-proxy`, or a shard's
  * `kube-proxy-<n>` (n a decimal number without leading zeros, as shardTable writes it).
  * Cleanup removes exactly these; any other name (`kube-proxy-x`, `kube-proxy-01`) is not ours.

@@ -74,8 +74,15 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
   const pkt = { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port };
   if (req.live) {
     const family = req.to.includes(':') ? 'ip6' : 'ip';
-    const text = await new NftExecutor(deps.runner).listTable(family, TABLE);
-    if (text === null) return { output: '', masq: false, rules: [], notes: [`no ${family} ${TABLE} table on this host`] };
+    // every kube-proxy table of the family: upstream's one, or the shards' (names.ts)
+    const exec = new NftExecutor(deps.runner);
+    const texts: string[] = [];
+    for (const table of (await exec.listTables(family)).filter(isKubeProxyTable)) {
+      const t = await exec.listTable(family, table);
+      if (t !== null) texts.push(t);
+    }
+    if (!texts.length) return { output: '', masq: false, rules: [], notes: [`no ${family} ${TABLE} table on this host`] };
+    const text = texts.join('\n');
     const local = await hostAddresses(deps.runner);
     const r = traceNft(text, pkt, { localIPs: local });
     return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
