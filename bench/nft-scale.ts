@@ -46,7 +46,7 @@ import { benchConfig, MAX_NODE_PORT_SERVICES, NODE, serviceObject, sliceObject }
 import { fmtMs, median } from './report.ts';
 
 /** N services × E endpoints (room for `extra` more each), built through the tracker as a sync would see them. */
-class ScaleWorkload {
+export class ScaleWorkload {
   readonly tracker = new ProxyStateTracker(4, NODE.nodeName);
   private readonly counts: number[];
   private readonly stride: number;

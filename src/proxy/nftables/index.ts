@@ -1,4 +1,5 @@
-// nftables mode: one private `kube-proxy` table per IP family, written as one `nft -f`
+// nftables mode: one private `kube-proxy` table per IP family (from 1,000 Services the
+// Services spread over `kube-proxy-<n>` tables, sharded.ts), written as one `nft -f`
 // transaction per sync. Planner (plan.ts), text (ruleset.ts), tracer (trace.ts) are pure;
 // the proxier (proxier.ts) applies through the nft executor (src/exec/nft.ts).
 import type { ConformanceAdapter } from '../../conformance/case.ts';
@@ -11,7 +12,7 @@ import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResul
 import { nftablesConformance } from '../../modes/nftables/conformance.ts';
 import { isKubeProxyTable, TABLE } from '../../modes/nftables/names.ts';
 import { optionsFromInput, planRuleset } from '../../modes/nftables/plan.ts';
-import { NftProxier } from './proxier.ts';
+import { ShardedNftProxier } from './sharded.ts';
 import { dumpRuleset } from '../../modes/nftables/ruleset.ts';
 import { traceNft, traceRuleset } from '../../modes/nftables/trace.ts';
 import { skippedVIPNotes } from '../../modes/vip.ts';
@@ -38,7 +39,8 @@ async function createProxier(deps: ModeDeps): Promise<Proxier> {
       throw new ExecError('KPROXY_EXEC_FAILED', `nft cannot create the ip6 ${TABLE} table: ${r.stderr.trim()}; load nf_tables with IPv6 support (or disable IPv6)`, r);
     }
   }
-  return new NftProxier({ runner: deps.runner, log: deps.log });
+  // K = 1 (upstream's single `kube-proxy` table) below 1,000 Services; sharded above (sharded.ts).
+  return new ShardedNftProxier({ runner: deps.runner, log: deps.log });
 }
 
 /** Removes every kube-proxy table of ip and ip6: `kube-proxy` and the shards' `kube-proxy-<n>` (names.ts isKubeProxyTable), nothing else. */

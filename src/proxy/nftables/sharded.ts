@@ -1,0 +1,287 @@
+// The nftables mode's Proxier at scale (issue 10): the Services spread over K tables, each a
+// complete copy of upstream's `kube-proxy` table holding only its Services. The kernel
+// validates the whole TABLE on every commit that adds a jump, goto or dnat, so a one-Service
+// change into one of K tables validates ~1/K of the graph (docs/benchmarks.md, "Sharding the
+// table"). Below `threshold` Services K = 1 and the one table is upstream's `kube-proxy`,
+// unchanged; above it K ≈ N / perTable (at most maxTables), with hysteresis, and the tables
+// are `kube-proxy-0` … `kube-proxy-<K-1>`; a Service's table is shardOf(namespace/name, K).
+// One NftProxier per table plans and diffs it; this class applies what they prepare as ONE
+// `nft -f`: a partial sync holds only the changed Services' tables, a full sync and a reshard
+// (K changed: the new tables written, the old ones deleted) every table.
+import { SkippedVIPReporter } from '../skipped-vips.ts';
+import type { CommandRunner } from '../../exec/runner.ts';
+import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
+import type { Logger } from '../../log.ts';
+import type { ProxyState } from '../../core/model.ts';
+import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
+import { isKubeProxyTable, shardOf, shardTable, TABLE } from '../../modes/nftables/names.ts';
+import { MAX_ISOLATION_RETRIES } from '../../modes/isolation.ts';
+import { coded } from '../../errors.ts';
+import { NftProxier, type NftProxierOptions, type PreparedSync } from './proxier.ts';
+
+export interface ShardOptions {
+  /** fewer Services than this: one table, upstream's `kube-proxy` (default 1,000) */
+  threshold?: number;
+  /** Services per table above the threshold (default 600) */
+  perTable?: number;
+  /** at most this many tables (default 16: every new connection walks every table's base chains) */
+  maxTables?: number;
+}
+
+export const DEFAULT_SHARDS: Required<ShardOptions> = { threshold: 1000, perTable: 600, maxTables: 16 };
+
+/** The number of tables for n Services without history. */
+export function targetShards(n: number, o: Required<ShardOptions>): number {
+  if (n < o.threshold) return 1;
+  return Math.max(2, Math.min(o.maxTables, Math.ceil(n / o.perTable)));
+}
+
+/**
+ * The number of tables for n Services when there are `current` now (hysteresis, so K does not
+ * flap around a boundary): up to K > 1 at the threshold, back to 1 only below 80 % of it; in
+ * between a change only when the target is at least 1.5× or at most half the current K.
+ */
+export function chooseShards(n: number, current: number, o: Required<ShardOptions>): number {
+  const t = targetShards(n, o);
+  if (current <= 1) return t;
+  if (n < o.threshold * 0.8) return 1;
+  const t2 = Math.max(2, t);
+  if (t2 >= current * 1.5 || t2 * 2 <= current) return t2;
+  return current;
+}
+
+export interface ShardedNftProxierOptions extends Omit<NftProxierOptions, 'table'> {
+  shards?: ShardOptions;
+}
+
+/** Table names of K shards: upstream's single table for K = 1. */
+export function shardTables(k: number): string[] {
+  return k <= 1 ? [TABLE] : Array.from({ length: k }, (_, i) => shardTable(i));
+}
+
+export class ShardedNftProxier implements Proxier {
+  private readonly exec: NftExecutor;
+  private readonly log: Logger;
+  private readonly shardOpts: Required<ShardOptions>;
+  private proxiers: NftProxier[] = [];
+  /** tables written by earlier syncs (or found at start) that the current K does not use */
+  private needTableScan = true;
+  private lastTransaction = '';
+  /** reshards done (tests, /debug) */
+  reshards = 0;
+  /** partial transactions refused and repaired by a full sync in the same call */
+  partialFallbacks = 0;
+  private skippedVIPs?: SkippedVIPReporter;
+
+  constructor(private readonly opts: ShardedNftProxierOptions) {
+    this.exec = new NftExecutor(opts.runner);
+    this.log = opts.log;
+    this.shardOpts = { ...DEFAULT_SHARDS, ...(opts.shards ?? {}) };
+  }
+
+  /** The current number of tables (0 before the first sync). */
+  get shardCount(): number {
+    return this.proxiers.length;
+  }
+
+  /** The current tables' names, in shard order. */
+  tables(): string[] {
+    return this.proxiers.map((p) => p.table);
+  }
+
+  /** The per-table proxiers (tests, /debug). */
+  shardProxiers(): readonly NftProxier[] {
+    return this.proxiers;
+  }
+
+  lastTransactionText(): string {
+    return this.lastTransaction;
+  }
+
+  private newProxier(table: string): NftProxier {
+    const { shards: _shards, ...rest } = this.opts;
+    return new NftProxier({ ...rest, table });
+  }
+
+  /** Services ("ns/name") of the family planned from the state. */
+  private serviceKeys(input: PlanInput): Set<string> {
+    const keys = new Set<string>();
+    for (const sp of input.state.services.values()) if (sp.family === input.node.family) keys.add(sp.serviceKey);
+    return keys;
+  }
+
+  /** shardOf per Service for the current K (sha256 once per Service) */
+  private shardMemo = new Map<string, number>();
+
+  private shardOfKey(key: string): number {
+    const k = this.proxiers.length;
+    let s = this.shardMemo.get(key);
+    if (s === undefined) {
+      s = shardOf(key, k);
+      if (this.shardMemo.size >= 1 << 20) this.shardMemo.clear();
+      this.shardMemo.set(key, s);
+    }
+    return s;
+  }
+
+  /** The state restricted to the shards in `which` (the ServicePort and Endpoint objects are shared, so the planners' caches hold). */
+  private shardStates(state: ProxyState, which: number[]): Map<number, ProxyState> {
+    const out = new Map<number, ProxyState>();
+    if (this.proxiers.length <= 1) {
+      for (const i of which) out.set(i, state);
+      return out;
+    }
+    for (const i of which) out.set(i, { services: new Map(), endpoints: new Map() });
+    for (const [key, sp] of state.services) {
+      const st = out.get(this.shardOfKey(sp.serviceKey));
+      if (!st) continue;
+      st.services.set(key, sp);
+      const eps = state.endpoints.get(key);
+      if (eps) st.endpoints.set(key, eps);
+    }
+    return out;
+  }
+
+  async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
+    const n = this.serviceKeys(input).size;
+    const k = chooseShards(n, this.proxiers.length, this.shardOpts);
+    let reshard = k !== this.proxiers.length;
+    let old: string[] = [];
+    if (reshard) {
+      old = this.tables();
+      if (this.proxiers.length) {
+        this.reshards++;
+        this.log.info({ services: n, from: this.proxiers.length, to: k }, `nftables: spreading the Services over ${k} table(s)`);
+      }
+      this.proxiers = shardTables(k).map((t) => this.newProxier(t));
+      this.shardMemo.clear();
+      this.needTableScan = true;
+    }
+    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(full || reshard ? input : onlyServices(input, changed));
+    for (const p of this.proxiers) p.exclusions.startSync(changed, full || reshard);
+    let fellBack = false;
+    for (let retry = 0; ; retry++) {
+      try {
+        const stats = await this.syncAttempt(input, changed, full || reshard || fellBack, old);
+        const excluded = this.proxiers.flatMap((p) => p.exclusions.keys()).sort();
+        return excluded.length ? { ...stats, excludedServices: excluded } : stats;
+      } catch (e) {
+        if (!(e instanceof NftApplyError)) throw e;
+        if (this.lastAttemptPartial && !fellBack) {
+          fellBack = true;
+          this.partialFallbacks++;
+          this.log.warn({ err: (e as Error).message }, coded('KPROXY_NFT_APPLY', 'partial sync refused; running a full sync now'));
+          retry--;
+          continue;
+        }
+        if (retry >= MAX_ISOLATION_RETRIES || !this.excludeRefused(e)) {
+          // the old tables are still there (the transaction changed nothing): the next full sync deletes them
+          if (old.length) this.needTableScan = true;
+          throw e;
+        }
+        reshard = false;
+      }
+    }
+  }
+
+  private lastAttemptPartial = false;
+  /** each shard's first line in the last transaction (1-based offsets: lines before it) */
+  private lastOffsets: number[] = [];
+
+  private excludeRefused(e: NftApplyError): boolean {
+    let found = false;
+    this.proxiers.forEach((p, i) => {
+      const off = this.lastOffsets[i];
+      if (off !== undefined && off >= 0 && p.excludeRefused(e, off)) found = true;
+    });
+    return found;
+  }
+
+  /** The kube-proxy tables of the family in the kernel that the current K does not use. */
+  private async unusedTables(family: 'ip' | 'ip6'): Promise<string[]> {
+    const keep = new Set(this.tables());
+    return (await this.exec.listTables(family)).filter((t) => isKubeProxyTable(t) && !keep.has(t));
+  }
+
+  private async syncAttempt(input: PlanInput, changed: Set<string>, full: boolean, old: string[]): Promise<SyncStats> {
+    const k = this.proxiers.length;
+    const family = input.node.family === 6 ? 'ip6' : 'ip';
+    // Which tables this sync writes: every one for a full sync; otherwise those of the changed
+    // Services, or every one when nothing changed (an idle sync retires chains in each).
+    let which: number[];
+    if (full || this.proxiers.some((p) => p.needsFull)) which = this.proxiers.map((_, i) => i);
+    else if (changed.size === 0) which = this.proxiers.map((_, i) => i);
+    else which = [...new Set([...changed].map((key) => this.shardOfKey(key)))].sort((a, b) => a - b);
+
+    const states = this.shardStates(input.state, which);
+    const prepared = new Map<number, PreparedSync>();
+    for (const i of which) {
+      const p = this.proxiers[i];
+      const own = k <= 1 ? changed : new Set([...changed].filter((key) => this.shardOfKey(key) === i));
+      prepared.set(i, await p.prepare({ ...input, state: p.exclusions.filter(states.get(i)!) }, own, full));
+    }
+    this.lastAttemptPartial = [...prepared.values()].some((x) => x.partial);
+    // Tables no longer used (a reshard; leftovers of an earlier K) go in the same transaction.
+    let drop: string[] = [];
+    if (this.needTableScan && [...prepared.values()].every((x) => !x.partial)) {
+      drop = [...new Set([...old.filter((t) => !this.tables().includes(t)), ...(await this.unusedTables(family))])].sort();
+    }
+    this.lastOffsets = [];
+    let text = '';
+    let lines = 0;
+    for (const [i, x] of prepared) {
+      if (x.tx.ops === 0) continue;
+      this.lastOffsets[i] = lines;
+      text += x.tx.text;
+      lines += countLines(x.tx.text);
+    }
+    // `delete table` after the new tables are written: one commit, so a packet sees the old
+    // tables or the new ones, never neither.
+    for (const t of drop) text += `delete table ${family} ${t}\n`;
+    if (text !== '') {
+      this.lastTransaction = text;
+      try {
+        await this.exec.apply(text);
+      } catch (e) {
+        for (const x of prepared.keys()) this.proxiers[x].applyFailed();
+        throw e;
+      }
+    }
+    if (drop.length) this.log.info({ family, tables: drop }, `deleted nftables tables ${drop.join(', ')}`);
+    if (this.needTableScan && [...prepared.values()].every((x) => !x.partial)) this.needTableScan = false;
+    const stats: SyncStats = { rulesWritten: drop.length, rulesTotal: 0 };
+    const diffs: string[] = [];
+    for (const [i, x] of prepared) {
+      const s = await this.proxiers[i].commit(x);
+      stats.rulesWritten += s.rulesWritten;
+      if (s.cleanupFailures) stats.cleanupFailures = (stats.cleanupFailures ?? 0) + s.cleanupFailures;
+      if (s.diff) diffs.push(k > 1 ? `${this.proxiers[i].table}: ${s.diff}` : s.diff);
+    }
+    for (const p of this.proxiers) stats.rulesTotal += p.planner.objectCount;
+    if (drop.length) diffs.push(`deleted tables ${drop.join(', ')}`);
+    stats.diff = diffs.join('; ');
+    return stats;
+  }
+
+  /** Every table, in shard order (each as upstream's dump of one table). */
+  dump(): string {
+    return this.proxiers.map((p) => p.dump()).filter(Boolean).join('\n');
+  }
+
+  async stop(): Promise<void> {
+    for (const p of this.proxiers) await p.stop();
+  }
+}
+
+/** The input restricted to the ports of `services` (for the skipped-VIP report of a partial sync). */
+function onlyServices(input: PlanInput, services: ReadonlySet<string>): PlanInput {
+  const ports: ProxyState['services'] = new Map();
+  if (services.size) for (const [k, sp] of input.state.services) if (services.has(sp.serviceKey)) ports.set(k, sp);
+  return { ...input, state: { services: ports, endpoints: new Map() } };
+}
+
+function countLines(text: string): number {
+  let n = 0;
+  for (let i = text.indexOf('\n'); i !== -1; i = text.indexOf('\n', i + 1)) n++;
+  return text.endsWith('\n') || text === '' ? n : n + 1;
+}
