@@ -146,9 +146,7 @@ export class ShardedNftProxier implements Proxier {
     const n = this.serviceKeys(input).size;
     const k = chooseShards(n, this.proxiers.length, this.shardOpts);
     let reshard = k !== this.proxiers.length;
-    let old: string[] = [];
     if (reshard) {
-      old = this.tables();
       if (this.proxiers.length) {
         this.reshards++;
         this.log.info({ services: n, from: this.proxiers.length, to: k }, `nftables: spreading the Services over ${k} table(s)`);
@@ -162,7 +160,7 @@ export class ShardedNftProxier implements Proxier {
     let fellBack = false;
     for (let retry = 0; ; retry++) {
       try {
-        const stats = await this.syncAttempt(input, changed, full || reshard || fellBack, old);
+        const stats = await this.syncAttempt(input, changed, full || reshard || fellBack);
         const excluded = this.proxiers.flatMap((p) => p.exclusions.keys()).sort();
         return excluded.length ? { ...stats, excludedServices: excluded } : stats;
       } catch (e) {
@@ -174,11 +172,9 @@ export class ShardedNftProxier implements Proxier {
           retry--;
           continue;
         }
-        if (retry >= MAX_ISOLATION_RETRIES || !this.excludeRefused(e)) {
-          // the old tables are still there (the transaction changed nothing): the next full sync deletes them
-          if (old.length) this.needTableScan = true;
-          throw e;
-        }
+        // The old tables are still there (the transaction changed nothing): needTableScan is
+        // still set, so the next full sync deletes them.
+        if (retry >= MAX_ISOLATION_RETRIES || !this.excludeRefused(e)) throw e;
         reshard = false;
       }
     }
@@ -203,7 +199,7 @@ export class ShardedNftProxier implements Proxier {
     return (await this.exec.listTables(family)).filter((t) => isKubeProxyTable(t) && !keep.has(t));
   }
 
-  private async syncAttempt(input: PlanInput, changed: Set<string>, full: boolean, old: string[]): Promise<SyncStats> {
+  private async syncAttempt(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     const k = this.proxiers.length;
     const family = input.node.family === 6 ? 'ip6' : 'ip';
     // Which tables this sync writes: every one for a full sync; otherwise those of the changed
@@ -221,11 +217,10 @@ export class ShardedNftProxier implements Proxier {
       prepared.set(i, await p.prepare({ ...input, state: p.exclusions.filter(states.get(i)!) }, own, full));
     }
     this.lastAttemptPartial = [...prepared.values()].some((x) => x.partial);
-    // Tables no longer used (a reshard; leftovers of an earlier K) go in the same transaction.
+    // Tables no longer used (a reshard; leftovers of an earlier K or run), as the kernel lists
+    // them (a table that never got written is not deleted), go in the same transaction.
     let drop: string[] = [];
-    if (this.needTableScan && [...prepared.values()].every((x) => !x.partial)) {
-      drop = [...new Set([...old.filter((t) => !this.tables().includes(t)), ...(await this.unusedTables(family))])].sort();
-    }
+    if (this.needTableScan && [...prepared.values()].every((x) => !x.partial)) drop = (await this.unusedTables(family)).sort();
     this.lastOffsets = [];
     let text = '';
     let lines = 0;
