@@ -4,7 +4,7 @@
 // ends the same way — endpoints or verdict, masquerade — through the shards walked together
 // as through upstream's single table for the whole state. Real kernel (`kproxy trace --live`):
 // the tables two proxiers wrote into a namespace (uniqueName(), removed in `after`) are read
-// back and walked together.
+// back and walked together; `render` and the planned trace plan the shards from 1,000 Services.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
@@ -17,6 +17,7 @@ import type { PlanInput } from '../../src/modes/types.ts';
 import { probePackets } from '../../src/modes/nftables/conformance.ts';
 import { shardOf, shardTable } from '../../src/modes/nftables/names.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
+import { chooseShards, planShardedRulesets, targetShards } from '../../src/modes/nftables/shards.ts';
 import { fullTransaction } from '../../src/modes/nftables/transaction.ts';
 import { kubeProxyTables, traceNft, traceRuleset } from '../../src/modes/nftables/trace.ts';
 import { mode } from '../../src/proxy/nftables/index.ts';
@@ -136,4 +137,52 @@ test('kproxy trace --live walks every kube-proxy table in the kernel', async () 
     checked++;
   }
   assert.equal(checked, N);
+});
+
+test('render and the planned trace follow the mode: one table below 1,000 Services, the shards from 1,000', async () => {
+  const big = (n: number): PlanInput => {
+    const tracker = new ProxyStateTracker(4, NODE.nodeName);
+    for (let i = 0; i < n; i++) {
+      tracker.services.update(null, { ...service(0), metadata: { namespace: 'big', name: `s${i}` }, spec: { ...service(0).spec!, clusterIP: `172.31.${i >> 8}.${i & 255}` } });
+      tracker.endpoints.update(null, { ...slice(0), metadata: { namespace: 'big', name: `s${i}-x`, labels: { 'kubernetes.io/service-name': `s${i}` } } });
+    }
+    tracker.apply();
+    return { state: tracker.state, config: resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' }), node: NODE };
+  };
+  const small = big(999);
+  assert.deepEqual(planShardedRulesets(small.state, optionsFromInput(small)).map((rs) => rs.table), ['kube-proxy']);
+  assert.deepEqual(kubeProxyTables(mode.render(small), 'ip').map((rs) => rs.table), ['kube-proxy']);
+
+  const input = big(1000);
+  const o = optionsFromInput(input);
+  const shards = planShardedRulesets(input.state, o);
+  assert.deepEqual(shards.map((rs) => rs.table), ['kube-proxy-0', 'kube-proxy-1']);
+  // every Service in exactly the table shardOf names
+  for (const [s, rs] of shards.entries()) {
+    const ips = [...rs.sets.get('cluster-ips')!.elements.values()].map((el) => el.key[0]);
+    assert.ok(ips.length > 300, `kube-proxy-${s}: ${ips.length} ClusterIPs`);
+    for (const ip of ips) {
+      const [, , a, b] = ip.split('.').map(Number);
+      assert.equal(shardOf(`big/s${a * 256 + b}`, 2), s, ip);
+    }
+  }
+  assert.equal(shards.reduce((n, rs) => n + rs.sets.get('cluster-ips')!.elements.size, 0), 1000);
+  assert.deepEqual(kubeProxyTables(mode.render(input), 'ip').map((rs) => rs.table), ['kube-proxy-0', 'kube-proxy-1']);
+  // the planned trace walks the shards: the same endpoints as through one table
+  const single = planRuleset(input.state, o);
+  for (const i of [0, 1, 2, 500, 999]) {
+    const to = `172.31.${i >> 8}.${i & 255}`;
+    const got = await mode.trace!({ from: '10.0.0.5', to, port: 80, protocol: 'TCP', input, live: false }, { runner: hostRunner });
+    const want = traceRuleset(single, { sourceIP: '10.0.0.5', protocol: 'TCP', destIP: to, destPort: 80 }, { localIPs: NODE.nodeIPs });
+    assert.ok(want.output.includes(':8080'), `s${i}: ${want.output}`);
+    assert.equal(got.output, want.output, `s${i}`);
+    assert.ok(got.rules.some((r) => r.startsWith(`kube-proxy-${shardOf(`big/s${i}`, 2)} `)), `s${i}: in its table`);
+  }
+});
+
+test('the number of tables never exceeds maxTables', () => {
+  assert.equal(targetShards(5000, { threshold: 1000, perTable: 600, maxTables: 1 }), 1);
+  assert.equal(chooseShards(5000, 4, { threshold: 1000, perTable: 600, maxTables: 1 }), 1);
+  assert.equal(targetShards(5000, { threshold: 1000, perTable: 600, maxTables: 3 }), 3);
+  assert.equal(chooseShards(50_000, 2, { threshold: 1000, perTable: 600, maxTables: 3 }), 3);
 });

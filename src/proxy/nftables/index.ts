@@ -11,10 +11,11 @@ import type { Logger } from '../../log.ts';
 import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
 import { nftablesConformance } from '../../modes/nftables/conformance.ts';
 import { isKubeProxyTable, TABLE } from '../../modes/nftables/names.ts';
-import { optionsFromInput, planRuleset } from '../../modes/nftables/plan.ts';
+import { optionsFromInput } from '../../modes/nftables/plan.ts';
 import { ShardedNftProxier } from './sharded.ts';
 import { dumpRuleset } from '../../modes/nftables/ruleset.ts';
-import { traceNft, traceRuleset } from '../../modes/nftables/trace.ts';
+import { traceNft, traceTables } from '../../modes/nftables/trace.ts';
+import { planShardedRulesets } from '../../modes/nftables/shards.ts';
 import { skippedVIPNotes } from '../../modes/vip.ts';
 import { kproxyError } from '../../errors.ts';
 
@@ -25,7 +26,8 @@ export { sortNftTransaction } from '../../modes/nftables/conformance.ts';
 
 /** The table as it would be applied for this state (knftables dump form; valid `nft -f` input). */
 function render(input: PlanInput): string {
-  return dumpRuleset(planRuleset(input.state, optionsFromInput(input)));
+  // from 1,000 Services the mode writes several tables (shards.ts): all of them, in order
+  return planShardedRulesets(input.state, optionsFromInput(input)).map(dumpRuleset).join('');
 }
 
 async function createProxier(deps: ModeDeps): Promise<Proxier> {
@@ -90,8 +92,8 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
     return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
   }
   if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'a planned trace needs --manifests (or use --live)');
-  const rs = planRuleset(req.input.state, optionsFromInput(req.input));
-  const r = traceRuleset(rs, pkt, { localIPs: req.input.node.nodeIPs });
+  const tables = planShardedRulesets(req.input.state, optionsFromInput(req.input));
+  const r = traceTables(tables, pkt, { localIPs: req.input.node.nodeIPs });
   return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)] };
 }
 

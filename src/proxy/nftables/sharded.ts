@@ -14,49 +14,16 @@ import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
 import type { ProxyState } from '../../core/model.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
-import { isKubeProxyTable, shardOf, shardTable, TABLE } from '../../modes/nftables/names.ts';
+import { isKubeProxyTable, shardOf } from '../../modes/nftables/names.ts';
+import { chooseShards, DEFAULT_SHARDS, serviceCount, shardTables, type ShardOptions } from '../../modes/nftables/shards.ts';
 import { MAX_ISOLATION_RETRIES } from '../../modes/isolation.ts';
 import { coded } from '../../errors.ts';
 import { NftProxier, type NftProxierOptions, type PreparedSync } from './proxier.ts';
 
-export interface ShardOptions {
-  /** fewer Services than this: one table, upstream's `kube-proxy` (default 1,000) */
-  threshold?: number;
-  /** Services per table above the threshold (default 600) */
-  perTable?: number;
-  /** at most this many tables (default 16: every new connection walks every table's base chains) */
-  maxTables?: number;
-}
-
-export const DEFAULT_SHARDS: Required<ShardOptions> = { threshold: 1000, perTable: 600, maxTables: 16 };
-
-/** The number of tables for n Services without history. */
-export function targetShards(n: number, o: Required<ShardOptions>): number {
-  if (n < o.threshold) return 1;
-  return Math.max(2, Math.min(o.maxTables, Math.ceil(n / o.perTable)));
-}
-
-/**
- * The number of tables for n Services when there are `current` now (hysteresis, so K does not
- * flap around a boundary): up to K > 1 at the threshold, back to 1 only below 80 % of it; in
- * between a change only when the target is at least 1.5× or at most half the current K.
- */
-export function chooseShards(n: number, current: number, o: Required<ShardOptions>): number {
-  const t = targetShards(n, o);
-  if (current <= 1) return t;
-  if (n < o.threshold * 0.8) return 1;
-  const t2 = Math.max(2, t);
-  if (t2 >= current * 1.5 || t2 * 2 <= current) return t2;
-  return current;
-}
+export { chooseShards, DEFAULT_SHARDS, shardTables, targetShards, type ShardOptions } from '../../modes/nftables/shards.ts';
 
 export interface ShardedNftProxierOptions extends Omit<NftProxierOptions, 'table'> {
   shards?: ShardOptions;
-}
-
-/** Table names of K shards: upstream's single table for K = 1. */
-export function shardTables(k: number): string[] {
-  return k <= 1 ? [TABLE] : Array.from({ length: k }, (_, i) => shardTable(i));
 }
 
 export class ShardedNftProxier implements Proxier {
@@ -103,13 +70,6 @@ export class ShardedNftProxier implements Proxier {
     return new NftProxier({ ...rest, table });
   }
 
-  /** Services ("ns/name") of the family planned from the state. */
-  private serviceKeys(input: PlanInput): Set<string> {
-    const keys = new Set<string>();
-    for (const sp of input.state.services.values()) if (sp.family === input.node.family) keys.add(sp.serviceKey);
-    return keys;
-  }
-
   /** shardOf per Service for the current K (sha256 once per Service) */
   private shardMemo = new Map<string, number>();
 
@@ -143,7 +103,7 @@ export class ShardedNftProxier implements Proxier {
   }
 
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
-    const n = this.serviceKeys(input).size;
+    const n = serviceCount(input.state, input.node.family);
     const k = chooseShards(n, this.proxiers.length, this.shardOpts);
     let reshard = k !== this.proxiers.length;
     if (reshard) {
