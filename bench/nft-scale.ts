@@ -26,6 +26,8 @@
 //        [--batches 3] [--batch 10]
 //
 // --quick: sizes 100,1000,10000, one cold start each, 5 changes, upstream shape up to 1000.
+// The proxier is the mode's with one table at every size (upstream's `kube-proxy`; the mode
+// spreads the Services over several tables from 1,000: bench/nft-sharded.ts measures that).
 // The load average (1 min) is printed per size, next to its changes.
 // Services past 35,535 have no NodePort (the port range is full). Prints a markdown table.
 import { resolve } from 'node:path';
@@ -37,6 +39,7 @@ import type { K8sService } from '../src/core/convert.ts';
 import { silentLogger } from '../src/log.ts';
 import type { PlanInput } from '../src/modes/types.ts';
 import { getMode } from '../src/proxy/registry.ts';
+import { ShardedNftProxier } from '../src/proxy/nftables/sharded.ts';
 import { dumpRuleset } from '../src/modes/nftables/ruleset.ts';
 import { optionsFromInput, planRuleset } from '../src/modes/nftables/plan.ts';
 import { expandSelection } from '../src/modes/nftables/selection.ts';
@@ -46,7 +49,7 @@ import { benchConfig, MAX_NODE_PORT_SERVICES, NODE, serviceObject, sliceObject }
 import { fmtMs, median } from './report.ts';
 
 /** N services × E endpoints (room for `extra` more each), built through the tracker as a sync would see them. */
-class ScaleWorkload {
+export class ScaleWorkload {
   readonly tracker = new ProxyStateTracker(4, NODE.nodeName);
   private readonly counts: number[];
   private readonly stride: number;
@@ -354,7 +357,9 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
         const ns = await nss.create('kp');
         try {
           const runner = new TimedRunner(ns, {}, o.timeoutS * 1000);
-          const proxier = await getMode('nftables').createProxier({ config: nftInput.config, runner, log: silentLogger(), family: 4 });
+          // K forced to 1: this bench's floors and stream columns write into `ip kube-proxy`;
+          // the sharded mode (from 1,000 Services) beside one table: bench/nft-sharded.ts
+          const proxier = new ShardedNftProxier({ runner, log: silentLogger(), shards: { threshold: Number.MAX_SAFE_INTEGER } });
           runner.take();
           const t0 = performance.now();
           await proxier.sync(w.input('nftables'), new Set(), true);

@@ -118,6 +118,15 @@ export class NftExecutor {
     );
   }
 
+  /** The names of the family's tables (`nft list tables FAMILY`). */
+  async listTables(family: NftFamilyName): Promise<string[]> {
+    const r = await this.runner.run('nft', ['list', 'tables', family], { timeoutMs: this.timeoutMs });
+    if (r.code !== 0) throw new ExecError('KPROXY_EXEC_FAILED', `nft list tables ${family} exited ${r.code}: ${r.stderr.trim()}`, r);
+    const out: string[] = [];
+    for (const m of r.stdout.matchAll(/^table (\S+) (\S+)$/gm)) if (m[1] === family) out.push(m[2]);
+    return out;
+  }
+
   /** `nft list table FAMILY NAME`, or null when the table does not exist. */
   async listTable(family: NftFamilyName, table = 'kube-proxy'): Promise<string | null> {
     const r = await this.runner.run('nft', ['list', 'table', family, table], { timeoutMs: this.timeoutMs });

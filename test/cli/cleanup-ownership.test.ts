@@ -3,8 +3,9 @@
 // kube-router's KUBE-ROUTER-INPUT in filter with a jump from INPUT, both families), another
 // program's ipset and nftables table survive a mode-switch start (iptables → nftables) and
 // `kproxy cleanup`; everything of kproxy's (and kube-proxy's) is gone afterwards: its
-// iptables and ip6tables chains and jumps, the `kube-proxy` nftables tables, the ipvs mode's
-// ipsets and kube-ipvs0.
+// iptables and ip6tables chains and jumps, the `kube-proxy` nftables tables and the shards'
+// `kube-proxy-<n>` (not an inet table or a look-alike name), the ipvs mode's ipsets and
+// kube-ipvs0.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
@@ -51,7 +52,13 @@ function addForeignState(): void {
   }
   node.exec('ipset', ['create', 'kube-router-pod-subnets', 'hash:net']);
   node.exec('nft', ['add', 'table', 'ip', 'cni-other']);
+  // names like the shards' that are not kube-proxy's (another family, a look-alike)
+  node.exec('nft', ['add', 'table', 'inet', 'kube-proxy-1']);
+  node.exec('nft', ['add', 'table', 'ip', 'kube-proxy-x']);
 }
+
+/** kube-proxy's nftables tables: `kube-proxy` and the shards' `kube-proxy-<n>`, of ip and ip6. */
+const KUBE_PROXY_NFT = /^table ip6? kube-proxy(-\d+)?$/m;
 
 /** The ipvs mode's leftovers as an earlier ipvs kproxy / kube-proxy leaves them (this kernel may lack IPVS: no virtual servers). */
 function addIpvsLeftovers(): void {
@@ -86,7 +93,8 @@ function assertForeignIntact(when: string): void {
     assert.match(filter, /^-A KUBE-ROUTER-INPUT -p tcp -m tcp --dport 179 -j ACCEPT$/m, `${when}: ${save} its rule`);
   }
   assert.match(node.exec('ipset', ['list', '-n']), /^kube-router-pod-subnets$/m, `${when}: the other ipset`);
-  assert.match(node.exec('nft', ['list', 'tables']), /^table ip cni-other$/m, `${when}: the other nft table`);
+  const nft = node.exec('nft', ['list', 'tables']);
+  for (const t of ['ip cni-other', 'inet kube-proxy-1', 'ip kube-proxy-x']) assert.match(nft, new RegExp(`^table ${t}$`, 'm'), `${when}: the other nft table ${t}`);
 }
 
 /** kube-proxy's chains still in the rules (the kubelet's KUBE-FIREWALL is not one of them). */
@@ -154,13 +162,17 @@ test('another program\'s chains, ipset and nft table survive a mode switch and k
     await node.kill(nft.proc);
   }
 
-  // leftovers of every mode at once, then cleanup
+  // leftovers of every mode at once, then cleanup; the shards' tables too
+  node.exec('nft', ['add', 'table', 'ip', 'kube-proxy-3']);
+  node.exec('nft', ['add', 'table', 'ip6', 'kube-proxy-11']);
   const again = await startKproxy('iptables');
   await node.kill(again.proc);
-  assert.doesNotMatch(node.exec('nft', ['list', 'tables']), /kube-proxy/, 'the iptables mode removed the nftables mode\'s tables at start');
+  assert.doesNotMatch(node.exec('nft', ['list', 'tables']), KUBE_PROXY_NFT, 'the iptables mode removed the nftables mode\'s tables (the shards\' too) at start');
   addIpvsLeftovers();
   node.exec('nft', ['add', 'table', 'ip', 'kube-proxy']);
   node.exec('nft', ['add', 'table', 'ip6', 'kube-proxy']);
+  node.exec('nft', ['add', 'table', 'ip', 'kube-proxy-0']);
+  node.exec('nft', ['add', 'table', 'ip6', 'kube-proxy-15']);
   node.exec('iptables', ['-w', '5', '-t', 'nat', '-N', 'KPROXY-USERSPACE-PORTALS']);
   node.exec('iptables', ['-w', '5', '-t', 'nat', '-I', 'OUTPUT', '-j', 'KPROXY-USERSPACE-PORTALS']);
   assert.ok(kproxyChains().length > 10, 'the iptables mode\'s chains are in place');
@@ -170,7 +182,7 @@ test('another program\'s chains, ipset and nft table survive a mode switch and k
   assertForeignIntact('after kproxy cleanup');
   assert.deepEqual(kproxyChains(), [], `kproxy cleanup left chains:\n${rules()}`);
   assert.doesNotMatch(rules(), /-j (KUBE-(SERVICES|POSTROUTING|NODEPORTS|FORWARD|EXTERNAL-SERVICES|PROXY-FIREWALL|IPVS-FILTER)|KPROXY-USERSPACE-\S+)\b/, 'no jump to a removed chain');
-  assert.doesNotMatch(node.exec('nft', ['list', 'tables']), /kube-proxy/, 'both kube-proxy nft tables are gone');
+  assert.doesNotMatch(node.exec('nft', ['list', 'tables']), KUBE_PROXY_NFT, 'every kube-proxy nft table (ip and ip6, the shards\' too) is gone');
   assert.doesNotMatch(node.exec('ipset', ['list', '-n']), /^KUBE-/m, 'the ipvs mode\'s ipsets are gone');
   assert.equal(node.exec('ip', ['link', 'show', 'kube-ipvs0'], { allowFail: true }), '', 'kube-ipvs0 is gone');
   // idempotent: a second cleanup finds nothing and succeeds

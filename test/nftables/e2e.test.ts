@@ -1,4 +1,4 @@
-// Real kernel: a node namespace runs kproxy's nftables rules (applied by NftProxier.sync
+// Real kernel: a node namespace runs kproxy's nftables rules (applied by the mode's proxier, ShardedNftProxier with one table here,
 // through `ip netns exec`), pod namespaces run TCP/UDP echo servers that answer with their
 // name and the peer address they saw, and a client namespace (203.0.113.2) connects to
 // ClusterIPs and NodePorts. Everything lives in namespaces named kpt-nft-<pid>-*; all of
@@ -17,7 +17,7 @@ import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import { mode } from '../../src/proxy/nftables/index.ts';
-import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+import type { ShardedNftProxier } from '../../src/proxy/nftables/sharded.ts';
 import { traceNft } from '../../src/modes/nftables/trace.ts';
 
 const P = `kpt-nft-${process.pid}`;
@@ -161,7 +161,7 @@ const objects: Array<K8sService | K8sEndpointSlice> = [
   endpoints('sticky', both, 8080),
 ];
 
-let proxier: NftProxier;
+let proxier: ShardedNftProxier;
 
 before(async () => {
   writeFileSync(join(dir, 'server.cjs'), SERVER);
@@ -174,7 +174,7 @@ before(async () => {
     else tracker.services.update(null, o as K8sService);
   }
   const changed = tracker.apply();
-  proxier = (await mode.createProxier({ config, log: silentLogger(), runner: nsRunner(NS.node) })) as NftProxier;
+  proxier = (await mode.createProxier({ config, log: silentLogger(), runner: nsRunner(NS.node) })) as ShardedNftProxier;
   const stats = await proxier.sync(input(), changed, true);
   assert.ok(stats.rulesWritten > 0);
 });

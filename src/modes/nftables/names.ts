@@ -13,6 +13,29 @@ export const CHAIN_NAME_BASE_LENGTH_MAX = NAME_LENGTH_MAX - CHAIN_NAME_PREFIX_LE
 
 export const TABLE = 'kube-proxy';
 
+/** The table of shard n when the Services are spread over several tables (issue 10): `kube-proxy-<n>`. */
+export function shardTable(n: number): string {
+  return `${TABLE}-${n}`;
+}
+
+/**
+ * The shard (0..k-1) of a Service, `namespace/name`: the first 4 bytes of its sha256 mod k.
+ * Stable: a Service never moves when others come and go (only when k changes).
+ */
+export function shardOf(serviceKey: string, k: number): number {
+  if (k <= 1) return 0;
+  return createHash('sha256').update(serviceKey).digest().readUInt32BE(0) % k;
+}
+
+/**
+ * Whether a table (of family ip or ip6) is kube-proxy's: upstream's `kube-proxy`, or a shard's
+ * `kube-proxy-<n>` (n a decimal number without leading zeros, as shardTable writes it).
+ * Cleanup removes exactly these; any other name (`kube-proxy-x`, `kube-proxy-01`) is not ours.
+ */
+export function isKubeProxyTable(name: string): boolean {
+  return name === TABLE || /^kube-proxy-(?:0|[1-9][0-9]{0,3})$/.test(name);
+}
+
 /**
  * nft's limit on comments (NFTNL_UDATA_COMMENT_MAXLEN, knftables.CommentLengthMax): a longer
  * one makes nft refuse the whole transaction ("comment too long, 128 characters maximum

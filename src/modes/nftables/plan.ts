@@ -31,6 +31,8 @@ export interface NftPlanOptions {
   masqueradeMark: string;
   /** service CIDRs of the family; traffic to unallocated IPs in them is dropped */
   serviceCIDRs: string[];
+  /** the table's name (default `kube-proxy`, upstream's; `kube-proxy-<n>` for a shard) */
+  table?: string;
 }
 
 // Chain, set and map names (upstream constants).
@@ -375,7 +377,7 @@ export function planPortFragment(o: NftPlanOptions, original: ServicePort, endpo
   // A loopback (or other special) VIP would make the no-endpoints reject match all of it.
   const { sp, skipped } = safeServicePort(original);
   if (!sp.clusterIP) return { ...EMPTY_FRAGMENT, skipped };
-  const scratch = newRuleset(o.family === 6 ? 'ip6' : 'ip', TABLE);
+  const scratch = newRuleset(o.family === 6 ? 'ip6' : 'ip', o.table ?? TABLE);
   for (const name of SHARED_SETS) scratch.sets.set(name, { kind: 'set', name, type: '', elements: new Map() });
   planServicePort(scratch, o, sp, endpoints);
   const frag: PortFragment = { chains: compactChains(scratch.chains), sets: NO_SETS, elements: [] };
@@ -457,7 +459,7 @@ function mergeFragment(rs: Ruleset, f: PortFragment): void {
 
 /** The table from the fixed part and the ports' fragments, in port key order. */
 export function assembleRuleset(o: NftPlanOptions, fragments: Iterable<PortFragment>): Ruleset {
-  const rs = newRuleset(o.family === 6 ? 'ip6' : 'ip', TABLE, 'rules for kube-proxy');
+  const rs = newRuleset(o.family === 6 ? 'ip6' : 'ip', o.table ?? TABLE, 'rules for kube-proxy');
   setupTable(rs, o);
   for (const f of fragments) mergeFragment(rs, f);
   return rs;

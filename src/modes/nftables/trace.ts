@@ -1,12 +1,16 @@
 // The nftables tracer: walks the first packet of a new connection through a kube-proxy
 // table (rendered, or read back from `nft list`), as upstream's test tracer does
 // (pkg/proxy/nftables/helpers_test.go): filter prerouting, nat prerouting, apply the first
-// DNAT, then filter forward and filter input. Random choices (numgen: upstream's anonymous
+// DNAT, then filter forward and filter input. Several tables (the shards `kube-proxy-<n>`,
+// issue 10) are walked together: at each hook every table's base chains in priority order
+// (ties in table order), a drop or reject ends the walk, the first DNAT binds (the kernel
+// skips the later nat chains once a binding is set), an accept or return goes on with the
+// next base chain; a jump stays in its table. Random choices (numgen: upstream's anonymous
 // map, or kproxy's run of picks, selection.ts) follow every branch,
 // so the result lists all candidate endpoints. Pure.
 import { canonicalIP, cidrContains, isLoopback, joinHostPort } from '../../core/ip.ts';
-import { parseKubeProxyTable } from './parse.ts';
-import { splitHostPort } from './names.ts';
+import { parseKubeProxyTable, parseNftText } from './parse.ts';
+import { isKubeProxyTable, splitHostPort } from './names.ts';
 import type { NftChain, NftSet, Ruleset } from './ruleset.ts';
 
 export interface NftPacket {
@@ -41,11 +45,24 @@ class Tracer {
   readonly outputs: string[] = [];
   readonly notes: string[] = [];
   masq = false;
+  /** the table being walked (a jump stays in it) */
+  private rs: Ruleset;
+  /** shown before a chain's name when several tables are walked */
+  private prefix = '';
 
   constructor(
-    private readonly rs: Ruleset,
+    private readonly tables: Ruleset[],
     private readonly local: Set<string>,
-  ) {}
+  ) {
+    this.rs = tables[0];
+  }
+
+  /** Runs a base chain of one of the tables. */
+  runBase(b: BaseRef, p: Pkt): boolean {
+    this.rs = b.rs;
+    this.prefix = this.tables.length > 1 ? `${b.rs.table} ` : '';
+    return this.runChain(b.name, p);
+  }
 
   private isLocal(ip: string): boolean {
     return this.local.has(canonicalIP(ip) ?? ip);
@@ -77,7 +94,7 @@ class Tracer {
       return true;
     }
     for (const r of ch.rules) {
-      const res = this.runRule(r.rule, ruleDisplay(name, r.rule, r.comment), p, depth);
+      const res = this.runRule(r.rule, ruleDisplay(this.prefix + name, r.rule, r.comment), p, depth);
       if (res === 'terminal') return true;
       if (res === 'return') return false;
     }
@@ -204,11 +221,22 @@ function normaliseEndpoint(ep: string): string {
   return joinHostPort(canonicalIP(host) ?? host, Number(port));
 }
 
-/** Base chains of a type and hook in priority order; by name when the text has no hooks. */
-function baseChains(rs: Ruleset, type: 'filter' | 'nat', hook: string, fallback: string[]): string[] {
-  const hooked = [...rs.chains.values()].filter((c) => c.type === type && c.hook === hook);
-  if (hooked.length) return hooked.sort((a, b) => (a.priority ?? 0) - (b.priority ?? 0)).map((c) => c.name);
-  return fallback.filter((n) => rs.chains.has(n));
+interface BaseRef {
+  rs: Ruleset;
+  name: string;
+  priority: number;
+}
+
+/** Base chains of a type and hook in priority order (ties in table order); by name in a table whose text has no hooks. */
+function baseChains(tables: Ruleset[], type: 'filter' | 'nat', hook: string, fallback: string[]): BaseRef[] {
+  const out: BaseRef[] = [];
+  for (const rs of tables) {
+    const hooked = [...rs.chains.values()].filter((c) => c.type === type && c.hook === hook);
+    if (hooked.length) for (const c of hooked) out.push({ rs, name: c.name, priority: c.priority ?? 0 });
+    else for (const n of fallback) if (rs.chains.has(n)) out.push({ rs, name: n, priority: 0 });
+  }
+  // Array.prototype.sort is stable: equal priorities keep table order, then chain order.
+  return out.sort((a, b) => a.priority - b.priority);
 }
 
 function endpointOrder(a: string, b: string): number {
@@ -223,19 +251,24 @@ function finish(t: Tracer): NftTraceResult {
 
 /** Traces a packet through a parsed table. `localIPs` are this node's addresses (fib ... type local). */
 export function traceRuleset(rs: Ruleset, pkt: NftPacket, opts: { localIPs: string[] }): NftTraceResult {
+  return traceTables([rs], pkt, opts);
+}
+
+/** Traces a packet through several tables of one family at once (the shards), in hook order. */
+export function traceTables(tables: Ruleset[], pkt: NftPacket, opts: { localIPs: string[] }): NftTraceResult {
   const local = new Set(opts.localIPs.map((a) => canonicalIP(a) ?? a));
-  const t = new Tracer(rs, local);
+  const t = new Tracer(tables, local);
   const p: Pkt = {
     src: canonicalIP(pkt.sourceIP) ?? pkt.sourceIP,
     proto: (pkt.protocol || 'TCP').toLowerCase(),
     dst: canonicalIP(pkt.destIP) ?? pkt.destIP,
     dport: String(pkt.destPort),
   };
-  for (const c of baseChains(rs, 'filter', 'prerouting', ['filter-prerouting-pre-dnat', 'filter-prerouting'])) {
-    if (t.runChain(c, p)) return finish(t);
+  for (const c of baseChains(tables, 'filter', 'prerouting', ['filter-prerouting-pre-dnat', 'filter-prerouting'])) {
+    if (t.runBase(c, p)) return finish(t);
   }
-  for (const c of baseChains(rs, 'nat', 'prerouting', ['nat-prerouting'])) {
-    if (t.runChain(c, p)) break;
+  for (const c of baseChains(tables, 'nat', 'prerouting', ['nat-prerouting'])) {
+    if (t.runBase(c, p)) break;
   }
   // The first DNAT changes the destination address and port the later filter chains see,
   // and routing then picks the path: a packet DNATed to a pod on another address is
@@ -250,19 +283,30 @@ export function traceRuleset(rs: Ruleset, pkt: NftPacket, opts: { localIPs: stri
   }
   const delivered = local.has(after.dst) || isLoopback(after.dst);
   if (!delivered) {
-    for (const c of baseChains(rs, 'filter', 'forward', ['filter-forward'])) {
-      if (t.runChain(c, after)) return finish(t);
+    for (const c of baseChains(tables, 'filter', 'forward', ['filter-forward'])) {
+      if (t.runBase(c, after)) return finish(t);
     }
     return finish(t);
   }
-  for (const c of baseChains(rs, 'filter', 'input', ['filter-input'])) {
-    if (t.runChain(c, after)) break;
+  for (const c of baseChains(tables, 'filter', 'input', ['filter-input'])) {
+    if (t.runBase(c, after)) break;
   }
   return finish(t);
 }
 
-/** Traces through nftables text: a rendered transaction/dump or `nft list table`/`nft -s list ruleset` output. */
+/**
+ * The kube-proxy tables of a family in the text (`kube-proxy`, then the shards `kube-proxy-<n>`
+ * by n), or, when it has none, the one table parseKubeProxyTable picks.
+ */
+export function kubeProxyTables(text: string, family: 'ip' | 'ip6'): Ruleset[] {
+  const ours = [...parseNftText(text).values()].filter((rs) => rs.family === family && isKubeProxyTable(rs.table));
+  if (!ours.length) return [parseKubeProxyTable(text, family)];
+  const n = (rs: Ruleset) => (rs.table === 'kube-proxy' ? -1 : Number(rs.table.slice('kube-proxy-'.length)));
+  return ours.sort((a, b) => n(a) - n(b));
+}
+
+/** Traces through nftables text: a rendered transaction/dump or `nft list table`/`nft -s list ruleset` output; every kube-proxy table of the family in it. */
 export function traceNft(text: string, pkt: NftPacket, opts: { localIPs: string[] }): NftTraceResult {
   const fam = pkt.destIP.includes(':') ? 'ip6' : 'ip';
-  return traceRuleset(parseKubeProxyTable(text, fam), pkt, opts);
+  return traceTables(kubeProxyTables(text, fam), pkt, opts);
 }

@@ -1,4 +1,5 @@
-// nftables mode: one private `kube-proxy` table per IP family, written as one `nft -f`
+// nftables mode: one private `kube-proxy` table per IP family (from 1,000 Services the
+// Services spread over `kube-proxy-<n>` tables, sharded.ts), written as one `nft -f`
 // transaction per sync. Planner (plan.ts), text (ruleset.ts), tracer (trace.ts) are pure;
 // the proxier (proxier.ts) applies through the nft executor (src/exec/nft.ts).
 import type { ConformanceAdapter } from '../../conformance/case.ts';
@@ -9,11 +10,12 @@ import { canonicalIP } from '../../core/ip.ts';
 import type { Logger } from '../../log.ts';
 import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
 import { nftablesConformance } from '../../modes/nftables/conformance.ts';
-import { TABLE } from '../../modes/nftables/names.ts';
-import { optionsFromInput, planRuleset } from '../../modes/nftables/plan.ts';
-import { NftProxier } from './proxier.ts';
+import { isKubeProxyTable, TABLE } from '../../modes/nftables/names.ts';
+import { optionsFromInput } from '../../modes/nftables/plan.ts';
+import { ShardedNftProxier } from './sharded.ts';
 import { dumpRuleset } from '../../modes/nftables/ruleset.ts';
-import { traceNft, traceRuleset } from '../../modes/nftables/trace.ts';
+import { traceNft, traceTables } from '../../modes/nftables/trace.ts';
+import { planShardedRulesets } from '../../modes/nftables/shards.ts';
 import { skippedVIPNotes } from '../../modes/vip.ts';
 import { kproxyError } from '../../errors.ts';
 
@@ -24,7 +26,8 @@ export { sortNftTransaction } from '../../modes/nftables/conformance.ts';
 
 /** The table as it would be applied for this state (knftables dump form; valid `nft -f` input). */
 function render(input: PlanInput): string {
-  return dumpRuleset(planRuleset(input.state, optionsFromInput(input)));
+  // from 1,000 Services the mode writes several tables (shards.ts): all of them, in order
+  return planShardedRulesets(input.state, optionsFromInput(input)).map(dumpRuleset).join('');
 }
 
 async function createProxier(deps: ModeDeps): Promise<Proxier> {
@@ -38,14 +41,18 @@ async function createProxier(deps: ModeDeps): Promise<Proxier> {
       throw new ExecError('KPROXY_EXEC_FAILED', `nft cannot create the ip6 ${TABLE} table: ${r.stderr.trim()}; load nf_tables with IPv6 support (or disable IPv6)`, r);
     }
   }
-  return new NftProxier({ runner: deps.runner, log: deps.log });
+  // K = 1 (upstream's single `kube-proxy` table) below 1,000 Services; sharded above (sharded.ts).
+  return new ShardedNftProxier({ runner: deps.runner, log: deps.log });
 }
 
+/** Removes every kube-proxy table of ip and ip6: `kube-proxy` and the shards' `kube-proxy-<n>` (names.ts isKubeProxyTable), nothing else. */
 async function cleanup(runner: CommandRunner, log: Logger): Promise<void> {
   const exec = new NftExecutor(runner);
   for (const family of ['ip', 'ip6'] as const) {
     try {
-      if (await exec.deleteTable(family, TABLE)) log.info({ family }, 'deleted nftables table kube-proxy');
+      for (const table of (await exec.listTables(family)).filter(isKubeProxyTable)) {
+        if (await exec.deleteTable(family, table)) log.info({ family, table }, `deleted nftables table ${table}`);
+      }
     } catch (e) {
       const code = (e as { code?: string }).code;
       // No nft at all means nothing of ours can be there.
@@ -71,15 +78,22 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
   const pkt = { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port };
   if (req.live) {
     const family = req.to.includes(':') ? 'ip6' : 'ip';
-    const text = await new NftExecutor(deps.runner).listTable(family, TABLE);
-    if (text === null) return { output: '', masq: false, rules: [], notes: [`no ${family} ${TABLE} table on this host`] };
+    // every kube-proxy table of the family: upstream's one, or the shards' (names.ts)
+    const exec = new NftExecutor(deps.runner);
+    const texts: string[] = [];
+    for (const table of (await exec.listTables(family)).filter(isKubeProxyTable)) {
+      const t = await exec.listTable(family, table);
+      if (t !== null) texts.push(t);
+    }
+    if (!texts.length) return { output: '', masq: false, rules: [], notes: [`no ${family} ${TABLE} table on this host`] };
+    const text = texts.join('\n');
     const local = await hostAddresses(deps.runner);
     const r = traceNft(text, pkt, { localIPs: local });
     return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
   }
   if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'a planned trace needs --manifests (or use --live)');
-  const rs = planRuleset(req.input.state, optionsFromInput(req.input));
-  const r = traceRuleset(rs, pkt, { localIPs: req.input.node.nodeIPs });
+  const tables = planShardedRulesets(req.input.state, optionsFromInput(req.input));
+  const r = traceTables(tables, pkt, { localIPs: req.input.node.nodeIPs });
   return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)] };
 }
 

@@ -59,6 +59,8 @@ export interface NftProxierOptions {
    * Service would cost that on the hot path
    */
   deferElementDeletes?: boolean;
+  /** the table this proxier owns (default `kube-proxy`, upstream's single table) */
+  table?: string;
 }
 
 /** The input restricted to the ports of `services` (what a partial sync may have changed). */
@@ -68,11 +70,24 @@ function onlyServices(input: PlanInput, services: ReadonlySet<string>): PlanInpu
   return { ...input, state: { services: ports, endpoints: new Map() } };
 }
 
+/** A sync planned and written as text, not applied yet (NftProxier.prepare → apply → commit). */
+export interface PreparedSync {
+  tx: Transaction;
+  desired: Ruleset;
+  options: NftPlanOptions;
+  riders: { chains: string[]; sets: string[] };
+  ridingEls: LingeringElement[];
+  deletesStaleSets: boolean;
+  partial: boolean;
+}
+
 /** a successful transaction longer than this is not kept for lastTransactionText() */
 export const MAX_KEPT_TRANSACTION_CHARS = 1 << 20;
 
 export class NftProxier implements Proxier {
   private readonly exec: NftExecutor;
+  /** the table this proxier writes (names.ts TABLE unless given) */
+  readonly table: string;
   private readonly log: Logger;
   private readonly now: () => number;
   private readonly delayMs: number;
@@ -116,6 +131,7 @@ export class NftProxier implements Proxier {
     this.batchMs = opts.staleChainBatchMs ?? 10_000;
     this.maxWaitMs = opts.staleChainMaxWaitMs ?? 60_000;
     this.deferElementDeletes = opts.deferElementDeletes ?? true;
+    this.table = opts.table ?? TABLE;
   }
 
   /** Elements left in the kernel by partial syncs, to be deleted later (tests, /debug). */
@@ -160,10 +176,10 @@ export class NftProxier implements Proxier {
   }
 
   private async liveNames(family: NftFamily): Promise<LiveNames | null> {
-    const text = await this.exec.listTable(family, TABLE);
+    const text = await this.exec.listTable(family, this.table);
     // No table: nothing to flush or retire (null would mean "unknown": flush everything).
     if (text === null) return { chains: new Set(), sets: new Map() };
-    const rs = parseNftText(text).get(`${family} ${TABLE}`);
+    const rs = parseNftText(text).get(`${family} ${this.table}`);
     if (!rs) return null;
     return { chains: new Set(rs.chains.keys()), sets: new Map([...rs.sets.values()].map((s) => [s.name, s.kind])) };
   }
@@ -205,7 +221,7 @@ export class NftProxier implements Proxier {
    */
   private async deleteStaleChains(family: NftFamily, desired: Ruleset, quiet: boolean): Promise<void> {
     if (this.now() - this.lastChainDeletion < this.batchMs) return;
-    const rs = { family, table: TABLE };
+    const rs = { family, table: this.table };
     // Lingering elements first, in their own transaction: the chains they jump to are due only after.
     const els = this.dueLingering();
     if (els.items.length && (quiet || this.now() - els.oldest >= this.delayMs + this.maxWaitMs)) {
@@ -265,18 +281,23 @@ export class NftProxier implements Proxier {
     }
   }
 
-  /** Excludes the Services whose lines nft refused; false when no refused line is a Service's. */
-  private excludeRefused(e: NftApplyError): boolean {
+  /**
+   * Excludes the Services whose lines nft refused; false when no refused line is a Service's.
+   * `offset`: the lines before this proxier's text in the transaction nft was given (several
+   * tables' texts in one `nft -f`, sharded.ts); nft's line numbers count from the whole.
+   */
+  excludeRefused(e: NftApplyError, offset = 0): boolean {
     const lines = this.lastTransaction.split('\n');
     if (isTransientRefusal(e.result?.stderr ?? '')) return false;
     const errors = (e.result?.stderr ?? '').split('\n').filter((l) => l.includes('Error'));
     let found = false;
     for (const n of e.lineNos) {
-      const sp = this.planner.ownerOfLine(lines[n - 1] ?? '');
+      if (n - offset < 1) continue;
+      const sp = this.planner.ownerOfLine(lines[n - offset - 1] ?? '');
       if (!sp || this.exclusions.has(sp.serviceKey)) continue;
       found = true;
       const why = errors.find((l) => new RegExp(`:${n}:\\d+`).test(l))?.replace(/^.*?Error: /, '') ?? 'refused';
-      const reason = `line ${n}: ${why.trim()}: ${lines[n - 1]}`.slice(0, 500);
+      const reason = `line ${n}: ${why.trim()}: ${lines[n - offset - 1]}`.slice(0, 500);
       if (this.exclusions.exclude(sp.serviceKey, why)) this.log.warn({ service: sp.serviceKey, line: n }, exclusionMessage(sp.serviceKey, 'nft', reason));
     }
     return found;
@@ -284,9 +305,27 @@ export class NftProxier implements Proxier {
 
 
   private async syncAttempt(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
+    const prepared = await this.prepare(input, changed, full);
+    if (prepared.tx.ops > 0) {
+      try {
+        await this.exec.apply(prepared.tx.text);
+      } catch (e) {
+        this.applyFailed();
+        throw e;
+      }
+    }
+    return this.commit(prepared);
+  }
+
+  /**
+   * The first half of a sync: plans (full, or only the changed Services) and builds the
+   * transaction's text without applying it, so a caller can apply several tables' in one
+   * `nft -f` (the shards, sharded.ts). `input` is already filtered by the exclusions.
+   */
+  async prepare(input: PlanInput, changed: Set<string>, full: boolean): Promise<PreparedSync> {
     const fullSync = full || this.needFull || !this.applied;
     // A full sync plans every port afresh (and so also resets the fragment cache).
-    const options = optionsFromInput(input);
+    const options = this.table === TABLE ? optionsFromInput(input) : { ...optionsFromInput(input), table: this.table };
     const plan = this.planner.plan(input.state, options, fullSync ? null : changed);
     const desired = plan.desired;
     const family = desired.family;
@@ -313,23 +352,32 @@ export class NftProxier implements Proxier {
     const riders = deletes ? this.dueStale(desired) : { chains: [], sets: [] };
     const riding = ridingEls.length + riders.chains.length + riders.sets.length;
     if (riding) {
-      const rs = { family, table: TABLE };
+      const rs = { family, table: this.table };
       const text = tx.text + deleteElementsText(rs, ridingEls) + (riders.chains.length + riders.sets.length ? deleteChainsTransaction(rs, riders.chains, riders.sets) : '');
       tx = { ...tx, text, ops: tx.ops + riding };
     }
-    if (tx.ops > 0) {
-      this.lastTransaction = tx.text;
-      try {
-        await this.exec.apply(tx.text);
-      } catch (e) {
-        this.needFull = true;
-        throw e;
-      }
-    }
+    if (tx.ops > 0) this.lastTransaction = tx.text;
+    return { tx, desired, options, riders, ridingEls, deletesStaleSets, partial: this.lastAttemptPartial };
+  }
+
+  /** Whether the next sync must be a full one (first sync, after a failure). */
+  get needsFull(): boolean {
+    return this.needFull || !this.applied;
+  }
+
+  /** The transaction of a prepared sync was refused (or not applied): the next sync is a full one. */
+  applyFailed(): void {
+    this.needFull = true;
+  }
+
+  /** The second half of a sync, once its transaction is in the kernel: bookkeeping, then the retired chains' deletion (own transactions). */
+  async commit(prepared: PreparedSync): Promise<SyncStats> {
+    const { tx, desired, options, riders, ridingEls, deletesStaleSets } = prepared;
+    const family = desired.family;
     this.forgetStale(riders);
     this.unlinger(ridingEls);
     // A full transaction flushed every set: nothing lingers; a partial one may leave elements.
-    if (!this.lastAttemptPartial) {
+    if (!prepared.partial) {
       this.lingering.clear();
       this.lingeringSince.clear();
     }
@@ -351,12 +399,12 @@ export class NftProxier implements Proxier {
     // Retired chains are tracked in staleChains, not here, so partial syncs diff only live content.
     this.applied = desired;
     this.appliedParts = { options, generation: this.planner.generation };
-    this.log.debug({ ops: tx.ops }, tx.summary);
+    this.log.debug({ ops: tx.ops, table: this.table }, tx.summary);
     // After the change is in the kernel, not before: `delete chain` makes nft 1.0.6 list every
     // chain of the table (half a second at 10,000 Services), which must not delay the change.
     // An idle sync (nothing written) or a full one (it listed the table anyway) may delete;
     // a sync that carried a change leaves them, so a stream of changes never waits for it.
-    await this.deleteStaleChains(family, desired, tx.ops === 0 || !this.lastAttemptPartial);
+    await this.deleteStaleChains(family, desired, tx.ops === 0 || !prepared.partial);
     const cleanupFailures = this.cleanupFailures;
     this.cleanupFailures = 0;
     return { rulesWritten: tx.ops, rulesTotal: this.planner.objectCount, diff: tx.summary, ...(cleanupFailures ? { cleanupFailures } : {}) };

@@ -1,0 +1,72 @@
+// How the nftables mode spreads the Services over several tables at scale (issue 10): the
+// number of tables K for N Services (with hysteresis), their names, a Service's table
+// (names.ts shardOf) and the planned tables of a state. Pure; the proxier that applies them
+// is src/proxy/nftables/sharded.ts.
+import type { ProxyState } from '../../core/model.ts';
+import { shardOf, shardTable, TABLE } from './names.ts';
+import { planRuleset, type NftPlanOptions } from './plan.ts';
+import type { Ruleset } from './ruleset.ts';
+
+export interface ShardOptions {
+  /** fewer Services than this: one table, upstream's `kube-proxy` (default 1,000) */
+  threshold?: number;
+  /** Services per table above the threshold (default 600) */
+  perTable?: number;
+  /** at most this many tables (default 16: every new connection walks every table's base chains) */
+  maxTables?: number;
+}
+
+export const DEFAULT_SHARDS: Required<ShardOptions> = { threshold: 1000, perTable: 600, maxTables: 16 };
+
+/** The number of tables for n Services without history. */
+export function targetShards(n: number, o: Required<ShardOptions>): number {
+  if (n < o.threshold || o.maxTables <= 1) return 1;
+  return Math.min(o.maxTables, Math.max(2, Math.ceil(n / o.perTable)));
+}
+
+/**
+ * The number of tables for n Services when there are `current` now (hysteresis, so K does not
+ * flap around a boundary): up to K > 1 at the threshold, back to 1 only below 80 % of it; in
+ * between a change only when the target is at least 1.5× or at most half the current K.
+ */
+export function chooseShards(n: number, current: number, o: Required<ShardOptions>): number {
+  const t = targetShards(n, o);
+  if (current <= 1) return t;
+  if (n < o.threshold * 0.8 || o.maxTables <= 1) return 1;
+  const t2 = Math.min(o.maxTables, Math.max(2, t));
+  if (t2 >= current * 1.5 || t2 * 2 <= current) return t2;
+  return current;
+}
+
+/** Table names of K shards: upstream's single table for K = 1. */
+export function shardTables(k: number): string[] {
+  return k <= 1 ? [TABLE] : Array.from({ length: k }, (_, i) => shardTable(i));
+}
+
+/** The number of Services ("ns/name") of the family in the state. */
+export function serviceCount(state: ProxyState, family: 4 | 6): number {
+  const keys = new Set<string>();
+  for (const sp of state.services.values()) if (sp.family === family) keys.add(sp.serviceKey);
+  return keys.size;
+}
+
+/** The state cut into k states, one per table (the ServicePort and Endpoint objects shared). */
+export function splitState(state: ProxyState, k: number, shardOfKey: (serviceKey: string) => number = (key) => shardOf(key, k)): ProxyState[] {
+  if (k <= 1) return [state];
+  const out: ProxyState[] = Array.from({ length: k }, () => ({ services: new Map(), endpoints: new Map() }));
+  for (const [key, sp] of state.services) {
+    const st = out[shardOfKey(sp.serviceKey)];
+    st.services.set(key, sp);
+    const eps = state.endpoints.get(key);
+    if (eps) st.endpoints.set(key, eps);
+  }
+  return out;
+}
+
+/** The tables the mode writes for a state from scratch (no history: targetShards), in shard order. */
+export function planShardedRulesets(state: ProxyState, o: NftPlanOptions, opts: ShardOptions = {}): Ruleset[] {
+  const k = targetShards(serviceCount(state, o.family), { ...DEFAULT_SHARDS, ...opts });
+  if (k <= 1) return [planRuleset(state, o)];
+  const names = shardTables(k);
+  return splitState(state, k).map((st, i) => planRuleset(st, { ...o, table: names[i] }));
+}

@@ -1,0 +1,242 @@
+// The nftables mode's Proxier at scale (issue 10): the Services spread over K tables, each a
+// complete copy of upstream's `kube-proxy` table holding only its Services. The kernel
+// validates the whole TABLE on every commit that adds a jump, goto or dnat, so a one-Service
+// change into one of K tables validates ~1/K of the graph (docs/benchmarks.md, "Sharding the
+// table"). Below `threshold` Services K = 1 and the one table is upstream's `kube-proxy`,
+// unchanged; above it K ≈ N / perTable (at most maxTables), with hysteresis, and the tables
+// are `kube-proxy-0` … `kube-proxy-<K-1>`; a Service's table is shardOf(namespace/name, K).
+// One NftProxier per table plans and diffs it; this class applies what they prepare as ONE
+// `nft -f`: a partial sync holds only the changed Services' tables, a full sync and a reshard
+// (K changed: the new tables written, the old ones deleted) every table.
+import { SkippedVIPReporter } from '../skipped-vips.ts';
+import type { CommandRunner } from '../../exec/runner.ts';
+import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
+import type { Logger } from '../../log.ts';
+import type { ProxyState } from '../../core/model.ts';
+import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
+import { isKubeProxyTable, shardOf } from '../../modes/nftables/names.ts';
+import { chooseShards, DEFAULT_SHARDS, serviceCount, shardTables, type ShardOptions } from '../../modes/nftables/shards.ts';
+import { MAX_ISOLATION_RETRIES } from '../../modes/isolation.ts';
+import { coded } from '../../errors.ts';
+import { NftProxier, type NftProxierOptions, type PreparedSync } from './proxier.ts';
+
+export { chooseShards, DEFAULT_SHARDS, shardTables, targetShards, type ShardOptions } from '../../modes/nftables/shards.ts';
+
+export interface ShardedNftProxierOptions extends Omit<NftProxierOptions, 'table'> {
+  shards?: ShardOptions;
+}
+
+export class ShardedNftProxier implements Proxier {
+  private readonly exec: NftExecutor;
+  private readonly log: Logger;
+  private readonly shardOpts: Required<ShardOptions>;
+  private proxiers: NftProxier[] = [];
+  /** tables written by earlier syncs (or found at start) that the current K does not use */
+  private needTableScan = true;
+  private lastTransaction = '';
+  /** reshards done (tests, /debug) */
+  reshards = 0;
+  /** partial transactions refused and repaired by a full sync in the same call */
+  partialFallbacks = 0;
+  private skippedVIPs?: SkippedVIPReporter;
+
+  constructor(private readonly opts: ShardedNftProxierOptions) {
+    this.exec = new NftExecutor(opts.runner);
+    this.log = opts.log;
+    this.shardOpts = { ...DEFAULT_SHARDS, ...(opts.shards ?? {}) };
+  }
+
+  /** The current number of tables (0 before the first sync). */
+  get shardCount(): number {
+    return this.proxiers.length;
+  }
+
+  /** The current tables' names, in shard order. */
+  tables(): string[] {
+    return this.proxiers.map((p) => p.table);
+  }
+
+  /** The per-table proxiers (tests, /debug). */
+  shardProxiers(): readonly NftProxier[] {
+    return this.proxiers;
+  }
+
+  lastTransactionText(): string {
+    return this.lastTransaction;
+  }
+
+  private newProxier(table: string): NftProxier {
+    const { shards: _shards, ...rest } = this.opts;
+    return new NftProxier({ ...rest, table });
+  }
+
+  /** shardOf per Service for the current K (sha256 once per Service) */
+  private shardMemo = new Map<string, number>();
+
+  private shardOfKey(key: string): number {
+    const k = this.proxiers.length;
+    let s = this.shardMemo.get(key);
+    if (s === undefined) {
+      s = shardOf(key, k);
+      if (this.shardMemo.size >= 1 << 20) this.shardMemo.clear();
+      this.shardMemo.set(key, s);
+    }
+    return s;
+  }
+
+  /** The state restricted to the shards in `which` (the ServicePort and Endpoint objects are shared, so the planners' caches hold). */
+  private shardStates(state: ProxyState, which: number[]): Map<number, ProxyState> {
+    const out = new Map<number, ProxyState>();
+    if (this.proxiers.length <= 1) {
+      for (const i of which) out.set(i, state);
+      return out;
+    }
+    for (const i of which) out.set(i, { services: new Map(), endpoints: new Map() });
+    for (const [key, sp] of state.services) {
+      const st = out.get(this.shardOfKey(sp.serviceKey));
+      if (!st) continue;
+      st.services.set(key, sp);
+      const eps = state.endpoints.get(key);
+      if (eps) st.endpoints.set(key, eps);
+    }
+    return out;
+  }
+
+  async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
+    const n = serviceCount(input.state, input.node.family);
+    const k = chooseShards(n, this.proxiers.length, this.shardOpts);
+    let reshard = k !== this.proxiers.length;
+    if (reshard) {
+      if (this.proxiers.length) {
+        this.reshards++;
+        this.log.info({ services: n, from: this.proxiers.length, to: k }, `nftables: spreading the Services over ${k} table(s)`);
+      }
+      this.proxiers = shardTables(k).map((t) => this.newProxier(t));
+      this.shardMemo.clear();
+      this.needTableScan = true;
+    }
+    (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(full || reshard ? input : onlyServices(input, changed));
+    for (const p of this.proxiers) p.exclusions.startSync(changed, full || reshard);
+    let fellBack = false;
+    for (let retry = 0; ; retry++) {
+      try {
+        const stats = await this.syncAttempt(input, changed, full || reshard || fellBack);
+        const excluded = this.proxiers.flatMap((p) => p.exclusions.keys()).sort();
+        return excluded.length ? { ...stats, excludedServices: excluded } : stats;
+      } catch (e) {
+        if (!(e instanceof NftApplyError)) throw e;
+        if (this.lastAttemptPartial && !fellBack) {
+          fellBack = true;
+          this.partialFallbacks++;
+          this.log.warn({ err: (e as Error).message }, coded('KPROXY_NFT_APPLY', 'partial sync refused; running a full sync now'));
+          retry--;
+          continue;
+        }
+        // The old tables are still there (the transaction changed nothing): needTableScan is
+        // still set, so the next full sync deletes them.
+        if (retry >= MAX_ISOLATION_RETRIES || !this.excludeRefused(e)) throw e;
+        reshard = false;
+      }
+    }
+  }
+
+  private lastAttemptPartial = false;
+  /** each shard's first line in the last transaction (1-based offsets: lines before it) */
+  private lastOffsets: number[] = [];
+
+  private excludeRefused(e: NftApplyError): boolean {
+    let found = false;
+    this.proxiers.forEach((p, i) => {
+      const off = this.lastOffsets[i];
+      if (off !== undefined && off >= 0 && p.excludeRefused(e, off)) found = true;
+    });
+    return found;
+  }
+
+  /** The kube-proxy tables of the family in the kernel that the current K does not use. */
+  private async unusedTables(family: 'ip' | 'ip6'): Promise<string[]> {
+    const keep = new Set(this.tables());
+    return (await this.exec.listTables(family)).filter((t) => isKubeProxyTable(t) && !keep.has(t));
+  }
+
+  private async syncAttempt(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
+    const k = this.proxiers.length;
+    const family = input.node.family === 6 ? 'ip6' : 'ip';
+    // Which tables this sync writes: every one for a full sync; otherwise those of the changed
+    // Services, or every one when nothing changed (an idle sync retires chains in each).
+    let which: number[];
+    if (full || this.proxiers.some((p) => p.needsFull)) which = this.proxiers.map((_, i) => i);
+    else if (changed.size === 0) which = this.proxiers.map((_, i) => i);
+    else which = [...new Set([...changed].map((key) => this.shardOfKey(key)))].sort((a, b) => a - b);
+
+    const states = this.shardStates(input.state, which);
+    const prepared = new Map<number, PreparedSync>();
+    for (const i of which) {
+      const p = this.proxiers[i];
+      const own = k <= 1 ? changed : new Set([...changed].filter((key) => this.shardOfKey(key) === i));
+      prepared.set(i, await p.prepare({ ...input, state: p.exclusions.filter(states.get(i)!) }, own, full));
+    }
+    this.lastAttemptPartial = [...prepared.values()].some((x) => x.partial);
+    // Tables no longer used (a reshard; leftovers of an earlier K or run), as the kernel lists
+    // them (a table that never got written is not deleted), go in the same transaction.
+    let drop: string[] = [];
+    if (this.needTableScan && [...prepared.values()].every((x) => !x.partial)) drop = (await this.unusedTables(family)).sort();
+    this.lastOffsets = [];
+    let text = '';
+    let lines = 0;
+    for (const [i, x] of prepared) {
+      if (x.tx.ops === 0) continue;
+      this.lastOffsets[i] = lines;
+      text += x.tx.text;
+      lines += countLines(x.tx.text);
+    }
+    // `delete table` after the new tables are written: one commit, so a packet sees the old
+    // tables or the new ones, never neither.
+    for (const t of drop) text += `delete table ${family} ${t}\n`;
+    if (text !== '') {
+      this.lastTransaction = text;
+      try {
+        await this.exec.apply(text);
+      } catch (e) {
+        for (const x of prepared.keys()) this.proxiers[x].applyFailed();
+        throw e;
+      }
+    }
+    if (drop.length) this.log.info({ family, tables: drop }, `deleted nftables tables ${drop.join(', ')}`);
+    if (this.needTableScan && [...prepared.values()].every((x) => !x.partial)) this.needTableScan = false;
+    const stats: SyncStats = { rulesWritten: drop.length, rulesTotal: 0 };
+    const diffs: string[] = [];
+    for (const [i, x] of prepared) {
+      const s = await this.proxiers[i].commit(x);
+      stats.rulesWritten += s.rulesWritten;
+      if (s.cleanupFailures) stats.cleanupFailures = (stats.cleanupFailures ?? 0) + s.cleanupFailures;
+      if (s.diff) diffs.push(k > 1 ? `${this.proxiers[i].table}: ${s.diff}` : s.diff);
+    }
+    for (const p of this.proxiers) stats.rulesTotal += p.planner.objectCount;
+    if (drop.length) diffs.push(`deleted tables ${drop.join(', ')}`);
+    stats.diff = diffs.join('; ');
+    return stats;
+  }
+
+  /** Every table, in shard order (each as upstream's dump of one table). */
+  dump(): string {
+    return this.proxiers.map((p) => p.dump()).filter(Boolean).join('\n');
+  }
+
+  async stop(): Promise<void> {
+    for (const p of this.proxiers) await p.stop();
+  }
+}
+
+/** The input restricted to the ports of `services` (for the skipped-VIP report of a partial sync). */
+function onlyServices(input: PlanInput, services: ReadonlySet<string>): PlanInput {
+  const ports: ProxyState['services'] = new Map();
+  if (services.size) for (const [k, sp] of input.state.services) if (services.has(sp.serviceKey)) ports.set(k, sp);
+  return { ...input, state: { services: ports, endpoints: new Map() } };
+}
+
+function countLines(text: string): number {
+  let n = 0;
+  for (let i = text.indexOf('\n'); i !== -1; i = text.indexOf('\n', i + 1)) n++;
+  return text.endsWith('\n') || text === '' ? n : n + 1;
+}

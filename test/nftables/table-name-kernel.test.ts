@@ -1,0 +1,124 @@
+// The table's name is a parameter of the planner and the proxier (issue 10, sharding step 1:
+// a shard is upstream's table under another name, `kube-proxy-<n>`). Pure: the planned table
+// under another name is the default table's text with only the name changed. Real kernel: a
+// proxier given `kube-proxy-3` writes only that table, its full and partial syncs land there
+// (the kernel table equals a fresh full sync's of the same name), and its retired chains and
+// lingering elements are deleted there. The namespace comes from uniqueName() and is removed
+// in `after`.
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { resolveConfig } from '../../src/config/config.ts';
+import { ProxyStateTracker } from '../../src/core/tracker.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import { hostRunner, runChecked, type CommandRunner } from '../../src/exec/runner.ts';
+import { silentLogger } from '../../src/log.ts';
+import type { PlanInput } from '../../src/modes/types.ts';
+import { parseNftText } from '../../src/modes/nftables/parse.ts';
+import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
+import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
+import { fullTransaction } from '../../src/modes/nftables/transaction.ts';
+import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+import { uniqueName } from '../support/netns.ts';
+
+const NS = { a: uniqueName('kpt-nft-tn-a'), b: uniqueName('kpt-nft-tn-b') };
+const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
+const SHARD = 'kube-proxy-3';
+
+function nsRunner(ns: string): CommandRunner {
+  return { run: (cmd, args, opts) => hostRunner.run('ip', ['netns', 'exec', ns, cmd, ...args], opts) };
+}
+
+function service(i: number, sticky = false): K8sService {
+  return {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { namespace: 'ns', name: `svc${i}` },
+    spec: {
+      type: 'NodePort',
+      clusterIP: `172.30.0.${i + 1}`,
+      ports: [{ name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i }],
+      ...(sticky ? { sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 60 } } } : {}),
+    },
+  };
+}
+
+function slice(i: number, n: number): K8sEndpointSlice {
+  return {
+    apiVersion: 'discovery.k8s.io/v1',
+    kind: 'EndpointSlice',
+    metadata: { namespace: 'ns', name: `svc${i}-x`, labels: { 'kubernetes.io/service-name': `svc${i}` } },
+    addressType: 'IPv4',
+    endpoints: Array.from({ length: n }, (_, k) => ({ addresses: [`10.180.${i}.${k + 1}`], conditions: { ready: true }, nodeName: 'node-a' })),
+    ports: [{ name: 'http', port: 8080, protocol: 'TCP' }],
+  };
+}
+
+/** Every table of the namespace as "family name" → sorted dump lines. */
+async function tables(ns: string): Promise<Map<string, string[]>> {
+  const r = await runChecked(nsRunner(ns), 'nft', ['list', 'ruleset'], { timeoutMs: 20_000 });
+  return new Map([...parseNftText(r.stdout)].map(([k, rs]) => [k, dumpRuleset(rs).split('\n').filter(Boolean).sort()]));
+}
+
+before(async () => {
+  for (const ns of Object.values(NS)) await runChecked(hostRunner, 'ip', ['netns', 'add', ns], { timeoutMs: 10_000 });
+});
+
+after(async () => {
+  for (const ns of Object.values(NS)) await hostRunner.run('ip', ['netns', 'del', ns], { timeoutMs: 10_000 });
+});
+
+test('the planned table under another name is the default table with only the name changed', () => {
+  const tracker = new ProxyStateTracker(4, NODE.nodeName);
+  for (let i = 0; i < 4; i++) {
+    tracker.services.update(null, service(i, i === 1));
+    tracker.endpoints.update(null, slice(i, i === 2 ? 0 : 2));
+  }
+  tracker.apply();
+  const input: PlanInput = { state: tracker.state, config: resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' }), node: NODE };
+  const o = optionsFromInput(input);
+  const plain = fullTransaction(planRuleset(input.state, o), null).text;
+  const named = fullTransaction(planRuleset(input.state, { ...o, table: SHARD }), null).text;
+  assert.match(plain, / ip kube-proxy /);
+  assert.doesNotMatch(named, / ip kube-proxy /, 'no line names the default table');
+  assert.equal(named.split(` ip ${SHARD} `).join(' ip kube-proxy '), plain);
+});
+
+test('a proxier given a table name syncs (full, partial, idle) only that table', async () => {
+  const config = resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' });
+  const tracker = new ProxyStateTracker(4, NODE.nodeName);
+  for (let i = 0; i < 6; i++) {
+    tracker.services.update(null, service(i, i === 1));
+    tracker.endpoints.update(null, slice(i, 3));
+  }
+  const input: PlanInput = { state: tracker.state, config, node: NODE };
+  let clock = 1_000_000;
+  const proxier = new NftProxier({ runner: nsRunner(NS.a), log: silentLogger(), table: SHARD, now: () => clock, staleChainDelayMs: 1000 });
+  await proxier.sync(input, tracker.apply(), true);
+  assert.deepEqual([...(await tables(NS.a)).keys()], [`ip ${SHARD}`]);
+
+  // Changes that add, retire chains and sets, and leave elements lingering.
+  const changes: Array<[string, () => void]> = [
+    ['endpoint added', () => tracker.endpoints.update(slice(0, 3), slice(0, 4))],
+    ['endpoints of a sticky Service removed', () => tracker.endpoints.update(slice(1, 3), slice(1, 1))],
+    ['Service deleted', () => (tracker.services.update(service(4), null), tracker.endpoints.update(slice(4, 3), null))],
+  ];
+  for (const [what, change] of changes) {
+    change();
+    await proxier.sync(input, tracker.apply(), false);
+    const sent = proxier.lastTransactionText().split('\n').filter(Boolean);
+    assert.ok(sent.length > 0, `${what}: a transaction was sent`);
+    for (const l of sent) assert.match(l, new RegExp(`^\\S+ \\S+ ip ${SHARD} `), `${what}: every line names the table`);
+  }
+  assert.ok(proxier.lingeringElements().length > 0, 'the deleted Service left lingering elements');
+  // the idle sync after the delay deletes them and the retired chains, in the named table
+  clock += 120_000;
+  await proxier.sync(input, new Set(), false);
+  assert.deepEqual(proxier.lingeringElements(), []);
+  assert.equal(proxier.partialFallbacks, 0, 'no partial transaction was refused');
+
+  const fresh = new NftProxier({ runner: nsRunner(NS.b), log: silentLogger(), table: SHARD });
+  await fresh.sync(input, new Set(), true);
+  const got = await tables(NS.a);
+  assert.deepEqual([...got.keys()], [`ip ${SHARD}`], 'no other table was created');
+  assert.deepEqual(got.get(`ip ${SHARD}`), (await tables(NS.b)).get(`ip ${SHARD}`), 'the table equals a fresh full sync\'s');
+});
