@@ -121,9 +121,9 @@ function olderComments(ns: Netns, family: 4 | 6): number {
 /** Whether a restore input edits a dispatch chain (or the filter table, all of whose chains are). */
 const editsDispatch = (r: string) => /^(-[AID] KUBE-(SERVICES|NODEPORTS) |\*filter)/m.test(r);
 
-/** Each Service a dispatch restore inserts rules of ("ns/name" from the rule's comment). */
+/** Each Service a dispatch restore inserts rules of (`-I`, or `-A` after the chain's last rule; "ns/name" from the rule's comment). */
 function insertedServices(r: string): Set<string> {
-  return new Set([...r.matchAll(/^-I KUBE-\S+ \d+ .*--comment "?(ns\d+\/svc\d+):/gm)].map((m) => m[1]));
+  return new Set([...r.matchAll(/^-(?:I KUBE-\S+ \d+|A KUBE-(?:SERVICES|NODEPORTS|EXTERNAL-SERVICES|PROXY-FIREWALL)) .*--comment "?(ns\d+\/svc\d+):/gm)].map((m) => m[1]));
 }
 
 function changedModels(base: Model[]): Model[] {
