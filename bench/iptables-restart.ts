@@ -13,9 +13,10 @@
 //             dispatch chains), so every dispatch rule differs; three times per repetition, in
 //             an order that turns from one repetition to the next: the dispatch edits in one
 //             restore (`dispatchChunkLines: 0`, the form before round rsb, which rewrites the
-//             chains whole), in restores of about 5,000 lines as round rsb made them (every
+//             chains whole), in restores of 5,000 lines as round rsb made them (every
 //             insertion an `-I` by position: `dispatchAppends: false`), and in the default form
-//             (round rsp: an insertion past the chain's last rule an `-A`);
+//             (round rsp: an insertion past the chain's last rule an `-A`; lines per restore:
+//             plan.ts dispatchBudget, 5,000 at 10,000 Services, 10,000 at 20,000);
 // each timed as: total wall time, number of restores, the longest single restore (how long
 // the xtables lock / the nf_tables commit is held), and the rule lines it wrote (`-A`/`-I`/
 // `-D` lines and chain declarations of the restore inputs). Medians of --reps, load average.
@@ -27,7 +28,7 @@ import { parseArgs } from 'node:util';
 import type { CommandRunner, RunOptions, RunResult } from '../src/exec/runner.ts';
 import { silentLogger } from '../src/log.ts';
 import { getMode } from '../src/proxy/registry.ts';
-import { IptablesProxier } from '../src/proxy/iptables/proxier.ts';
+import { chunkLinesFor, IptablesProxier } from '../src/proxy/iptables/proxier.ts';
 import { LEGACY_IPTABLES, Namespaces, TimedRunner } from './netns.ts';
 import { fmtMs, median } from './report.ts';
 import { benchConfig, Workload } from './workload.ts';
@@ -178,7 +179,8 @@ async function main(): Promise<void> {
             // again before each
             const forms = [
               { name: 'in one restore', lines: 0, appends: true, into: row.olderOne },
-              { name: 'chunked as round rsb (-I past the last rule)', lines: dispatchLines, appends: false, into: row.olderRsb },
+              // round rsb's form: -I past the last rule, the chunk size per restore (unless --dispatch-lines)
+              { name: 'chunked as round rsb (-I past the last rule)', lines: dispatchLines ?? chunkLinesFor('nf_tables'), appends: false, into: row.olderRsb },
               { name: 'in the default form', lines: dispatchLines, appends: true, into: row.olderChunked },
             ];
             for (let k = 0; k < forms.length; k++) {

@@ -52,7 +52,8 @@ export interface PlanRequest {
   chunkLines?: number;
   /**
    * The restart form only: lines per restore of the dispatch edits (dispatch-chunks.ts), each
-   * Service's edits in one restore. Unset: chunkLines. 0: every dispatch edit in one restore
+   * Service's edits in one restore. Unset: dispatchBudget (chunkLines, up to twice it for a
+   * large ruleset). 0: every dispatch edit in one restore
    * (the form before round rsb; what legacy, whose every commit replaces the whole table, does
    * through chunkLines 0; kept settable for the comparison in bench/iptables-restart.ts).
    */
@@ -586,7 +587,7 @@ export function planIptables(req: PlanRequest): Plan {
   };
   const natLines = natRulesWritten + natUnits.length + deletedChains.length * 2;
   const restart = req.full && req.installed && hasServiceChain(new Set(req.installed.get('nat')?.keys() ?? []))
-    ? restartPayloads({ natStaticUnits, serviceUnits: natServiceUnits, serviceStarts, filterUnits, deleted: deletedChains, installed: req.installed, maxLines: req.chunkLines ?? 0, dispatchLines: req.dispatchChunkLines ?? req.chunkLines ?? 0, appends: req.dispatchAppends ?? true, owners: owners!, chainOwners: chainOwners! })
+    ? restartPayloads({ natStaticUnits, serviceUnits: natServiceUnits, serviceStarts, filterUnits, deleted: deletedChains, installed: req.installed, maxLines: req.chunkLines ?? 0, dispatchLines: req.dispatchChunkLines, appends: req.dispatchAppends ?? true, owners: owners!, chainOwners: chainOwners! })
     : undefined;
   if (restart) {
     natRulesWritten = restart.natRules;
@@ -1013,6 +1014,24 @@ function writeServiceToEndpointRules(
 }
 
 /**
+ * Lines per restore of a restart's dispatch edits by default (kproxy, not upstream; 0: one
+ * restore): the chunk size, or a quarter of the planned nat dispatch rules (KUBE-SERVICES and
+ * KUBE-NODEPORTS) when that is more, up to twice the chunk size. Every dispatch restore pays
+ * a floor that grows with the ruleset whatever its lines (nf_tables validates every chain the
+ * base chains reach on each commit that adds a jump, and iptables-nft reads the edited
+ * chains: 0.33 s at 10,000 Services, 0.66 s at 20,000; bench/iptables-restore-floor.ts), so
+ * a fixed budget makes the restores' total grow as N²; this one keeps a rewrite of every
+ * dispatch rule at about 8 restores up to 20,000 Services (40,001 dispatch rules: 10,000
+ * lines per restore, the longest 1.38 s, where 5,000 lines gave 1.53 s in 17 restores;
+ * docs/benchmarks.md, round rsp). Above that the budget stays at twice the chunk size (not
+ * measured further).
+ */
+export function dispatchBudget(chunkLines: number, dispatchRules: number): number {
+  if (!chunkLines) return 0;
+  return Math.min(2 * chunkLines, Math.max(chunkLines, Math.floor(dispatchRules / 4)));
+}
+
+/**
  * The restore lines that turn an installed chain into `rules` (planned `-A` lines): null when
  * its rules already are those (canonical.ts); otherwise in-place edits, each installed rule
  * not kept deleted (`-D` by the line iptables-save printed, or by position for a duplicate;
@@ -1087,8 +1106,8 @@ function restartPayloads(o: {
   deleted: string[];
   installed: InstalledChains;
   maxLines: number;
-  /** lines per restore of the dispatch edits (0: one restore, chainEdits per chain) */
-  dispatchLines: number;
+  /** lines per restore of the dispatch edits (0: one restore, chainEdits per chain; undefined: dispatchBudget) */
+  dispatchLines: number | undefined;
   /** chunked dispatch edits: an insertion after the chain's last rule as `-A` (PlanRequest.dispatchAppends) */
   appends: boolean;
   /** each service dispatch rule's Service (the others are static) */
@@ -1144,21 +1163,24 @@ function restartPayloads(o: {
     for (const u of write) add(u);
   }
   if (o.maxLines) flush();
-  if (o.dispatchLines) {
+  let dispatchRules = 0;
+  for (const u of dispatch) dispatchRules += u.rules.length;
+  const dispatchLines = o.dispatchLines ?? dispatchBudget(o.maxLines, dispatchRules);
+  if (dispatchLines) {
     // The dispatch edits in restores of about dispatchLines lines, each Service's in one.
     flush();
     const chains: DispatchChain[] = [];
     const ownersOf = (u: ChainUnit) => u.rules.map((r) => o.owners.get(r) ?? STATIC_GROUP);
     for (const u of o.filterUnits) chains.push({ table: 'filter', name: u.name, rules: u.rules, owners: ownersOf(u), installed: filter.get(u.name) });
     for (const u of dispatch) chains.push({ table: 'nat', name: u.name, rules: u.rules, owners: ownersOf(u), installed: nat.get(u.name) });
-    const d = chunkedDispatchEdits(chains, o.dispatchLines, o.chainOwners, o.appends);
+    const d = chunkedDispatchEdits(chains, dispatchLines, o.chainOwners, o.appends);
     adopted += d.adopted;
     natRules += d.written.nat;
     filterRules += d.written.filter;
     // The stale chains' flush after every edit: with the last restore when it fits.
     const stale = o.deleted.map(chainLine);
     const last = d.chunks.at(-1);
-    if (last && last.filter.length + last.nat.length + stale.length <= o.dispatchLines) {
+    if (last && last.filter.length + last.nat.length + stale.length <= dispatchLines) {
       last.nat.unshift(...stale);
       stale.length = 0;
     }
@@ -1168,7 +1190,7 @@ function restartPayloads(o: {
       if (c.nat.length) text += ['*nat', ...c.nat, 'COMMIT', ''].join('\n');
       if (text) chunks.push(text);
     }
-    const budget = o.maxLines || o.dispatchLines;
+    const budget = o.maxLines || dispatchLines;
     for (const l of stale) {
       decls.push(l);
       if (decls.length >= budget) flush();

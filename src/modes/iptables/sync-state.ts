@@ -24,7 +24,7 @@ export class IptablesSyncState {
   readonly skipUnchangedChains: boolean;
   /** full syncs larger than this many nat lines are applied in chunks (0: never; see plan.ts) */
   chunkLines = 0;
-  /** the restart form's dispatch edits per restore (plan.ts PlanRequest.dispatchChunkLines); undefined: chunkLines */
+  /** the restart form's dispatch edits per restore (plan.ts PlanRequest.dispatchChunkLines); undefined: plan.ts dispatchBudget */
   dispatchChunkLines: number | undefined = undefined;
   /** the restart form's chunked dispatch edits append past the last rule (PlanRequest.dispatchAppends); undefined: true */
   dispatchAppends: boolean | undefined = undefined;

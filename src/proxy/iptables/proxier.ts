@@ -182,7 +182,8 @@ export interface IptablesProxierDeps {
   chunkLines?: number;
   /**
    * lines per restore of a restart's dispatch edits (plan.ts restartPayloads,
-   * dispatch-chunks.ts); default: the chunk size. 0: one dispatch restore (the form before
+   * dispatch-chunks.ts); default: plan.ts dispatchBudget (the chunk size, up to twice it for a
+   * large ruleset). 0: one dispatch restore (the form before
    * round rsb, for bench/iptables-restart.ts's comparison)
    */
   dispatchChunkLines?: number;
