@@ -1022,9 +1022,9 @@ function writeServiceToEndpointRules(
  * chains: 0.33 s at 10,000 Services, 0.66 s at 20,000; bench/iptables-restore-floor.ts), so
  * a fixed budget makes the restores' total grow as N²; this one keeps a rewrite of every
  * dispatch rule at about 8 restores up to 20,000 Services (40,001 dispatch rules: 10,000
- * lines per restore, the longest 1.38 s, where 5,000 lines gave 1.53 s in 17 restores;
- * docs/benchmarks.md, round rsp). Above that the budget stays at twice the chunk size (not
- * measured further).
+ * lines per restore, 9 restores, the longest 1.1–1.9 s in three runs, where round rsb's
+ * 5,000 lines took 17 restores, the longest 1.2–1.7 s; docs/benchmarks.md, round rsp).
+ * Above that the budget stays at twice the chunk size (not measured further).
  */
 export function dispatchBudget(chunkLines: number, dispatchRules: number): number {
   if (!chunkLines) return 0;
@@ -1090,7 +1090,7 @@ export function chainEdits(name: string, installed: InstalledChain | undefined, 
  * 2. the dispatch edits: the filter chains and nat KUBE-SERVICES / KUBE-NODEPORTS edited in
  *    place (`-D` of rules no longer wanted, `-I` of new ones where they belong), so a Service
  *    whose rules did not change stays reachable throughout and a changed one is switched in
- *    one transaction. With `dispatchLines` (nf_tables: the chunk size) in restores of about
+ *    one transaction. With `dispatchLines` (nf_tables: dispatchBudget) in restores of about
  *    that many lines, each Service's edits in one (dispatch-chunks.ts), then the stale service
  *    chains flushed (with the last one when it fits); without (legacy, whose every commit
  *    replaces the whole table: one restore) in one restore with the flushes (chainEdits per
