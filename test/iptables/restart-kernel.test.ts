@@ -342,7 +342,7 @@ for (const family of [4, 6] as const) test(`IPv${family} nf_tables: during a res
     await waitFor('probes before the restart', () => targets.every((t) => out.includes(`${t} ok`)), 30_000);
     const next = fixture(family, changed);
     r = new Recording(node, false);
-    await new IptablesProxier({ runner: r, log: silentLogger(), config, chunkLines: 60 }).sync(planInput(next.t, config, family, nodeIPs), next.keys, true);
+    await new IptablesProxier({ runner: r, log: silentLogger(), config, chunkLines: 60, dispatchChunkLines: 60 }).sync(planInput(next.t, config, family, nodeIPs), next.keys, true);
     const during = out.length;
     await waitFor('probes after the restart', () => targets.every((t) => out.slice(during).includes(`${t} ok`)), 30_000);
   } finally {
