@@ -27,7 +27,7 @@ import type { CommandRunner, RunOptions, RunResult } from '../../src/exec/runner
 import { FakeIptables } from '../../src/iptables/fake.ts';
 import { silentLogger } from '../../src/log.ts';
 import { DEFAULT_FACTS, optionsFromConfig } from '../../src/modes/iptables/options.ts';
-import { planIptables } from '../../src/modes/iptables/plan.ts';
+import { dispatchBudget, planIptables } from '../../src/modes/iptables/plan.ts';
 import { canonicalRule } from '../../src/modes/iptables/canonical.ts';
 import { chunkedDispatchEdits, STATIC_GROUP, type DispatchChain } from '../../src/modes/iptables/dispatch-chunks.ts';
 import { chunkLinesFor, DEFAULT_CHUNK_LINES, IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
@@ -451,14 +451,18 @@ test('chunked dispatch edits (fast-check): any installed dispatch chains become 
                 continue;
               }
               edits++;
-              const m = /^-([ID]) (\S+) (\d+)(?: (.*))?$/.exec(l);
-              assert.ok(m, `an edit by position: ${l}`);
+              // an append: the planned rule after every rule the chain holds
+              const a = /^-A (\S+) (.*)$/.exec(l);
+              const m = a ? ['', 'I', a[1], String((kernel.get(`${table} ${a[1]}`)?.length ?? 0) + 1), a[2]] : /^-([ID]) (\S+) (\d+)(?: (.*))?$/.exec(l);
+              assert.ok(m, `an edit by position or an append: ${l}`);
               const rules = kernel.get(`${table} ${m[2]}`);
               assert.ok(rules, `${table} ${m[2]} exists`);
               const pos = Number(m[3]);
               let rule: string;
               if (m[1] === 'I') {
-                assert.ok(pos >= 1 && pos <= rules.length + 1, `-I at ${pos} of ${rules.length}`);
+                // past the last rule only as an append (`-I` there costs iptables-nft and the kernel a walk of the chain)
+                if (a) assert.ok(pos === rules.length + 1);
+                else assert.ok(pos >= 1 && pos <= rules.length, `-I at ${pos} of ${rules.length}`);
                 rule = m[4];
                 rules.splice(pos - 1, 0, rule);
               } else {
@@ -488,7 +492,7 @@ test('chunked dispatch edits (fast-check): any installed dispatch chains become 
           const now = kernel.get(`${c.table} ${c.name}`) ?? [];
           assert.deepEqual(now.map((r) => canonicalRule(`-A ${c.name} ${r}`)), c.rules.map(canonicalRule), `${c.table} ${c.name}`);
         }
-        const inserted = d.chunks.flatMap((x) => [...x.filter, ...x.nat]).filter((l) => l.startsWith('-I ')).length;
+        const inserted = d.chunks.flatMap((x) => [...x.filter, ...x.nat]).filter((l) => l.startsWith('-I ') || l.startsWith('-A ')).length;
         assert.equal(d.written.filter + d.written.nat, inserted);
       },
     ),
@@ -532,5 +536,38 @@ test('a restart whose dispatch edits span restores: a rule refused in a middle o
   const fresh = new FakeIptables(4);
   const without = state(true, false);
   await new IptablesProxier({ runner: fresh, log: silentLogger(), config: testConfig(), chunkLines: 0 }).sync(planInput(without), without.apply(), true);
+  assert.equal(kernelState(k), kernelState(fresh));
+});
+
+test('the dispatch restores\' default budget: the chunk size, a quarter of the dispatch rules when more, at most twice the chunk size; a restart keeps to it', async () => {
+  assert.equal(dispatchBudget(0, 40_001), 0, 'no chunks (legacy): one restore');
+  assert.equal(dispatchBudget(5000, 20_001), 5000, '10,000 Services: the chunk size');
+  assert.equal(dispatchBudget(5000, 40_001), 10_000, '20,000 Services: a quarter of the dispatch rules');
+  assert.equal(dispatchBudget(5000, 200_001), 10_000, 'at most twice the chunk size');
+  // 120 Services, every one re-ported while kproxy was down: 120 dispatch rules differ, a
+  // budget of 30 lines (chunk size 20)
+  const k = new FakeIptables(4);
+  const state = (port: number) => {
+    const t = tracker();
+    for (let i = 0; i < 120; i++) {
+      t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: `172.30.0.${i + 1}`, port }));
+      t.endpoints.update(null, slice(`ns${i}`, `svc${i}`, 's', [{ ip: `10.180.0.${i}` }], [{ port: 8080 }]));
+    }
+    return t;
+  };
+  const old = state(80);
+  await new IptablesProxier({ runner: k, log: silentLogger(), config: testConfig(), chunkLines: 20 }).sync(planInput(old), old.apply(), true);
+  const next = state(90);
+  const before = k.calls.length;
+  await new IptablesProxier({ runner: k, log: silentLogger(), config: testConfig(), chunkLines: 20 }).sync(planInput(next), next.apply(), true);
+  const dispatch = k.calls.slice(before).filter((c) => c.cmd === 'iptables-restore').map((c) => c.input ?? '').filter((r) => /^-[ADI] KUBE-SERVICES /m.test(r));
+  const sizes = dispatch.map((r) => r.split('\n').filter((l) => /^-[ADI] KUBE-SERVICES /.test(l)).length);
+  const budget = dispatchBudget(20, 120);
+  assert.equal(budget, 30);
+  assert.ok(sizes.every((n) => n <= budget), `dispatch restores of ${sizes} lines`);
+  assert.ok(sizes.some((n) => n > 20), `a dispatch restore above the chunk size: ${sizes}`);
+  assert.ok(sizes.length >= 8, `${sizes.length} dispatch restores`);
+  const fresh = new FakeIptables(4);
+  await new IptablesProxier({ runner: fresh, log: silentLogger(), config: testConfig(), chunkLines: 0 }).sync(planInput(next), next.apply(), true);
   assert.equal(kernelState(k), kernelState(fresh));
 });

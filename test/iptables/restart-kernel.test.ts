@@ -121,9 +121,9 @@ function olderComments(ns: Netns, family: 4 | 6): number {
 /** Whether a restore input edits a dispatch chain (or the filter table, all of whose chains are). */
 const editsDispatch = (r: string) => /^(-[AID] KUBE-(SERVICES|NODEPORTS) |\*filter)/m.test(r);
 
-/** Each Service a dispatch restore inserts rules of ("ns/name" from the rule's comment). */
+/** Each Service a dispatch restore inserts rules of (`-I`, or `-A` after the chain's last rule; "ns/name" from the rule's comment). */
 function insertedServices(r: string): Set<string> {
-  return new Set([...r.matchAll(/^-I KUBE-\S+ \d+ .*--comment "?(ns\d+\/svc\d+):/gm)].map((m) => m[1]));
+  return new Set([...r.matchAll(/^-(?:I KUBE-\S+ \d+|A KUBE-(?:SERVICES|NODEPORTS|EXTERNAL-SERVICES|PROXY-FIREWALL)) .*--comment "?(ns\d+\/svc\d+):/gm)].map((m) => m[1]));
 }
 
 function changedModels(base: Model[]): Model[] {
@@ -342,7 +342,7 @@ for (const family of [4, 6] as const) test(`IPv${family} nf_tables: during a res
     await waitFor('probes before the restart', () => targets.every((t) => out.includes(`${t} ok`)), 30_000);
     const next = fixture(family, changed);
     r = new Recording(node, false);
-    await new IptablesProxier({ runner: r, log: silentLogger(), config, chunkLines: 60 }).sync(planInput(next.t, config, family, nodeIPs), next.keys, true);
+    await new IptablesProxier({ runner: r, log: silentLogger(), config, chunkLines: 60, dispatchChunkLines: 60 }).sync(planInput(next.t, config, family, nodeIPs), next.keys, true);
     const during = out.length;
     await waitFor('probes after the restart', () => targets.every((t) => out.slice(during).includes(`${t} ok`)), 30_000);
   } finally {

@@ -14,7 +14,8 @@
 //   removed Service's rules are one group too, linked by its comment to its chains), or else
 //   the static rules' when its comment or its target is theirs; a rule that tells none of
 //   these (no kproxy comment, no service chain target) is deleted on its own, first;
-// - every `-D` and `-I` is by position, computed against a model of each chain as the
+// - every `-D` and `-I` is by position (an insertion after every rule the chain holds then is
+//   an `-A`: no position to find), computed against a model of each chain as the
 //   restores before it (and the lines before it in its own) leave it: the kept installed
 //   rules, the inserted planned ones and the deleted ones in one order (a Fenwick tree of
 //   which are present). By position, not by spec: iptables-nft finds a `-D` by spec by
@@ -48,7 +49,7 @@ export interface DispatchChunk {
 
 export interface DispatchEdits {
   chunks: DispatchChunk[];
-  /** `-I` lines, per table */
+  /** `-I` and `-A` lines, per table */
   written: { filter: number; nat: number };
   /** chains installed as planned (no edit) */
   adopted: number;
@@ -151,10 +152,12 @@ function serviceOfComment(word: string | undefined): string | undefined {
  * The edits that turn every chain of `chains` from its installed rules into its planned ones,
  * as restores of about `maxLines` lines each (a group larger than that alone in one), each
  * group's edits in one restore, groups in order: free deletions, Services by key, static.
+ * `appends` (default): an insertion after the chain's last rule is the planned `-A` line
+ * (false: `-I chain <count+1>`, round rsb's form, for the bench's comparison).
  * `chainOwners`: serviceChainKey of each planned service port's chains → its Service (a
  * Service's old rule that jumps to its chains is its, also when no planned rule does).
  */
-export function chunkedDispatchEdits(chains: readonly DispatchChain[], maxLines: number, chainOwners: ReadonlyMap<string, string> = new Map()): DispatchEdits {
+export function chunkedDispatchEdits(chains: readonly DispatchChain[], maxLines: number, chainOwners: ReadonlyMap<string, string> = new Map(), appends = true): DispatchEdits {
   const out: DispatchEdits = { chunks: [], written: { filter: 0, nat: 0 }, adopted: 0 };
   const edits: Edit[] = [];
   const positions: Positions[] = [];
@@ -163,6 +166,8 @@ export function chunkedDispatchEdits(chains: readonly DispatchChain[], maxLines:
   /** per chain: each planned rule's canonical form, each installed rule's */
   const wants: string[][] = [];
   const haves: string[][] = [];
+  /** per chain: how many rules it holds as the restores so far leave it */
+  const counts: number[] = chains.map(() => 0);
   chains.forEach((c, ci) => {
     const want = c.rules.map(canonicalRule);
     const installed = c.installed?.canon && c.installed.lines ? c.installed.canon : undefined;
@@ -199,6 +204,7 @@ export function chunkedDispatchEdits(chains: readonly DispatchChain[], maxLines:
     const p = new Positions(slot);
     for (const s of present) p.add(s, 1);
     positions.push(p);
+    counts[ci] = present.length;
   });
 
   // Groups: a planned rule's owner; an installed rule's by its target or its comment.
@@ -295,11 +301,17 @@ export function chunkedDispatchEdits(chains: readonly DispatchChain[], maxLines:
       for (const e of dels) {
         lines.push(`-D ${c.name} ${pos.upTo(e.slot)}`);
         pos.add(e.slot, -1);
+        counts[ci]--;
       }
       for (const e of ins) {
         pos.add(e.slot, 1);
+        const at = pos.upTo(e.slot);
         const r = c.rules[e.index];
-        lines.push(`-I ${c.name} ${pos.upTo(e.slot)}${r.slice(r.indexOf(' ', 3))}`);
+        // After every rule the chain holds: an append (the planned `-A` line), which
+        // iptables-nft sends without a position; `-I chain <count+1>` walks the chain's rules
+        // twice in iptables-nft and once more in the kernel (nf_tables finds the rule it is
+        // placed after by handle, from the chain's start).
+        lines.push(++counts[ci] === at && appends ? r : `-I ${c.name} ${at}${r.slice(r.indexOf(' ', 3))}`);
         out.written[c.table]++;
       }
     }

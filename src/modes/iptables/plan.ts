@@ -52,11 +52,18 @@ export interface PlanRequest {
   chunkLines?: number;
   /**
    * The restart form only: lines per restore of the dispatch edits (dispatch-chunks.ts), each
-   * Service's edits in one restore. Unset: chunkLines. 0: every dispatch edit in one restore
+   * Service's edits in one restore. Unset: dispatchBudget (chunkLines, up to twice it for a
+   * large ruleset). 0: every dispatch edit in one restore
    * (the form before round rsb; what legacy, whose every commit replaces the whole table, does
    * through chunkLines 0; kept settable for the comparison in bench/iptables-restart.ts).
    */
   dispatchChunkLines?: number;
+  /**
+   * The restart form's chunked dispatch edits: an insertion after the chain's last rule as an
+   * `-A` (default true); false: as `-I chain <count+1>`, round rsb's form, kept settable for
+   * the comparison in bench/iptables-restart.ts only.
+   */
+  dispatchAppends?: boolean;
   /**
    * What the last applied sync rendered (the production proxier's IptablesSyncState). With
    * it, a partial sync also writes any service whose rendered block changed, and the plan
@@ -580,7 +587,7 @@ export function planIptables(req: PlanRequest): Plan {
   };
   const natLines = natRulesWritten + natUnits.length + deletedChains.length * 2;
   const restart = req.full && req.installed && hasServiceChain(new Set(req.installed.get('nat')?.keys() ?? []))
-    ? restartPayloads({ natStaticUnits, serviceUnits: natServiceUnits, serviceStarts, filterUnits, deleted: deletedChains, installed: req.installed, maxLines: req.chunkLines ?? 0, dispatchLines: req.dispatchChunkLines ?? req.chunkLines ?? 0, owners: owners!, chainOwners: chainOwners! })
+    ? restartPayloads({ natStaticUnits, serviceUnits: natServiceUnits, serviceStarts, filterUnits, deleted: deletedChains, installed: req.installed, maxLines: req.chunkLines ?? 0, dispatchLines: req.dispatchChunkLines, appends: req.dispatchAppends ?? true, owners: owners!, chainOwners: chainOwners! })
     : undefined;
   if (restart) {
     natRulesWritten = restart.natRules;
@@ -1007,6 +1014,24 @@ function writeServiceToEndpointRules(
 }
 
 /**
+ * Lines per restore of a restart's dispatch edits by default (kproxy, not upstream; 0: one
+ * restore): the chunk size, or a quarter of the planned nat dispatch rules (KUBE-SERVICES and
+ * KUBE-NODEPORTS) when that is more, up to twice the chunk size. Every dispatch restore pays
+ * a floor that grows with the ruleset whatever its lines (nf_tables validates every chain the
+ * base chains reach on each commit that adds a jump, and iptables-nft reads the edited
+ * chains: 0.33 s at 10,000 Services, 0.66 s at 20,000; bench/iptables-restore-floor.ts), so
+ * a fixed budget makes the restores' total grow as N²; this one keeps a rewrite of every
+ * dispatch rule at about 8 restores up to 20,000 Services (40,001 dispatch rules: 10,000
+ * lines per restore, 9 restores, the longest 1.1–1.9 s in three runs, where round rsb's
+ * 5,000 lines took 17 restores, the longest 1.2–1.7 s; docs/benchmarks.md, round rsp).
+ * Above that the budget stays at twice the chunk size (not measured further).
+ */
+export function dispatchBudget(chunkLines: number, dispatchRules: number): number {
+  if (!chunkLines) return 0;
+  return Math.min(2 * chunkLines, Math.max(chunkLines, Math.floor(dispatchRules / 4)));
+}
+
+/**
  * The restore lines that turn an installed chain into `rules` (planned `-A` lines): null when
  * its rules already are those (canonical.ts); otherwise in-place edits, each installed rule
  * not kept deleted (`-D` by the line iptables-save printed, or by position for a duplicate;
@@ -1065,7 +1090,7 @@ export function chainEdits(name: string, installed: InstalledChain | undefined, 
  * 2. the dispatch edits: the filter chains and nat KUBE-SERVICES / KUBE-NODEPORTS edited in
  *    place (`-D` of rules no longer wanted, `-I` of new ones where they belong), so a Service
  *    whose rules did not change stays reachable throughout and a changed one is switched in
- *    one transaction. With `dispatchLines` (nf_tables: the chunk size) in restores of about
+ *    one transaction. With `dispatchLines` (nf_tables: dispatchBudget) in restores of about
  *    that many lines, each Service's edits in one (dispatch-chunks.ts), then the stale service
  *    chains flushed (with the last one when it fits); without (legacy, whose every commit
  *    replaces the whole table: one restore) in one restore with the flushes (chainEdits per
@@ -1081,8 +1106,10 @@ function restartPayloads(o: {
   deleted: string[];
   installed: InstalledChains;
   maxLines: number;
-  /** lines per restore of the dispatch edits (0: one restore, chainEdits per chain) */
-  dispatchLines: number;
+  /** lines per restore of the dispatch edits (0: one restore, chainEdits per chain; undefined: dispatchBudget) */
+  dispatchLines: number | undefined;
+  /** chunked dispatch edits: an insertion after the chain's last rule as `-A` (PlanRequest.dispatchAppends) */
+  appends: boolean;
   /** each service dispatch rule's Service (the others are static) */
   owners: ReadonlyMap<string, string>;
   /** each service port's chains (serviceChainKey) → its Service */
@@ -1136,21 +1163,24 @@ function restartPayloads(o: {
     for (const u of write) add(u);
   }
   if (o.maxLines) flush();
-  if (o.dispatchLines) {
+  let dispatchRules = 0;
+  for (const u of dispatch) dispatchRules += u.rules.length;
+  const dispatchLines = o.dispatchLines ?? dispatchBudget(o.maxLines, dispatchRules);
+  if (dispatchLines) {
     // The dispatch edits in restores of about dispatchLines lines, each Service's in one.
     flush();
     const chains: DispatchChain[] = [];
     const ownersOf = (u: ChainUnit) => u.rules.map((r) => o.owners.get(r) ?? STATIC_GROUP);
     for (const u of o.filterUnits) chains.push({ table: 'filter', name: u.name, rules: u.rules, owners: ownersOf(u), installed: filter.get(u.name) });
     for (const u of dispatch) chains.push({ table: 'nat', name: u.name, rules: u.rules, owners: ownersOf(u), installed: nat.get(u.name) });
-    const d = chunkedDispatchEdits(chains, o.dispatchLines, o.chainOwners);
+    const d = chunkedDispatchEdits(chains, dispatchLines, o.chainOwners, o.appends);
     adopted += d.adopted;
     natRules += d.written.nat;
     filterRules += d.written.filter;
     // The stale chains' flush after every edit: with the last restore when it fits.
     const stale = o.deleted.map(chainLine);
     const last = d.chunks.at(-1);
-    if (last && last.filter.length + last.nat.length + stale.length <= o.dispatchLines) {
+    if (last && last.filter.length + last.nat.length + stale.length <= dispatchLines) {
       last.nat.unshift(...stale);
       stale.length = 0;
     }
@@ -1160,7 +1190,7 @@ function restartPayloads(o: {
       if (c.nat.length) text += ['*nat', ...c.nat, 'COMMIT', ''].join('\n');
       if (text) chunks.push(text);
     }
-    const budget = o.maxLines || o.dispatchLines;
+    const budget = o.maxLines || dispatchLines;
     for (const l of stale) {
       decls.push(l);
       if (decls.length >= budget) flush();

@@ -24,8 +24,10 @@ export class IptablesSyncState {
   readonly skipUnchangedChains: boolean;
   /** full syncs larger than this many nat lines are applied in chunks (0: never; see plan.ts) */
   chunkLines = 0;
-  /** the restart form's dispatch edits per restore (plan.ts PlanRequest.dispatchChunkLines); undefined: chunkLines */
+  /** the restart form's dispatch edits per restore (plan.ts PlanRequest.dispatchChunkLines); undefined: plan.ts dispatchBudget */
   dispatchChunkLines: number | undefined = undefined;
+  /** the restart form's chunked dispatch edits append past the last rule (PlanRequest.dispatchAppends); undefined: true */
+  dispatchAppends: boolean | undefined = undefined;
   /** with skipUnchangedChains: the blocks the last applied sync rendered; null until a full sync */
   private applied: AppliedBlocks | null = null;
   /**
@@ -55,6 +57,7 @@ export class IptablesSyncState {
       lastChainDigests: this.skipUnchangedChains && !doFull ? (this.chainDigests ?? undefined) : undefined,
       chunkLines: this.chunkLines,
       dispatchChunkLines: this.dispatchChunkLines,
+      dispatchAppends: this.dispatchAppends,
       installed,
       // the plan returns its blocks: the base of the next fast partial sync
       applied: this.skipUnchangedChains ? (this.applied ?? NO_BLOCKS) : undefined,

@@ -182,10 +182,13 @@ export interface IptablesProxierDeps {
   chunkLines?: number;
   /**
    * lines per restore of a restart's dispatch edits (plan.ts restartPayloads,
-   * dispatch-chunks.ts); default: the chunk size. 0: one dispatch restore (the form before
+   * dispatch-chunks.ts); default: plan.ts dispatchBudget (the chunk size, up to twice it for a
+   * large ruleset). 0: one dispatch restore (the form before
    * round rsb, for bench/iptables-restart.ts's comparison)
    */
   dispatchChunkLines?: number;
+  /** false: a restart's chunked dispatch edits insert past the last rule with `-I` (round rsb's form, for bench/iptables-restart.ts's comparison); default true: `-A` */
+  dispatchAppends?: boolean;
 }
 
 /** The input with only the service ports of `changed` services (for per-service checks). */
@@ -278,6 +281,7 @@ export class IptablesProxier implements Proxier {
         fs.backend ??= await fs.exec.backend();
         fs.sync.chunkLines = chunkLinesFor(fs.backend, this.deps.chunkLines);
         fs.sync.dispatchChunkLines = this.deps.dispatchChunkLines;
+        fs.sync.dispatchAppends = this.deps.dispatchAppends;
         deferredJumps = await this.ensureJumps(fs);
       }
       const plan = fs.sync.plan(input.state, opts, changed, doFull, this.now(), syncPeriodMs);
