@@ -13,7 +13,7 @@ import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
-import { hostRunner, runChecked, type CommandRunner } from '../../src/exec/runner.ts';
+import { hostRunner, runChecked } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
@@ -21,6 +21,7 @@ import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
 import { dropLingering } from '../support/nft-retired.ts';
 import { Netns, uniqueName } from '../support/netns.ts';
+import { nsRunner } from './objects.ts';
 
 const NS = { a: uniqueName('kpt-nft-dd-a'), b: uniqueName('kpt-nft-dd-b'), pods: uniqueName('kpt-nft-dd-p') };
 let node: Netns;
@@ -41,10 +42,6 @@ const t = setTimeout(() => { s.destroy(); console.log(JSON.stringify({ err: 'TIM
 s.on('data', (d) => (buf += d)); s.on('end', () => { clearTimeout(t); console.log(JSON.stringify({ reply: buf.trim() })); });
 s.on('error', (e) => { clearTimeout(t); console.log(JSON.stringify({ err: e.code })); });
 `;
-
-function nsRunner(ns: string): CommandRunner {
-  return { run: (cmd, args, opts) => hostRunner.run('ip', ['netns', 'exec', ns, cmd, ...args], opts) };
-}
 
 /** One TCP connect from the node namespace: the address that answered, or the error. */
 async function connect(host: string, port = 80): Promise<{ reply?: string; err?: string }> {

@@ -9,7 +9,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { hostRunner, runChecked, type CommandRunner } from '../../src/exec/runner.ts';
+import { hostRunner, runChecked } from '../../src/exec/runner.ts';
 import { NftExecutor, NftApplyError } from '../../src/exec/nft.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
@@ -19,6 +19,7 @@ import type { PlanInput } from '../../src/modes/types.ts';
 import { mode } from '../../src/proxy/nftables/index.ts';
 import type { ShardedNftProxier } from '../../src/proxy/nftables/sharded.ts';
 import { traceNft } from '../../src/modes/nftables/trace.ts';
+import { nsRunner } from './objects.ts';
 
 const P = `kpt-nft-${process.pid}`;
 const NS = { node: `${P}-node`, pod1: `${P}-pod1`, pod2: `${P}-pod2`, client: `${P}-client` };
@@ -29,10 +30,6 @@ const POD = { pod1: '10.180.1.1', pod2: '10.180.2.1' };
 
 const dir = mkdtempSync(join(tmpdir(), 'kpt-nft-'));
 const servers: ChildProcess[] = [];
-
-function nsRunner(ns: string): CommandRunner {
-  return { run: (cmd, args, opts) => hostRunner.run('ip', ['netns', 'exec', ns, cmd, ...args], opts) };
-}
 
 async function sh(args: string[]): Promise<void> {
   await runChecked(hostRunner, args[0], args.slice(1), { timeoutMs: 10_000 });

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
-import { hostRunner, runChecked, type CommandRunner } from '../../src/exec/runner.ts';
+import { hostRunner, runChecked } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
@@ -17,15 +17,12 @@ import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
 import { dropLingering, dropRetiredAffinitySets } from '../support/nft-retired.ts';
 import { uniqueName } from '../support/netns.ts';
 import { rng } from '../support/rng.ts';
+import { nsRunner } from './objects.ts';
 
 const NS = { partial: uniqueName('kpt-nft-eq-a'), full: uniqueName('kpt-nft-eq-b') };
 const SERVICES = 12;
 const STEPS = 14;
 const SEEDS = [1, 2];
-
-function nsRunner(ns: string): CommandRunner {
-  return { run: (cmd, args, opts) => hostRunner.run('ip', ['netns', 'exec', ns, cmd, ...args], opts) };
-}
 
 
 interface Svc {

@@ -6,8 +6,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
-import { hostRunner, runChecked, type CommandRunner } from '../../src/exec/runner.ts';
+import { hostRunner, runChecked } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
@@ -15,39 +14,13 @@ import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { mode } from '../../src/proxy/nftables/index.ts';
 import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
 import { dropLingering, dropRetiredAffinitySets } from '../support/nft-retired.ts';
+import { endpointSlice, nodePortService, nsRunner } from './objects.ts';
 
 const P = `kpt-nft-inc-${process.pid}`;
 const NS = { partial: `${P}-a`, full: `${P}-b` };
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
-
-function nsRunner(ns: string): CommandRunner {
-  return { run: (cmd, args, opts) => hostRunner.run('ip', ['netns', 'exec', ns, cmd, ...args], opts) };
-}
-
-function service(i: number, sticky = false): K8sService {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'ns', name: `svc${i}` },
-    spec: {
-      type: 'NodePort',
-      clusterIP: `172.30.0.${i + 1}`,
-      ports: [{ name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i }],
-      ...(sticky ? { sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 30 } } } : {}),
-    },
-  };
-}
-
-function slice(i: number, n: number): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: 'ns', name: `svc${i}-x`, labels: { 'kubernetes.io/service-name': `svc${i}` } },
-    addressType: 'IPv4',
-    endpoints: Array.from({ length: n }, (_, k) => ({ addresses: [`10.180.${i}.${k + 1}`], conditions: { ready: true }, nodeName: 'node-b' })),
-    ports: [{ name: 'http', port: 8080, protocol: 'TCP' }],
-  };
-}
+const service = (i: number, sticky = false) => nodePortService(i, sticky ? 30 : undefined);
+const slice = (i: number, n: number) => endpointSlice(i, n, 'node-b');
 
 /** The kernel's table, sorted lines; `proxier`: leave out exactly its lingering elements (each checked present and harmless). */
 async function table(ns: string, proxier?: NftProxier): Promise<string[]> {

@@ -22,6 +22,7 @@ import { PARTIAL_O1_COMMANDS } from '../../src/modes/nftables/transaction.ts';
 import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
 import { dropLingering, dropRetiredAffinitySets } from '../support/nft-retired.ts';
 import { uniqueName } from '../support/netns.ts';
+import { nsRunner } from './objects.ts';
 
 const NS = { partial: uniqueName('kpt-nft-pf-a'), full: uniqueName('kpt-nft-pf-b') };
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
@@ -39,10 +40,6 @@ class RecordingRunner implements CommandRunner {
     this.sent = [];
     return out;
   }
-}
-
-function nsRunner(ns: string): CommandRunner {
-  return { run: (cmd, args, opts) => hostRunner.run('ip', ['netns', 'exec', ns, cmd, ...args], opts) };
 }
 
 function service(i: number, opts: { sticky?: boolean; local?: boolean; port?: number } = {}): K8sService {

@@ -26,6 +26,7 @@ import { shardOf } from '../../src/modes/nftables/names.ts';
 import { kubeProxyTables } from '../../src/modes/nftables/trace.ts';
 import { chooseShards, DEFAULT_SHARDS, ShardedNftProxier, targetShards } from '../../src/proxy/nftables/sharded.ts';
 import { uniqueName } from '../support/netns.ts';
+import { nsRunner } from './objects.ts';
 
 const P = uniqueName('kpt-shd');
 const NS = { node: `${P}-n`, pod1: `${P}-p1`, pod2: `${P}-p2`, client: `${P}-c`, fresh: `${P}-f` };
@@ -36,10 +37,6 @@ const SHARDS = { threshold: 6, perTable: 3, maxTables: 4 };
 
 const dir = mkdtempSync(join(tmpdir(), 'kpt-shd-'));
 const servers: ChildProcess[] = [];
-
-function nsRunner(ns: string): CommandRunner {
-  return { run: (cmd, args, opts) => hostRunner.run('ip', ['netns', 'exec', ns, cmd, ...args], opts) };
-}
 
 async function inNs(ns: string, args: string[]): Promise<void> {
   await runChecked(nsRunner(ns), args[0], args.slice(1), { timeoutMs: 10_000 });

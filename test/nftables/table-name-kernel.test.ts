@@ -9,8 +9,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
-import { hostRunner, runChecked, type CommandRunner } from '../../src/exec/runner.ts';
+import { hostRunner, runChecked } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import { parseNftText } from '../../src/modes/nftables/parse.ts';
@@ -19,39 +18,13 @@ import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { fullTransaction } from '../../src/modes/nftables/transaction.ts';
 import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
 import { uniqueName } from '../support/netns.ts';
+import { endpointSlice, nodePortService, nsRunner } from './objects.ts';
 
 const NS = { a: uniqueName('kpt-nft-tn-a'), b: uniqueName('kpt-nft-tn-b') };
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
+const service = (i: number, sticky = false) => nodePortService(i, sticky ? 60 : undefined);
+const slice = (i: number, n: number) => endpointSlice(i, n, 'node-a');
 const SHARD = 'kube-proxy-3';
-
-function nsRunner(ns: string): CommandRunner {
-  return { run: (cmd, args, opts) => hostRunner.run('ip', ['netns', 'exec', ns, cmd, ...args], opts) };
-}
-
-function service(i: number, sticky = false): K8sService {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'ns', name: `svc${i}` },
-    spec: {
-      type: 'NodePort',
-      clusterIP: `172.30.0.${i + 1}`,
-      ports: [{ name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i }],
-      ...(sticky ? { sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 60 } } } : {}),
-    },
-  };
-}
-
-function slice(i: number, n: number): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: 'ns', name: `svc${i}-x`, labels: { 'kubernetes.io/service-name': `svc${i}` } },
-    addressType: 'IPv4',
-    endpoints: Array.from({ length: n }, (_, k) => ({ addresses: [`10.180.${i}.${k + 1}`], conditions: { ready: true }, nodeName: 'node-a' })),
-    ports: [{ name: 'http', port: 8080, protocol: 'TCP' }],
-  };
-}
 
 /** Every table of the namespace as "family name" → sorted dump lines. */
 async function tables(ns: string): Promise<Map<string, string[]>> {
