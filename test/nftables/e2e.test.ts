@@ -5,7 +5,7 @@
 // them and every process are removed in `after`, also on failure.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -19,7 +19,7 @@ import type { PlanInput } from '../../src/modes/types.ts';
 import { mode } from '../../src/proxy/nftables/index.ts';
 import type { ShardedNftProxier } from '../../src/proxy/nftables/sharded.ts';
 import { traceNft } from '../../src/modes/nftables/trace.ts';
-import { nsRunner } from './objects.ts';
+import { nsRunner, startReadyServer } from './objects.ts';
 
 const P = `kpt-nft-${process.pid}`;
 const NS = { node: `${P}-node`, pod1: `${P}-pod1`, pod2: `${P}-pod2`, client: `${P}-client` };
@@ -88,18 +88,7 @@ function who(replies: Reply[]): Set<string> {
 }
 
 async function startServer(ns: string, id: string): Promise<void> {
-  const child = spawn('ip', ['netns', 'exec', ns, 'node', join(dir, 'server.cjs'), id, '8080', '8081'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  servers.push(child);
-  await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server ${id} did not start`)), 10_000);
-    child.stdout!.on('data', (d: Buffer) => {
-      if (d.toString().includes('ready')) {
-        clearTimeout(timer);
-        resolve();
-      }
-    });
-    child.on('exit', (code) => reject(new Error(`server ${id} exited ${code}`)));
-  });
+  await startReadyServer(servers, ns, join(dir, 'server.cjs'), [id, '8080', '8081'], `server ${id}`);
 }
 
 async function setupNetwork(): Promise<void> {

@@ -1,5 +1,6 @@
 // Shared by the nftables kernel tests: a runner into a test's namespace, and the NodePort
 // Service / EndpointSlice pairs they fill tables with.
+import { spawn, type ChildProcess } from 'node:child_process';
 import { hostRunner, type CommandRunner } from '../../src/exec/runner.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
 
@@ -33,4 +34,20 @@ export function endpointSlice(i: number, n: number, nodeName: string): K8sEndpoi
     endpoints: Array.from({ length: n }, (_, k) => ({ addresses: [`10.180.${i}.${k + 1}`], conditions: { ready: true }, nodeName })),
     ports: [{ name: 'http', port: 8080, protocol: 'TCP' }],
   };
+}
+
+/** Starts `ip netns exec NS node SCRIPT ARGS...` (kept in `children` for the test's cleanup) and waits for it to print "ready" (10 s). */
+export async function startReadyServer(children: ChildProcess[], ns: string, script: string, args: string[], what: string): Promise<void> {
+  const child = spawn('ip', ['netns', 'exec', ns, 'node', script, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`${what} did not start`)), 10_000);
+    child.stdout!.on('data', (d: Buffer) => {
+      if (d.toString().includes('ready')) {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+    child.on('exit', (code) => reject(new Error(`${what} exited ${code}`)));
+  });
 }

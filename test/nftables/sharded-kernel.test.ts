@@ -10,7 +10,7 @@
 // are removed in `after`, also on failure.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -26,7 +26,7 @@ import { shardOf } from '../../src/modes/nftables/names.ts';
 import { kubeProxyTables } from '../../src/modes/nftables/trace.ts';
 import { chooseShards, DEFAULT_SHARDS, ShardedNftProxier, targetShards } from '../../src/proxy/nftables/sharded.ts';
 import { uniqueName } from '../support/netns.ts';
-import { nsRunner } from './objects.ts';
+import { nsRunner, startReadyServer } from './objects.ts';
 
 const P = uniqueName('kpt-shd');
 const NS = { node: `${P}-n`, pod1: `${P}-p1`, pod2: `${P}-p2`, client: `${P}-c`, fresh: `${P}-f` };
@@ -90,18 +90,7 @@ function answers(replies: Reply[]): { who: Set<string>; peers: Set<string>; erro
 }
 
 async function startServer(ns: string, id: string): Promise<void> {
-  const child = spawn('ip', ['netns', 'exec', ns, 'node', join(dir, 'server.cjs'), id, '8080'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  servers.push(child);
-  await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server ${id} did not start`)), 10_000);
-    child.stdout!.on('data', (d: Buffer) => {
-      if (d.toString().includes('ready')) {
-        clearTimeout(timer);
-        resolve();
-      }
-    });
-    child.on('exit', (code) => reject(new Error(`server ${id} exited ${code}`)));
-  });
+  await startReadyServer(servers, ns, join(dir, 'server.cjs'), [id, '8080'], `server ${id}`);
 }
 
 async function setupNetwork(): Promise<void> {
