@@ -10,13 +10,12 @@
 //   older     a restart over an older version's rules: every dispatch rule's comment other
 //             (KUBE-SERVICES, KUBE-NODEPORTS, KUBE-EXTERNAL-SERVICES, KUBE-PROXY-FIREWALL; set
 //             untimed, by one `--noflush` restore per table that flushes and refills the
-//             dispatch chains), so every dispatch rule differs; three times per repetition, in
-//             an order that turns from one repetition to the next: the dispatch edits in one
+//             dispatch chains), so every dispatch rule differs; twice per repetition, in an
+//             order that turns from one repetition to the next: the dispatch edits in one
 //             restore (`dispatchChunkLines: 0`, the form before round rsb, which rewrites the
-//             chains whole), in restores of 5,000 lines as round rsb made them (every
-//             insertion an `-I` by position: `dispatchAppends: false`), and in the default form
-//             (round rsp: an insertion past the chain's last rule an `-A`; lines per restore:
-//             plan.ts dispatchBudget, 5,000 at 10,000 Services, 10,000 at 20,000);
+//             chains whole), and in the default form (an insertion past the chain's last rule
+//             an `-A`; lines per restore: plan.ts dispatchBudget, 5,000 at 10,000 Services,
+//             10,000 at 20,000);
 // each timed as: total wall time, number of restores, the longest single restore (how long
 // the xtables lock / the nf_tables commit is held), and the rule lines it wrote (`-A`/`-I`/
 // `-D` lines and chain declarations of the restore inputs). Medians of --reps, load average.
@@ -28,7 +27,7 @@ import { parseArgs } from 'node:util';
 import type { CommandRunner, RunOptions, RunResult } from '../src/exec/runner.ts';
 import { silentLogger } from '../src/log.ts';
 import { getMode } from '../src/proxy/registry.ts';
-import { chunkLinesFor, IptablesProxier } from '../src/proxy/iptables/proxier.ts';
+import { IptablesProxier } from '../src/proxy/iptables/proxier.ts';
 import { LEGACY_IPTABLES, Namespaces, TimedRunner } from './netns.ts';
 import { fmtMs, median } from './report.ts';
 import { benchConfig, Workload } from './workload.ts';
@@ -74,10 +73,10 @@ function workload(n: number, endpoints: number, changed: boolean): Workload {
   return w;
 }
 
-async function timedSync(ns: string, rename: Record<string, string>, w: Workload, timeoutMs: number, dispatchChunkLines?: number, dispatchAppends?: boolean): Promise<SyncFigures> {
+async function timedSync(ns: string, rename: Record<string, string>, w: Workload, timeoutMs: number, dispatchChunkLines?: number): Promise<SyncFigures> {
   const timed = new TimedRunner(ns, rename, timeoutMs);
   const rec = new RestoreRecorder(timed);
-  const p = new IptablesProxier({ runner: rec, log: silentLogger(), config: w.input().config, dispatchChunkLines, dispatchAppends });
+  const p = new IptablesProxier({ runner: rec, log: silentLogger(), config: w.input().config, dispatchChunkLines });
   const t0 = performance.now();
   await p.sync(w.input(), w.serviceKeys, true);
   const totalMs = performance.now() - t0;
@@ -159,8 +158,8 @@ async function main(): Promise<void> {
   const backends = values.backends!.split(',');
   const payload = getMode('iptables').render(workload(n, endpoints, false).input());
   const nss = new Namespaces(`${process.pid}r`);
-  type Row = { raw: number[]; cold: SyncFigures[]; same: SyncFigures[]; changed: SyncFigures[]; olderOne: SyncFigures[]; olderRsb: SyncFigures[]; olderChunked: SyncFigures[]; loads: number[] };
-  const rows = new Map<string, Row>(backends.map((b) => [b, { raw: [], cold: [], same: [], changed: [], olderOne: [], olderRsb: [], olderChunked: [], loads: [] }]));
+  type Row = { raw: number[]; cold: SyncFigures[]; same: SyncFigures[]; changed: SyncFigures[]; olderOne: SyncFigures[]; olderChunked: SyncFigures[]; loads: number[] };
+  const rows = new Map<string, Row>(backends.map((b) => [b, { raw: [], cold: [], same: [], changed: [], olderOne: [], olderChunked: [], loads: [] }]));
   try {
     for (let rep = 0; rep < Number(values.reps) && Date.now() < deadline; rep++) {
       for (const b of backends) {
@@ -174,19 +173,17 @@ async function main(): Promise<void> {
           if (scenarios.has('same')) row.same.push(await timedSync(ns, rename, workload(n, endpoints, false), timeoutMs));
           if (scenarios.has('changed')) row.changed.push(await timedSync(ns, rename, workload(n, endpoints, true), timeoutMs));
           if (scenarios.has('older')) {
-            // the three forms over the same older rules, in an order that turns each
+            // the two forms over the same older rules, in an order that turns each
             // repetition; the last sync left the current rules, so the older ones are made
             // again before each
             const forms = [
-              { name: 'in one restore', lines: 0, appends: true, into: row.olderOne },
-              // round rsb's form: -I past the last rule, the chunk size per restore (unless --dispatch-lines)
-              { name: 'chunked as round rsb (-I past the last rule)', lines: dispatchLines ?? chunkLinesFor('nf_tables'), appends: false, into: row.olderRsb },
-              { name: 'in the default form', lines: dispatchLines, appends: true, into: row.olderChunked },
+              { name: 'in one restore', lines: 0, into: row.olderOne },
+              { name: 'in the default form', lines: dispatchLines, into: row.olderChunked },
             ];
             for (let k = 0; k < forms.length; k++) {
               const form = forms[(k + rep) % forms.length];
               const c = await olderComments(ns, rename, timeoutMs);
-              const f = await timedSync(ns, rename, workload(n, endpoints, scenarios.has('changed')), timeoutMs, form.lines, form.appends);
+              const f = await timedSync(ns, rename, workload(n, endpoints, scenarios.has('changed')), timeoutMs, form.lines);
               process.stderr.write(`rep ${rep} ${b}: older rules (${c} dispatch rules other), dispatch ${form.name}: ${fmtMs(f.totalMs)}, ${f.restores} restores, longest ${fmtMs(f.longestMs)}, all restores ${fmtMs(f.restoreMs)}, ${f.rules} rule lines, in-process ${fmtMs(f.inProcessMs)}; load ${loadavg()[0].toFixed(1)}\n`);
               form.into.push(f);
             }
@@ -211,7 +208,6 @@ async function main(): Promise<void> {
     process.stdout.write(`| ${b} | raw flushing iptables-restore (empty namespace) | ${fmtMs(raw)} | 1.00× | 1 | ${fmtMs(raw)} | ${fmtMs(raw)} | ${payload.split('\n').filter((l) => l.startsWith('-A ')).length} | ${payload.split('\n').filter((l) => l.startsWith(':')).length} | – | – | ${median(row.loads).toFixed(1)} |\n`);
     for (const [name, xs] of [['cold start (empty nat table)', row.cold], ['restart, same state', row.same], ['restart, 1% of Services changed', row.changed],
       ['restart over older rules (every dispatch rule differs), dispatch in one restore (before round rsb)', row.olderOne],
-      ['restart over older rules (every dispatch rule differs), dispatch chunked as round rsb made it (-I past the last rule)', row.olderRsb],
       ['restart over older rules (every dispatch rule differs), dispatch in the default form (chunked, -A past the last rule, on nf_tables; one restore on legacy)', row.olderChunked]] as const) {
       if (!xs.length) continue;
       const tot = median(xs.map((x) => x.totalMs));

@@ -152,12 +152,11 @@ function serviceOfComment(word: string | undefined): string | undefined {
  * The edits that turn every chain of `chains` from its installed rules into its planned ones,
  * as restores of about `maxLines` lines each (a group larger than that alone in one), each
  * group's edits in one restore, groups in order: free deletions, Services by key, static.
- * `appends` (default): an insertion after the chain's last rule is the planned `-A` line
- * (false: `-I chain <count+1>`, round rsb's form, for the bench's comparison).
+ * An insertion after the chain's last rule is the planned `-A` line.
  * `chainOwners`: serviceChainKey of each planned service port's chains → its Service (a
  * Service's old rule that jumps to its chains is its, also when no planned rule does).
  */
-export function chunkedDispatchEdits(chains: readonly DispatchChain[], maxLines: number, chainOwners: ReadonlyMap<string, string> = new Map(), appends = true): DispatchEdits {
+export function chunkedDispatchEdits(chains: readonly DispatchChain[], maxLines: number, chainOwners: ReadonlyMap<string, string> = new Map()): DispatchEdits {
   const out: DispatchEdits = { chunks: [], written: { filter: 0, nat: 0 }, adopted: 0 };
   const edits: Edit[] = [];
   const positions: Positions[] = [];
@@ -311,7 +310,7 @@ export function chunkedDispatchEdits(chains: readonly DispatchChain[], maxLines:
         // iptables-nft sends without a position; `-I chain <count+1>` walks the chain's rules
         // twice in iptables-nft and once more in the kernel (nf_tables finds the rule it is
         // placed after by handle, from the chain's start).
-        lines.push(++counts[ci] === at && appends ? r : `-I ${c.name} ${at}${r.slice(r.indexOf(' ', 3))}`);
+        lines.push(++counts[ci] === at ? r : `-I ${c.name} ${at}${r.slice(r.indexOf(' ', 3))}`);
         out.written[c.table]++;
       }
     }

@@ -59,12 +59,6 @@ export interface PlanRequest {
    */
   dispatchChunkLines?: number;
   /**
-   * The restart form's chunked dispatch edits: an insertion after the chain's last rule as an
-   * `-A` (default true); false: as `-I chain <count+1>`, round rsb's form, kept settable for
-   * the comparison in bench/iptables-restart.ts only.
-   */
-  dispatchAppends?: boolean;
-  /**
    * What the last applied sync rendered (the production proxier's IptablesSyncState). With
    * it, a partial sync also writes any service whose rendered block changed, and the plan
    * returns `blocks` for the next one.
@@ -587,7 +581,7 @@ export function planIptables(req: PlanRequest): Plan {
   };
   const natLines = natRulesWritten + natUnits.length + deletedChains.length * 2;
   const restart = req.full && req.installed && hasServiceChain(new Set(req.installed.get('nat')?.keys() ?? []))
-    ? restartPayloads({ natStaticUnits, serviceUnits: natServiceUnits, serviceStarts, filterUnits, deleted: deletedChains, installed: req.installed, maxLines: req.chunkLines ?? 0, dispatchLines: req.dispatchChunkLines, appends: req.dispatchAppends ?? true, owners: owners!, chainOwners: chainOwners! })
+    ? restartPayloads({ natStaticUnits, serviceUnits: natServiceUnits, serviceStarts, filterUnits, deleted: deletedChains, installed: req.installed, maxLines: req.chunkLines ?? 0, dispatchLines: req.dispatchChunkLines, owners: owners!, chainOwners: chainOwners! })
     : undefined;
   if (restart) {
     natRulesWritten = restart.natRules;
@@ -1108,8 +1102,6 @@ function restartPayloads(o: {
   maxLines: number;
   /** lines per restore of the dispatch edits (0: one restore, chainEdits per chain; undefined: dispatchBudget) */
   dispatchLines: number | undefined;
-  /** chunked dispatch edits: an insertion after the chain's last rule as `-A` (PlanRequest.dispatchAppends) */
-  appends: boolean;
   /** each service dispatch rule's Service (the others are static) */
   owners: ReadonlyMap<string, string>;
   /** each service port's chains (serviceChainKey) → its Service */
@@ -1173,7 +1165,7 @@ function restartPayloads(o: {
     const ownersOf = (u: ChainUnit) => u.rules.map((r) => o.owners.get(r) ?? STATIC_GROUP);
     for (const u of o.filterUnits) chains.push({ table: 'filter', name: u.name, rules: u.rules, owners: ownersOf(u), installed: filter.get(u.name) });
     for (const u of dispatch) chains.push({ table: 'nat', name: u.name, rules: u.rules, owners: ownersOf(u), installed: nat.get(u.name) });
-    const d = chunkedDispatchEdits(chains, dispatchLines, o.chainOwners, o.appends);
+    const d = chunkedDispatchEdits(chains, dispatchLines, o.chainOwners);
     adopted += d.adopted;
     natRules += d.written.nat;
     filterRules += d.written.filter;

@@ -26,8 +26,6 @@ export class IptablesSyncState {
   chunkLines = 0;
   /** the restart form's dispatch edits per restore (plan.ts PlanRequest.dispatchChunkLines); undefined: plan.ts dispatchBudget */
   dispatchChunkLines: number | undefined = undefined;
-  /** the restart form's chunked dispatch edits append past the last rule (PlanRequest.dispatchAppends); undefined: true */
-  dispatchAppends: boolean | undefined = undefined;
   /** with skipUnchangedChains: the blocks the last applied sync rendered; null until a full sync */
   private applied: AppliedBlocks | null = null;
   /**
@@ -57,7 +55,6 @@ export class IptablesSyncState {
       lastChainDigests: this.skipUnchangedChains && !doFull ? (this.chainDigests ?? undefined) : undefined,
       chunkLines: this.chunkLines,
       dispatchChunkLines: this.dispatchChunkLines,
-      dispatchAppends: this.dispatchAppends,
       installed,
       // the plan returns its blocks: the base of the next fast partial sync
       applied: this.skipUnchangedChains ? (this.applied ?? NO_BLOCKS) : undefined,

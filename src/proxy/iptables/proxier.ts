@@ -187,8 +187,6 @@ export interface IptablesProxierDeps {
    * round rsb, for bench/iptables-restart.ts's comparison)
    */
   dispatchChunkLines?: number;
-  /** false: a restart's chunked dispatch edits insert past the last rule with `-I` (round rsb's form, for bench/iptables-restart.ts's comparison); default true: `-A` */
-  dispatchAppends?: boolean;
 }
 
 /** The input with only the service ports of `changed` services (for per-service checks). */
@@ -281,7 +279,6 @@ export class IptablesProxier implements Proxier {
         fs.backend ??= await fs.exec.backend();
         fs.sync.chunkLines = chunkLinesFor(fs.backend, this.deps.chunkLines);
         fs.sync.dispatchChunkLines = this.deps.dispatchChunkLines;
-        fs.sync.dispatchAppends = this.deps.dispatchAppends;
         deferredJumps = await this.ensureJumps(fs);
       }
       const plan = fs.sync.plan(input.state, opts, changed, doFull, this.now(), syncPeriodMs);
