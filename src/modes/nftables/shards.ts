@@ -50,12 +50,23 @@ export function serviceCount(state: ProxyState, family: 4 | 6): number {
   return keys.size;
 }
 
-/** The state cut into k states, one per table (the ServicePort and Endpoint objects shared). */
-export function splitState(state: ProxyState, k: number, shardOfKey: (serviceKey: string) => number = (key) => shardOf(key, k)): ProxyState[] {
-  if (k <= 1) return [state];
-  const out: ProxyState[] = Array.from({ length: k }, () => ({ services: new Map(), endpoints: new Map() }));
+/**
+ * The states of the tables in `which` (default: all k), each holding only its Services (the
+ * ServicePort and Endpoint objects shared, so the planners' caches hold). k = 1: the state.
+ */
+export function splitState(
+  state: ProxyState, k: number, shardOfKey: (serviceKey: string) => number = (key) => shardOf(key, k),
+  which: readonly number[] = Array.from({ length: Math.max(1, k) }, (_, i) => i),
+): Map<number, ProxyState> {
+  const out = new Map<number, ProxyState>();
+  if (k <= 1) {
+    for (const i of which) out.set(i, state);
+    return out;
+  }
+  for (const i of which) out.set(i, { services: new Map(), endpoints: new Map() });
   for (const [key, sp] of state.services) {
-    const st = out[shardOfKey(sp.serviceKey)];
+    const st = out.get(shardOfKey(sp.serviceKey));
+    if (!st) continue;
     st.services.set(key, sp);
     const eps = state.endpoints.get(key);
     if (eps) st.endpoints.set(key, eps);
@@ -68,5 +79,5 @@ export function planShardedRulesets(state: ProxyState, o: NftPlanOptions, opts: 
   const k = targetShards(serviceCount(state, o.family), { ...DEFAULT_SHARDS, ...opts });
   if (k <= 1) return [planRuleset(state, o)];
   const names = shardTables(k);
-  return splitState(state, k).map((st, i) => planRuleset(st, { ...o, table: names[i] }));
+  return [...splitState(state, k).entries()].map(([i, st]) => planRuleset(st, { ...o, table: names[i] }));
 }

@@ -64,7 +64,7 @@ export interface NftProxierOptions {
 }
 
 /** The input restricted to the ports of `services` (what a partial sync may have changed). */
-function onlyServices(input: PlanInput, services: ReadonlySet<string>): PlanInput {
+export function onlyServices(input: PlanInput, services: ReadonlySet<string>): PlanInput {
   const ports = new Map<string, ServicePort>();
   if (services.size) for (const [k, sp] of input.state.services) if (services.has(sp.serviceKey)) ports.set(k, sp);
   return { ...input, state: { services: ports, endpoints: new Map() } };

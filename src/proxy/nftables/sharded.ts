@@ -12,13 +12,12 @@ import { SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
-import type { ProxyState } from '../../core/model.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
 import { isKubeProxyTable, shardOf } from '../../modes/nftables/names.ts';
-import { chooseShards, DEFAULT_SHARDS, serviceCount, shardTables, type ShardOptions } from '../../modes/nftables/shards.ts';
+import { chooseShards, DEFAULT_SHARDS, serviceCount, shardTables, splitState, type ShardOptions } from '../../modes/nftables/shards.ts';
 import { MAX_ISOLATION_RETRIES } from '../../modes/isolation.ts';
 import { coded } from '../../errors.ts';
-import { NftProxier, type NftProxierOptions, type PreparedSync } from './proxier.ts';
+import { NftProxier, onlyServices, type NftProxierOptions, type PreparedSync } from './proxier.ts';
 
 export { chooseShards, DEFAULT_SHARDS, shardTables, targetShards, type ShardOptions } from '../../modes/nftables/shards.ts';
 
@@ -82,24 +81,6 @@ export class ShardedNftProxier implements Proxier {
       this.shardMemo.set(key, s);
     }
     return s;
-  }
-
-  /** The state restricted to the shards in `which` (the ServicePort and Endpoint objects are shared, so the planners' caches hold). */
-  private shardStates(state: ProxyState, which: number[]): Map<number, ProxyState> {
-    const out = new Map<number, ProxyState>();
-    if (this.proxiers.length <= 1) {
-      for (const i of which) out.set(i, state);
-      return out;
-    }
-    for (const i of which) out.set(i, { services: new Map(), endpoints: new Map() });
-    for (const [key, sp] of state.services) {
-      const st = out.get(this.shardOfKey(sp.serviceKey));
-      if (!st) continue;
-      st.services.set(key, sp);
-      const eps = state.endpoints.get(key);
-      if (eps) st.endpoints.set(key, eps);
-    }
-    return out;
   }
 
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
@@ -169,7 +150,7 @@ export class ShardedNftProxier implements Proxier {
     else if (changed.size === 0) which = this.proxiers.map((_, i) => i);
     else which = [...new Set([...changed].map((key) => this.shardOfKey(key)))].sort((a, b) => a - b);
 
-    const states = this.shardStates(input.state, which);
+    const states = splitState(input.state, k, (key) => this.shardOfKey(key), which);
     const prepared = new Map<number, PreparedSync>();
     for (const i of which) {
       const p = this.proxiers[i];
@@ -226,13 +207,6 @@ export class ShardedNftProxier implements Proxier {
   async stop(): Promise<void> {
     for (const p of this.proxiers) await p.stop();
   }
-}
-
-/** The input restricted to the ports of `services` (for the skipped-VIP report of a partial sync). */
-function onlyServices(input: PlanInput, services: ReadonlySet<string>): PlanInput {
-  const ports: ProxyState['services'] = new Map();
-  if (services.size) for (const [k, sp] of input.state.services) if (services.has(sp.serviceKey)) ports.set(k, sp);
-  return { ...input, state: { services: ports, endpoints: new Map() } };
 }
 
 function countLines(text: string): number {
