@@ -61,6 +61,7 @@ export const ERROR_CODES = {
   KPROXY_USERSPACE_NO_REDIRECT: 'iptables-restore is not usable, so the userspace mode serves only the Service addresses it can bind itself; install iptables',
   KPROXY_USERSPACE_SCTP: 'an SCTP Service port cannot be served by the userspace mode (Node has no SCTP sockets); it is refused at plan time, logged once and counted, every other port is served. Use the iptables, ipvs or nftables mode for SCTP Services',
   KPROXY_USERSPACE_UNSERVED: 'a Service port the userspace mode cannot serve (its address cannot be bound nor redirected); the message says which and why',
+  KPROXY_VIEW_INTERNAL: 'the node view was built from a view an incremental build had already superseded: a kproxy bug, please report it',
 } as const satisfies Record<string, string>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

@@ -9,6 +9,7 @@ import {
   externallyAccessible, usesClusterEndpoints, usesLocalEndpoints, type Endpoint, type ProxyState, type ServicePort,
 } from './model.ts';
 import type { ModeName, ProxyConfig } from '../config/config.ts';
+import { kproxyError } from '../errors.ts';
 import type { NodeContext, PlanInput } from '../modes/types.ts';
 
 /** How "traffic from this cluster's pods" is recognised: upstream's LocalTrafficDetector. */
@@ -116,10 +117,39 @@ export type StaleFlow =
    */
   | { kind: 'unNATed'; protocol: 'TCP'; ip: string | null; port: number };
 
-/** The node-wide settings (NodeSettings, below) plus every port's decisions. */
+/** One Service's health check (upstream's svcPortMap.HealthCheckNodePorts() with LocalReadyEndpoints()). */
+export interface HealthCheckService {
+  namespace: string;
+  name: string;
+  port: number;
+  /** local ready endpoints (upstream EndpointsMap.LocalReadyEndpoints), over the Service's ports */
+  localEndpoints: number;
+}
+
+/**
+ * The node-wide settings (NodeSettings, below) plus every port's decisions.
+ *
+ * An incremental build (buildViewFrom with a previous view and the changes) updates the
+ * previous view's maps in place and returns a new view object over them: copying 50,000
+ * entries per sync was a third of kproxy's own time for a one-Service change (issue 10). The
+ * previous view is then superseded; revertView(new view) puts its maps back (a sync that
+ * failed: the next one, full, computes its stale flows against the last applied view).
+ */
 export interface NodeView extends NodeSettings {
-  /** every planned service port of the family, by servicePortKey */
+  /**
+   * every planned service port of the family, by servicePortKey: in key order after a full
+   * build; an incremental one keeps unchanged ports where they are and adds new ones last
+   */
   ports: Map<string, PortView>;
+  /** each Service's ("ns/name") port keys in `ports`, sorted; its size is the number of Services of the family */
+  servicePorts: Map<string, string[]>;
+  /**
+   * ports that have endpoints somewhere but none for internal (external) traffic here: a
+   * Local traffic policy without local endpoints (upstream's sync_proxy_rules_no_local_endpoints_total)
+   */
+  noLocalEndpoints: { internal: number; external: number };
+  /** the health-checked Services (eTP Local with a health check node port), by Service key */
+  healthChecks: Map<string, HealthCheckService>;
   /** conntrack entries to clear after this sync, relative to the previous view */
   staleFlows: StaleFlow[];
 }
@@ -367,28 +397,40 @@ export interface ViewChanges {
 /**
  * Builds the view from resolved settings (the conformance adapters' entry point). With the
  * previous view and what changed since (`changes`), only the changed services' ports are
- * looked at; the others keep their PortView objects, as a full build would give them (the
- * port cache returns the same objects for the same ServicePort, Endpoint[] and node).
+ * looked at, in the previous view's maps (updated in place: the previous view is superseded,
+ * revertView undoes it); the others keep their PortView objects, as a full build would give
+ * them (the port cache returns the same objects for the same ServicePort, Endpoint[] and node).
  */
 export function buildViewFrom(state: ProxyState, s: NodeSettings, previous?: NodeView, changes?: ViewChanges): NodeView {
   const node: PortNode = { nodeName: s.nodeName, nodeLabels: s.nodeLabels, nodeIP: s.primaryNodeIP };
   const nodeKey = nodeKeyOf(node);
   nodeViewWork.builds++;
+  // a superseded view's maps are its successor's: stale flows against it would be wrong
+  if (previous && superseded.has(previous)) throw kproxyError('KPROXY_VIEW_INTERNAL', 'the node view was built from a view an incremental build already superseded');
   if (previous && changes && sameSettings(previous, s)) {
-    const { ports, before, after } = updatedPorts(state, s.family, previous, changes, node, nodeKey);
     nodeViewWork.incremental++;
-    // the unchanged ports are the same objects before and after: staleFlows skips them anyway
-    return { ...s, ports, staleFlows: staleFlows({ ...previous, ports: before }, after) };
+    return updatedView(state, s, previous, changes, node, nodeKey);
   }
   const ports = new Map<string, PortView>();
+  const servicePorts = new Map<string, string[]>();
   const keys = [...state.services.keys()].sort();
   for (const key of keys) {
     const sp = state.services.get(key)!;
     if (sp.family !== s.family) continue;
     nodeViewWork.portsVisited++;
     ports.set(key, portView(sp, state.endpoints.get(key) ?? EMPTY, node, nodeKey));
+    const list = servicePorts.get(sp.serviceKey);
+    if (list) list.push(key);
+    else servicePorts.set(sp.serviceKey, [key]);
   }
-  return { ...s, ports, staleFlows: previous ? staleFlows(previous, ports) : unNATedFlows(ports) };
+  const noLocalEndpoints = { internal: 0, external: 0 };
+  for (const pv of ports.values()) countNoLocal(noLocalEndpoints, pv, 1);
+  const healthChecks = new Map<string, HealthCheckService>();
+  for (const [svc, list] of servicePorts) {
+    const hc = healthCheckOf(list.map((k) => ports.get(k)!));
+    if (hc) healthChecks.set(svc, hc);
+  }
+  return { ...s, ports, servicePorts, noLocalEndpoints, healthChecks, staleFlows: previous ? staleFlows(previous, ports) : unNATedFlows(ports) };
 }
 
 const SETTINGS_KEYS: Array<keyof NodeSettings> = [
@@ -399,50 +441,116 @@ function sameSettings(a: NodeSettings, b: NodeSettings): boolean {
   return SETTINGS_KEYS.every((k) => a[k] === b[k] || JSON.stringify(a[k]) === JSON.stringify(b[k]));
 }
 
-/** servicePortKey → its service's key ("ns/name:port" → "ns/name") */
-const serviceOfPortKey = (portKey: string) => portKey.slice(0, portKey.lastIndexOf(':'));
-
-/**
- * The previous view's ports with the changed services' ports replaced, in key order. A copy
- * of the map (the previous view stays as it was: stale flows and a failed sync need it), but
- * no decision is made again for an unchanged port.
- */
-function updatedPorts(
-  state: ProxyState, family: 4 | 6, previous: NodeView, changes: ViewChanges, node: PortNode, nodeKey: string,
-): { ports: Map<string, PortView>; before: Map<string, PortView>; after: Map<string, PortView> } {
-  const fresh = new Map<string, PortView>();
-  for (const svc of changes.services) {
-    for (const key of changes.portKeysOf(svc)) {
-      const sp = state.services.get(key);
-      if (!sp || sp.family !== family) continue;
-      nodeViewWork.portsVisited++;
-      fresh.set(key, portView(sp, state.endpoints.get(key) ?? EMPTY, node, nodeKey));
-    }
-  }
-  const ports = new Map<string, PortView>();
-  /** the changed services' ports in the previous view */
-  const before = new Map<string, PortView>();
-  let added = false;
-  for (const [key, v] of previous.ports) {
-    if (!changes.services.has(serviceOfPortKey(key))) {
-      ports.set(key, v);
-      continue;
-    }
-    before.set(key, v);
-    if (fresh.has(key)) ports.set(key, fresh.get(key)!);
-  }
-  for (const [key, v] of fresh) {
-    if (ports.has(key)) continue;
-    ports.set(key, v);
-    added = true;
-  }
-  // a new port lands at the end of the map: put it in key order, as a full build would
-  const ordered = added ? new Map([...ports].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) : ports;
-  return { ports: ordered, before, after: fresh };
+/** upstream counts only ports that have endpoints somewhere (else the Service rejects) */
+function countNoLocal(c: { internal: number; external: number }, pv: PortView, sign: 1 | -1): void {
+  if (!pv.hasAnyEndpoints) return;
+  if (!pv.hasInternalEndpoints) c.internal += sign;
+  if (!pv.hasExternalEndpoints) c.external += sign;
 }
 
+/**
+ * A Service's health check from its ports (key order): upstream serves one for eTP Local
+ * Services with a health check node port (the view's healthCheckNodePort is 0 otherwise),
+ * answering with the ready local endpoints counted over the Service's ports.
+ */
+function healthCheckOf(ports: PortView[]): HealthCheckService | undefined {
+  const first = ports.find((pv) => pv.healthCheckNodePort);
+  if (!first) return undefined;
+  let local = 0;
+  for (const pv of ports) for (const e of pv.endpoints) if (e.isLocal && e.ready) local++;
+  return { namespace: first.sp.portName.namespace, name: first.sp.portName.name, port: first.healthCheckNodePort, localEndpoints: local };
+}
 
-const EMPTY: Endpoint[] = [];
+/** views an incremental build has taken the maps of, and how to give them back */
+const superseded = new WeakSet<NodeView>();
+const undoOf = new WeakMap<NodeView, { previous: NodeView; undo: () => void }>();
+
+/**
+ * The previous view's maps with the changed services' ports replaced, in place: no decision
+ * is made again for an unchanged port, and nothing is done per unchanged port.
+ */
+function updatedView(state: ProxyState, s: NodeSettings, previous: NodeView, changes: ViewChanges, node: PortNode, nodeKey: string): NodeView {
+  const { ports, servicePorts, healthChecks } = previous;
+  const noLocalEndpoints = { ...previous.noLocalEndpoints };
+  /** the changed services' ports in the previous view, and in this one */
+  const before = new Map<string, PortView>();
+  const after = new Map<string, PortView>();
+  const undoKeys = new Map<string, string[] | undefined>();
+  const undoHealth = new Map<string, HealthCheckService | undefined>();
+  for (const svc of changes.services) {
+    if (undoKeys.has(svc)) continue;
+    const oldKeys = servicePorts.get(svc);
+    undoKeys.set(svc, oldKeys);
+    undoHealth.set(svc, healthChecks.get(svc));
+    for (const key of oldKeys ?? []) {
+      const v = ports.get(key)!;
+      before.set(key, v);
+      countNoLocal(noLocalEndpoints, v, -1);
+    }
+    const keys: string[] = [];
+    for (const key of changes.portKeysOf(svc)) {
+      const sp = state.services.get(key);
+      if (!sp || sp.family !== s.family) continue;
+      nodeViewWork.portsVisited++;
+      const v = portView(sp, state.endpoints.get(key) ?? EMPTY, node, nodeKey);
+      after.set(key, v);
+      keys.push(key);
+      countNoLocal(noLocalEndpoints, v, 1);
+    }
+    keys.sort();
+    // an unchanged key keeps its place in the map; a removed one goes, a new one comes last
+    for (const key of oldKeys ?? []) if (!after.has(key)) ports.delete(key);
+    for (const key of keys) ports.set(key, after.get(key)!);
+    if (keys.length) servicePorts.set(svc, keys);
+    else servicePorts.delete(svc);
+    const hc = keys.length ? healthCheckOf(keys.map((k) => after.get(k)!)) : undefined;
+    if (hc) healthChecks.set(svc, hc);
+    else healthChecks.delete(svc);
+  }
+  superseded.add(previous);
+  const view: NodeView = {
+    ...s, ports, servicePorts, noLocalEndpoints, healthChecks,
+    // the unchanged ports are the same objects before and after: staleFlows skips them anyway
+    staleFlows: staleFlows({ ...previous, ports: before }, after),
+  };
+  undoOf.set(view, {
+    previous,
+    undo: () => {
+      for (const [svc, oldKeys] of undoKeys) {
+        for (const key of servicePorts.get(svc) ?? []) ports.delete(key);
+        for (const key of oldKeys ?? []) ports.set(key, before.get(key)!);
+        if (oldKeys) servicePorts.set(svc, oldKeys);
+        else servicePorts.delete(svc);
+        const hc = undoHealth.get(svc);
+        if (hc) healthChecks.set(svc, hc);
+        else healthChecks.delete(svc);
+      }
+    },
+  });
+  return view;
+}
+
+/**
+ * Undoes an incremental build (its sync failed): the previous view's maps are as they were
+ * (a reverted port may move to the end of `ports`), and the previous view may be built from
+ * again. A full build, or a view already reverted or superseded, is left alone.
+ */
+export function revertView(view: NodeView | undefined): void {
+  if (!view || superseded.has(view)) return;
+  const u = undoOf.get(view);
+  if (!u) return;
+  undoOf.delete(view);
+  u.undo();
+  superseded.add(view);
+  superseded.delete(u.previous);
+}
+
+/**
+ * The endpoint list of a port without endpoints: one shared array, so the port cache (keyed on
+ * the Endpoint[] object) keeps hitting whichever module asks (the planners use it too).
+ */
+export const NO_ENDPOINTS: Endpoint[] = [];
+const EMPTY = NO_ENDPOINTS;
 
 /** The node view of one sync and family: computed once, rendered by every mode. */
 export function buildNodeView(input: PlanInput, previous?: NodeView, changes?: ViewChanges): NodeView {

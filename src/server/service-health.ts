@@ -4,18 +4,12 @@
 // which load balancers probe to learn whether this node has local endpoints. 200 when it has
 // some and the proxy is healthy, 503 otherwise; the body is upstream's.
 import { createServer, type Server } from 'node:http';
-import type { NodeView } from '../core/nodeview.ts';
+import type { HealthCheckService, NodeView } from '../core/nodeview.ts';
 import { coded } from '../errors.ts';
 import type { Logger } from '../log.ts';
 
-/** One Service's health check as one family's sync sees it. */
-export interface HealthCheckService {
-  namespace: string;
-  name: string;
-  port: number;
-  /** local ready endpoints (upstream EndpointsMap.LocalReadyEndpoints) */
-  localEndpoints: number;
-}
+/** One Service's health check as one family's sync sees it (the node view decides it). */
+export type { HealthCheckService } from '../core/nodeview.ts';
 
 /** Where one family listens: every address of the family, or the resolved NodePort addresses. */
 export interface HealthCheckAddresses {
@@ -24,23 +18,11 @@ export interface HealthCheckAddresses {
 }
 
 /**
- * The health-checked Services of a node view: upstream's svcPortMap.HealthCheckNodePorts()
- * (eTP Local with a health check node port; the view's healthCheckNodePort is 0 otherwise)
- * with LocalReadyEndpoints(): ready local endpoints, counted over the Service's ports.
+ * The health-checked Services of a node view (view.healthChecks, kept by the view per changed
+ * Service), in Service key order.
  */
 export function healthCheckServicesOf(view: NodeView): HealthCheckService[] {
-  const byService = new Map<string, HealthCheckService>();
-  const counts = new Map<string, number>();
-  for (const pv of view.ports.values()) {
-    const key = pv.sp.serviceKey;
-    const local = pv.endpoints.filter((e) => e.isLocal && e.ready).length;
-    counts.set(key, (counts.get(key) ?? 0) + local);
-    if (pv.healthCheckNodePort && !byService.has(key)) {
-      byService.set(key, { namespace: pv.sp.portName.namespace, name: pv.sp.portName.name, port: pv.healthCheckNodePort, localEndpoints: 0 });
-    }
-  }
-  for (const [key, s] of byService) s.localEndpoints = counts.get(key) ?? 0;
-  return [...byService.values()];
+  return [...view.healthChecks].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)).map(([, s]) => s);
 }
 
 /** upstream's response body (dedented, no trailing newline) */

@@ -8,7 +8,7 @@ import { validateOptionsForMode, type ObjectKind } from '../core/validate.ts';
 import type { Logger } from '../log.ts';
 import type { CommandRunner } from '../exec/runner.ts';
 import type { ModeModule, NodeContext, PlanInput, Proxier, SyncStats } from '../modes/types.ts';
-import { buildNodeView, type NodeView } from '../core/nodeview.ts';
+import { buildNodeView, revertView, type NodeView } from '../core/nodeview.ts';
 import { coded, kproxyError } from '../errors.ts';
 import { IptablesExecutor } from '../iptables/exec.ts';
 import { chainsFromSave } from '../iptables/save.ts';
@@ -87,17 +87,9 @@ export interface FamilySyncRecord {
 /** trigger times kept per family while its syncs fail (each is one histogram observation later) */
 const MAX_PENDING_TRIGGER_TIMES = 10_000;
 
-/** What one service-port view says about Local traffic policies without local endpoints. */
+/** What the node view says about Local traffic policies without local endpoints (kept by the view: no walk per sync). */
 export function countNoLocalEndpoints(view: NodeView | undefined): { internal: number; external: number } {
-  let internal = 0;
-  let external = 0;
-  for (const p of view?.ports.values() ?? []) {
-    // upstream counts only ports that have endpoints somewhere (else the service rejects)
-    if (!p.hasAnyEndpoints) continue;
-    if (!p.hasInternalEndpoints) internal++;
-    if (!p.hasExternalEndpoints) external++;
-  }
-  return { internal, external };
+  return view ? { ...view.noLocalEndpoints } : { internal: 0, external: 0 };
 }
 
 /** One IP family's half of the controller: its tracker and its proxier (upstream's metaproxier halves). */
@@ -497,9 +489,10 @@ export class ProxyController {
         const changed = new Set(f.changedSinceSuccess);
         for (const k of changed) changedAll.add(k);
         const famFull = full || f.failed;
+        let input: PlanInput | undefined;
         try {
           if (!f.proxier) throw new Error('proxier not created');
-          const input = this.planInput(f.family, famFull ? undefined : changed);
+          input = this.planInput(f.family, famFull ? undefined : changed);
           const stats = await f.proxier.sync(input, changed, famFull);
           f.lastView = input.view;
           f.changedSinceSuccess.clear();
@@ -520,6 +513,9 @@ export class ProxyController {
             noLocalEndpoints: countNoLocalEndpoints(input.view),
           });
         } catch (e) {
+          // the incremental view updated lastView's maps: put them back (the next sync, full,
+          // computes its stale flows against the last view applied)
+          revertView(input?.view);
           f.failed = true;
           errors.push({ family: f.family, err: e as Error });
           const code = (e as { code?: unknown }).code;

@@ -1,10 +1,11 @@
 // The incremental node view (buildViewFrom with the previous view and the changed services):
-// after any sequence of changes it is the view a full build gives (same ports in the same
-// order, the same PortView objects, the same stale flows), and it decides only the changed
-// services' ports.
+// after any sequence of changes it is the view a full build gives (the same ports, the same
+// PortView objects, the same stale flows, per-Service index, counts and health checks; the
+// order of `ports` may differ: an incremental build adds new ports last), and it decides only
+// the changed services' ports.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { buildNodeView, nodeViewWork, type NodeView, type ViewChanges } from '../../src/core/nodeview.ts';
+import { buildNodeView, nodeViewWork, revertView, type NodeView, type ViewChanges } from '../../src/core/nodeview.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import type { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
@@ -20,9 +21,12 @@ const changesOf = (t: ProxyStateTracker, services: Set<string>): ViewChanges => 
 const flows = (v: NodeView) => v.staleFlows.map((f) => JSON.stringify(f)).sort();
 
 function assertSameView(inc: NodeView, full: NodeView, what: string): void {
-  assert.deepEqual([...inc.ports.keys()], [...full.ports.keys()], `${what}: ports and their order`);
+  assert.deepEqual([...inc.ports.keys()].sort(), [...full.ports.keys()], `${what}: ports (a full build: in key order)`);
   for (const [k, v] of full.ports) assert.equal(inc.ports.get(k), v, `${what}: ${k} is the same PortView object`);
   assert.deepEqual(flows(inc), flows(full), `${what}: stale flows`);
+  assert.deepEqual(new Map([...inc.servicePorts].sort()), full.servicePorts, `${what}: each Service's ports`);
+  assert.deepEqual(inc.noLocalEndpoints, full.noLocalEndpoints, `${what}: no-local-endpoint counts`);
+  assert.deepEqual(new Map([...inc.healthChecks].sort()), new Map([...full.healthChecks].sort()), `${what}: health checks`);
 }
 
 test('200 seeded random changes: the incremental view is the full view, step by step', () => {
@@ -81,4 +85,37 @@ test('only the changed services are decided again; new node settings rebuild the
   const relabelled = buildNodeView(inputOf(t, { 'topology.kubernetes.io/zone': 'z' }), inc, changesOf(t, new Set()));
   assert.equal(nodeViewWork.portsVisited - v2, 300, 'a full build');
   assert.equal(relabelled.ports.size, 300);
+});
+
+test('an incremental build supersedes its previous view: building from it again is refused (KPROXY_VIEW_INTERNAL); revertView gives it back', () => {
+  const t = tracker();
+  for (let i = 0; i < 5; i++) {
+    t.services.update(null, svc('ns', `s${i}`, { clusterIP: `172.30.0.${i + 1}`, protocol: 'UDP' }));
+    t.endpoints.update(null, slice('ns', `s${i}`, `s${i}-a`, [{ ip: `10.180.0.${i + 1}` }], [{ port: 8080, protocol: 'UDP' }]));
+  }
+  t.apply();
+  const first = buildNodeView(inputOf(t));
+  const s2 = first.ports.get('ns/s2:p80');
+  // s2 loses its endpoint, s9 is new
+  t.endpoints.update(null, slice('ns', 's2', 's2-a', [], [{ port: 8080, protocol: 'UDP' }]));
+  t.services.update(null, svc('ns', 's9', { clusterIP: '172.30.0.99' }));
+  const changed = t.apply();
+  const inc = buildNodeView(inputOf(t), first, changesOf(t, changed));
+  assert.equal(inc.ports.size, 6);
+  assert.ok(inc.staleFlows.some((f) => f.kind === 'endpoint' && f.endpointIP === '10.180.0.3'), 'the UDP flows to the endpoint that left');
+  assert.throws(() => buildNodeView(inputOf(t), first, changesOf(t, changed)), (e: Error & { code?: string }) => e.code === 'KPROXY_VIEW_INTERNAL');
+  // the sync of `inc` failed: the first view is back as it was, and may be built from again
+  revertView(inc);
+  assert.equal(first.ports.size, 5);
+  assert.equal(first.ports.get('ns/s2:p80'), s2);
+  assert.equal(first.servicePorts.has('ns/s9'), false);
+  const again = buildNodeView(inputOf(t), first, changesOf(t, changed));
+  assert.equal(again.ports.size, 6);
+  assert.deepEqual(flows(again), flows(inc));
+  // a full build does not take the previous view's maps; nor does it start from a superseded one
+  assert.throws(() => buildNodeView(inputOf(t), first), (e: Error & { code?: string }) => e.code === 'KPROXY_VIEW_INTERNAL');
+  const full = buildNodeView(inputOf(t), again);
+  assert.notEqual(full.ports, again.ports);
+  assert.deepEqual([...again.ports.keys()].sort(), [...full.ports.keys()]);
+  assert.deepEqual(full.staleFlows, [], 'nothing changed since `again`');
 });

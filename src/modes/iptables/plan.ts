@@ -14,7 +14,7 @@
 // sync without visiting the other services' rules at all (O(changed), see there).
 import { hash } from 'node:crypto';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
-import { portView } from '../../core/nodeview.ts';
+import { NO_ENDPOINTS, portView } from '../../core/nodeview.ts';
 import {
   KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING,
   KUBE_PROXY_FIREWALL, KUBE_SERVICES, endpointChainName, isServiceChainName, probability, serviceChains,
@@ -210,7 +210,7 @@ interface RenderContext {
   key: string;
 }
 
-const EMPTY: Endpoint[] = [];
+const EMPTY: Endpoint[] = NO_ENDPOINTS;
 
 // A service's block only changes when its ServicePort or endpoint list does (the trackers
 // replace those objects on change) or the settings do: unchanged services are not rebuilt.

@@ -6,6 +6,7 @@
 // the fragments (cheap Map inserts, no hashing or rule text), and the partial transaction
 // compares only what the replanned ports touch. Pure.
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
+import { NO_ENDPOINTS } from '../../core/nodeview.ts';
 import { assembleRuleset, planPortFragment, type NftPlanOptions, type PortFragment } from './plan.ts';
 import { countObjects, type NftChain, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
 
@@ -108,7 +109,7 @@ export class IncrementalPlanner {
       const eps = state.endpoints.get(key);
       const c = this.cache.get(key);
       if (c && c.sp === sp && c.eps === eps && !changedServices?.has(sp.serviceKey)) continue;
-      const frag = planPortFragment(o, sp, eps ?? []);
+      const frag = planPortFragment(o, sp, eps ?? NO_ENDPOINTS);
       planned++;
       this.cache.set(key, { sp, eps, frag });
       if (c) touched.old.push(c.frag);

@@ -7,7 +7,7 @@
 // per-endpoint dynamic sets. Pure.
 import { isLoopback } from '../../core/ip.ts';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
-import { portView, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings } from '../../core/nodeview.ts';
+import { NO_ENDPOINTS, portView, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings } from '../../core/nodeview.ts';
 import type { PlanInput } from '../types.ts';
 import { affinitySetName, endpointChainName, flatString, nftComment, serviceChainNames, TABLE } from './names.ts';
 import { safeServicePort, type SkippedVIP } from '../vip.ts';
@@ -472,7 +472,7 @@ export function plannedPortKeys(state: ProxyState, o: NftPlanOptions): string[] 
 
 /** The desired table for a state: upstream's full sync. */
 export function planRuleset(state: ProxyState, o: NftPlanOptions): Ruleset {
-  const frags = plannedPortKeys(state, o).map((key) => planPortFragment(o, state.services.get(key)!, state.endpoints.get(key) ?? []));
+  const frags = plannedPortKeys(state, o).map((key) => planPortFragment(o, state.services.get(key)!, state.endpoints.get(key) ?? NO_ENDPOINTS));
   return assembleRuleset(o, frags);
 }
 
