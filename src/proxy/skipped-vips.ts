@@ -3,6 +3,7 @@
 // KPROXY_SERVICE_IP_SKIPPED, so a hostile Service is visible without flooding the log.
 import type { Logger } from '../log.ts';
 import type { PlanInput } from '../modes/types.ts';
+import type { ServicePort } from '../core/model.ts';
 import { describeSkippedVIP, skippedVIPs } from '../modes/vip.ts';
 import { coded } from '../errors.ts';
 
@@ -23,4 +24,22 @@ export class SkippedVIPReporter {
     }
     return skipped.length;
   }
+}
+
+/**
+ * The input restricted to the ports of `services` (what a partial sync may have changed):
+ * through the node view's per-Service index when there is a view (O(changed)), else a walk.
+ */
+export function onlyServices(input: PlanInput, services: ReadonlySet<string>): PlanInput {
+  const ports = new Map<string, ServicePort>();
+  const index = input.view?.servicePorts;
+  if (index) {
+    for (const svc of services) {
+      for (const k of index.get(svc) ?? []) {
+        const sp = input.state.services.get(k);
+        if (sp) ports.set(k, sp);
+      }
+    }
+  } else if (services.size) for (const [k, sp] of input.state.services) if (services.has(sp.serviceKey)) ports.set(k, sp);
+  return { ...input, state: { services: ports, endpoints: new Map() } };
 }

@@ -74,6 +74,82 @@ export function splitState(
   return out;
 }
 
+/**
+ * The tables' states kept across syncs (K > 1): what splitState gives, updated per changed
+ * Service instead of cut out of the whole state on every sync (at 50,000 Services that walk,
+ * and the Service count, were most of kproxy's own time for a one-Service change). Each
+ * table's maps are updated in place; a Service's ports and endpoint lists are the state's
+ * own objects, so the planners' caches hold. Pure.
+ */
+export class ShardStates {
+  private readonly states: ProxyState[] = [];
+  /** each Service's port keys in its table's state */
+  private readonly keysOf = new Map<string, string[]>();
+
+  constructor(
+    readonly k: number,
+    private readonly shardOfKey: (serviceKey: string) => number = (key) => shardOf(key, k),
+  ) {
+    for (let i = 0; i < Math.max(1, k); i++) this.states.push({ services: new Map(), endpoints: new Map() });
+  }
+
+  /** Table i's state. */
+  state(i: number): ProxyState {
+    return this.states[i];
+  }
+
+  /** The number of Services in the tables. */
+  get serviceCount(): number {
+    return this.keysOf.size;
+  }
+
+  /** Every port of the family's Services in the state, from scratch (O(N): full syncs). */
+  reset(state: ProxyState, family: 4 | 6): void {
+    for (const st of this.states) {
+      st.services.clear();
+      st.endpoints.clear();
+    }
+    this.keysOf.clear();
+    for (const [key, sp] of state.services) {
+      if (sp.family !== family) continue;
+      const st = this.states[this.shardOfKey(sp.serviceKey)];
+      if (!st) continue;
+      st.services.set(key, sp);
+      const eps = state.endpoints.get(key);
+      if (eps) st.endpoints.set(key, eps);
+      const list = this.keysOf.get(sp.serviceKey);
+      if (list) list.push(key);
+      else this.keysOf.set(sp.serviceKey, [key]);
+    }
+  }
+
+  /**
+   * The changed Services' ports as the state has them now (`portKeysOf`: their port keys in
+   * the state, the node view's servicePorts), O(changed).
+   */
+  update(state: ProxyState, family: 4 | 6, changed: Iterable<string>, portKeysOf: (serviceKey: string) => Iterable<string> | undefined): void {
+    for (const svc of changed) {
+      const st = this.states[this.shardOfKey(svc)];
+      if (!st) continue;
+      for (const key of this.keysOf.get(svc) ?? []) {
+        st.services.delete(key);
+        st.endpoints.delete(key);
+      }
+      const keys: string[] = [];
+      for (const key of portKeysOf(svc) ?? []) {
+        const sp = state.services.get(key);
+        if (!sp || sp.family !== family || sp.serviceKey !== svc) continue;
+        st.services.set(key, sp);
+        const eps = state.endpoints.get(key);
+        if (eps) st.endpoints.set(key, eps);
+        keys.push(key);
+      }
+      if (keys.length) this.keysOf.set(svc, keys);
+      else this.keysOf.delete(svc);
+    }
+  }
+}
+
 /** The tables the mode writes for a state from scratch (no history: targetShards), in shard order. */
 export function planShardedRulesets(state: ProxyState, o: NftPlanOptions, opts: ShardOptions = {}): Ruleset[] {
   const k = targetShards(serviceCount(state, o.family), { ...DEFAULT_SHARDS, ...opts });

@@ -9,7 +9,7 @@
 // A full sync over installed service chains (a restart over the previous process's rules, or
 // a later full sync) compares them with the plan and writes only what differs (plan.ts
 // restartPayloads): a restart over unchanged rules makes no restore at all.
-import { SkippedVIPReporter } from '../skipped-vips.ts';
+import { onlyServices, SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { ensureSysctl, type Sysctl } from '../../exec/sysctl.ts';
 import { IptablesExecutor, RestoreError, type IptablesBackend, type Table } from '../../iptables/exec.ts';
@@ -17,7 +17,6 @@ import { readSave, type SavedTable } from '../../iptables/save.ts';
 import { quoteArg, splitRuleArgs } from '../../iptables/tokenize.ts';
 import type { Logger } from '../../log.ts';
 import type { ProxyConfig } from '../../config/config.ts';
-import type { ServicePort } from '../../core/model.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
 import {
   KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY,
@@ -189,13 +188,6 @@ export interface IptablesProxierDeps {
   dispatchChunkLines?: number;
 }
 
-/** The input with only the service ports of `changed` services (for per-service checks). */
-function changedOnly(input: PlanInput, changed: Set<string>): PlanInput {
-  const services = new Map<string, ServicePort>();
-  for (const [k, sp] of input.state.services) if (changed.has(sp.serviceKey)) services.set(k, sp);
-  return { ...input, state: { services, endpoints: input.state.endpoints } };
-}
-
 export class IptablesProxier implements Proxier {
   private readonly families = new Map<4 | 6, FamilyState>();
   private readonly now: () => number;
@@ -227,7 +219,7 @@ export class IptablesProxier implements Proxier {
     const fs = this.familyState(input.node.family);
     fs.exclusions.startSync(changed, full);
     // A partial sync can only add skipped VIPs of the changed services: check only those.
-    (this.skippedVIPs ??= new SkippedVIPReporter(this.deps.log)).report(full ? input : changedOnly(input, changed));
+    (this.skippedVIPs ??= new SkippedVIPReporter(this.deps.log)).report(full ? input : onlyServices(input, changed));
     for (let retry = 0; ; retry++) {
       const refusal: { last?: Refusal } = {};
       try {

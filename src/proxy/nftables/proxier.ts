@@ -4,12 +4,11 @@
 // deleted with a transaction that deletes anyway, or after an idle sync (staleChainMaxWaitMs).
 // A removed element that is harmless meanwhile (a jump into such a chain, a ClusterIP no
 // Service has) lingers the same way and goes before its chain (deferElementDeletes).
-import { SkippedVIPReporter } from '../skipped-vips.ts';
+import { onlyServices, SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
-import type { ServicePort } from '../../core/model.ts';
 import { parseNftText } from '../../modes/nftables/parse.ts';
 import { assembleRuleset, optionsFromInput, type NftPlanOptions } from '../../modes/nftables/plan.ts';
 import { IncrementalPlanner } from '../../modes/nftables/incremental.ts';
@@ -63,12 +62,7 @@ export interface NftProxierOptions {
   table?: string;
 }
 
-/** The input restricted to the ports of `services` (what a partial sync may have changed). */
-export function onlyServices(input: PlanInput, services: ReadonlySet<string>): PlanInput {
-  const ports = new Map<string, ServicePort>();
-  if (services.size) for (const [k, sp] of input.state.services) if (services.has(sp.serviceKey)) ports.set(k, sp);
-  return { ...input, state: { services: ports, endpoints: new Map() } };
-}
+export { onlyServices };
 
 /** A sync planned and written as text, not applied yet (NftProxier.prepare → apply → commit). */
 export interface PreparedSync {

@@ -14,7 +14,7 @@ import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
 import { isKubeProxyTable, shardOf } from '../../modes/nftables/names.ts';
-import { chooseShards, DEFAULT_SHARDS, serviceCount, shardTables, splitState, type ShardOptions } from '../../modes/nftables/shards.ts';
+import { chooseShards, DEFAULT_SHARDS, serviceCount, ShardStates, shardTables, type ShardOptions } from '../../modes/nftables/shards.ts';
 import { MAX_ISOLATION_RETRIES } from '../../modes/isolation.ts';
 import { coded } from '../../errors.ts';
 import { NftProxier, onlyServices, type NftProxierOptions, type PreparedSync } from './proxier.ts';
@@ -83,8 +83,15 @@ export class ShardedNftProxier implements Proxier {
     return s;
   }
 
+  /** the tables' states (K > 1), kept across syncs: updated per changed Service */
+  private shardStates: ShardStates | null = null;
+
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
-    const n = serviceCount(input.state, input.node.family);
+    const family = input.node.family;
+    const view = input.view;
+    // The number of Services: the node view keeps it (its per-Service index); without a view
+    // (tests, render-like callers) it is counted.
+    const n = view ? view.servicePorts.size : serviceCount(input.state, family);
     const k = chooseShards(n, this.proxiers.length, this.shardOpts);
     let reshard = k !== this.proxiers.length;
     if (reshard) {
@@ -95,6 +102,17 @@ export class ShardedNftProxier implements Proxier {
       this.proxiers = shardTables(k).map((t) => this.newProxier(t));
       this.shardMemo.clear();
       this.needTableScan = true;
+      this.shardStates = null;
+    }
+    // Each table's state: from scratch on a full sync or a reshard (O(N)), else only the
+    // changed Services' ports move (their keys from the node view), O(changed).
+    if (k > 1) {
+      if (!this.shardStates || full || reshard || !view) {
+        this.shardStates ??= new ShardStates(k, (key) => this.shardOfKey(key));
+        this.shardStates.reset(input.state, family);
+      } else {
+        this.shardStates.update(input.state, family, changed, (svc) => view.servicePorts.get(svc));
+      }
     }
     (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(full || reshard ? input : onlyServices(input, changed));
     for (const p of this.proxiers) p.exclusions.startSync(changed, full || reshard);
@@ -150,12 +168,12 @@ export class ShardedNftProxier implements Proxier {
     else if (changed.size === 0) which = this.proxiers.map((_, i) => i);
     else which = [...new Set([...changed].map((key) => this.shardOfKey(key)))].sort((a, b) => a - b);
 
-    const states = splitState(input.state, k, (key) => this.shardOfKey(key), which);
     const prepared = new Map<number, PreparedSync>();
     for (const i of which) {
       const p = this.proxiers[i];
       const own = k <= 1 ? changed : new Set([...changed].filter((key) => this.shardOfKey(key) === i));
-      prepared.set(i, await p.prepare({ ...input, state: p.exclusions.filter(states.get(i)!) }, own, full));
+      const state = k <= 1 ? input.state : this.shardStates!.state(i);
+      prepared.set(i, await p.prepare({ ...input, state: p.exclusions.filter(state) }, own, full));
     }
     this.lastAttemptPartial = [...prepared.values()].some((x) => x.partial);
     // Tables no longer used (a reshard; leftovers of an earlier K or run), as the kernel lists
