@@ -6,13 +6,16 @@
 //     ~N/600 tables, at most 16);
 // each: the cold start (sync(full), and its `nft -f` part), then --changes one-Service changes
 // (one endpoint added to one Service, sync(partial): wall time and its `nft -f` part), then
-// up to 3 Services deleted. The load average (1 min) is printed with each size.
+// up to 3 Services deleted. Each sync gets the node view the controller would build (full at
+// the start, then incremental: the change's time includes it). The load average (1 min) is
+// printed with each size.
 //
 //   node --import tsx bench/nft-sharded.ts [--sizes 100,1000,10000] [--reps 3] [--changes 7] [--timeout 300]
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import os from 'node:os';
+import { buildNodeView } from '../src/core/nodeview.ts';
 import { silentLogger } from '../src/log.ts';
 import { ShardedNftProxier } from '../src/proxy/nftables/sharded.ts';
 import { execMs, isWrite, Namespaces, TimedRunner } from './netns.ts';
@@ -58,8 +61,17 @@ export async function nftSharded(o: Options, log: (l: string) => void): Promise<
           try {
             const runner = new TimedRunner(ns, {}, o.timeoutS * 1000);
             const proxier = new ShardedNftProxier({ runner, log: silentLogger(), shards: v.shards });
+            // the node view as the controller builds it (planInput): full, then per change
+            // incremental (the sharded proxier takes the Service count and each changed
+            // Service's ports from it)
+            let view = buildNodeView(w.input('nftables'));
+            const inputOf = (changed?: Set<string>) => {
+              const input = w.input('nftables');
+              view = changed ? buildNodeView(input, view, { services: changed, portKeysOf: (k) => w.tracker.services.portKeysOf(k) }) : view;
+              return { ...input, view };
+            };
             const t0 = performance.now();
-            await proxier.sync(w.input('nftables'), new Set(), true);
+            await proxier.sync(inputOf(), new Set(), true);
             cell.coldMs.push(performance.now() - t0);
             cell.coldNftMs.push(execMs(runner.take(), isWrite));
             cell.tables = proxier.shardCount;
@@ -67,14 +79,14 @@ export async function nftSharded(o: Options, log: (l: string) => void): Promise<
             for (let c = 0; c < o.changes; c++) {
               const changed = w.addEndpoint(Math.floor((n * (c + 1)) / (o.changes + 1)));
               const t1 = performance.now();
-              await proxier.sync(w.input('nftables'), changed, false);
+              await proxier.sync(inputOf(changed), changed, false);
               cell.changeMs.push(performance.now() - t1);
               cell.changeNftMs.push(execMs(runner.take(), isWrite));
             }
             for (let c = 0; c < Math.min(3, o.changes); c++) {
               const changed = w.deleteService(Math.floor((n * (2 * c + 1)) / (2 * o.changes + 2)));
               const t1 = performance.now();
-              await proxier.sync(w.input('nftables'), changed, false);
+              await proxier.sync(inputOf(changed), changed, false);
               cell.deleteMs.push(performance.now() - t1);
               runner.take();
             }
