@@ -12,12 +12,17 @@
 // success and no output instead (kproxy's own part only, no root needed).
 //
 //   node --import tsx bench/own-path.ts [--sizes 100,10000,50000] [--changes 7] [--mode nftables|iptables]
-//        [--trees before=/path/to/base,after=.] [--no-kernel] [--timeout 400]
+//        [--trees before=/path/to/base,after=.] [--no-kernel] [--timeout 400] [--profile DIR]
+//
+// --profile DIR: a CPU profile of the changes only (not the cold starts), one file per size,
+// DIR/own-path-N.cpuprofile (Chrome DevTools / speedscope format), every tree in it.
 //
 // Prints per size and tree the medians of: tracker (update + apply), node view, Proxier.sync
 // wall, of which commands, kproxy's own part of the sync (wall − commands), after-sync steps,
 // and own total (everything but the commands), with the load average (1 min) beside them.
-import { resolve } from 'node:path';
+import { writeFileSync } from 'node:fs';
+import { Session } from 'node:inspector/promises';
+import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import os from 'node:os';
@@ -84,6 +89,7 @@ interface Options {
   trees: Array<[string, string]>;
   kernel: boolean;
   timeoutS: number;
+  profileDir?: string;
 }
 
 export async function ownPath(o: Options, log: (l: string) => void): Promise<Map<string, Steps>> {
@@ -107,6 +113,12 @@ export async function ownPath(o: Options, log: (l: string) => void): Promise<Map
         const steps = newSteps();
         out.set(`${n} ${tree.name}`, steps);
         runs.push({ tree, runner, proxier, view, steps });
+      }
+      const session = o.profileDir ? new Session() : null;
+      if (session) {
+        session.connect();
+        await session.post('Profiler.enable');
+        await session.post('Profiler.start');
       }
       for (let c = 0; c < o.changes; c++) {
         const i = Math.floor((n * (c + 1)) / (o.changes + 1));
@@ -138,6 +150,13 @@ export async function ownPath(o: Options, log: (l: string) => void): Promise<Map
           s.whole.push(trackerMs + (t4 - t1));
           s.load.push(os.loadavg()[0]);
         }
+      }
+      if (session) {
+        const { profile } = await session.post('Profiler.stop');
+        const file = join(o.profileDir!, `own-path-${n}.cpuprofile`);
+        writeFileSync(file, JSON.stringify(profile));
+        session.disconnect();
+        log(`N=${n}: CPU profile of the changes in ${file}`);
       }
       for (const r of runs) {
         log(`N=${n} ${r.tree.name}: own median ${fmtMs(median(r.steps.own))} ms, whole ${fmtMs(median(r.steps.whole))} ms, load ${os.loadavg()[0].toFixed(1)}`);
@@ -177,6 +196,7 @@ async function main(): Promise<void> {
       trees: { type: 'string', default: 'this=.' },
       'no-kernel': { type: 'boolean', default: false },
       timeout: { type: 'string', default: '400' },
+      profile: { type: 'string' },
     },
   });
   const mode = values.mode as ModeName;
@@ -186,7 +206,7 @@ async function main(): Promise<void> {
     if (!name || !root) throw new Error(`KPROXY_BENCH_ARGS: --trees wants name=dir[,name=dir], got ${t}`);
     return [name, root] as [string, string];
   });
-  const o: Options = { sizes: values.sizes!.split(',').map(Number), changes: Number(values.changes), mode, trees, kernel: !values['no-kernel'], timeoutS: Number(values.timeout) };
+  const o: Options = { sizes: values.sizes!.split(',').map(Number), changes: Number(values.changes), mode, trees, kernel: !values['no-kernel'], timeoutS: Number(values.timeout), profileDir: values.profile };
   if (o.sizes.some((n) => !Number.isInteger(n) || n < 1)) throw new Error('KPROXY_BENCH_ARGS: --sizes wants positive integers');
   if (!Number.isInteger(o.changes) || o.changes < 1 || o.changes > 50) throw new Error('KPROXY_BENCH_ARGS: --changes wants 1..50');
   const started = new Date().toISOString();
