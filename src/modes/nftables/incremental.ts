@@ -91,8 +91,11 @@ export class IncrementalPlanner {
   /**
    * `changedServices` null plans every port afresh; otherwise ports of those services, and
    * any port whose ServicePort or Endpoint[] object is not the cached one, are replanned.
+   * `portKeys`, when given with `changedServices`: every port key that may have changed since
+   * the last plan (the changed Services' keys before and after: the sharded proxier's
+   * ShardStates knows them); only those are looked at, instead of every port of the state.
    */
-  plan(state: ProxyState, o: NftPlanOptions, changedServices: ReadonlySet<string> | null): IncrementalPlan {
+  plan(state: ProxyState, o: NftPlanOptions, changedServices: ReadonlySet<string> | null, portKeys?: ReadonlySet<string>): IncrementalPlan {
     this.generation++;
     const optionsKey = JSON.stringify(o);
     const fresh = changedServices === null || optionsKey !== this.optionsKey;
@@ -103,18 +106,38 @@ export class IncrementalPlanner {
     let planned = 0;
     let keysChanged = fresh;
     let seen = 0;
-    for (const [key, sp] of state.services) {
-      if (sp.family !== o.family) continue;
-      seen++;
+    const replan = (key: string, sp: ServicePort): void => {
       const eps = state.endpoints.get(key);
       const c = this.cache.get(key);
-      if (c && c.sp === sp && c.eps === eps && !changedServices?.has(sp.serviceKey)) continue;
+      if (c && c.sp === sp && c.eps === eps && !changedServices?.has(sp.serviceKey)) return;
       const frag = planPortFragment(o, sp, eps ?? NO_ENDPOINTS);
       planned++;
       this.cache.set(key, { sp, eps, frag });
       if (c) touched.old.push(c.frag);
       else keysChanged = true;
       touched.new.push(frag);
+    };
+    if (!fresh && portKeys) {
+      // O(changed): only the given keys; one that left the state leaves the table
+      for (const key of portKeys) {
+        const sp = state.services.get(key);
+        if (sp && sp.family === o.family) {
+          replan(key, sp);
+          continue;
+        }
+        const c = this.cache.get(key);
+        if (!c) continue;
+        this.cache.delete(key);
+        touched.old.push(c.frag);
+        keysChanged = true;
+      }
+      seen = this.cache.size;
+    } else {
+      for (const [key, sp] of state.services) {
+        if (sp.family !== o.family) continue;
+        seen++;
+        replan(key, sp);
+      }
     }
     if (this.cache.size > seen) {
       // Ports were removed: their fragments leave the table.

@@ -85,12 +85,30 @@ export class ShardStates {
   private readonly states: ProxyState[] = [];
   /** each Service's port keys in its table's state */
   private readonly keysOf = new Map<string, string[]>();
+  /**
+   * per table, the port keys changed since its planner last planned it (planned(i)); null:
+   * not known (a reset since), the planner looks at every port of the table
+   */
+  private readonly touched: Array<Set<string> | null> = [];
 
   constructor(
     readonly k: number,
     private readonly shardOfKey: (serviceKey: string) => number = (key) => shardOf(key, k),
   ) {
-    for (let i = 0; i < Math.max(1, k); i++) this.states.push({ services: new Map(), endpoints: new Map() });
+    for (let i = 0; i < Math.max(1, k); i++) {
+      this.states.push({ services: new Map(), endpoints: new Map() });
+      this.touched.push(null);
+    }
+  }
+
+  /** Table i's port keys changed since planned(i), or undefined when not known (walk them all). */
+  touchedIn(i: number): ReadonlySet<string> | undefined {
+    return this.touched[i] ?? undefined;
+  }
+
+  /** Table i's planner has seen its state as it is now. */
+  planned(i: number): void {
+    this.touched[i] = new Set();
   }
 
   /** Table i's state. */
@@ -109,6 +127,7 @@ export class ShardStates {
       st.services.clear();
       st.endpoints.clear();
     }
+    this.touched.fill(null);
     this.keysOf.clear();
     for (const [key, sp] of state.services) {
       if (sp.family !== family) continue;
@@ -129,11 +148,14 @@ export class ShardStates {
    */
   update(state: ProxyState, family: 4 | 6, changed: Iterable<string>, portKeysOf: (serviceKey: string) => Iterable<string> | undefined): void {
     for (const svc of changed) {
-      const st = this.states[this.shardOfKey(svc)];
+      const i = this.shardOfKey(svc);
+      const st = this.states[i];
       if (!st) continue;
+      const touched = this.touched[i];
       for (const key of this.keysOf.get(svc) ?? []) {
         st.services.delete(key);
         st.endpoints.delete(key);
+        touched?.add(key);
       }
       const keys: string[] = [];
       for (const key of portKeysOf(svc) ?? []) {
@@ -143,6 +165,7 @@ export class ShardStates {
         const eps = state.endpoints.get(key);
         if (eps) st.endpoints.set(key, eps);
         keys.push(key);
+        touched?.add(key);
       }
       if (keys.length) this.keysOf.set(svc, keys);
       else this.keysOf.delete(svc);

@@ -315,12 +315,14 @@ export class NftProxier implements Proxier {
    * The first half of a sync: plans (full, or only the changed Services) and builds the
    * transaction's text without applying it, so a caller can apply several tables' in one
    * `nft -f` (the shards, sharded.ts). `input` is already filtered by the exclusions.
+   * `portKeys`: the port keys that may have changed since the last prepare (sharded.ts knows
+   * them); a partial plan then looks at those only.
    */
-  async prepare(input: PlanInput, changed: Set<string>, full: boolean): Promise<PreparedSync> {
+  async prepare(input: PlanInput, changed: Set<string>, full: boolean, portKeys?: ReadonlySet<string>): Promise<PreparedSync> {
     const fullSync = full || this.needFull || !this.applied;
     // A full sync plans every port afresh (and so also resets the fragment cache).
     const options = this.table === TABLE ? optionsFromInput(input) : { ...optionsFromInput(input), table: this.table };
-    const plan = this.planner.plan(input.state, options, fullSync ? null : changed);
+    const plan = this.planner.plan(input.state, options, fullSync ? null : changed, portKeys);
     const desired = plan.desired;
     const family = desired.family;
 

@@ -173,7 +173,10 @@ export class ShardedNftProxier implements Proxier {
       const p = this.proxiers[i];
       const own = k <= 1 ? changed : new Set([...changed].filter((key) => this.shardOfKey(key) === i));
       const state = k <= 1 ? input.state : this.shardStates!.state(i);
-      prepared.set(i, await p.prepare({ ...input, state: p.exclusions.filter(state) }, own, full));
+      // the table's changed port keys: its planner looks at those only (O(changed))
+      const keys = k <= 1 ? undefined : this.shardStates!.touchedIn(i);
+      prepared.set(i, await p.prepare({ ...input, state: p.exclusions.filter(state) }, own, full, keys));
+      if (k > 1) this.shardStates!.planned(i);
     }
     this.lastAttemptPartial = [...prepared.values()].some((x) => x.partial);
     // Tables no longer used (a reshard; leftovers of an earlier K or run), as the kernel lists
