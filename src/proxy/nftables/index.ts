@@ -15,7 +15,7 @@ import { optionsFromInput } from '../../modes/nftables/plan.ts';
 import { ShardedNftProxier } from './sharded.ts';
 import { dumpRuleset } from '../../modes/nftables/ruleset.ts';
 import { traceNft, traceTables } from '../../modes/nftables/trace.ts';
-import { planShardedRulesets } from '../../modes/nftables/shards.ts';
+import { planShardedRulesets, type ShardOptions } from '../../modes/nftables/shards.ts';
 import { skippedVIPNotes } from '../../modes/vip.ts';
 import { kproxyError } from '../../errors.ts';
 
@@ -91,10 +91,20 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
     const r = traceNft(text, pkt, { localIPs: local });
     return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
   }
+  const { tables: _tables, ...r } = tracePlanned(req);
+  return r;
+}
+
+/**
+ * A planned trace through the tables the mode writes for the state from scratch; `shards`
+ * overrides the mode's thresholds (tests: K > 1 on a small state, test/intents).
+ */
+export function tracePlanned(req: TraceRequest, shards?: ShardOptions): TraceResult & { tables: string[] } {
   if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'a planned trace needs --manifests (or use --live)');
-  const tables = planShardedRulesets(req.input.state, optionsFromInput(req.input));
+  const pkt = { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port };
+  const tables = planShardedRulesets(req.input.state, optionsFromInput(req.input), shards);
   const r = traceTables(tables, pkt, { localIPs: req.input.node.nodeIPs });
-  return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)] };
+  return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)], tables: tables.map((t) => t.table) };
 }
 
 export const mode: ModeModule = { name: 'nftables', render, createProxier, cleanup, trace };
