@@ -66,13 +66,14 @@ test('the unallocated-ClusterIP drop runs after every table\'s reject (the old i
   assert.equal(flow.output, 'REJECT');
   assert.equal(wrong.output, 'DROP');
   const local = { localIPs: tracerLocalIPs(c.config) };
-  // svc2 in the first table, svc1 (the packet's ClusterIP) in the second
-  const spread = (key: string) => (key.endsWith('/svc1') ? 1 : 0);
+  // svc1 (the packet's ClusterIP) in the first table, svc2 in the second, which the kernel
+  // runs first at the same priority (created last: trace.ts)
+  const spread = (key: string) => (key.endsWith('/svc1') ? 0 : 1);
   const fixed = planShards(state, o, 2, spread);
   assert.equal(traceTables(fixed, flow, local).output, 'REJECT');
   assert.equal(traceTables(fixed, wrong, local).output, 'DROP');
   assert.ok(fixed.every((rs) => rs.chains.get('filter-forward-unallocated')?.priority === 10));
-  // the same two tables planned with the single table's inline drop
+  // the same two tables planned with the single table's inline drop: svc2's table drops first
   const old = fixed.map((rs) => {
     const st = { services: new Map([...state.services].filter(([, sp]) => spread(sp.serviceKey) === Number(rs.table.slice(-1)))), endpoints: state.endpoints };
     return planRuleset(st, { ...o, table: rs.table });

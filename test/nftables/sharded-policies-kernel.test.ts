@@ -17,7 +17,9 @@
 //   the other tables, and a port without endpoints next to one with them in one Service;
 // - the unallocated-ClusterIP drop (planner option serviceCIDRs; plan.ts `sharded`): another
 //   table's ClusterIP on a port it lacks is REJECTed, an unallocated one dropped; the old
-//   inline drop in each table drops the first (why the shape changed).
+//   inline drop in each table drops the first (why the shape changed); and `kproxy trace
+//   --live` gives what the kernel did, also where only the order of two tables' chains of
+//   equal priority decides (the kernel runs the table created last first).
 // Every request is bounded (1.5 s); namespaces and processes are removed in `after`.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -36,6 +38,7 @@ import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts'
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { planShards, splitState } from '../../src/modes/nftables/shards.ts';
 import { ShardedNftProxier } from '../../src/proxy/nftables/sharded.ts';
+import { mode } from '../../src/proxy/nftables/index.ts';
 import { uniqueName } from '../support/netns.ts';
 import { nsRunner, startReadyServer } from './objects.ts';
 
@@ -377,30 +380,49 @@ test('no endpoints next to endpoints in another table: REJECT at the empty Servi
   }
 });
 
-test('the unallocated-ClusterIP drop (serviceCIDRs) runs after every table\'s reject: another table\'s invalid port REJECTs, an unallocated IP is dropped', async () => {
+test('the unallocated-ClusterIP drop (serviceCIDRs) runs after every table\'s reject; the live tracer follows the kernel\'s order at equal priority', async () => {
   const o = { ...optionsFromInput(v4.input), serviceCIDRs: ['172.30.0.0/16'] };
-  const spread = (key: string) => shardOf(key, K4);
   const apply = async (text: string) => {
-    await runChecked(nsRunner(NS.node), 'nft', ['-f', '-'], { input: `${text}`, timeoutMs: 20_000 });
+    await runChecked(nsRunner(NS.node), 'nft', ['-f', '-'], { input: text, timeoutMs: 20_000 });
   };
   const clear = async () => {
     for (const t of await tablesOf('ip')) await runChecked(nsRunner(NS.node), 'nft', ['delete', 'table', 'ip', t], { timeoutMs: 10_000 });
   };
-  // `empty` (table 1) at a port it lacks, and an unallocated ClusterIP; `open` in table 0 runs first
+  /** the kernel's outcome (REJECT: ICMP at once; DROP: nothing) and `kproxy trace --live`'s, per target */
+  const outcomes = async (targets: Array<[string, number]>) => {
+    const res = await probe(NS.client, targets, 2);
+    const out: Array<{ kernel: string; traced: string }> = [];
+    for (const [i, [host, port]] of targets.entries()) {
+      const errs = [...new Set(res[i].errors)];
+      const kernel = res[i].who.size ? 'ANSWERED' : errs.length === 1 && errs[0] === REJECTED ? 'REJECT' : errs.length === 1 && errs[0] === DROPPED ? 'DROP' : errs.join('/');
+      const t = await mode.trace!({ from: CLIENT[4], to: host, port, protocol: 'TCP', live: true }, { runner: nsRunner(NS.node) });
+      out.push({ kernel, traced: t.output });
+    }
+    return out;
+  };
+  // `empty` (table 1) and `full` (table 2) at ports they lack, and an unallocated ClusterIP
   const targets: Array<[string, number]> = [[v4.at.empty.clusterIP, 81], [v4.at.full.clusterIP, 82], ['172.30.0.200', 80]];
   try {
     await clear();
-    await apply(planShards(v4.input.state, o, K4, spread).map(dumpRuleset).join(''));
-    const [other1, other2, unallocated] = await probe(NS.client, targets, 2);
-    assert.deepEqual([...new Set(other1.errors)], [REJECTED], 'table 1\'s ClusterIP, wrong port: REJECT');
-    assert.deepEqual([...new Set(other2.errors)], [REJECTED], 'table 2\'s ClusterIP, wrong port: REJECT');
-    assert.deepEqual([...new Set(unallocated.errors)], [DROPPED], 'unallocated: DROP');
-    // the shape before the fix: each table dropped what it did not know (table 0 first)
+    await apply(planShards(v4.input.state, o, K4).map(dumpRuleset).join(''));
+    assert.deepEqual(await outcomes(targets), [
+      { kernel: 'REJECT', traced: 'REJECT' },
+      { kernel: 'REJECT', traced: 'REJECT' },
+      { kernel: 'DROP', traced: 'DROP' },
+    ]);
+    // The shape before the fix (each table's drop inline, at the reject's priority), over two
+    // tables: `empty` alone in kube-proxy-1, created last, so the kernel runs it first. `open`'s
+    // wrong port is dropped by kube-proxy-1 before its own table can reject it; `empty`'s is
+    // rejected. A tracer taking equal priorities in table order would say the opposite.
     await clear();
-    const split = splitState(v4.input.state, K4, spread);
+    const spread2 = (key: string) => (key.includes('/empty-') ? 1 : 0);
+    const split = splitState(v4.input.state, 2, spread2);
     await apply([...split].map(([i, st]) => dumpRuleset(planRuleset(st, { ...o, table: `kube-proxy-${i}` }))).join(''));
-    const [old1] = await probe(NS.client, [targets[0]], 2);
-    assert.deepEqual([...new Set(old1.errors)], [DROPPED], 'the inline drop of table 0 drops table 1\'s ClusterIP\'s wrong port');
+    assert.deepEqual(await tablesOf('ip'), ['kube-proxy-0', 'kube-proxy-1']);
+    assert.deepEqual(await outcomes([[v4.at.open.clusterIP, 81], [v4.at.empty.clusterIP, 81]]), [
+      { kernel: 'DROP', traced: 'DROP' },
+      { kernel: 'REJECT', traced: 'REJECT' },
+    ]);
   } finally {
     // back to what the proxier wrote
     await clear();
