@@ -23,6 +23,7 @@ export { planRuleset, optionsFromInput } from '../../modes/nftables/plan.ts';
 export { traceNft, traceRuleset } from '../../modes/nftables/trace.ts';
 export { dumpRuleset } from '../../modes/nftables/ruleset.ts';
 export { sortNftTransaction } from '../../modes/nftables/conformance.ts';
+export { runShardedCase } from '../../modes/nftables/conformance-sharded.ts';
 
 /** The table as it would be applied for this state (knftables dump form; valid `nft -f` input). */
 function render(input: PlanInput): string {
