@@ -1,7 +1,49 @@
+import type { CaseOutcome, ConformanceAdapter, ConformanceCase } from '../conformance/case.ts';
 import { runConformance } from '../conformance/runner.ts';
 import { conformanceAdapters } from '../proxy/registry.ts';
+import { runShardedCase } from '../proxy/nftables/index.ts';
+import { kproxyError } from '../errors.ts';
 
-export async function conformanceCommand(dirs: string[]): Promise<void> {
-  const res = await runConformance(dirs, conformanceAdapters, (l) => process.stdout.write(l + '\n'));
+export interface ConformanceOptions {
+  /** "2,3": also run every flows case and every nftables case through the sharded nftables shape with these K */
+  nftShards?: string;
+}
+
+/** The K of --nft-shards: integers from 2 to 16. */
+export function parseShardList(text: string): number[] {
+  const ks = text.split(',').map((s) => s.trim()).filter(Boolean).map(Number);
+  if (!ks.length || ks.some((k) => !Number.isInteger(k) || k < 2 || k > 16)) {
+    throw kproxyError('KPROXY_CONFIG_INVALID', `--nft-shards ${JSON.stringify(text)}: a comma-separated list of table counts from 2 to 16, e.g. 2,3`);
+  }
+  return [...new Set(ks)];
+}
+
+/**
+ * Each adapter, and then, for a flows case (any mode) or an nftables case, the same case through
+ * K tables (src/modes/nftables/conformance-sharded.ts); a case passes when both pass.
+ */
+function withShards(adapters: Record<string, ConformanceAdapter | undefined>, ks: number[]): Record<string, ConformanceAdapter | undefined> {
+  const out: Record<string, ConformanceAdapter | undefined> = {};
+  for (const [mode, a] of Object.entries(adapters)) {
+    out[mode] = a && {
+      async run(c: ConformanceCase): Promise<CaseOutcome> {
+        const r = await a.run(c);
+        if (c.kind !== 'flows' && mode !== 'nftables') return r;
+        const s = runShardedCase(c, ks);
+        const by = `through nftables over K=${ks.join(',')} tables (${s.spreads} spreads, ${s.packets} packets)`;
+        return {
+          ok: r.ok && s.ok,
+          detail: [r.detail, s.detail].filter(Boolean).join('\n') || undefined,
+          judgedBy: `${r.judgedBy ?? c.kind}, and ${by}`,
+        };
+      },
+    };
+  }
+  return out;
+}
+
+export async function conformanceCommand(dirs: string[], o: ConformanceOptions = {}): Promise<void> {
+  const adapters = o.nftShards !== undefined ? withShards(conformanceAdapters, parseShardList(o.nftShards)) : conformanceAdapters;
+  const res = await runConformance(dirs, adapters, (l) => process.stdout.write(l + '\n'));
   if (res.failed > 0) process.exitCode = 1;
 }

@@ -187,7 +187,8 @@ export async function main(argv: string[]): Promise<void> {
 
   program.command('conformance').description('run upstream-format conformance cases; ends with "N passed, N failed"')
     .argument('<dirs...>', 'case directories or directories of cases')
-    .action(async (dirs: string[]) => conformanceCommand(dirs).catch(fail));
+    .option('--nft-shards <list>', 'also run every flows case and every nftables case through the sharded nftables mode with these table counts, e.g. 2,3')
+    .action(async (dirs: string[], o: { nftShards?: string }) => conformanceCommand(dirs, o).catch(fail));
 
   program.command('demo').description('standalone demo: userspace mode on examples/manifests with backends on loopback')
     .option('--manifests <dir>', 'manifests directory (default: the examples/manifests of this checkout)')

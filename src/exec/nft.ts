@@ -118,18 +118,34 @@ export class NftExecutor {
     );
   }
 
-  /** The names of the family's tables (`nft list tables FAMILY`). */
-  async listTables(family: NftFamilyName): Promise<string[]> {
-    const r = await this.runner.run('nft', ['list', 'tables', family], { timeoutMs: this.timeoutMs });
-    if (r.code !== 0) throw new ExecError('KPROXY_EXEC_FAILED', `nft list tables ${family} exited ${r.code}: ${r.stderr.trim()}`, r);
-    const out: string[] = [];
-    for (const m of r.stdout.matchAll(/^table (\S+) (\S+)$/gm)) if (m[1] === family) out.push(m[2]);
-    return out;
+  /**
+   * Which of `names` exist as tables of the family, in the order given. One `nft -c -f -` of
+   * `create table` lines: nft checks the batch in the kernel without committing, and names every
+   * line whose table exists ("File exists"). It reads no table's content, so it costs the same
+   * at any size (33 ms with 16 tables of 10,000 Services, where `nft list tables` takes 55 s:
+   * nft 1.0.6 fetches every table's chains, rules and sets first, and the kernel's dumps restart
+   * per message). Names must be valid nft identifiers.
+   */
+  async existingTables(family: NftFamilyName, names: readonly string[]): Promise<string[]> {
+    if (names.length === 0) return [];
+    const input = names.map((n) => `create table ${family} ${n}\n`).join('');
+    const r = await this.runner.run('nft', ['-c', '-f', '-'], { input, timeoutMs: this.timeoutMs });
+    if (r.code === 0) return [];
+    const found = new Set<number>();
+    const other: string[] = [];
+    for (const m of r.stderr.matchAll(/(?:\/dev\/stdin|-):(\d+):\d+(?:-\d+)?: Error: ([^\n]*)/g)) {
+      if (/File exists/.test(m[2])) found.add(parseInt(m[1], 10));
+      else other.push(`line ${m[1]}: ${m[2]}`);
+    }
+    if (other.length || found.size === 0) {
+      throw new ExecError('KPROXY_EXEC_FAILED', `nft -c of ${names.length} create table lines (${family}) exited ${r.code}: ${other[0] ?? r.stderr.trim()}`, r);
+    }
+    return names.filter((_, i) => found.has(i + 1));
   }
 
-  /** `nft list table FAMILY NAME`, or null when the table does not exist. */
-  async listTable(family: NftFamilyName, table = 'kube-proxy'): Promise<string | null> {
-    const r = await this.runner.run('nft', ['list', 'table', family, table], { timeoutMs: this.timeoutMs });
+  /** `nft list table FAMILY NAME` (`-a`: with `# handle N` comments), or null when the table does not exist. */
+  async listTable(family: NftFamilyName, table = 'kube-proxy', opts: { handles?: boolean } = {}): Promise<string | null> {
+    const r = await this.runner.run('nft', [...(opts.handles ? ['-a'] : []), 'list', 'table', family, table], { timeoutMs: this.timeoutMs });
     if (r.code === 0) return r.stdout;
     if (NOT_FOUND.test(r.stderr)) return null;
     throw new ExecError('KPROXY_EXEC_FAILED', `nft list table ${family} ${table} exited ${r.code}: ${r.stderr.trim()}`, r);

@@ -78,3 +78,35 @@ test('kproxy conformance exits non-zero on a failed case and prints the closing 
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('kproxy conformance --nft-shards 2,3 runs the flows and nftables cases through the sharded tables too', () => {
+  const out = execFileSync(process.execPath, [join(repo, 'bin/kproxy.js'), 'conformance', '--nft-shards', '2,3', shared], { encoding: 'utf8' });
+  const lines = out.trim().split('\n');
+  const all = findCases([shared]).map((d) => loadCase(d));
+  assert.equal(lines.at(-1), `${all.length} passed, 0 failed`);
+  const sharded = all.filter((c) => c.kind === 'flows' || c.config.mode === 'nftables');
+  assert.ok(sharded.length >= 8);
+  for (const c of sharded) {
+    const line = lines.find((l) => l.startsWith('PASS ') && l.includes(`/${c.name} `));
+    assert.match(line ?? `no line for ${c.name}`, /and through nftables over K=2,3 tables \(7 spreads, \d+ packets\)/);
+  }
+  // a broken flow fails, naming the spread
+  const dir = mkdtempSync(join(tmpdir(), 'kp-conf-'));
+  try {
+    const src = findCases([shared]).find((d) => loadCase(d).name === 'nftables-TestClusterIPGeneral')!;
+    cpSync(src, join(dir, 'c'), { recursive: true });
+    const flows = loadCase(src).flows!.map((f) => (f.name === 'packet to unallocated cluster ip' ? { ...f, output: 'REJECT' } : f));
+    writeFileSync(join(dir, 'c', 'flows.json'), JSON.stringify(flows));
+    let text = '';
+    try {
+      execFileSync(process.execPath, [join(repo, 'bin/kproxy.js'), 'conformance', '--nft-shards', '2', dir], { encoding: 'utf8' });
+      assert.fail('a broken case passed');
+    } catch (e) {
+      text = (e as { stdout: string }).stdout;
+    }
+    assert.match(text, /K=2 rotation 0: flow "packet to unallocated cluster ip" .* want "REJECT" masq=false, got "DROP"/);
+    assert.equal(text.trim().split('\n').at(-1), '0 passed, 1 failed');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

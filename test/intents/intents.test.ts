@@ -8,6 +8,9 @@
 // - iptables gives exactly the oracle's result (upstream's iptables mode, table.ts oracle());
 // - nftables gives exactly what iptables gives (upstream's nftables mode was written to
 //   behave as its iptables mode; its proxier_test.go shares the flow tables);
+// - the sharded nftables mode (K = 2 and K = 3 tables `kube-proxy-<n>` in each family, forced
+//   by a low threshold; issue 10) gives exactly what the one-table nftables mode gives, and
+//   the flows cross every table;
 // - ipvs and userspace give the oracle's result except where upstream's semantics for those
 //   modes deliberately differ: each such difference is an entry of EXCEPTIONS below, with the
 //   result that mode must give instead and the upstream source that says so.
@@ -16,6 +19,7 @@ import assert from 'node:assert/strict';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig, type ModeName } from '../../src/config/config.ts';
 import { modes } from '../../src/proxy/registry.ts';
+import { tracePlanned } from '../../src/proxy/nftables/index.ts';
 import type { PlanInput, TraceResult } from '../../src/modes/types.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
 import {
@@ -148,6 +152,36 @@ function outcomes(family: Family, mode: ModeName): Promise<Outcome[]> {
   return p;
 }
 
+/**
+ * The flows through the sharded nftables mode: the 40 Services over exactly k tables (the
+ * mode's thresholds lowered: threshold 1, ⌈40 / k⌉ per table, at most k tables; the mode's
+ * own hash spread). Also which tables the flows' matched rules came from.
+ */
+const shardedCache = new Map<string, Promise<{ outcomes: Outcome[]; tables: string[]; tablesMatched: Set<string> }>>();
+function shardedOutcomes(family: Family, k: number) {
+  const key = `${family}/${k}`;
+  let p = shardedCache.get(key);
+  if (!p) {
+    p = (async () => {
+      const input = planInput(family);
+      const shards = { threshold: 1, perTable: Math.ceil(serviceCases().length / k), maxTables: k };
+      const out: Outcome[] = [];
+      let tables: string[] = [];
+      const tablesMatched = new Set<string>();
+      for (const flow of flows(family)) {
+        const r = tracePlanned({ from: flow.from, to: flow.to, port: flow.port, protocol: flow.protocol, input, live: false }, shards);
+        tables = r.tables;
+        // a matched rule is shown as "<table> <chain>: <rule>" when there are several tables
+        for (const m of r.rules) tablesMatched.add(m.split(' ')[0]);
+        out.push({ flow, got: { output: r.output, masq: r.masq }, notes: r.notes });
+      }
+      return { outcomes: out, tables, tablesMatched };
+    })();
+    shardedCache.set(key, p);
+  }
+  return p;
+}
+
 interface Disagreement {
   flow: Flow;
   got: Expected;
@@ -225,6 +259,27 @@ test('the oracle agrees with upstream flow tables on the intents they share', ()
 });
 
 for (const family of [4, 6] as const) {
+  for (const k of [2, 3]) {
+    test(`IPv${family} nftables over ${k} tables: every flow of the intent table as the one-table nftables mode`, async (t) => {
+      const { outcomes: got, tables, tablesMatched } = await shardedOutcomes(family, k);
+      const one = await outcomes(family, 'nftables');
+      assert.deepEqual(tables, Array.from({ length: k }, (_, i) => `kube-proxy-${i}`));
+      // every table took part: some flow matched a rule of each (its Services' dispatch)
+      assert.deepEqual([...tablesMatched].filter((x) => x.startsWith('kube-proxy-')).sort(), tables);
+      const bad: Disagreement[] = [];
+      got.forEach((o, i) => {
+        assert.equal(o.flow.name, one[i].flow.name);
+        if (!same(o.got, one[i].got)) bad.push({ flow: o.flow, got: o.got, want: one[i].got, against: 'nftables, one table' });
+      });
+      const summary = report(family, 'nftables' as ModeName, got.length, new Map(), bad).replace('nftables:', `nftables over ${k} tables:`);
+      for (const line of summary.split('\n')) t.diagnostic(line);
+      if (bad.length) assert.fail(`${summary}\n\nall disagreeing flows:\n${bad.map((d) => `  ${describe(d)}`).join('\n')}`);
+      // and so, as the one table, exactly what iptables gives
+      const ipt = await outcomes(family, 'iptables');
+      assert.deepEqual(got.filter((o, i) => !same(o.got, ipt[i].got)).map((o) => o.flow.name), []);
+    });
+  }
+
   test(`IPv${family}: the intent table has hundreds of flows over every combination`, () => {
     const fl = flows(family);
     assert.ok(fl.length >= 400, `only ${fl.length} flows`);

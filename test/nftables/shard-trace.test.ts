@@ -186,3 +186,44 @@ test('the number of tables never exceeds maxTables', () => {
   assert.equal(targetShards(5000, { threshold: 1000, perTable: 600, maxTables: 3 }), 3);
   assert.equal(chooseShards(50_000, 2, { threshold: 1000, perTable: 600, maxTables: 3 }), 3);
 });
+
+// The order the kernel runs base chains of several tables at one hook (checked against the
+// kernel in sharded-policies-kernel.test.ts): by priority; at equal priority the chain
+// registered last first (tables in creation order: the text's); the first DNAT binds.
+test('across tables the tracer runs chains by priority, equal priorities last-created table first, the first DNAT binding', () => {
+  const text = [
+    'add table ip kube-proxy-0',
+    'add chain ip kube-proxy-0 fwd { type filter hook forward priority 0 ; }',
+    'add rule ip kube-proxy-0 fwd ip daddr 10.9.0.1 reject',
+    'add rule ip kube-proxy-0 fwd ip daddr 10.9.0.2 reject',
+    'add chain ip kube-proxy-0 late { type filter hook forward priority 10 ; }',
+    'add rule ip kube-proxy-0 late ip daddr 10.9.0.3 drop',
+    'add chain ip kube-proxy-0 nat { type nat hook prerouting priority -100 ; }',
+    'add rule ip kube-proxy-0 nat ip daddr 10.9.1.1 dnat to 10.180.0.1:80',
+    'add table ip kube-proxy-1',
+    'add chain ip kube-proxy-1 fwd { type filter hook forward priority 0 ; }',
+    'add rule ip kube-proxy-1 fwd ip daddr 10.9.0.1 drop',
+    'add rule ip kube-proxy-1 fwd ip daddr 10.9.0.3 reject',
+    'add chain ip kube-proxy-1 nat { type nat hook prerouting priority -100 ; }',
+    'add rule ip kube-proxy-1 nat ip daddr 10.9.1.1 dnat to 10.180.0.2:80',
+    'add rule ip kube-proxy-1 nat ip daddr 10.9.1.2 dnat to 10.180.0.3:80',
+    '',
+  ].join('\n');
+  const at = (destIP: string) => traceNft(text, { sourceIP: '203.0.113.1', protocol: 'tcp', destIP, destPort: 80 }, { localIPs: [] });
+  // equal priority: kube-proxy-1 (created last) first
+  assert.equal(at('10.9.0.1').output, 'DROP');
+  assert.match(at('10.9.0.1').rules[0], /^kube-proxy-1 fwd: /);
+  // an accept-less fall-through goes on to the other table
+  assert.equal(at('10.9.0.2').output, 'REJECT');
+  // priority 0 before priority 10, whatever the table
+  assert.equal(at('10.9.0.3').output, 'REJECT');
+  // the first DNAT binds: kube-proxy-1's nat chain runs first, kube-proxy-0's is skipped
+  assert.equal(at('10.9.1.1').output, '10.180.0.2:80');
+  assert.equal(at('10.9.1.2').output, '10.180.0.3:80');
+  // the same tables listed the other way round (kube-proxy-0 created last)
+  const swapped = text.split('add table ip kube-proxy-1\n');
+  const other = `add table ip kube-proxy-1\n${swapped[1]}${swapped[0]}`;
+  const at2 = (destIP: string) => traceNft(other, { sourceIP: '203.0.113.1', protocol: 'tcp', destIP, destPort: 80 }, { localIPs: [] }).output;
+  assert.equal(at2('10.9.0.1'), 'REJECT');
+  assert.equal(at2('10.9.1.1'), '10.180.0.1:80');
+});

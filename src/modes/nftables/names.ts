@@ -28,12 +28,28 @@ export function shardOf(serviceKey: string, k: number): number {
 }
 
 /**
+ * How many shard table names kproxy owns: `kube-proxy-0` .. `kube-proxy-63` (it writes at most
+ * shards.ts maxTables ≤ this, 16 by default). Cleanup and the sharded proxier's scan for unused
+ * tables probe exactly these names (nft.ts existingTables), because `nft list tables` reads
+ * every table's whole content first (nft 1.0.6: 55 s at 10,000 Services in 16 tables).
+ */
+export const SHARD_TABLE_NAMES = 64;
+
+/**
  * Whether a table (of family ip or ip6) is kube-proxy's: upstream's `kube-proxy`, or a shard's
- * `kube-proxy-<n>` (n a decimal number without leading zeros, as shardTable writes it).
- * Cleanup removes exactly these; any other name (`kube-proxy-x`, `kube-proxy-01`) is not ours.
+ * `kube-proxy-<n>` (0 ≤ n < SHARD_TABLE_NAMES, decimal without leading zeros, as shardTable
+ * writes it). Cleanup removes exactly these; any other name (`kube-proxy-x`, `kube-proxy-01`,
+ * `kube-proxy-64`) is not ours.
  */
 export function isKubeProxyTable(name: string): boolean {
-  return name === TABLE || /^kube-proxy-(?:0|[1-9][0-9]{0,3})$/.test(name);
+  if (name === TABLE) return true;
+  const m = /^kube-proxy-(0|[1-9][0-9]?)$/.exec(name);
+  return m !== null && Number(m[1]) < SHARD_TABLE_NAMES;
+}
+
+/** Every table name isKubeProxyTable accepts: `kube-proxy`, then `kube-proxy-0` .. `kube-proxy-63`. */
+export function kubeProxyTableNames(): string[] {
+  return [TABLE, ...Array.from({ length: SHARD_TABLE_NAMES }, (_, i) => shardTable(i))];
 }
 
 /**

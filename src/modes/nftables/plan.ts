@@ -33,6 +33,14 @@ export interface NftPlanOptions {
   serviceCIDRs: string[];
   /** the table's name (default `kube-proxy`, upstream's; `kube-proxy-<n>` for a shard) */
   table?: string;
+  /**
+   * One of several tables (K > 1, shards.ts): the drop of traffic to unallocated ClusterIPs
+   * (serviceCIDRs) moves out of cluster-ips-check into base chains after every table's
+   * filter chains (UNALLOCATED_CHAINS), because a table knows only its own Services'
+   * ClusterIPs: inline, it would drop a packet to another table's ClusterIP on a port the
+   * Service lacks before that table rejects it (upstream: REJECT).
+   */
+  sharded?: boolean;
 }
 
 // Chain, set and map names (upstream constants).
@@ -76,6 +84,17 @@ const BASE_CHAINS = [
 ] as const;
 
 export const BASE_CHAIN_NAMES: readonly string[] = BASE_CHAINS.map((c) => c.name);
+
+/**
+ * A sharded table's (NftPlanOptions.sharded) drop of new connections to unallocated
+ * ClusterIPs: at filter + 10, after every kube-proxy table's filter chains at 0 have rejected
+ * the invalid ports of their own ClusterIPs; a packet to a valid port was DNATed before
+ * (nat prerouting / output at -100), so it no longer has a ClusterIP destination here.
+ */
+export const UNALLOCATED_CHAINS = [
+  { name: 'filter-forward-unallocated', type: 'filter', hook: 'forward', priority: 10 },
+  { name: 'filter-output-unallocated', type: 'filter', hook: 'output', priority: 10 },
+] as const;
 
 // Rules jumping from base chains to the top-level regular chains, in rule order per chain.
 const JUMP_CHAINS: Array<{ dst: string; src: string; extra: string }> = [
@@ -136,8 +155,13 @@ function setupTable(rs: Ruleset, o: NftPlanOptions): void {
 
   addSet(rs, { kind: 'set', name: C.clusterIPs, type: addr, comment: 'Active ClusterIPs' });
   addRule(rs, C.clusterIPsCheck, `${ip} daddr @${C.clusterIPs} reject`, 'Reject traffic to invalid ports of ClusterIPs');
-  if (o.serviceCIDRs.length > 0) {
+  if (o.serviceCIDRs.length > 0 && !o.sharded) {
     addRule(rs, C.clusterIPsCheck, `${ip} daddr { ${o.serviceCIDRs.join(',')} } drop`, 'Drop traffic to unallocated ClusterIPs');
+  } else if (o.serviceCIDRs.length > 0) {
+    for (const bc of UNALLOCATED_CHAINS) {
+      ensureChain(rs, bc.name, { type: bc.type, hook: bc.hook, priority: bc.priority });
+      addRule(rs, bc.name, `ct state new ${ip} daddr { ${o.serviceCIDRs.join(',')} } drop`, 'Drop traffic to unallocated ClusterIPs');
+    }
   }
 
   const matchAll = o.nodePortIPs === 'all';

@@ -176,7 +176,18 @@ export class ShardStates {
 /** The tables the mode writes for a state from scratch (no history: targetShards), in shard order. */
 export function planShardedRulesets(state: ProxyState, o: NftPlanOptions, opts: ShardOptions = {}): Ruleset[] {
   const k = targetShards(serviceCount(state, o.family), { ...DEFAULT_SHARDS, ...opts });
+  return planShards(state, o, k);
+}
+
+/**
+ * Exactly k tables for a state (k = 1: upstream's one `kube-proxy`), in shard order; a
+ * Service's table is `shardOfKey` (default names.ts shardOf, as the mode). Tests and the
+ * sharded conformance check pick other spreads (every Service in every position).
+ */
+export function planShards(
+  state: ProxyState, o: NftPlanOptions, k: number, shardOfKey: (serviceKey: string) => number = (key) => shardOf(key, k),
+): Ruleset[] {
   if (k <= 1) return [planRuleset(state, o)];
   const names = shardTables(k);
-  return [...splitState(state, k).entries()].map(([i, st]) => planRuleset(st, { ...o, table: names[i] }));
+  return [...splitState(state, k, shardOfKey).entries()].map(([i, st]) => planRuleset(st, { ...o, table: names[i], sharded: true }));
 }

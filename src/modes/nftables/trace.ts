@@ -2,8 +2,11 @@
 // table (rendered, or read back from `nft list`), as upstream's test tracer does
 // (pkg/proxy/nftables/helpers_test.go): filter prerouting, nat prerouting, apply the first
 // DNAT, then filter forward and filter input. Several tables (the shards `kube-proxy-<n>`,
-// issue 10) are walked together: at each hook every table's base chains in priority order
-// (ties in table order), a drop or reject ends the walk, the first DNAT binds (the kernel
+// issue 10) are walked together: at each hook every table's base chains in priority order,
+// ties as the kernel runs them: the chain registered last first (nf_hook_entries_grow inserts
+// a hook before those of equal priority; a table's base chains are registered when it is
+// created, so the tables are given in creation order: `nft list` order, and for the mode's
+// own tables shard order, kube-proxy-<K-1> created last), a drop or reject ends the walk, the first DNAT binds (the kernel
 // skips the later nat chains once a binding is set), an accept or return goes on with the
 // next base chain; a jump stays in its table. Random choices (numgen: upstream's anonymous
 // map, or kproxy's run of picks, selection.ts) follow every branch,
@@ -227,7 +230,11 @@ interface BaseRef {
   priority: number;
 }
 
-/** Base chains of a type and hook in priority order (ties in table order); by name in a table whose text has no hooks. */
+/**
+ * Base chains of a type and hook in the order the kernel runs them: by priority; at equal
+ * priority the one registered last first (the tables in creation order, a table's chains in
+ * its order). By name in a table whose text has no hooks.
+ */
 function baseChains(tables: Ruleset[], type: 'filter' | 'nat', hook: string, fallback: string[]): BaseRef[] {
   const out: BaseRef[] = [];
   for (const rs of tables) {
@@ -235,8 +242,8 @@ function baseChains(tables: Ruleset[], type: 'filter' | 'nat', hook: string, fal
     if (hooked.length) for (const c of hooked) out.push({ rs, name: c.name, priority: c.priority ?? 0 });
     else for (const n of fallback) if (rs.chains.has(n)) out.push({ rs, name: n, priority: 0 });
   }
-  // Array.prototype.sort is stable: equal priorities keep table order, then chain order.
-  return out.sort((a, b) => a.priority - b.priority);
+  // Array.prototype.sort is stable: reversed first, equal priorities run last-registered first.
+  return out.reverse().sort((a, b) => a.priority - b.priority);
 }
 
 function endpointOrder(a: string, b: string): number {
@@ -295,14 +302,15 @@ export function traceTables(tables: Ruleset[], pkt: NftPacket, opts: { localIPs:
 }
 
 /**
- * The kube-proxy tables of a family in the text (`kube-proxy`, then the shards `kube-proxy-<n>`
- * by n), or, when it has none, the one table parseKubeProxyTable picks.
+ * The kube-proxy tables of a family in the text (`kube-proxy`, the shards `kube-proxy-<n>`), in
+ * the text's order: for `nft list` output the kernel's, which is creation order (what the
+ * tracer needs for equal priorities); the mode's rendered text is in shard order, the order it
+ * creates them. When the text has none, the one table parseKubeProxyTable picks.
  */
 export function kubeProxyTables(text: string, family: 'ip' | 'ip6'): Ruleset[] {
   const ours = [...parseNftText(text).values()].filter((rs) => rs.family === family && isKubeProxyTable(rs.table));
   if (!ours.length) return [parseKubeProxyTable(text, family)];
-  const n = (rs: Ruleset) => (rs.table === 'kube-proxy' ? -1 : Number(rs.table.slice('kube-proxy-'.length)));
-  return ours.sort((a, b) => n(a) - n(b));
+  return ours;
 }
 
 /** Traces through nftables text: a rendered transaction/dump or `nft list table`/`nft -s list ruleset` output; every kube-proxy table of the family in it. */

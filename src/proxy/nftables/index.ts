@@ -10,12 +10,12 @@ import { canonicalIP } from '../../core/ip.ts';
 import type { Logger } from '../../log.ts';
 import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
 import { nftablesConformance } from '../../modes/nftables/conformance.ts';
-import { isKubeProxyTable, TABLE } from '../../modes/nftables/names.ts';
+import { kubeProxyTableNames, TABLE } from '../../modes/nftables/names.ts';
 import { optionsFromInput } from '../../modes/nftables/plan.ts';
 import { ShardedNftProxier } from './sharded.ts';
 import { dumpRuleset } from '../../modes/nftables/ruleset.ts';
 import { traceNft, traceTables } from '../../modes/nftables/trace.ts';
-import { planShardedRulesets } from '../../modes/nftables/shards.ts';
+import { planShardedRulesets, type ShardOptions } from '../../modes/nftables/shards.ts';
 import { skippedVIPNotes } from '../../modes/vip.ts';
 import { kproxyError } from '../../errors.ts';
 
@@ -23,6 +23,7 @@ export { planRuleset, optionsFromInput } from '../../modes/nftables/plan.ts';
 export { traceNft, traceRuleset } from '../../modes/nftables/trace.ts';
 export { dumpRuleset } from '../../modes/nftables/ruleset.ts';
 export { sortNftTransaction } from '../../modes/nftables/conformance.ts';
+export { runShardedCase } from '../../modes/nftables/conformance-sharded.ts';
 
 /** The table as it would be applied for this state (knftables dump form; valid `nft -f` input). */
 function render(input: PlanInput): string {
@@ -50,9 +51,12 @@ async function cleanup(runner: CommandRunner, log: Logger): Promise<void> {
   const exec = new NftExecutor(runner);
   for (const family of ['ip', 'ip6'] as const) {
     try {
-      for (const table of (await exec.listTables(family)).filter(isKubeProxyTable)) {
-        if (await exec.deleteTable(family, table)) log.info({ family, table }, `deleted nftables table ${table}`);
-      }
+      // probed by name, not listed: `nft list tables` reads every table whole first (nft.ts)
+      const tables = await exec.existingTables(family, kubeProxyTableNames());
+      if (tables.length === 0) continue;
+      // one transaction: every kube-proxy table of the family goes, or none
+      await exec.apply(tables.map((t) => `delete table ${family} ${t}\n`).join(''));
+      for (const table of tables) log.info({ family, table }, `deleted nftables table ${table}`);
     } catch (e) {
       const code = (e as { code?: string }).code;
       // No nft at all means nothing of ours can be there.
@@ -60,6 +64,12 @@ async function cleanup(runner: CommandRunner, log: Logger): Promise<void> {
       throw e;
     }
   }
+}
+
+/** `nft -a list table` output without its "# handle N" comments, and the table's handle. */
+export function withoutHandles(text: string): { handle: number; text: string } {
+  const m = /^table \S+ \S+ \{ # handle (\d+)$/m.exec(text);
+  return { handle: m ? parseInt(m[1], 10) : Number.MAX_SAFE_INTEGER, text: text.replace(/ # handle \d+$/gm, '') };
 }
 
 /** This host's addresses, for "fib ... type local" in a live trace. */
@@ -80,21 +90,35 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
     const family = req.to.includes(':') ? 'ip6' : 'ip';
     // every kube-proxy table of the family: upstream's one, or the shards' (names.ts)
     const exec = new NftExecutor(deps.runner);
-    const texts: string[] = [];
-    for (const table of (await exec.listTables(family)).filter(isKubeProxyTable)) {
-      const t = await exec.listTable(family, table);
-      if (t !== null) texts.push(t);
+    // Probed by name (`nft list tables` reads every table whole first: nft.ts existingTables),
+    // each listed with its handle, joined in the kernel's creation order (handle order): at
+    // equal priority the tracer runs the table created last first, as the kernel does.
+    const listed: Array<{ handle: number; text: string }> = [];
+    for (const table of await exec.existingTables(family, kubeProxyTableNames())) {
+      const t = await exec.listTable(family, table, { handles: true });
+      if (t !== null) listed.push(withoutHandles(t));
     }
+    const texts = listed.sort((a, b) => a.handle - b.handle).map((x) => x.text);
     if (!texts.length) return { output: '', masq: false, rules: [], notes: [`no ${family} ${TABLE} table on this host`] };
     const text = texts.join('\n');
     const local = await hostAddresses(deps.runner);
     const r = traceNft(text, pkt, { localIPs: local });
     return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
   }
+  const { tables: _tables, ...r } = tracePlanned(req);
+  return r;
+}
+
+/**
+ * A planned trace through the tables the mode writes for the state from scratch; `shards`
+ * overrides the mode's thresholds (tests: K > 1 on a small state, test/intents).
+ */
+export function tracePlanned(req: TraceRequest, shards?: ShardOptions): TraceResult & { tables: string[] } {
   if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'a planned trace needs --manifests (or use --live)');
-  const tables = planShardedRulesets(req.input.state, optionsFromInput(req.input));
+  const pkt = { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port };
+  const tables = planShardedRulesets(req.input.state, optionsFromInput(req.input), shards);
   const r = traceTables(tables, pkt, { localIPs: req.input.node.nodeIPs });
-  return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)] };
+  return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)], tables: tables.map((t) => t.table) };
 }
 
 export const mode: ModeModule = { name: 'nftables', render, createProxier, cleanup, trace };

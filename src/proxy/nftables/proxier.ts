@@ -321,7 +321,8 @@ export class NftProxier implements Proxier {
   async prepare(input: PlanInput, changed: Set<string>, full: boolean, portKeys?: ReadonlySet<string>): Promise<PreparedSync> {
     const fullSync = full || this.needFull || !this.applied;
     // A full sync plans every port afresh (and so also resets the fragment cache).
-    const options = this.table === TABLE ? optionsFromInput(input) : { ...optionsFromInput(input), table: this.table };
+    // a shard's table (`kube-proxy-<n>`) is one of several: NftPlanOptions.sharded
+    const options = this.table === TABLE ? optionsFromInput(input) : { ...optionsFromInput(input), table: this.table, sharded: true };
     const plan = this.planner.plan(input.state, options, fullSync ? null : changed, portKeys);
     const desired = plan.desired;
     const family = desired.family;
