@@ -143,6 +143,22 @@ export class NftExecutor {
     return names.filter((_, i) => found.has(i + 1));
   }
 
+  /**
+   * The family's chains (declarations, no rules) and sets and maps (terse: no elements), every
+   * table's, as nft prints them: what a full sync needs to know which names to delete. Three
+   * commands; each costs one walk of the family, where `nft list table` of each of K tables
+   * costs K walks of every rule.
+   */
+  async listNames(family: NftFamilyName): Promise<string> {
+    let out = '';
+    for (const args of [['list', 'chains', family], ['-t', 'list', 'sets', family], ['-t', 'list', 'maps', family]]) {
+      const r = await this.runner.run('nft', args, { timeoutMs: this.timeoutMs });
+      if (r.code !== 0) throw new ExecError('KPROXY_EXEC_FAILED', `nft ${args.join(' ')} exited ${r.code}: ${r.stderr.trim()}`, r);
+      out += r.stdout.endsWith('\n') || r.stdout === '' ? r.stdout : `${r.stdout}\n`;
+    }
+    return out;
+  }
+
   /** `nft list table FAMILY NAME` (`-a`: with `# handle N` comments), or null when the table does not exist. */
   async listTable(family: NftFamilyName, table = 'kube-proxy', opts: { handles?: boolean } = {}): Promise<string | null> {
     const r = await this.runner.run('nft', [...(opts.handles ? ['-a'] : []), 'list', 'table', family, table], { timeoutMs: this.timeoutMs });

@@ -72,7 +72,7 @@ test('cleanup removes kube-proxy and every kube-proxy-<n> table of ip and ip6, a
   assert.deepEqual(await tables(), [...FOREIGN].sort());
 });
 
-test('a restart over sharded tables, a live trace and cleanup find the tables by name, never by `nft list tables` or `list ruleset`', async () => {
+test('a restart over sharded tables (one listing of the names), a live trace and cleanup find the tables by name, never by `nft list tables` or `list ruleset`', async () => {
   // `nft list tables` (nft 1.0.6) reads every table whole first: 31–55 s at 10,000 Services in
   // 16 tables (bench/nft-table-scan.ts); the probe by name costs the same at any size.
   const calls: string[][] = [];
@@ -91,9 +91,24 @@ test('a restart over sharded tables, a live trace and cleanup find the tables by
   await first.sync(input, keys, true);
   assert.deepEqual(first.tables(), ['kube-proxy-0', 'kube-proxy-1', 'kube-proxy-2', 'kube-proxy-3']);
   assert.deepEqual(await ours(), ['ip kube-proxy-0', 'ip kube-proxy-1', 'ip kube-proxy-2', 'ip kube-proxy-3'], 'the leftovers went with the first full sync');
-  // a restarted kproxy over the tables already there
+  // a restarted kproxy over the tables already there, one Service fewer: its full sync learns
+  // the tables' names from one listing of the family and deletes the gone Service's chains
+  const gone = new ProxyStateTracker(4, 'node-a');
+  for (let i = 0; i < 7; i++) {
+    gone.services.update(null, nodePortService(i));
+    gone.endpoints.update(null, endpointSlice(i, 2, 'node-b'));
+  }
+  const fewer: PlanInput = { ...input, state: gone.state };
+  assert.match((await runChecked(runner, 'nft', ['list', 'chains', 'ip'], { timeoutMs: 10_000 })).stdout, /ns\/svc7\//, 'svc7 has chains before');
+  calls.length = 0;
   const second = new ShardedNftProxier({ runner: recording, log: silentLogger(), shards });
-  await second.sync(input, keys, true);
+  await second.sync(fewer, gone.apply(), true);
+  assert.deepEqual(calls.filter((c) => c[0] === 'nft' && c.includes('list')).map((c) => c.slice(1).join(' ')), ['list chains ip', '-t list sets ip', '-t list maps ip'], 'one listing of the names for every table, no table listed whole');
+  // the gone Service's chains are known from the listing: flushed now (deleted later, off the sync's path)
+  assert.match(second.lastTransactionText(), /^flush chain ip kube-proxy-\d \S+ns\/svc7\/tcp\/http$/m, 'the gone Service\'s chains are flushed');
+  const rules = (await runChecked(runner, 'nft', ['list', 'ruleset', 'ip'], { timeoutMs: 10_000 })).stdout;
+  assert.doesNotMatch(rules, /dnat to 10\.180\.7\./, 'no rule sends to the gone Service\'s endpoints');
+  assert.match(rules, /dnat to 10\.180\.6\./);
   const live = await mode.trace!({ from: '10.0.0.9', to: '172.30.0.1', port: 80, protocol: 'TCP', live: true }, { runner: recording });
   assert.match(live.output, /^10\.180\./, `live trace: ${live.output} ${live.notes?.join('; ')}`);
   await mode.cleanup(recording, silentLogger());

@@ -169,6 +169,11 @@ export class NftProxier implements Proxier {
     return this.lastTransaction;
   }
 
+  /** Whether a sync asked with `full` writes this table whole (and so needs its live names). */
+  syncsFull(full: boolean): boolean {
+    return full || this.needFull || !this.applied;
+  }
+
   private async liveNames(family: NftFamily): Promise<LiveNames | null> {
     const text = await this.exec.listTable(family, this.table);
     // No table: nothing to flush or retire (null would mean "unknown": flush everything).
@@ -318,8 +323,15 @@ export class NftProxier implements Proxier {
    * `portKeys`: the port keys that may have changed since the last prepare (sharded.ts knows
    * them); a partial plan then looks at those only.
    */
-  async prepare(input: PlanInput, changed: Set<string>, full: boolean, portKeys?: ReadonlySet<string>): Promise<PreparedSync> {
-    const fullSync = full || this.needFull || !this.applied;
+  async prepare(
+    input: PlanInput,
+    changed: Set<string>,
+    full: boolean,
+    portKeys?: ReadonlySet<string>,
+    /** the table's chain and set names in the kernel, when the caller listed them (sharded.ts: one listing for every table); absent: this proxier lists its table if it needs them */
+    knownLive?: LiveNames | null,
+  ): Promise<PreparedSync> {
+    const fullSync = this.syncsFull(full);
     // A full sync plans every port afresh (and so also resets the fragment cache).
     // a shard's table (`kube-proxy-<n>`) is one of several: NftPlanOptions.sharded
     const options = this.table === TABLE ? optionsFromInput(input) : { ...optionsFromInput(input), table: this.table, sharded: true };
@@ -332,7 +344,7 @@ export class NftProxier implements Proxier {
     /** whether a full transaction deletes every set of the table it does not want */
     let deletesStaleSets = false;
     if (!this.lastAttemptPartial) {
-      const live = await this.liveNames(family);
+      const live = knownLive !== undefined ? knownLive : await this.liveNames(family);
       deletesStaleSets = live !== null;
       tx = fullTransaction(desired, live, { recreateBaseChains: !this.baseChainsRecreated });
     } else {
