@@ -5,6 +5,8 @@
 import type { ModeName } from '../src/config/config.ts';
 import { silentLogger } from '../src/log.ts';
 import { ExecError, type RunResult } from '../src/exec/runner.ts';
+import { NftExecutor } from '../src/exec/nft.ts';
+import { isKubeProxyTable } from '../src/modes/nftables/names.ts';
 import type { ModeModule, Proxier, SyncStats } from '../src/modes/types.ts';
 import { execMs, isWrite, LEGACY_IPTABLES, type ExecRecord, type Namespaces, TimedRunner } from './netns.ts';
 import { benchConfig, clusterIPOf, Workload } from './workload.ts';
@@ -36,8 +38,10 @@ export interface RawSample {
 }
 
 export interface KernelCheck {
-  /** lines of iptables-save / nft list table after the run */
+  /** lines of iptables-save / nft list table (every kube-proxy table) after the run */
   listedLines: number;
+  /** nftables: the kube-proxy tables in the kernel (`kube-proxy`, or the shards' `kube-proxy-<n>`) */
+  tables?: string[];
   /** the endpoints added by the one-service changes are in the kernel */
   changesPresent: boolean;
 }
@@ -161,9 +165,16 @@ async function timedApply(runner: TimedRunner, mode: ModeName, payload: string, 
 }
 
 async function kernelCheck(runner: TimedRunner, mode: ModeName, newEndpoints: string[]): Promise<KernelCheck> {
-  const r = mode === 'nftables'
-    ? await runner.run('nft', ['list', 'table', 'ip', 'kube-proxy'], { timeoutMs: 120_000 })
-    : await runner.run('iptables-save', [], { timeoutMs: 120_000 });
+  if (mode === 'nftables') {
+    // every kube-proxy table: from 1,000 Services the mode writes `kube-proxy-0` … (shards.ts)
+    const exec = new NftExecutor(runner, { timeoutMs: 120_000 });
+    const tables = (await exec.listTables('ip')).filter(isKubeProxyTable);
+    const texts: string[] = [];
+    for (const t of tables) texts.push((await exec.listTable('ip', t)) ?? '');
+    const text = texts.join('\n');
+    return { listedLines: text.split('\n').length, tables, changesPresent: tables.length > 0 && newEndpoints.every((ep) => text.includes(ep)) };
+  }
+  const r = await runner.run('iptables-save', [], { timeoutMs: 120_000 });
   if (r.code !== 0) throw new Error(`KPROXY_BENCH_VERIFY: listing the kernel rules failed: ${r.stderr.trim()}`);
   return {
     listedLines: r.stdout.split('\n').length,

@@ -485,10 +485,25 @@ export function markdown(r: ScaleResult): string {
     out.push(`### First-packet connect latency (ms, p50 / p99; ${r.options.connectCount} connects per target)\n\n` +
       table(['mode', 'N', 'first Service', 'last Service', 'pod IP (no Service)', 'rules loaded in', 'errors'], rows));
   }
+  const tables = nftTablesLine(r);
+  if (tables) out.push(tables);
   if (r.ipvs) out.push(ipvsMarkdown(r.ipvs));
   out.push('### Goals\n\n' + table(['goal', 'measured', 'met?'], r.goals.map((g) => [g.goal, g.measured, g.met === undefined ? 'not measured' : g.met ? 'yes' : 'NO'])));
   if (r.notes.length) out.push(`Notes:\n${r.notes.map((n) => `- ${n}`).join('\n')}`);
   return out.join('\n\n') + '\n';
+}
+
+/** The nftables tables each phase found in the kernel: the mode as shipped shards from 1,000 Services (shards.ts). */
+export function nftTablesLine(r: ScaleResult): string {
+  const k = (t?: string[]) => (t ? (t.length === 1 ? `1 (${t[0]})` : `${t.length}`) : '?');
+  const parts: string[] = [];
+  const cold = r.cold.flatMap((c) => c.samples.filter((s) => s.mode === 'nftables' && s.kernel?.tables).map((s) => `${n0(c.n)}: ${k(s.kernel!.tables)}`));
+  if (cold.length) parts.push(`cold (after kproxy's first sync and changes) ${cold.join(', ')}`);
+  const run = r.run.filter((x) => x.variant === 'nftables' && x.nftTables).map((x) => `${n0(x.n)}: ${k(x.nftTables)}`);
+  if (run.length) parts.push(`run (\`kproxy run\` after its first sync) ${run.join(', ')}`);
+  const con = r.connect.filter((x) => x.variant === 'nftables' && x.tables).map((x) => `${n0(x.n)}: ${k(x.tables)}`);
+  if (con.length) parts.push(`connect (the rendered tables loaded) ${con.join(', ')}`);
+  return parts.length ? `nftables tables in the kernel, per phase and N (the mode shards from 1,000 Services): ${parts.join('; ')}.` : '';
 }
 
 export function ipvsMarkdown(x: IpvsPhaseResult): string {

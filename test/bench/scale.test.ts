@@ -3,7 +3,7 @@
 // kernel for minutes, so it is exercised by `bench/scale.ts --quick`, not here.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { goals, markdown, parseScaleArgs, plots, ScaleError, type ScaleResult } from '../../bench/scale.ts';
+import { goals, markdown, nftTablesLine, parseScaleArgs, plots, ScaleError, type ScaleResult } from '../../bench/scale.ts';
 import type { Sample } from '../../bench/measure.ts';
 import { metricDelta, parseProgrammingBuckets, writesIn, type RunPhaseResult } from '../../bench/kproxy-run.ts';
 
@@ -72,6 +72,21 @@ test('markdown has every section and a goals table; plots are SVG with a line pe
   // cold: iptables and nftables lines (legacy failed at its only large size but has none at 100), 3 raw references
   assert.equal((p['scale-cold-start.svg'].match(/<path /g) ?? []).length, 5);
   assert.equal((p['scale-connect-latency.svg'].match(/<path /g) ?? []).length, 3);
+});
+
+test('markdown names the nftables tables each phase found in the kernel (the sharded mode from 1,000 Services)', () => {
+  const r = result();
+  assert.equal(nftTablesLine(r), '', 'nothing recorded: no line');
+  r.cold[0].samples[1].kernel = { listedLines: 900, tables: ['kube-proxy'], changesPresent: true };
+  r.cold[1].samples[2].kernel = { listedLines: 90_000, tables: Array.from({ length: 16 }, (_, s) => `kube-proxy-${s}`), changesPresent: true };
+  r.run[3].nftTables = Array.from({ length: 16 }, (_, s) => `kube-proxy-${s}`);
+  r.connect.push({ ...r.connect[1], variant: 'nftables', tables: ['kube-proxy-0', 'kube-proxy-1'] });
+  const line = nftTablesLine(r);
+  assert.match(line, /cold \(after kproxy's first sync and changes\) 100: 1 \(kube-proxy\), 10,000: 16;/);
+  assert.match(line, /run \(`kproxy run` after its first sync\) 10,000: 16;/);
+  assert.match(line, /connect \(the rendered tables loaded\) 10,000: 2\./);
+  r.goals = goals(r);
+  assert.ok(markdown(r).includes(line));
 });
 
 test('--quick picks small sizes; bad arguments are refused with a code', () => {
