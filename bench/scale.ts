@@ -295,8 +295,13 @@ function coldAt(r: ScaleResult, n: number, v: ScaleVariant) {
   return { c, s: c?.samples.find((s) => s.mode === v) };
 }
 
+/**
+ * The run phase's result at (n, v) for the change goals: the one with change samples, else one
+ * that failed; the memory phase's run (no changes asked, same n and variant) is not it.
+ */
 function runAt(r: ScaleResult, n: number, v: ScaleVariant) {
-  return r.run.find((x) => x.n === n && x.variant === v);
+  const xs = r.run.filter((x) => x.n === n && x.variant === v);
+  return xs.find((x) => changeSamples(x).ms.length) ?? xs.find((x) => x.error);
 }
 
 const notMeasured = (what: string): Pick<Goal, 'measured' | 'met'> => ({ measured: `not measured (${what})`, met: undefined });

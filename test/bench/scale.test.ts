@@ -58,6 +58,20 @@ test('goals are judged from the measurements at the sizes they are stated at', (
   assert.match(find('--quick').measured, /^100 s at load 2→3/);
 });
 
+test('the memory phase\'s run at 10,000 (no changes asked) is not taken for the change goal\'s', () => {
+  const r = result();
+  const memoryOnly = (v: RunPhaseResult['variant']): RunPhaseResult => ({ ...run(10_000, v, [], 300), stream: undefined });
+  // the memory phase runs first: its result comes before the run phase's in r.run
+  r.run = [memoryOnly('iptables'), memoryOnly('iptables-legacy'), ...r.run];
+  const g = goals(r);
+  const find = (s: string) => g.find((x) => x.goal.startsWith(s))!;
+  assert.match(find('iptables: one-Service change').measured, /^260 ms at 10k, 70 ms at 100/, 'the run phase\'s changes');
+  assert.equal(find('iptables-legacy: one-Service change').met, undefined, 'a memory-only run: not measured, not "failed"');
+  assert.match(find('iptables-legacy: one-Service change').measured, /^not measured/);
+  r.run.push({ ...run(10_000, 'iptables-legacy', [], 300), error: 'KPROXY_BENCH_RUN: change 1 not in the kernel within 60 s' });
+  assert.match(goals(r).find((x) => x.goal.startsWith('iptables-legacy: one-Service'))!.measured, /^failed: KPROXY_BENCH_RUN: change 1/);
+});
+
 test('markdown has every section and a goals table; plots are SVG with a line per series', () => {
   const r = result();
   r.goals = goals(r);
