@@ -14,10 +14,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { resolve } from 'node:path';
 import { JUMP_RULES, jumpArgs } from '../src/proxy/iptables/proxier.ts';
 import { getMode } from '../src/proxy/registry.ts';
-import { NftExecutor } from '../src/exec/nft.ts';
-import { isKubeProxyTable } from '../src/modes/nftables/names.ts';
 import { LEGACY_IPTABLES, podNetwork, TimedRunner, type Namespaces } from './netns.ts';
-import { killGroup } from './kproxy-run.ts';
+import { killGroup, kubeProxyTables } from './kproxy-run.ts';
 import { benchConfig, clusterIPOf, endpointIPOf, Workload } from './workload.ts';
 import { percentile, pollUntil } from './stats.ts';
 import { LOCK_RETRIES, xtablesLockBusy } from './cold.ts';
@@ -94,7 +92,7 @@ export async function connectPhase(
     }
     if (r.code !== 0) throw new Error(`KPROXY_BENCH_CONNECT: loading the rules failed: ${r.stderr.trim().slice(0, 300)}`);
     // what the data path walks: the mode's render is its tables as shipped (sharded from 1,000 Services)
-    if (mode === 'nftables') res.tables = (await new NftExecutor(runner).listTables('ip')).filter(isKubeProxyTable);
+    if (mode === 'nftables') res.tables = await kubeProxyTables(runner);
     if (!(await pollUntil(async () => (serverOut.includes('READY') ? true : undefined), 30_000, 20))) {
       throw new Error(`KPROXY_BENCH_CONNECT: the pod listener did not start: ${serverOut.slice(0, 300)}`);
     }

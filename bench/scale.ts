@@ -3,7 +3,7 @@
 //
 //   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,memory,cold,run,connect,ipvs]
 //        [--sizes 100,1000,...] [--run-sizes 100,10000] [--connect-sizes 100,1000,...]
-//        [--variants iptables,iptables-legacy,nftables] [--nft-max 60000] [--endpoints 5]
+//        [--variants iptables,iptables-legacy,nftables] [--nft-max 60000] [--raw-iptables-max 60000] [--endpoints 5]
 //        [--ipvs-sizes 100,1000,10000] [--ipvs-connect-sizes 100,1000,5000,10000] [--ipvs-mem 4096] [--ipvs-timeout 2700]
 //        [--ipvs-full-change-max 1000] [--ipvs-connect-count 200] [--ipvs-parallel] [--ipvs-from FILE]
 //        [--memory-size 10000] [--memory-variant iptables-legacy] [--manifest-services 10000]
@@ -66,6 +66,8 @@ export interface ScaleOptions {
   connectSizes: number[];
   variants: ScaleVariant[];
   nftMax: number;
+  /** the cold phase's raw flushing iptables-restore references only up to this N (the raw restore alone took > 400 s at 50,000 here) */
+  rawIptablesMax: number;
   endpoints: number;
   manifestServices: number;
   memorySize: number;
@@ -218,7 +220,9 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
         const variants = o.variants.filter((v) => !failed.has(v) && sizesFor(v, o.sizes, o, notes).includes(n));
         if (!variants.length) continue;
         o.log(`cold N=${n}: ${variants.join(', ')}`);
-        const c = await coldPhase(nss, { n, endpoints: o.endpoints, variants, changes: o.changes, timeoutMs: o.timeoutS * 1000, log: o.log });
+        const rawIptables = n <= o.rawIptablesMax;
+        if (!rawIptables && variants.some((v) => v !== 'nftables')) notes.add(`cold: the raw flushing iptables-restore references not run above N=${n0(o.rawIptablesMax)} (--raw-iptables-max)`);
+        const c = await coldPhase(nss, { n, endpoints: o.endpoints, variants, changes: o.changes, timeoutMs: o.timeoutS * 1000, rawIptables, log: o.log });
         res.cold.push(c);
         for (const s of c.samples) {
           if (!s.error) continue;
@@ -648,7 +652,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
     options: {
       quick: { type: 'boolean', default: false },
       phases: { type: 'string' }, sizes: { type: 'string' }, 'run-sizes': { type: 'string' }, 'connect-sizes': { type: 'string' },
-      variants: { type: 'string' }, 'nft-max': { type: 'string' }, 'memory-size': { type: 'string' }, 'memory-variant': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
+      variants: { type: 'string' }, 'nft-max': { type: 'string' }, 'raw-iptables-max': { type: 'string' }, 'memory-size': { type: 'string' }, 'memory-variant': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
       'ipvs-sizes': { type: 'string' }, 'ipvs-connect-sizes': { type: 'string' }, 'ipvs-mem': { type: 'string' }, 'ipvs-timeout': { type: 'string' }, 'ipvs-connect-count': { type: 'string' }, 'ipvs-parallel': { type: 'boolean' }, 'ipvs-from': { type: 'string' }, 'ipvs-full-change-max': { type: 'string' }, 'ipvs-connect-modes': { type: 'string' },
       changes: { type: 'string' }, detect: { type: 'string' }, 'stream-seconds': { type: 'string' }, 'stream-rate': { type: 'string' }, 'connect-count': { type: 'string' },
       timeout: { type: 'string' }, out: { type: 'string', default: 'bench/out' }, docs: { type: 'string', default: 'docs' }, 'no-docs': { type: 'boolean', default: false },
@@ -669,7 +673,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
     quick: q, phases: phases as Phase[], variants: variants as ScaleVariant[],
     sizes: intList('--sizes', values.sizes ?? d.sizes), runSizes: intList('--run-sizes', values['run-sizes'] ?? d.run),
     connectSizes: intList('--connect-sizes', values['connect-sizes'] ?? d.connect),
-    nftMax: one('--nft-max', values['nft-max'] ?? '60000'), endpoints: one('--endpoints', values.endpoints ?? '5'),
+    nftMax: one('--nft-max', values['nft-max'] ?? '60000'), rawIptablesMax: one('--raw-iptables-max', values['raw-iptables-max'] ?? '60000'), endpoints: one('--endpoints', values.endpoints ?? '5'),
     manifestServices: one('--manifest-services', values['manifest-services'] ?? '10000'),
     detect: detectArg(values.detect ?? 'both'),
     memorySize: one('--memory-size', values['memory-size'] ?? '10000'), memoryVariant: memoryVariant as ScaleVariant, breakdown: !q, changes: one('--changes', values.changes ?? d.changes),

@@ -121,6 +121,9 @@ test('--quick picks small sizes; bad arguments are refused with a code', () => {
   assert.deepEqual([only.ipvsSizes, only.ipvsConnectModes], [[], ['iptables']], 'a VM boot for iptables connect latency only');
   assert.throws(() => parseScaleArgs(['--ipvs-connect-modes', 'nft'], () => {}), /KPROXY_BENCH_ARGS/);
   assert.throws(() => parseScaleArgs(['--ipvs-sizes', '100,x'], () => {}), /KPROXY_BENCH_ARGS/);
+  assert.equal(parseScaleArgs([], () => {}).rawIptablesMax, 60_000, 'raw references at every size by default');
+  assert.equal(parseScaleArgs(['--raw-iptables-max', '20000'], () => {}).rawIptablesMax, 20_000);
+  assert.throws(() => parseScaleArgs(['--raw-iptables-max', 'x'], () => {}), (e: Error) => e instanceof ScaleError && /--raw-iptables-max/.test(e.message));
   assert.throws(() => parseScaleArgs(['--variants', 'ipvs'], () => {}), (e: Error) => e instanceof ScaleError && /KPROXY_BENCH_ARGS/.test(e.message));
   assert.throws(() => parseScaleArgs(['--sizes', '0'], () => {}), /KPROXY_BENCH_ARGS/);
   assert.throws(() => parseScaleArgs(['--phases', 'nope'], () => {}), /KPROXY_BENCH_ARGS/);
