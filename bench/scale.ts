@@ -452,7 +452,7 @@ export function markdown(r: ScaleResult): string {
   const out: string[] = [];
   out.push(`Run ${m.date}${r.options.quick ? ' (--quick)' : ''}, ${r.totalSeconds.toFixed(0)} s: Linux ${m.kernel}, ${m.cpus} × ${m.cpuModel}, ${m.memGiB} GiB, ` +
     `${m.iptables}, ${m.nft}, Node ${m.node}; load average ${m.loadBefore.join(' ')} before, ${m.loadAfter.join(' ')} after (shared machine: treat differences under ~30 % as noise). ` +
-    `${r.options.endpoints} endpoints per Service (ClusterIP + NodePort each).`);
+    `${r.options.endpoints} endpoints per Service (ClusterIP + NodePort each; ClusterIP only past the 35,535th, when node ports run out).`);
   if (r.manifests) {
     const x = r.manifests;
     out.push(`### Manifests source\n\n${table(['services', 'file', 'load', 'longest event-loop block', 'RSS growth'], [[n0(x.services), `${(x.fileBytes / 2 ** 20).toFixed(1)} MiB`, fmtMs(x.loadMs), fmtMs(x.maxBlockMs), `${((x.rssAfter - x.rssBefore) / 2 ** 20).toFixed(0)} MiB`]])}`);
