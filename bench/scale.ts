@@ -477,7 +477,8 @@ export function markdown(r: ScaleResult): string {
     out.push('### `kproxy run` in a namespace (the real process, manifests source)\n\n' +
       'Cold start = process start → first full sync logged; RSS / settled / HWM from /proc/PID/status right after it, 2 s after kproxy\'s collection that follows it, and the peak.\n\n' +
       table(['mode', 'N', 'cold start', 'manifests loaded', 'first sync (logged)', 'RSS / settled / HWM'], rows));
-    const changes = r.run.filter((x) => !x.error || x.changeMs.length || x.changePacketMs?.length);
+    // the memory phase's run (no changes, no stream asked) has nothing for this table
+    const changes = r.run.filter((x) => x.error || x.changeMs.length || x.changePacketMs?.length || x.stream || x.streamPacket);
     out.push('### One-Service change and a stream of endpoint changes (`kproxy run`)\n\n' +
       'Manifest file renamed into place → the change detected, two ways, each with its own changes: **packet** = a connection to the Service\'s ClusterIP answered by the new endpoint ' +
       '(bench/change-probe.ts: every 5 ms, 2 connects per change and at most 8 in all per tick, round-robin; the endpoint is random per connection, with 6 endpoints two connects find the new one with p = 0.31 per tick, so a detection comes ~14 ms after the rule landed on average); ' +

@@ -70,6 +70,13 @@ test('the memory phase\'s run at 10,000 (no changes asked) is not taken for the 
   assert.match(find('iptables-legacy: one-Service change').measured, /^not measured/);
   r.run.push({ ...run(10_000, 'iptables-legacy', [], 300), error: 'KPROXY_BENCH_RUN: change 1 not in the kernel within 60 s' });
   assert.match(goals(r).find((x) => x.goal.startsWith('iptables-legacy: one-Service'))!.measured, /^failed: KPROXY_BENCH_RUN: change 1/);
+  // the change table leaves the memory-only runs out; the run table keeps them (cold start, RSS)
+  const md = markdown(r);
+  const changeTable = md.slice(md.indexOf('### One-Service change'), md.indexOf('### First-packet'));
+  assert.equal((changeTable.match(/^\| iptables \| 10,000 \|/gm) ?? []).length, 1, 'one iptables row at 10,000: the run phase\'s');
+  assert.match(changeTable, /^\| iptables-legacy \| 10,000 \| – \| – \|/m, 'the failed run is listed');
+  const runTable = md.slice(md.indexOf('### `kproxy run`'), md.indexOf('### One-Service change'));
+  assert.equal((runTable.match(/^\| iptables \| 10,000 \|/gm) ?? []).length, 2);
 });
 
 test('markdown has every section and a goals table; plots are SVG with a line per series', () => {
