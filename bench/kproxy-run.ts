@@ -188,7 +188,7 @@ export function nftTableOf(tables: readonly string[], i: number): string {
 /**
  * The kube-proxy tables of `ip` in the runner's namespace (`kube-proxy`, or the shards'
  * `kube-proxy-<n>`), by one netlink dump (bench/nft-tables.py): `nft list tables` (nft 1.0.6)
- * fetches the whole ruleset first, 53–60 s at 10,000 Services in 16 tables here.
+ * took 53–60 s at 10,000 Services in 16 tables here (`-t` too; why not looked into).
  */
 export async function kubeProxyTables(runner: TimedRunner): Promise<string[]> {
   const r = await runner.run(PYTHON, ['-S', join(repoRoot, 'bench/nft-tables.py'), 'ip'], { timeoutMs: 30_000 });

@@ -167,7 +167,7 @@ async function kernelCheck(runner: TimedRunner, mode: ModeName, added: Array<{ i
   if (mode === 'nftables') {
     // Every kube-proxy table (from 1,000 Services the mode writes `kube-proxy-0` …, shards.ts),
     // and each new endpoint's chain in its Service's table: one netlink request each. Listing
-    // the tables with nft (1.0.6) fetches the whole ruleset first: ~60 s at 10,000 in 16 tables.
+    // the tables with nft (1.0.6) took ~60 s at 10,000 in 16 tables.
     const tables = await kubeProxyTables(runner);
     let present = tables.length > 0;
     for (const { i, ep } of added) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # The nftables tables of a family, one name a line: one NFT_MSG_GETTABLE dump over netlink.
-# `nft list tables` (nft 1.0.6) first fetches the whole ruleset: 53-60 s with the sharded
+# `nft list tables` (nft 1.0.6, `-t` too) took 53-60 s with the sharded
 # nftables mode's 16 tables at 10,000 Services here. Used by the benchmarks (bench/connect.ts,
 # bench/kproxy-run.ts, bench/measure.ts: which kube-proxy tables are in the kernel) only;
 # kproxy itself never runs it.
