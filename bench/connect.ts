@@ -15,7 +15,7 @@ import { resolve } from 'node:path';
 import { JUMP_RULES, jumpArgs } from '../src/proxy/iptables/proxier.ts';
 import { getMode } from '../src/proxy/registry.ts';
 import { LEGACY_IPTABLES, podNetwork, TimedRunner, type Namespaces } from './netns.ts';
-import { killGroup } from './kproxy-run.ts';
+import { killGroup, kubeProxyTables } from './kproxy-run.ts';
 import { benchConfig, clusterIPOf, endpointIPOf, Workload } from './workload.ts';
 import { percentile, pollUntil } from './stats.ts';
 import { LOCK_RETRIES, xtablesLockBusy } from './cold.ts';
@@ -28,6 +28,8 @@ export interface ConnectResult {
   /** loading the rules (raw apply), ms */
   loadMs: number;
   targets: Record<'first' | 'last' | 'pod', { p50Ms: number; p99Ms: number; count: number; failed: number }>;
+  /** nftables: the kube-proxy tables in the kernel once loaded (the mode's K tables from 1,000 Services) */
+  tables?: string[];
   error?: string;
 }
 
@@ -89,6 +91,8 @@ export async function connectPhase(
       await new Promise((res) => setTimeout(res, 3000));
     }
     if (r.code !== 0) throw new Error(`KPROXY_BENCH_CONNECT: loading the rules failed: ${r.stderr.trim().slice(0, 300)}`);
+    // what the data path walks: the mode's render is its tables as shipped (sharded from 1,000 Services)
+    if (mode === 'nftables') res.tables = await kubeProxyTables(runner);
     if (!(await pollUntil(async () => (serverOut.includes('READY') ? true : undefined), 30_000, 20))) {
       throw new Error(`KPROXY_BENCH_CONNECT: the pod listener did not start: ${serverOut.slice(0, 300)}`);
     }
@@ -109,7 +113,7 @@ export async function connectPhase(
       res.targets[k] = { p50Ms: percentile(ok, 50), p99Ms: percentile(ok, 99), count: ok.length, failed: raw[k].length - ok.length };
     }
     const t = res.targets;
-    o.log(`  connect ${o.variant} N=${o.n}: first ${t.first.p50Ms.toFixed(3)}/${t.first.p99Ms.toFixed(3)} ms, last ${t.last.p50Ms.toFixed(3)}/${t.last.p99Ms.toFixed(3)} ms, pod ${t.pod.p50Ms.toFixed(3)}/${t.pod.p99Ms.toFixed(3)} ms (p50/p99; load ${(res.loadMs / 1000).toFixed(1)} s)`);
+    o.log(`  connect ${o.variant} N=${o.n}: first ${t.first.p50Ms.toFixed(3)}/${t.first.p99Ms.toFixed(3)} ms, last ${t.last.p50Ms.toFixed(3)}/${t.last.p99Ms.toFixed(3)} ms, pod ${t.pod.p50Ms.toFixed(3)}/${t.pod.p99Ms.toFixed(3)} ms (p50/p99; load ${(res.loadMs / 1000).toFixed(1)} s${res.tables ? `; ${res.tables.length} nftables tables` : ''})`);
     if (t.first.failed + t.last.failed + t.pod.failed > 0) res.error = `${t.first.failed + t.last.failed + t.pod.failed} connects failed`;
     return res;
   } catch (e) {

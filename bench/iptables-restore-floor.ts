@@ -10,26 +10,30 @@
 //   dispatch  one `-D KUBE-NODEPORTS 1` and the same rule appended again (`-A`): as a
 //             dispatch restore, iptables-nft fetches the edited chain's rules (a `-D` by
 //             position needs them) and the kernel validates the table.
-// Medians of --reps, wall time of the restore command, load average.
+// Medians of --reps, wall time of the restore command, load average. --legacy: the same with
+// the legacy binaries (iptables-legacy-restore, which replaces the whole table per commit).
 //
-//   sudo node --import tsx bench/iptables-restore-floor.ts [--n 10000,20000] [--reps 5]
+//   sudo node --import tsx bench/iptables-restore-floor.ts [--n 10000,20000] [--reps 5] [--legacy]
 import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import { silentLogger } from '../src/log.ts';
 import { IptablesProxier } from '../src/proxy/iptables/proxier.ts';
-import { Namespaces, TimedRunner } from './netns.ts';
+import { LEGACY_IPTABLES, Namespaces, TimedRunner } from './netns.ts';
 import { fmtMs, median } from './report.ts';
 import { benchConfig, Workload } from './workload.ts';
 
+let rename: Record<string, string> = {};
+
 async function restoreMs(ns: string, input: string): Promise<number> {
   const t0 = performance.now();
-  const r = await new TimedRunner(ns, {}, 120_000).run('iptables-restore', ['-w', '5', '--noflush'], { input });
+  const r = await new TimedRunner(ns, rename, 120_000).run('iptables-restore', ['-w', '5', '--noflush'], { input });
   if (r.code !== 0) throw new Error(`iptables-restore failed: ${r.stderr.slice(0, 300)}`);
   return performance.now() - t0;
 }
 
 async function main(): Promise<void> {
-  const { values } = parseArgs({ options: { n: { type: 'string', default: '10000,20000' }, reps: { type: 'string', default: '5' } } });
+  const { values } = parseArgs({ options: { n: { type: 'string', default: '10000,20000' }, reps: { type: 'string', default: '5' }, legacy: { type: 'boolean', default: false } } });
+  if (values.legacy) rename = LEGACY_IPTABLES;
   if (process.getuid?.() !== 0) throw new Error('KPROXY_BENCH_ROOT: run as root (rules are written in kpb-* namespaces)');
   const reps = Number(values.reps);
   const nss = new Namespaces(`${process.pid}f`);
@@ -40,8 +44,8 @@ async function main(): Promise<void> {
       const empty = await nss.create('e');
       const ns = await nss.create('k');
       const w = new Workload(n, 5, benchConfig('iptables'));
-      await new IptablesProxier({ runner: new TimedRunner(ns, {}, 600_000), log: silentLogger(), config: w.input().config }).sync(w.input(), w.serviceKeys, true);
-      const save = await new TimedRunner(ns).run('iptables-save', ['-t', 'nat']);
+      await new IptablesProxier({ runner: new TimedRunner(ns, rename, 600_000), log: silentLogger(), config: w.input().config }).sync(w.input(), w.serviceKeys, true);
+      const save = await new TimedRunner(ns, rename).run('iptables-save', ['-t', 'nat']);
       const first = save.stdout.split('\n').find((l) => l.startsWith('-A KUBE-NODEPORTS '));
       if (!first) throw new Error('no KUBE-NODEPORTS rule');
       const chainRules = (c: string) => save.stdout.split('\n').filter((l) => l.startsWith(`-A ${c} `)).length;
@@ -62,7 +66,7 @@ async function main(): Promise<void> {
   } finally {
     await nss.deleteAll();
   }
-  process.stdout.write(`\nmedians of ${reps} (each run listed), ms\n\n| Services | KUBE-SERVICES / KUBE-NODEPORTS rules | one rule, empty namespace | one rule in an unrelated chain | -D + -A in KUBE-NODEPORTS | load (1 min) |\n|---:|---:|---:|---:|---:|---:|\n${rows.join('\n')}\n`);
+  process.stdout.write(`\n${values.legacy ? 'iptables-legacy-restore' : 'iptables-restore (nf_tables)'}: medians of ${reps} (each run listed), ms\n\n| Services | KUBE-SERVICES / KUBE-NODEPORTS rules | one rule, empty namespace | one rule in an unrelated chain | -D + -A in KUBE-NODEPORTS | load (1 min) |\n|---:|---:|---:|---:|---:|---:|\n${rows.join('\n')}\n`);
 }
 
 main().catch((e: Error) => {

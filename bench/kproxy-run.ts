@@ -28,8 +28,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, readFileSync, renameSync, rmSync, symlinkSync, writeFileSync, existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { servicePortNameString, endpointChainName as iptablesEndpointChain } from '../src/modes/iptables/names.ts';
-import { servicePortEndpointChainNameBase } from '../src/modes/nftables/names.ts';
-import type { ServicePort } from '../src/core/model.ts';
+import { isKubeProxyTable, servicePortEndpointChainNameBase, shardOf, shardTable, TABLE } from '../src/modes/nftables/names.ts';
+import { serviceKey, type ServicePort } from '../src/core/model.ts';
 import { LEGACY_IPTABLES, podNetwork, TimedRunner, type Namespaces } from './netns.ts';
 import { clusterIPOf, endpointIPOf, NAMESPACE, serviceName, serviceObject, sliceObject } from './workload.ts';
 import { median, percentile, pollUntil, sleep } from './stats.ts';
@@ -116,6 +116,8 @@ export interface RunPhaseResult {
   streamPacket?: StreamResult;
   /** median time of one kernel check: the resolution of the latencies */
   checkMs: number;
+  /** nftables: the kube-proxy tables in the kernel after the first sync (K tables from 1,000 Services) */
+  nftTables?: string[];
   syncs: number;
   error?: string;
 }
@@ -169,15 +171,40 @@ function writeHotSlice(dir: string, i: number, count: number, endpoints: number)
   return t;
 }
 
-/** The kernel object that shows endpoint `ep` ("ip:port") of service i is programmed: the endpoint's chain. */
-export function endpointCheck(variant: RunVariant, i: number, ep: string): { cmd: string; args: string[] } {
+/**
+ * The nftables table that holds service i, as the kernel shows it: upstream's `kube-proxy`
+ * below 1,000 Services; from there the sharded mode's `kube-proxy-<shardOf(ns/name, K)>`,
+ * K = the number of shard tables listed (src/modes/nftables/shards.ts).
+ */
+export function nftTableOf(tables: readonly string[], i: number): string {
+  if (tables.includes(TABLE)) return TABLE;
+  const shards = tables.filter((t) => isKubeProxyTable(t) && t !== TABLE);
+  if (!shards.length) throw new Error(`KPROXY_BENCH_RUN: no kube-proxy table in the kernel (tables: ${tables.join(', ') || 'none'})`);
+  const table = shardTable(shardOf(serviceKey(NAMESPACE, serviceName(i)), shards.length));
+  if (!shards.includes(table)) throw new Error(`KPROXY_BENCH_RUN: ${table} (service ${serviceName(i)}, K=${shards.length}) is not in the kernel (tables: ${shards.join(', ')})`);
+  return table;
+}
+
+/**
+ * The kube-proxy tables of `ip` in the runner's namespace (`kube-proxy`, or the shards'
+ * `kube-proxy-<n>`), by one netlink dump (bench/nft-tables.py): `nft list tables` (nft 1.0.6)
+ * took 53–60 s at 10,000 Services in 16 tables here (`-t` too; why not looked into).
+ */
+export async function kubeProxyTables(runner: TimedRunner): Promise<string[]> {
+  const r = await runner.run(PYTHON, ['-S', join(repoRoot, 'bench/nft-tables.py'), 'ip'], { timeoutMs: 30_000 });
+  if (r.code !== 0) throw new Error(`KPROXY_BENCH_TABLES: nft-tables.py exited ${r.code}: ${r.stderr.trim().slice(0, 200)}`);
+  return r.stdout.split('\n').map((l) => l.trim()).filter(isKubeProxyTable);
+}
+
+/** The kernel object that shows endpoint `ep` ("ip:port") of service i is programmed: the endpoint's chain (nftables: in `table`, nftTableOf). */
+export function endpointCheck(variant: RunVariant, i: number, ep: string, table = TABLE): { cmd: string; args: string[] } {
   if (variant === 'nftables') {
     const base = servicePortEndpointChainNameBase({ namespace: NAMESPACE, name: serviceName(i), port: 'http' }, 'tcp', ep);
     // One netlink GETCHAIN (O(1)), not `nft list chain`: nft 1.0.6 first fetches every set
     // element of the table for it (~0.4 s at 10,000 Services, CPU the proxy then lacks), and
     // three pollers at that cost cannot keep up with 10 changes/s: the queue of unchecked
     // changes, not kproxy, made the latency grow (docs "nftables at scale").
-    return { cmd: PYTHON, args: ['-S', join(repoRoot, 'bench/nft-chain-exists.py'), 'ip', 'kube-proxy', `endpoint-${base}`] };
+    return { cmd: PYTHON, args: ['-S', join(repoRoot, 'bench/nft-chain-exists.py'), 'ip', table, `endpoint-${base}`] };
   }
   const sp = { portName: { namespace: NAMESPACE, name: serviceName(i), port: 'http' } } as unknown as ServicePort;
   return { cmd: 'iptables', args: ['-t', 'nat', '-S', iptablesEndpointChain(servicePortNameString(sp), 'tcp', ep)] };
@@ -348,9 +375,15 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
       if (!(await p.ready())) throw new Error(`KPROXY_BENCH_RUN: the probe did not start: ${p.output()}`);
       probe = new Probe(p.proc);
     }
+    if (o.variant === 'nftables') {
+      // the tables as the kernel has them: the mode as shipped shards from 1,000 Services
+      res.nftTables = await kubeProxyTables(runner);
+      o.log(`  nftables tables in the kernel: ${res.nftTables.length} (${res.nftTables.slice(0, 3).join(', ')}${res.nftTables.length > 3 ? ', …' : ''})`);
+    }
+    const tableOf = (i: number) => (o.variant === 'nftables' ? nftTableOf(res.nftTables!, i) : TABLE);
     const counts = new Map<number, number>(hot.map((i) => [i, o.endpoints]));
     const present = async (i: number, ep: string): Promise<boolean> => {
-      const c = endpointCheck(o.variant, i, ep);
+      const c = endpointCheck(o.variant, i, ep, tableOf(i));
       const ts = performance.now();
       const r = await runner.run(c.cmd, c.args, { timeoutMs: 30_000 });
       checkTimes.push(performance.now() - ts);

@@ -3,7 +3,7 @@
 //
 //   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,memory,cold,run,connect,ipvs]
 //        [--sizes 100,1000,...] [--run-sizes 100,10000] [--connect-sizes 100,1000,...]
-//        [--variants iptables,iptables-legacy,nftables] [--nft-max 60000] [--endpoints 5]
+//        [--variants iptables,iptables-legacy,nftables] [--nft-max 60000] [--raw-iptables-max 60000] [--endpoints 5]
 //        [--ipvs-sizes 100,1000,10000] [--ipvs-connect-sizes 100,1000,5000,10000] [--ipvs-mem 4096] [--ipvs-timeout 2700]
 //        [--ipvs-full-change-max 1000] [--ipvs-connect-count 200] [--ipvs-parallel] [--ipvs-from FILE]
 //        [--memory-size 10000] [--memory-variant iptables-legacy] [--manifest-services 10000]
@@ -66,6 +66,8 @@ export interface ScaleOptions {
   connectSizes: number[];
   variants: ScaleVariant[];
   nftMax: number;
+  /** the cold phase's raw flushing iptables-restore references only up to this N (the raw restore alone took > 400 s at 50,000 here) */
+  rawIptablesMax: number;
   endpoints: number;
   manifestServices: number;
   memorySize: number;
@@ -218,7 +220,9 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
         const variants = o.variants.filter((v) => !failed.has(v) && sizesFor(v, o.sizes, o, notes).includes(n));
         if (!variants.length) continue;
         o.log(`cold N=${n}: ${variants.join(', ')}`);
-        const c = await coldPhase(nss, { n, endpoints: o.endpoints, variants, changes: o.changes, timeoutMs: o.timeoutS * 1000, log: o.log });
+        const rawIptables = n <= o.rawIptablesMax;
+        if (!rawIptables && variants.some((v) => v !== 'nftables')) notes.add(`cold: the raw flushing iptables-restore references not run above N=${n0(o.rawIptablesMax)} (--raw-iptables-max)`);
+        const c = await coldPhase(nss, { n, endpoints: o.endpoints, variants, changes: o.changes, timeoutMs: o.timeoutS * 1000, rawIptables, log: o.log });
         res.cold.push(c);
         for (const s of c.samples) {
           if (!s.error) continue;
@@ -295,8 +299,13 @@ function coldAt(r: ScaleResult, n: number, v: ScaleVariant) {
   return { c, s: c?.samples.find((s) => s.mode === v) };
 }
 
+/**
+ * The run phase's result at (n, v) for the change goals: the one with change samples, else one
+ * that failed; the memory phase's run (no changes asked, same n and variant) is not it.
+ */
 function runAt(r: ScaleResult, n: number, v: ScaleVariant) {
-  return r.run.find((x) => x.n === n && x.variant === v);
+  const xs = r.run.filter((x) => x.n === n && x.variant === v);
+  return xs.find((x) => changeSamples(x).ms.length) ?? xs.find((x) => x.error);
 }
 
 const notMeasured = (what: string): Pick<Goal, 'measured' | 'met'> => ({ measured: `not measured (${what})`, met: undefined });
@@ -443,7 +452,7 @@ export function markdown(r: ScaleResult): string {
   const out: string[] = [];
   out.push(`Run ${m.date}${r.options.quick ? ' (--quick)' : ''}, ${r.totalSeconds.toFixed(0)} s: Linux ${m.kernel}, ${m.cpus} × ${m.cpuModel}, ${m.memGiB} GiB, ` +
     `${m.iptables}, ${m.nft}, Node ${m.node}; load average ${m.loadBefore.join(' ')} before, ${m.loadAfter.join(' ')} after (shared machine: treat differences under ~30 % as noise). ` +
-    `${r.options.endpoints} endpoints per Service (ClusterIP + NodePort each).`);
+    `${r.options.endpoints} endpoints per Service (ClusterIP + NodePort each; ClusterIP only past the 35,535th, when node ports run out).`);
   if (r.manifests) {
     const x = r.manifests;
     out.push(`### Manifests source\n\n${table(['services', 'file', 'load', 'longest event-loop block', 'RSS growth'], [[n0(x.services), `${(x.fileBytes / 2 ** 20).toFixed(1)} MiB`, fmtMs(x.loadMs), fmtMs(x.maxBlockMs), `${((x.rssAfter - x.rssBefore) / 2 ** 20).toFixed(0)} MiB`]])}`);
@@ -468,7 +477,8 @@ export function markdown(r: ScaleResult): string {
     out.push('### `kproxy run` in a namespace (the real process, manifests source)\n\n' +
       'Cold start = process start → first full sync logged; RSS / settled / HWM from /proc/PID/status right after it, 2 s after kproxy\'s collection that follows it, and the peak.\n\n' +
       table(['mode', 'N', 'cold start', 'manifests loaded', 'first sync (logged)', 'RSS / settled / HWM'], rows));
-    const changes = r.run.filter((x) => !x.error || x.changeMs.length || x.changePacketMs?.length);
+    // the memory phase's run (no changes, no stream asked) has nothing for this table
+    const changes = r.run.filter((x) => x.error || x.changeMs.length || x.changePacketMs?.length || x.stream || x.streamPacket);
     out.push('### One-Service change and a stream of endpoint changes (`kproxy run`)\n\n' +
       'Manifest file renamed into place → the change detected, two ways, each with its own changes: **packet** = a connection to the Service\'s ClusterIP answered by the new endpoint ' +
       '(bench/change-probe.ts: every 5 ms, 2 connects per change and at most 8 in all per tick, round-robin; the endpoint is random per connection, with 6 endpoints two connects find the new one with p = 0.31 per tick, so a detection comes ~14 ms after the rule landed on average); ' +
@@ -485,10 +495,25 @@ export function markdown(r: ScaleResult): string {
     out.push(`### First-packet connect latency (ms, p50 / p99; ${r.options.connectCount} connects per target)\n\n` +
       table(['mode', 'N', 'first Service', 'last Service', 'pod IP (no Service)', 'rules loaded in', 'errors'], rows));
   }
+  const tables = nftTablesLine(r);
+  if (tables) out.push(tables);
   if (r.ipvs) out.push(ipvsMarkdown(r.ipvs));
   out.push('### Goals\n\n' + table(['goal', 'measured', 'met?'], r.goals.map((g) => [g.goal, g.measured, g.met === undefined ? 'not measured' : g.met ? 'yes' : 'NO'])));
   if (r.notes.length) out.push(`Notes:\n${r.notes.map((n) => `- ${n}`).join('\n')}`);
   return out.join('\n\n') + '\n';
+}
+
+/** The nftables tables each phase found in the kernel: the mode as shipped shards from 1,000 Services (shards.ts). */
+export function nftTablesLine(r: ScaleResult): string {
+  const k = (t?: string[]) => (t ? (t.length === 1 ? `1 (${t[0]})` : `${t.length}`) : '?');
+  const parts: string[] = [];
+  const cold = r.cold.flatMap((c) => c.samples.filter((s) => s.mode === 'nftables' && s.kernel?.tables).map((s) => `${n0(c.n)}: ${k(s.kernel!.tables)}`));
+  if (cold.length) parts.push(`cold (after kproxy's first sync and changes) ${cold.join(', ')}`);
+  const run = r.run.filter((x) => x.variant === 'nftables' && x.nftTables).map((x) => `${n0(x.n)}: ${k(x.nftTables)}`);
+  if (run.length) parts.push(`run (\`kproxy run\` after its first sync) ${run.join(', ')}`);
+  const con = r.connect.filter((x) => x.variant === 'nftables' && x.tables).map((x) => `${n0(x.n)}: ${k(x.tables)}`);
+  if (con.length) parts.push(`connect (the rendered tables loaded) ${con.join(', ')}`);
+  return parts.length ? `nftables tables in the kernel, per phase and N (the mode shards from 1,000 Services): ${parts.join('; ')}.` : '';
 }
 
 export function ipvsMarkdown(x: IpvsPhaseResult): string {
@@ -628,7 +653,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
     options: {
       quick: { type: 'boolean', default: false },
       phases: { type: 'string' }, sizes: { type: 'string' }, 'run-sizes': { type: 'string' }, 'connect-sizes': { type: 'string' },
-      variants: { type: 'string' }, 'nft-max': { type: 'string' }, 'memory-size': { type: 'string' }, 'memory-variant': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
+      variants: { type: 'string' }, 'nft-max': { type: 'string' }, 'raw-iptables-max': { type: 'string' }, 'memory-size': { type: 'string' }, 'memory-variant': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
       'ipvs-sizes': { type: 'string' }, 'ipvs-connect-sizes': { type: 'string' }, 'ipvs-mem': { type: 'string' }, 'ipvs-timeout': { type: 'string' }, 'ipvs-connect-count': { type: 'string' }, 'ipvs-parallel': { type: 'boolean' }, 'ipvs-from': { type: 'string' }, 'ipvs-full-change-max': { type: 'string' }, 'ipvs-connect-modes': { type: 'string' },
       changes: { type: 'string' }, detect: { type: 'string' }, 'stream-seconds': { type: 'string' }, 'stream-rate': { type: 'string' }, 'connect-count': { type: 'string' },
       timeout: { type: 'string' }, out: { type: 'string', default: 'bench/out' }, docs: { type: 'string', default: 'docs' }, 'no-docs': { type: 'boolean', default: false },
@@ -649,7 +674,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
     quick: q, phases: phases as Phase[], variants: variants as ScaleVariant[],
     sizes: intList('--sizes', values.sizes ?? d.sizes), runSizes: intList('--run-sizes', values['run-sizes'] ?? d.run),
     connectSizes: intList('--connect-sizes', values['connect-sizes'] ?? d.connect),
-    nftMax: one('--nft-max', values['nft-max'] ?? '60000'), endpoints: one('--endpoints', values.endpoints ?? '5'),
+    nftMax: one('--nft-max', values['nft-max'] ?? '60000'), rawIptablesMax: one('--raw-iptables-max', values['raw-iptables-max'] ?? '60000'), endpoints: one('--endpoints', values.endpoints ?? '5'),
     manifestServices: one('--manifest-services', values['manifest-services'] ?? '10000'),
     detect: detectArg(values.detect ?? 'both'),
     memorySize: one('--memory-size', values['memory-size'] ?? '10000'), memoryVariant: memoryVariant as ScaleVariant, breakdown: !q, changes: one('--changes', values.changes ?? d.changes),

@@ -1,4 +1,5 @@
-// Synthetic cluster state for the benchmarks: N Services (ClusterIP + one NodePort each)
+// Synthetic cluster state for the benchmarks: N Services (ClusterIP + one NodePort each; past
+// the 35,535 node ports 30000-65534, ClusterIP only)
 // with E ready endpoints on another node, built the way kproxy builds it at run time (API
 // objects → ProxyStateTracker), so the planners see exactly what a real sync would see.
 // Pure: no I/O.
@@ -44,7 +45,20 @@ export function serviceName(i: number): string {
 
 export const NAMESPACE = 'bench';
 
+/**
+ * Service i: NodePort (ClusterIP + node port 30000 + i) while node ports last, from
+ * MAX_NODE_PORT_SERVICES on ClusterIP only (as bench/iptables-scale.ts and nft-scale.ts did), so
+ * sizes up to MAX_SERVICES (50,000 in the full scale run) can be built.
+ */
 export function serviceObject(i: number): K8sService {
+  if (i >= MAX_NODE_PORT_SERVICES) {
+    const s = nodePortServiceObject(i);
+    return { ...s, spec: { ...s.spec!, type: 'ClusterIP', ports: s.spec!.ports!.map(({ nodePort: _, ...p }) => p) } };
+  }
+  return nodePortServiceObject(i);
+}
+
+function nodePortServiceObject(i: number): K8sService {
   return {
     apiVersion: 'v1',
     kind: 'Service',
@@ -106,8 +120,8 @@ export class Workload {
     readonly config: ProxyConfig,
     maxExtraEndpoints = 16,
   ) {
-    if (services < 1 || services > Math.min(MAX_SERVICES, MAX_NODE_PORT_SERVICES)) {
-      throw new Error(`KPROXY_BENCH_SIZE: ${services} services is out of range (1..${Math.min(MAX_SERVICES, MAX_NODE_PORT_SERVICES)})`);
+    if (services < 1 || services > MAX_SERVICES) {
+      throw new Error(`KPROXY_BENCH_SIZE: ${services} services is out of range (1..${MAX_SERVICES})`);
     }
     this.stride = endpointsPerService + maxExtraEndpoints;
     // endpointIPOf carries into the second octet: 10.180.0.1 up to 10.255.255.255 (all inside the

@@ -3,7 +3,7 @@
 // kernel for minutes, so it is exercised by `bench/scale.ts --quick`, not here.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { goals, markdown, parseScaleArgs, plots, ScaleError, type ScaleResult } from '../../bench/scale.ts';
+import { goals, markdown, nftTablesLine, parseScaleArgs, plots, ScaleError, type ScaleResult } from '../../bench/scale.ts';
 import type { Sample } from '../../bench/measure.ts';
 import { metricDelta, parseProgrammingBuckets, writesIn, type RunPhaseResult } from '../../bench/kproxy-run.ts';
 
@@ -58,6 +58,27 @@ test('goals are judged from the measurements at the sizes they are stated at', (
   assert.match(find('--quick').measured, /^100 s at load 2→3/);
 });
 
+test('the memory phase\'s run at 10,000 (no changes asked) is not taken for the change goal\'s', () => {
+  const r = result();
+  const memoryOnly = (v: RunPhaseResult['variant']): RunPhaseResult => ({ ...run(10_000, v, [], 300), stream: undefined });
+  // the memory phase runs first: its result comes before the run phase's in r.run
+  r.run = [memoryOnly('iptables'), memoryOnly('iptables-legacy'), ...r.run];
+  const g = goals(r);
+  const find = (s: string) => g.find((x) => x.goal.startsWith(s))!;
+  assert.match(find('iptables: one-Service change').measured, /^260 ms at 10k, 70 ms at 100/, 'the run phase\'s changes');
+  assert.equal(find('iptables-legacy: one-Service change').met, undefined, 'a memory-only run: not measured, not "failed"');
+  assert.match(find('iptables-legacy: one-Service change').measured, /^not measured/);
+  r.run.push({ ...run(10_000, 'iptables-legacy', [], 300), error: 'KPROXY_BENCH_RUN: change 1 not in the kernel within 60 s' });
+  assert.match(goals(r).find((x) => x.goal.startsWith('iptables-legacy: one-Service'))!.measured, /^failed: KPROXY_BENCH_RUN: change 1/);
+  // the change table leaves the memory-only runs out; the run table keeps them (cold start, RSS)
+  const md = markdown(r);
+  const changeTable = md.slice(md.indexOf('### One-Service change'), md.indexOf('### First-packet'));
+  assert.equal((changeTable.match(/^\| iptables \| 10,000 \|/gm) ?? []).length, 1, 'one iptables row at 10,000: the run phase\'s');
+  assert.match(changeTable, /^\| iptables-legacy \| 10,000 \| – \| – \|/m, 'the failed run is listed');
+  const runTable = md.slice(md.indexOf('### `kproxy run`'), md.indexOf('### One-Service change'));
+  assert.equal((runTable.match(/^\| iptables \| 10,000 \|/gm) ?? []).length, 2);
+});
+
 test('markdown has every section and a goals table; plots are SVG with a line per series', () => {
   const r = result();
   r.goals = goals(r);
@@ -72,6 +93,21 @@ test('markdown has every section and a goals table; plots are SVG with a line pe
   // cold: iptables and nftables lines (legacy failed at its only large size but has none at 100), 3 raw references
   assert.equal((p['scale-cold-start.svg'].match(/<path /g) ?? []).length, 5);
   assert.equal((p['scale-connect-latency.svg'].match(/<path /g) ?? []).length, 3);
+});
+
+test('markdown names the nftables tables each phase found in the kernel (the sharded mode from 1,000 Services)', () => {
+  const r = result();
+  assert.equal(nftTablesLine(r), '', 'nothing recorded: no line');
+  r.cold[0].samples[1].kernel = { listedLines: 900, tables: ['kube-proxy'], changesPresent: true };
+  r.cold[1].samples[2].kernel = { listedLines: 90_000, tables: Array.from({ length: 16 }, (_, s) => `kube-proxy-${s}`), changesPresent: true };
+  r.run[3].nftTables = Array.from({ length: 16 }, (_, s) => `kube-proxy-${s}`);
+  r.connect.push({ ...r.connect[1], variant: 'nftables', tables: ['kube-proxy-0', 'kube-proxy-1'] });
+  const line = nftTablesLine(r);
+  assert.match(line, /cold \(after kproxy's first sync and changes\) 100: 1 \(kube-proxy\), 10,000: 16;/);
+  assert.match(line, /run \(`kproxy run` after its first sync\) 10,000: 16;/);
+  assert.match(line, /connect \(the rendered tables loaded\) 10,000: 2\./);
+  r.goals = goals(r);
+  assert.ok(markdown(r).includes(line));
 });
 
 test('--quick picks small sizes; bad arguments are refused with a code', () => {
@@ -92,6 +128,9 @@ test('--quick picks small sizes; bad arguments are refused with a code', () => {
   assert.deepEqual([only.ipvsSizes, only.ipvsConnectModes], [[], ['iptables']], 'a VM boot for iptables connect latency only');
   assert.throws(() => parseScaleArgs(['--ipvs-connect-modes', 'nft'], () => {}), /KPROXY_BENCH_ARGS/);
   assert.throws(() => parseScaleArgs(['--ipvs-sizes', '100,x'], () => {}), /KPROXY_BENCH_ARGS/);
+  assert.equal(parseScaleArgs([], () => {}).rawIptablesMax, 60_000, 'raw references at every size by default');
+  assert.equal(parseScaleArgs(['--raw-iptables-max', '20000'], () => {}).rawIptablesMax, 20_000);
+  assert.throws(() => parseScaleArgs(['--raw-iptables-max', 'x'], () => {}), (e: Error) => e instanceof ScaleError && /--raw-iptables-max/.test(e.message));
   assert.throws(() => parseScaleArgs(['--variants', 'ipvs'], () => {}), (e: Error) => e instanceof ScaleError && /KPROXY_BENCH_ARGS/.test(e.message));
   assert.throws(() => parseScaleArgs(['--sizes', '0'], () => {}), /KPROXY_BENCH_ARGS/);
   assert.throws(() => parseScaleArgs(['--phases', 'nope'], () => {}), /KPROXY_BENCH_ARGS/);

@@ -10,7 +10,7 @@ import { hostRunner } from '../../src/exec/runner.ts';
 import { getMode } from '../../src/proxy/registry.ts';
 import { changedServiceIndexes, oneServicePayload } from '../../bench/measure.ts';
 import { runBench } from '../../bench/run.ts';
-import { benchConfig, clusterIPOf, Workload } from '../../bench/workload.ts';
+import { benchConfig, clusterIPOf, MAX_NODE_PORT_SERVICES, MAX_SERVICES, serviceObject, Workload } from '../../bench/workload.ts';
 
 test('one-service payload holds exactly that service\'s chains', () => {
   const w = new Workload(3, 2, benchConfig('iptables'));
@@ -23,6 +23,19 @@ test('one-service payload holds exactly that service\'s chains', () => {
   assert.ok(lines.filter((l) => l.startsWith('-A')).every((l) => /^-A KUBE-(SVC|EXT|SEP)-/.test(l)));
   assert.ok(payload.includes('172.30.0.2'));
   assert.ok(!payload.includes('172.30.0.1 '), 'no rule of another service');
+});
+
+test('the workload goes past the node ports: NodePort Services up to 35,535, ClusterIP only after (50,000 in the full scale run)', () => {
+  const last = serviceObject(MAX_NODE_PORT_SERVICES - 1);
+  assert.equal(last.spec!.type, 'NodePort');
+  assert.equal(last.spec!.ports![0].nodePort, 65_534);
+  const past = serviceObject(MAX_NODE_PORT_SERVICES);
+  assert.equal(past.spec!.type, 'ClusterIP');
+  assert.equal(past.spec!.ports![0].nodePort, undefined);
+  assert.equal(past.spec!.ports![0].port, 80);
+  const w = new Workload(MAX_NODE_PORT_SERVICES + 10, 1, benchConfig('iptables'));
+  assert.equal(w.serviceKeys.size, MAX_NODE_PORT_SERVICES + 10, 'every Service accepted by the tracker');
+  assert.throws(() => new Workload(MAX_SERVICES + 1, 1, benchConfig('iptables')), /KPROXY_BENCH_SIZE/);
 });
 
 test('changed services are distinct and in range', () => {
