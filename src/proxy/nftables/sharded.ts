@@ -17,7 +17,7 @@ import { kubeProxyTableNames, SHARD_TABLE_NAMES, shardOf } from '../../modes/nft
 import { chooseShards, DEFAULT_SHARDS, serviceCount, ShardStates, shardTables, type ShardOptions } from '../../modes/nftables/shards.ts';
 import { MAX_ISOLATION_RETRIES } from '../../modes/isolation.ts';
 import { coded } from '../../errors.ts';
-import { NftProxier, onlyServices, type NftProxierOptions, type PreparedSync } from './proxier.ts';
+import { MAX_KEPT_TRANSACTION_CHARS, NftProxier, onlyServices, type NftProxierOptions, type PreparedSync } from './proxier.ts';
 import { parseNftText } from '../../modes/nftables/parse.ts';
 import type { LiveNames } from '../../modes/nftables/transaction.ts';
 
@@ -64,6 +64,7 @@ export class ShardedNftProxier implements Proxier {
     return this.proxiers;
   }
 
+  /** the last transaction sent to nft (for /debug and tests); '' after a successful one over MAX_KEPT_TRANSACTION_CHARS */
   lastTransactionText(): string {
     return this.lastTransaction;
   }
@@ -241,6 +242,8 @@ export class ShardedNftProxier implements Proxier {
         for (const x of prepared.keys()) this.proxiers[x].applyFailed();
         throw e;
       }
+      // as NftProxier: a big successful transaction is not kept (33 MB at 10,000 Services)
+      if (text.length > MAX_KEPT_TRANSACTION_CHARS) this.lastTransaction = '';
     }
     if (drop.length) this.log.info({ family, tables: drop }, `deleted nftables tables ${drop.join(', ')}`);
     if (this.needTableScan && [...prepared.values()].every((x) => !x.partial)) this.needTableScan = false;

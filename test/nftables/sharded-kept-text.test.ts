@@ -1,0 +1,51 @@
+// The sharded nftables proxier does not keep a big transaction's text between syncs (it was
+// 33 MB at 10,000 Services: 32 MiB of the mode's RSS, docs/benchmarks.md "Memory"): after a
+// successful one over MAX_KEPT_TRANSACTION_CHARS lastTransactionText() is '', as NftProxier's;
+// a small one is kept for /debug. In-process only: the runner answers nft as an empty kernel
+// that accepts every transaction (the kernel tests apply the same texts for real).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import type { CommandRunner, RunResult } from '../../src/exec/runner.ts';
+import { resolveConfig } from '../../src/config/config.ts';
+import { ProxyStateTracker } from '../../src/core/tracker.ts';
+import { silentLogger } from '../../src/log.ts';
+import type { PlanInput } from '../../src/modes/types.ts';
+import { MAX_KEPT_TRANSACTION_CHARS } from '../../src/proxy/nftables/proxier.ts';
+import { ShardedNftProxier } from '../../src/proxy/nftables/sharded.ts';
+import { endpointSlice, nodePortService } from './objects.ts';
+
+function emptyKernel(applied: string[]): CommandRunner {
+  return {
+    run: async (cmd, args, opts): Promise<RunResult> => {
+      assert.equal(cmd, 'nft');
+      if (args[0] === '-f') applied.push(opts?.input ?? '');
+      return { code: 0, stdout: '', stderr: '' };
+    },
+  };
+}
+
+function input(n: number): { input: PlanInput; keys: Set<string> } {
+  const tracker = new ProxyStateTracker(4, 'node-a');
+  for (let i = 0; i < n; i++) {
+    tracker.services.update(null, { ...nodePortService(i), spec: { ...nodePortService(i).spec, clusterIP: `172.30.${i >> 8}.${(i & 255) + 1}`, ports: [{ name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i }] } });
+    tracker.endpoints.update(null, endpointSlice(i % 250, 2, 'node-b'));
+  }
+  const keys = tracker.apply();
+  return { input: { state: tracker.state, config: resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' }), node: { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 } }, keys };
+}
+
+test('a big successful transaction is not kept; a small one is', async () => {
+  const shards = { threshold: 100, perTable: 100, maxTables: 4 };
+  const big = input(3000);
+  const applied: string[] = [];
+  const p = new ShardedNftProxier({ runner: emptyKernel(applied), log: silentLogger(), shards });
+  await p.sync(big.input, big.keys, true);
+  assert.equal(p.tables().length, 4);
+  assert.equal(applied.length, 1, 'one transaction');
+  assert.ok(applied[0].length > MAX_KEPT_TRANSACTION_CHARS, `the full sync's text is big (${applied[0].length} chars)`);
+  assert.equal(p.lastTransactionText(), '', 'not kept after success');
+  const small = input(2);
+  const q = new ShardedNftProxier({ runner: emptyKernel([]), log: silentLogger(), shards });
+  await q.sync(small.input, small.keys, true);
+  assert.match(q.lastTransactionText(), /^add table ip kube-proxy /m, 'a small one is kept');
+});
