@@ -69,7 +69,8 @@ export function failingLines(stderr: string): number[] {
   return out;
 }
 
-function countLines(text: string): number {
+/** Lines of a transaction text (a last line without its newline counts). */
+export function countLines(text: string): number {
   let n = 0;
   for (let i = text.indexOf('\n'); i !== -1; i = text.indexOf('\n', i + 1)) n++;
   return text.endsWith('\n') || text === '' ? n : n + 1;

@@ -62,8 +62,6 @@ export interface NftProxierOptions {
   table?: string;
 }
 
-export { onlyServices };
-
 /** A sync planned and written as text, not applied yet (NftProxier.prepare → apply → commit). */
 export interface PreparedSync {
   tx: Transaction;
@@ -167,11 +165,6 @@ export class NftProxier implements Proxier {
   /** the text of the last transaction sent to nft (for /debug and tests); '' after a successful one over MAX_KEPT_TRANSACTION_CHARS */
   lastTransactionText(): string {
     return this.lastTransaction;
-  }
-
-  /** Whether a sync asked with `full` writes this table whole (and so needs its live names). */
-  syncsFull(full: boolean): boolean {
-    return full || this.needFull || !this.applied;
   }
 
   private async liveNames(family: NftFamily): Promise<LiveNames | null> {
@@ -331,7 +324,7 @@ export class NftProxier implements Proxier {
     /** the table's chain and set names in the kernel, when the caller listed them (sharded.ts: one listing for every table); absent: this proxier lists its table if it needs them */
     knownLive?: LiveNames | null,
   ): Promise<PreparedSync> {
-    const fullSync = this.syncsFull(full);
+    const fullSync = full || this.needsFull;
     // A full sync plans every port afresh (and so also resets the fragment cache).
     // a shard's table (`kube-proxy-<n>`) is one of several: NftPlanOptions.sharded
     const options = this.table === TABLE ? optionsFromInput(input) : { ...optionsFromInput(input), table: this.table, sharded: true };
@@ -340,7 +333,7 @@ export class NftProxier implements Proxier {
     const family = desired.family;
 
     let tx: Transaction;
-    this.lastAttemptPartial = !(fullSync || this.needFull || !this.applied);
+    this.lastAttemptPartial = !fullSync;
     /** whether a full transaction deletes every set of the table it does not want */
     let deletesStaleSets = false;
     if (!this.lastAttemptPartial) {

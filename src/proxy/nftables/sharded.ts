@@ -8,16 +8,16 @@
 // One NftProxier per table plans and diffs it; this class applies what they prepare as ONE
 // `nft -f`: a partial sync holds only the changed Services' tables, a full sync and a reshard
 // (K changed: the new tables written, the old ones deleted) every table.
-import { SkippedVIPReporter } from '../skipped-vips.ts';
+import { onlyServices, SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
-import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
+import { countLines, NftApplyError, NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
 import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
 import { kubeProxyTableNames, SHARD_TABLE_NAMES, shardOf } from '../../modes/nftables/names.ts';
 import { chooseShards, DEFAULT_SHARDS, serviceCount, ShardStates, shardTables, type ShardOptions } from '../../modes/nftables/shards.ts';
 import { MAX_ISOLATION_RETRIES } from '../../modes/isolation.ts';
 import { coded } from '../../errors.ts';
-import { MAX_KEPT_TRANSACTION_CHARS, NftProxier, onlyServices, type NftProxierOptions, type PreparedSync } from './proxier.ts';
+import { MAX_KEPT_TRANSACTION_CHARS, NftProxier, type NftProxierOptions, type PreparedSync } from './proxier.ts';
 import { parseNftText } from '../../modes/nftables/parse.ts';
 import type { LiveNames } from '../../modes/nftables/transaction.ts';
 
@@ -196,16 +196,15 @@ export class ShardedNftProxier implements Proxier {
     const family = input.node.family === 6 ? 'ip6' : 'ip';
     // Which tables this sync writes: every one for a full sync; otherwise those of the changed
     // Services, or every one when nothing changed (an idle sync retires chains in each).
-    let which: number[];
-    if (full || this.proxiers.some((p) => p.needsFull)) which = this.proxiers.map((_, i) => i);
-    else if (changed.size === 0) which = this.proxiers.map((_, i) => i);
-    else which = [...new Set([...changed].map((key) => this.shardOfKey(key)))].sort((a, b) => a - b);
+    const which = full || changed.size === 0 || this.proxiers.some((p) => p.needsFull)
+      ? this.proxiers.map((_, i) => i)
+      : [...new Set([...changed].map((key) => this.shardOfKey(key)))].sort((a, b) => a - b);
 
     // The chain and set names a full transaction needs (to delete what the table no longer
     // wants): for several tables one listing of the family's names (`nft list chains` and terse
-    // sets and maps, 0.9 s at 10,000 in 16 tables), not one `nft list table` per table (each walks
+    // sets and maps, 0.4 s at 10,000 in 16 tables), not one `nft list table` per table (each walks
     // the whole family's rules in the kernel: 0.5–1.2 s apiece, 9–12 s for 16).
-    const fullOnes = which.filter((i) => this.proxiers[i].syncsFull(full));
+    const fullOnes = which.filter((i) => full || this.proxiers[i].needsFull);
     const known = fullOnes.length >= 2 ? await this.liveNamesOf(family, fullOnes.map((i) => this.proxiers[i].table)) : null;
     const prepared = new Map<number, PreparedSync>();
     for (const i of which) {
@@ -218,10 +217,10 @@ export class ShardedNftProxier implements Proxier {
       if (k > 1) this.shardStates!.planned(i);
     }
     this.lastAttemptPartial = [...prepared.values()].some((x) => x.partial);
-    // Tables no longer used (a reshard; leftovers of an earlier K or run), as the kernel lists
-    // them (a table that never got written is not deleted), go in the same transaction.
-    let drop: string[] = [];
-    if (this.needTableScan && [...prepared.values()].every((x) => !x.partial)) drop = (await this.unusedTables(family)).sort();
+    // Tables no longer used (a reshard; leftovers of an earlier K or run), as the kernel has
+    // them (probed by name), go in the same transaction when every table is written whole.
+    const scan = this.needTableScan && !this.lastAttemptPartial;
+    const drop = scan ? (await this.unusedTables(family)).sort() : [];
     this.lastOffsets = [];
     let text = '';
     let lines = 0;
@@ -246,7 +245,7 @@ export class ShardedNftProxier implements Proxier {
       if (text.length > MAX_KEPT_TRANSACTION_CHARS) this.lastTransaction = '';
     }
     if (drop.length) this.log.info({ family, tables: drop }, `deleted nftables tables ${drop.join(', ')}`);
-    if (this.needTableScan && [...prepared.values()].every((x) => !x.partial)) this.needTableScan = false;
+    if (scan) this.needTableScan = false;
     const stats: SyncStats = { rulesWritten: drop.length, rulesTotal: 0 };
     const diffs: string[] = [];
     for (const [i, x] of prepared) {
@@ -269,10 +268,4 @@ export class ShardedNftProxier implements Proxier {
   async stop(): Promise<void> {
     for (const p of this.proxiers) await p.stop();
   }
-}
-
-function countLines(text: string): number {
-  let n = 0;
-  for (let i = text.indexOf('\n'); i !== -1; i = text.indexOf('\n', i + 1)) n++;
-  return text.endsWith('\n') || text === '' ? n : n + 1;
 }
