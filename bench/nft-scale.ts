@@ -35,7 +35,7 @@ import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import os from 'node:os';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
-import type { K8sService } from '../src/core/convert.ts';
+import type { K8sService } from '../src/core/api.ts';
 import { silentLogger } from '../src/log.ts';
 import type { PlanInput } from '../src/modes/types.ts';
 import { getMode } from '../src/proxy/registry.ts';

@@ -47,7 +47,7 @@ import { killGroup } from './kproxy-run.ts';
 import { connectThrough, spawnNode, timedNft, type ConnectOutcome } from './nft-validation.ts';
 import { Namespaces, podNetwork, TimedRunner } from './netns.ts';
 import { fmtMs, median, pollUntil } from './stats.ts';
-import type { K8sService } from '../src/core/convert.ts';
+import type { K8sService } from '../src/core/api.ts';
 import { benchConfig, clusterIPOf, endpointIPOf, MAX_NODE_PORT_SERVICES, NAMESPACE, NODE, serviceName, serviceObject, sliceObject } from './workload.ts';
 
 /** Room for extra endpoints per Service, as nft-validation.ts (endpoint j of Service i is endpointIPOf(i * stride + j)). */

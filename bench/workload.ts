@@ -4,7 +4,7 @@
 // objects → ProxyStateTracker), so the planners see exactly what a real sync would see.
 // Pure: no I/O.
 import { resolveConfig, type ModeName, type ProxyConfig } from '../src/config/config.ts';
-import type { K8sEndpointSlice, K8sService } from '../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../src/core/api.ts';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
 import type { NodeContext, PlanInput } from '../src/modes/types.ts';
 

@@ -3,7 +3,7 @@
 import { parseAllDocuments } from 'yaml';
 import { ProxyStateTracker } from '../core/tracker.ts';
 import { validateOptionsForMode } from '../core/validate.ts';
-import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../core/api.ts';
 import type { ProxyState } from '../core/model.ts';
 
 export interface CaseConfig {

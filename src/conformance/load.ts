@@ -2,7 +2,7 @@
 // pure so that the modes' conformance adapters can import it).
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../core/api.ts';
 import { readYAMLDocs, type CaseConfig, type CaseEvent, type CaseStep, type ConformanceCase } from './case.ts';
 
 function readObjects(file: string): Array<K8sService | K8sEndpointSlice> {

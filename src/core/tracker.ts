@@ -12,14 +12,8 @@
 import { isDeepStrictEqual } from 'node:util';
 import type { IPFamily } from './ip.ts';
 import type { Endpoint, ProxyState, ServicePort } from './model.ts';
-import {
-  endpointsOfSlices,
-  lastChangeTriggerTime,
-  servicePortsOf,
-  sliceServiceKey,
-  type K8sEndpointSlice,
-  type Report,
-} from './convert.ts';
+import { endpointsOfSlices, lastChangeTriggerTime, servicePortsOf, sliceServiceKey } from './convert.ts';
+import { type K8sEndpointSlice, type Report } from './api.ts';
 import { Boundary, objectIdentity, type BoundaryOptions } from './validate.ts';
 
 interface Change<T> {

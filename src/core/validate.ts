@@ -1,31 +1,35 @@
 // Validation at the boundary: every Service, EndpointSlice and Node from every source (the
 // manifests directory, the Kubernetes API, `render`/`trace`) is checked here before it reaches
-// the change trackers. Shape and types with zod; values with upstream's rules
-// (pkg/apis/core/validation ValidateService, ValidateNonSpecialIP; pkg/apis/discovery/validation
-// validateEndpointSlice; apimachinery's name and label rules). Pure: no I/O.
+// the change trackers. Shape and types with zod; values with upstream's rules, each check naming
+// the upstream function it mirrors (pkg/apis/core/validation ValidateService,
+// validateServicePort, ValidateLoadBalancerStatus, ValidateEndpointIP; pkg/apis/discovery/
+// validation ValidateEndpointSlice; apimachinery's name and label rules). Pure: no I/O.
+//
+// kproxy is never stricter than the API server: an object the API server accepts passes here.
+// Where kproxy needs less than upstream checks, it checks less. Its own refusals, which exist
+// only against crashes, bad rules or injection, are the EXTRA_REFUSALS below, in one place.
 //
 // Policy, one rule for all: an object with ANY invalid field is skipped as a whole, as the API
 // server would have refused the whole object. A partly applied object is worse than none: a
 // Service without the port whose name was bad, or a slice missing the endpoint whose address
-// was bad, silently forwards somewhere the user did not ask for. (convert.ts still drops bad
-// parts on its own, as a second line of defence for callers that bypass the trackers.)
+// was bad, silently forwards somewhere the user did not ask for.
 //
-// Where upstream's API server accepts a value that no kernel mode can use safely, kproxy is
-// stricter and says so: Service IPs may not be unspecified, loopback, multicast, link-local or
-// the IPv4 broadcast address (a loopback ClusterIP in nftables mode rejects localhost traffic on
-// every port), and endpoint addresses may not be unspecified, loopback, link-local, multicast or
-// broadcast. The one exception is `allowLoopback`, for the userspace mode: there kproxy itself
-// listens on the Service IP, and the standalone demo runs entirely on 127.0.0.0/8.
+// Addresses the API server accepts but no kernel mode can use safely never make an object
+// invalid: a loopback, unspecified, link-local, multicast or broadcast ClusterIP or
+// load-balancer IP, a global-multicast or broadcast external IP (src/modes/vip.ts leaves that one
+// address out of every rule and logs KPROXY_SERVICE_IP_SKIPPED), and a global-multicast or
+// broadcast endpoint address (convert.ts leaves that endpoint out). `allowLoopback`, for the
+// userspace mode, also accepts loopback external IPs and endpoints, which upstream refuses:
+// there kproxy itself listens on the Service IP, and the standalone demo runs on 127.0.0.0/8.
 //
 // IPv4 addresses with leading zeros ("010.001.002.003") are accepted as upstream accepts them in
 // existing objects (ParseIPSloppy, decimal) and canonicalised before anything renders them.
 import { z } from 'zod';
 import { canonicalIP, ipFamily, parseCIDR } from './ip.ts';
-import { ANNOTATION_LAST_CHANGE_TRIGGER_TIME, type K8sEndpointSlice, type K8sService, type Report } from './convert.ts';
+import { ANNOTATION_LAST_CHANGE_TRIGGER_TIME, type InvalidDetail, type K8sEndpointSlice, type K8sService, type ObjectKind, type Report } from './api.ts';
 
 const LABEL_SERVICE_NAME = 'kubernetes.io/service-name';
 
-export type ObjectKind = 'Service' | 'EndpointSlice' | 'Node';
 
 export interface Issue {
   /** field path, e.g. `spec.ports[0].port` */
@@ -36,6 +40,38 @@ export interface Issue {
 }
 
 export type Validated<T> = { ok: true; value: T } | { ok: false; issues: Issue[] };
+
+/**
+ * Everything kproxy refuses that the API server accepts, with its reason: the one list. None
+ * refuses a whole object the API server accepts; each leaves out one address, or (the slice
+ * without its Service's name) an object upstream kube-proxy ignores as well.
+ */
+export const EXTRA_REFUSALS: ReadonlyArray<{ what: string; scope: 'address' | 'object'; where: string; why: string }> = [
+  {
+    what: 'a ClusterIP or load-balancer ingress IP that is unspecified, loopback, link-local, multicast or broadcast',
+    scope: 'address',
+    where: 'src/modes/vip.ts (KPROXY_SERVICE_IP_SKIPPED)',
+    why: 'upstream validates these with IsValidIP only; as a rule they would capture the node\'s own traffic (a loopback ClusterIP\'s reject rule matches all of localhost) or fail in the kernel',
+  },
+  {
+    what: 'an external IP that is a global multicast address or the IPv4 broadcast address',
+    scope: 'address',
+    where: 'src/modes/vip.ts (KPROXY_SERVICE_IP_SKIPPED)',
+    why: 'ValidateEndpointIP lets them through (upstream calls that a bug); no mode can serve a Service on them',
+  },
+  {
+    what: 'an endpoint address that is a global multicast address or the IPv4 broadcast address',
+    scope: 'address',
+    where: 'src/core/convert.ts (the endpoint is left out, logged)',
+    why: 'ValidateEndpointIP lets them through; a DNAT to them forwards nowhere and IPVS refuses them as real servers (EINVAL), failing the whole restore',
+  },
+  {
+    what: 'an EndpointSlice without the kubernetes.io/service-name label',
+    scope: 'object',
+    where: 'src/core/validate.ts',
+    why: 'it belongs to no Service; upstream kube-proxy ignores it too (EndpointSliceCache)',
+  },
+];
 
 export interface ValidateOptions {
   /** accept loopback Service IPs and endpoint addresses (userspace mode only; see above) */
@@ -86,7 +122,10 @@ export const dns1123Subdomain: Check = (s) =>
   : DNS1123_SUBDOMAIN.test(s) ? null
   : "must be a DNS-1123 subdomain: lower case alphanumerics, '-' or '.', starting and ending with an alphanumeric";
 
-/** IANA_SVC_NAME, as upstream's IsValidPortName: what a Service port name must be. */
+/**
+ * IANA_SVC_NAME, as upstream's IsValidPortName: what a named targetPort (and a container port's
+ * name) must be. Not a Service port's own name: that is a DNS-1123 label (validateServicePort).
+ */
 export const ianaSvcName: Check = (s) => {
   if (s.length === 0) return 'must not be empty';
   if (s.length > 15) return 'must be no more than 15 characters';
@@ -118,27 +157,43 @@ export const labelKey: Check = (s) => {
 // ---- special addresses ------------------------------------------------------------------------
 
 /**
- * Why an address cannot be a Service IP or endpoint address, or null. `ip` must be canonical
+ * Why an address cannot be an endpoint address or external IP, or null: upstream's
+ * ValidateEndpointIP (pkg/apis/core/validation), which refuses the unspecified, loopback,
+ * link-local unicast and link-local multicast ranges (Go's net.IP IsUnspecified, IsLoopback,
+ * IsLinkLocalUnicast, IsLinkLocalMulticast) and nothing else. `ip` must be canonical
  * (canonicalIP: IPv4-mapped IPv6 is already plain IPv4). Plain arithmetic on the text: this runs
  * for every endpoint of every slice.
  */
-export function specialIPReason(ip: string, allowLoopback = false): string | null {
+export function endpointIPReason(ip: string, allowLoopback = false): string | null {
   if (!ip.includes(':')) {
     const o = ip.split('.').map(Number);
     if (o.length !== 4 || o.some((n) => !Number.isInteger(n) || n < 0 || n > 255)) return 'must be a valid IP address';
-    if (o[0] === 0 && o[1] === 0 && o[2] === 0 && o[3] === 0) return 'must not be the unspecified address';
-    if (o[0] === 127 && !allowLoopback) return 'must not be in the loopback range (127.0.0.0/8, ::1/128)';
-    if (o[0] === 169 && o[1] === 254) return 'must not be in the link-local range (169.254.0.0/16, fe80::/10)';
-    if (o[0] >= 224 && o[0] <= 239) return 'must not be a multicast address (224.0.0.0/4, ff00::/8)';
-    if (o[0] === 255 && o[1] === 255 && o[2] === 255 && o[3] === 255) return 'must not be the broadcast address';
+    if (o[0] === 0 && o[1] === 0 && o[2] === 0 && o[3] === 0) return 'may not be unspecified';
+    if (o[0] === 127 && !allowLoopback) return 'may not be in the loopback range (127.0.0.0/8, ::1/128)';
+    if (o[0] === 169 && o[1] === 254) return 'may not be in the link-local range (169.254.0.0/16, fe80::/10)';
+    if (o[0] === 224 && o[1] === 0 && o[2] === 0) return 'may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)';
     return null;
   }
-  if (ip === '::') return 'must not be the unspecified address';
-  if (ip === '::1') return allowLoopback ? null : 'must not be in the loopback range (127.0.0.0/8, ::1/128)';
+  if (ip === '::') return 'may not be unspecified';
+  if (ip === '::1') return allowLoopback ? null : 'may not be in the loopback range (127.0.0.0/8, ::1/128)';
   const first = ip.startsWith('::') ? 0 : parseInt(ip.slice(0, ip.indexOf(':')), 16);
-  if (first >= 0xfe80 && first <= 0xfebf) return 'must not be in the link-local range (169.254.0.0/16, fe80::/10)';
-  if (first >= 0xff00) return 'must not be a multicast address (224.0.0.0/4, ff00::/8)';
+  if (first >= 0xfe80 && first <= 0xfebf) return 'may not be in the link-local range (169.254.0.0/16, fe80::/10)';
+  // Go's IsLinkLocalMulticast: ff00::/8 with scope 2 (ffX2::/16)
+  if (first >= 0xff00 && (first & 0x0f) === 0x02) return 'may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)';
   return null;
+}
+
+/**
+ * An endpoint address the API server accepts but no mode can forward to (kproxy's own refusal,
+ * EXTRA_REFUSALS): a global multicast address or the IPv4 broadcast address. `ip` canonical.
+ */
+export function unusableEndpointReason(ip: string): string | null {
+  if (!ip.includes(':')) {
+    const first = parseInt(ip, 10);
+    if (first >= 224 && first <= 239) return 'a multicast address';
+    return ip === '255.255.255.255' ? 'the broadcast address' : null;
+  }
+  return ip.toLowerCase().startsWith('ff') && ip.indexOf(':') === 4 ? 'a multicast address' : null;
 }
 
 // ---- zod building blocks ------------------------------------------------------------------------
@@ -158,9 +213,16 @@ const int = (min: number, max: number) =>
 /**
  * An array of at most `max` items: the length is checked before any item, so a huge array
  * costs one pass and one issue, not one issue per item. Limits are upstream's where it has one
- * (EndpointSlice: 1000 endpoints, 100 ports, 100 addresses, 8 hints; clusterIPs and ipFamilies:
- * 2) and otherwise far above any real object.
+ * (ValidateEndpointSlice: maxEndpoints 1000, maxPorts 20000, maxAddresses 100, 8 hints;
+ * clusterIPs, ipFamilies and podCIDRs: 2) and otherwise API_ARRAY_MAX, which no object the API
+ * server accepts can exceed.
  */
+/**
+ * The API server refuses a request body over 3 MiB (apiserver's MaxRequestBodyBytes), and a JSON
+ * array item takes at least 2 bytes ("0,"): no accepted object holds a longer array.
+ */
+const API_ARRAY_MAX = (3 * 1024 * 1024) / 2;
+
 const boundedArray = <T extends z.ZodTypeAny>(item: T, max: number, min = 0) =>
   z
     .any()
@@ -180,8 +242,10 @@ const labels = z.record(str(labelKey), str(labelValue));
 // '' is read as TCP, as convert.ts does (the API server defaults it)
 const protocol = z.enum(['TCP', 'UDP', 'SCTP', '']);
 
+// validateServicePort: the name is a DNS-1123 label (ValidateDNS1123Label: up to 63 characters,
+// all digits allowed); a named targetPort is an IANA_SVC_NAME (ValidatePortNumOrName).
 const servicePort = z.object({
-  name: opt(str((s) => (s === '' ? null : ianaSvcName(s)))),
+  name: opt(str((s) => (s === '' ? null : dns1123Label(s)))),
   protocol: opt(protocol),
   port: int(1, 65535),
   // a number (0: not set) or the name of a container port
@@ -205,8 +269,11 @@ const typeMeta = { apiVersion: opt(z.string()), kind: opt(z.string()) };
 
 const serviceSchema = z.object({
   ...typeMeta,
+  // ValidateServiceName is NameIsDNS1035Label, or NameIsDNSLabel with the
+  // RelaxedServiceNameValidation gate (KEP-5311): an API server with the gate on accepts a name
+  // that starts with a digit, so kproxy accepts the DNS-1123 label.
   metadata: z.object({
-    name: str(dns1035Label),
+    name: str(dns1123Label),
     namespace: str(dns1123Label),
     labels: opt(labels),
   }),
@@ -216,9 +283,9 @@ const serviceSchema = z.object({
       clusterIP: opt(z.string()),
       clusterIPs: opt(boundedArray(z.string(), 2)),
       ipFamilies: opt(boundedArray(z.enum(['IPv4', 'IPv6']), 2)),
-      ports: opt(boundedArray(servicePort, 1000)),
-      externalIPs: opt(boundedArray(z.string(), 1000)),
-      loadBalancerSourceRanges: opt(boundedArray(z.string(), 1000)),
+      ports: opt(boundedArray(servicePort, API_ARRAY_MAX)),
+      externalIPs: opt(boundedArray(z.string(), API_ARRAY_MAX)),
+      loadBalancerSourceRanges: opt(boundedArray(z.string(), API_ARRAY_MAX)),
       sessionAffinity: opt(z.enum(['None', 'ClientIP', ''])),
       sessionAffinityConfig: opt(z.object({ clientIP: opt(z.object({ timeoutSeconds: opt(int(1, 86400)) })) })),
       externalTrafficPolicy: opt(z.enum(['Cluster', 'Local', ''])),
@@ -235,7 +302,7 @@ const serviceSchema = z.object({
           ingress: opt(
             boundedArray(
               z.object({ ip: opt(z.string()), hostname: opt(z.string()), ipMode: opt(z.enum(['VIP', 'Proxy'])) }),
-              100,
+              API_ARRAY_MAX,
             ),
           ),
         }),
@@ -247,8 +314,10 @@ const serviceSchema = z.object({
 const endpointSchema = z.object({
   addresses: boundedArray(z.string(), 100, 1),
   conditions: opt(z.object({ ready: opt(z.boolean()), serving: opt(z.boolean()), terminating: opt(z.boolean()) })),
+  // ValidateEndpointSlice: nodeName ValidateNodeName, hostname ValidateDNS1123Label; the zone
+  // is not validated upstream, so any string
   nodeName: opt(str(dns1123Subdomain)),
-  zone: opt(str(labelValue)),
+  zone: opt(z.string()),
   hostname: opt(str(dns1123Label)),
   hints: opt(
     z.object({
@@ -275,11 +344,12 @@ const sliceSchema = z.object({
     name: str(dns1123Subdomain),
     namespace: str(dns1123Label),
     annotations: sliceAnnotations,
-    // The service-name label says which Service the slice belongs to: without one naming a
-    // possible Service, the slice cannot mean anything to a proxy.
+    // The service-name label says which Service the slice belongs to: without it the slice
+    // cannot mean anything to a proxy (upstream kube-proxy ignores it too; EXTRA_REFUSALS). Any
+    // other value is a label value ValidateObjectMeta accepts, and matches a Service or nothing.
     labels: labels.superRefine((l, ctx) => {
       const v = l[LABEL_SERVICE_NAME];
-      const bad = v === undefined ? 'required' : dns1035Label(v);
+      const bad = v === undefined || v === '' ? 'required' : null;
       if (bad) ctx.addIssue({ code: z.ZodIssueCode.custom, path: [LABEL_SERVICE_NAME], message: bad });
     }),
   }),
@@ -293,7 +363,7 @@ const sliceSchema = z.object({
         protocol: opt(protocol),
         appProtocol: opt(z.string()),
       }),
-      100,
+      20000,
     ),
   ),
 });
@@ -306,10 +376,10 @@ const nodeSchema = z.object({
   spec: opt(
     z.object({
       podCIDRs: opt(boundedArray(z.string(), 2)),
-      taints: opt(boundedArray(z.object({ key: z.string(), value: opt(z.string()), effect: opt(z.string()) }), 100)),
+      taints: opt(boundedArray(z.object({ key: z.string(), value: opt(z.string()), effect: opt(z.string()) }), API_ARRAY_MAX)),
     }),
   ),
-  status: opt(z.object({ addresses: opt(boundedArray(z.object({ type: z.string(), address: z.string() }), 100)) })),
+  status: opt(z.object({ addresses: opt(boundedArray(z.object({ type: z.string(), address: z.string() }), API_ARRAY_MAX)) })),
 });
 
 // ---- issue formatting ---------------------------------------------------------------------------
@@ -392,13 +462,18 @@ const issue = (path: ReadonlyArray<string | number>, message: string, value: unk
 type ServiceOut = z.infer<typeof serviceSchema>;
 type SliceOut = z.infer<typeof sliceSchema>;
 
-function checkServiceIP(out: Issue[], path: ReadonlyArray<string | number>, raw: string, opts: ValidateOptions): string | null {
+/**
+ * A Service IP, canonical, or null with an issue. ClusterIPs and load-balancer ingress IPs are
+ * checked with IsValidIP only, as upstream (validateClusterIPs, ValidateLoadBalancerStatus);
+ * external IPs also with ValidateEndpointIP (`endpointRules`).
+ */
+function checkServiceIP(out: Issue[], path: ReadonlyArray<string | number>, raw: string, opts: ValidateOptions, endpointRules = false): string | null {
   const ip = canonicalIP(raw);
   if (!ip) {
     out.push(issue(path, 'must be a valid IP address', raw));
     return null;
   }
-  const special = specialIPReason(ip, opts.allowLoopback);
+  const special = endpointRules ? endpointIPReason(ip, opts.allowLoopback) : null;
   if (special) {
     out.push(issue(path, special, raw));
     return null;
@@ -428,7 +503,7 @@ function serviceRules(svc: ServiceOut, opts: ValidateOptions): Issue[] {
     if (families.includes(fam)) out.push(issue(['spec', 'clusterIPs', i], 'a dual-stack Service needs one IP of each family', c));
     families.push(fam);
   }
-  for (const [i, e] of (spec.externalIPs ?? []).entries()) checkServiceIP(out, ['spec', 'externalIPs', i], e, opts);
+  for (const [i, e] of (spec.externalIPs ?? []).entries()) checkServiceIP(out, ['spec', 'externalIPs', i], e, opts, true);
   for (const [i, ing] of (svc.status?.loadBalancer?.ingress ?? []).entries()) {
     if (ing.ip) checkServiceIP(out, ['status', 'loadBalancer', 'ingress', i, 'ip'], ing.ip, opts);
   }
@@ -470,7 +545,7 @@ function sliceRules(slice: SliceOut, opts: ValidateOptions): Issue[] {
         out.push(issue(path, `must be a valid ${slice.addressType} address`, a));
         continue;
       }
-      const special = specialIPReason(ip, opts.allowLoopback);
+      const special = endpointIPReason(ip, opts.allowLoopback);
       if (special) out.push(issue(path, special, a));
     }
   }
@@ -528,12 +603,6 @@ export function objectIdentity(raw: unknown, namespaced = true): string | null {
 
 // ---- reporting: one warning per object and field, rate-limited --------------------------------
 
-export interface InvalidDetail {
-  kind: ObjectKind;
-  /** field path */
-  field: string;
-  value: string;
-}
 
 export interface BoundaryOptions extends ValidateOptions {
   /** called once per skipped object version (for the kproxy_invalid_objects_total counter) */

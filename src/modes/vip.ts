@@ -1,8 +1,9 @@
-// Defence in depth for every planner: an address that can never be a Service VIP
-// (loopback, unspecified, link-local, multicast, broadcast) must not reach a rule, even if
-// validation at the boundary missed it. A ClusterIP of 127.0.0.1 would otherwise make the
-// no-endpoints reject rule (or a DNAT) match all of localhost. Upstream's API validation
-// refuses these (ValidateNonSpecialIP); the planners drop the address and say why. Pure.
+// Every planner leaves out an address that can never be a Service VIP (loopback, unspecified,
+// link-local, multicast, broadcast): a ClusterIP of 127.0.0.1 would otherwise make the
+// no-endpoints reject rule (or a DNAT) match all of localhost. The API server accepts most of
+// these (a ClusterIP or load-balancer IP is checked with IsValidIP only), so the Service is kept
+// and only the address is dropped, with the reason and the upstream rule it passed
+// (EXTRA_REFUSALS in src/core/validate.ts). Pure.
 import { canonicalIP, cidrContains, parseCIDR } from '../core/ip.ts';
 import type { ServicePort } from '../core/model.ts';
 
@@ -97,9 +98,19 @@ export function skippedVIPs(services: Iterable<ServicePort>): SkippedVIP[] {
   return out;
 }
 
-/** "ns/name:port clusterIP 127.0.0.1: loopback address; never used as a Service VIP" */
+/** The upstream rule each field passed: why the API server accepted an address kproxy leaves out. */
+const ACCEPTED_BY: Record<SkippedVIP['field'], string> = {
+  clusterIP: 'validateClusterIPs checks IsValidIP only',
+  externalIPs: 'ValidateEndpointIP lets global multicast and broadcast through',
+  loadBalancerVIPs: 'ValidateLoadBalancerStatus checks IsValidIP only',
+};
+
+/**
+ * "ns/name:port clusterIP 127.0.0.1: loopback address; never used as a Service VIP (the API
+ * server accepts it: validateClusterIPs checks IsValidIP only)"
+ */
 export function describeSkippedVIP(s: SkippedVIP): string {
-  return `${s.servicePort} ${s.field} ${s.ip}: ${s.reason}; never used as a Service VIP`;
+  return `${s.servicePort} ${s.field} ${s.ip}: ${s.reason}; never used as a Service VIP (the API server accepts it: ${ACCEPTED_BY[s.field]})`;
 }
 
 /** For a planned trace: why the destination is not a VIP here, when the planner left it out. */

@@ -3,7 +3,7 @@
 import { createServer, type Server, type IncomingMessage, type ServerResponse } from 'node:http';
 import client from 'prom-client';
 import type { FamilySyncRecord, ProxyController, SyncRecord } from '../sync/controller.ts';
-import type { ObjectKind } from '../core/validate.ts';
+import type { ObjectKind } from '../core/api.ts';
 import type { Source } from '../sources/types.ts';
 import type { Logger } from '../log.ts';
 import type { UserspaceProxier } from '../dataplane/proxier.ts';

@@ -10,7 +10,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { KubeConfig } from '@kubernetes/client-node';
 import { parse as parseYaml } from 'yaml';
-import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../core/api.ts';
 import type { Logger } from '../log.ts';
 import type { K8sNode, Source, SourceHandler, SourceHealth } from './types.ts';
 import { ResilientInformer, resolveBackoff, type BackoffOptions } from './k8s-informer.ts';

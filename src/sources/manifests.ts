@@ -16,7 +16,7 @@ import { Composer, LineCounter, Parser, isMap, isSeq, type Document } from 'yaml
 import { load as loadYaml, CORE_SCHEMA } from 'js-yaml';
 import { isDeepStrictEqual } from 'node:util';
 import { hash } from 'node:crypto';
-import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../core/api.ts';
 import type { Logger } from '../log.ts';
 import type { K8sNode, Source, SourceHandler, SourceHealth } from './types.ts';
 import { KproxyError } from '../errors.ts';

@@ -5,7 +5,7 @@
 // keeps only a digest of each object between scans (memory) and hands over its identity.
 // The trackers use the old object for its identity only. It calls onSynced once both Services and
 // EndpointSlices have been listed completely; nothing is written to the kernel before that.
-import type { K8sEndpointSlice, K8sService } from '../core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../core/api.ts';
 
 export interface K8sNode {
   metadata?: { name?: string; labels?: Record<string, string> };

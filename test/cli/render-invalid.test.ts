@@ -1,6 +1,7 @@
-// `render`/`trace` build their state through the same boundary as `run` (issue 12, items 3
-// and 7): hostile objects in a manifests directory are skipped, the good Service renders, and a
-// loopback ClusterIP never reaches an nftables rule (it would reject localhost on every port).
+// `render`/`trace` build their state through the same boundary as `run`: hostile objects in a
+// manifests directory are skipped, the good Service renders, and a loopback ClusterIP (which the
+// API server accepts: IsValidIP only) keeps its Service but never reaches an nftables rule (it
+// would reject localhost on every port).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -49,13 +50,13 @@ kind: Node
 metadata: {name: node-a, labels: zone-a}
 `;
 
-test('render skips hostile objects; no loopback or unspecified ClusterIP reaches the nftables ruleset', async () => {
+test('render skips hostile objects; a loopback or unspecified ClusterIP keeps its Service and reaches no nftables rule', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'kpa-render-'));
   try {
     writeFileSync(join(dir, 'all.yaml'), MANIFESTS);
     const cfg = resolveConfig({ mode: 'nftables' });
     const input = await planFromManifests(dir, cfg, 'node-a', '192.168.0.2', () => {});
-    assert.deepEqual([...input.state.services.keys()], ['ns1/good:http']);
+    assert.deepEqual([...input.state.services.keys()].sort(), ['ns1/any:http', 'ns1/good:http', 'ns1/lo:http']);
     assert.deepEqual(input.state.endpoints.get('ns1/good:http')?.map((e) => e.key), ['10.180.0.1:8080']);
     assert.deepEqual(input.node.nodeLabels, {});
     const text = modes.nftables.render(input);
@@ -63,7 +64,8 @@ test('render skips hostile objects; no loopback or unspecified ClusterIP reaches
     assert.doesNotMatch(text, /127\.0\.0\.1|0\.0\.0\.0/);
     // the userspace mode listens on loopback VIPs itself (the standalone demo): accepted there
     const us = await planFromManifests(dir, resolveConfig({ mode: 'userspace' }), 'node-a', '192.168.0.2', () => {});
-    assert.deepEqual([...us.state.services.keys()].sort(), ['ns1/good:http', 'ns1/lo:http']);
+    assert.deepEqual([...us.state.services.keys()].sort(), ['ns1/any:http', 'ns1/good:http', 'ns1/lo:http']);
+    assert.match(modes.userspace.render(us), /127\.0\.0\.1/);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

@@ -2,16 +2,8 @@
 // (with the object's name) and skipped; everything else keeps working.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import {
-  servicePortsOf,
-  endpointsOfSlices,
-  sliceServiceKey,
-  serviceSkipReason,
-  DEFAULT_AFFINITY_TIMEOUT,
-  type K8sService,
-  type K8sEndpointSlice,
-  type K8sEndpoint,
-} from '../../src/core/convert.ts';
+import { servicePortsOf, endpointsOfSlices, sliceServiceKey, serviceSkipReason } from '../../src/core/convert.ts';
+import { DEFAULT_AFFINITY_TIMEOUT, type K8sService, type K8sEndpointSlice, type K8sEndpoint } from '../../src/core/api.ts';
 
 interface Reported {
   msg: string;

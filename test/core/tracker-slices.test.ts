@@ -5,7 +5,8 @@
 // Service has now, as it was computed before.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { endpointsOfSlices, type K8sEndpointSlice } from '../../src/core/convert.ts';
+import { endpointsOfSlices } from '../../src/core/convert.ts';
+import { type K8sEndpointSlice } from '../../src/core/api.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { rng } from '../support/rng.ts';
 

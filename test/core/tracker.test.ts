@@ -3,7 +3,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { K8sEndpoint, K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpoint, K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 
 function svc(name: string, clusterIP = '172.30.0.41', ports = [{ name: 'p80', port: 80 }], ns = 'ns1'): K8sService {
   return { apiVersion: 'v1', kind: 'Service', metadata: { name, namespace: ns }, spec: { clusterIP, ports } };

@@ -10,7 +10,8 @@ import {
   Boundary,
   formatPath,
   shortValue,
-  specialIPReason,
+  endpointIPReason,
+  unusableEndpointReason,
   validateEndpointSlice,
   validateNode,
   validateService,
@@ -18,6 +19,7 @@ import {
 } from '../../src/core/validate.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { servicePortsOf, endpointsOfSlices } from '../../src/core/convert.ts';
+import { safeServicePort } from '../../src/modes/vip.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 type Obj = any;
@@ -100,17 +102,19 @@ const HOSTILE_SERVICES: Array<[string, (s: Obj) => unknown, string]> = [
   ['ingress ip a number', (s) => (s.status.loadBalancer.ingress[0].ip = 1234), 'status.loadBalancer.ingress[0].ip'],
   ['sessionAffinityConfig.clientIP a list', (s) => (s.spec.sessionAffinityConfig.clientIP = [600]), 'spec.sessionAffinityConfig.clientIP'],
   ['label value a number', (s) => (s.metadata.labels.app = 7), 'metadata.labels.app'],
-  ['huge ports array', (s) => (s.spec.ports = Array.from({ length: 100_000 }, (_, i) => ({ name: `p${i}`, port: 1 + (i % 65535) }))), 'spec.ports'],
+  // longer than any array in a request the API server takes (3 MiB, 2 bytes an item)
+  ['huge ports array', (s) => (s.spec.ports = new Array(1_600_000).fill(0)), 'spec.ports'],
   ['3 clusterIPs', (s) => (s.spec.clusterIPs = ['172.30.0.41', 'fd00::1', '172.30.0.42']), 'spec.clusterIPs'],
   // names
   ['namespace too long', (s) => (s.metadata.namespace = long(64)), 'metadata.namespace'],
   ['namespace upper case', (s) => (s.metadata.namespace = 'NS1'), 'metadata.namespace'],
-  ['name starts with a digit (DNS-1035)', (s) => (s.metadata.name = '1web'), 'metadata.name'],
   ['name too long', (s) => (s.metadata.name = long(64)), 'metadata.name'],
   ['name with a quote', (s) => (s.metadata.name = 'we"b'), 'metadata.name'],
-  ['port name longer than 15', (s) => (s.spec.ports[0].name = long(16)), 'spec.ports[0].name'],
-  ['port name without a letter', (s) => (s.spec.ports[0].name = '8080'), 'spec.ports[0].name'],
-  ['port name with "--"', (s) => (s.spec.ports[0].name = 'a--b'), 'spec.ports[0].name'],
+  ['port name longer than 63', (s) => (s.spec.ports[0].name = long(64)), 'spec.ports[0].name'],
+  ['port name upper case', (s) => (s.spec.ports[0].name = 'HTTP'), 'spec.ports[0].name'],
+  ['port name ends with "-"', (s) => (s.spec.ports[0].name = 'http-'), 'spec.ports[0].name'],
+  ['named targetPort longer than 15', (s) => (s.spec.ports[0].targetPort = long(16)), 'spec.ports[0].targetPort'],
+  ['named targetPort without a letter', (s) => (s.spec.ports[0].targetPort = '8080'), 'spec.ports[0].targetPort'],
   ['port name with a space', (s) => (s.spec.ports[0].name = 'a b'), 'spec.ports[0].name'],
   ['duplicate port name', (s) => (s.spec.ports[1].name = 'http'), 'spec.ports[1].name'],
   ['unnamed port among several', (s) => delete s.spec.ports[1].name, 'spec.ports[1].name'],
@@ -132,19 +136,30 @@ const HOSTILE_SERVICES: Array<[string, (s: Obj) => unknown, string]> = [
   ['clusterIPs[0] differs from clusterIP', (s) => (s.spec.clusterIPs = ['172.30.0.42']), 'spec.clusterIPs[0]'],
   ['dual-stack with two IPv4', (s) => (s.spec.clusterIPs = ['172.30.0.41', '172.30.0.42']), 'spec.clusterIPs[1]'],
   ['IPv6 with a zone', (s) => (s.spec.externalIPs = ['fe80::1%eth0']), 'spec.externalIPs[0]'],
-  // item 7: special Service IPs
-  ['clusterIP 127.0.0.1', (s) => ((s.spec.clusterIP = '127.0.0.1'), (s.spec.clusterIPs = ['127.0.0.1'])), 'spec.clusterIP'],
-  ['clusterIP 0.0.0.0', (s) => ((s.spec.clusterIP = '0.0.0.0'), (s.spec.clusterIPs = undefined)), 'spec.clusterIP'],
-  ['clusterIP multicast', (s) => ((s.spec.clusterIP = '239.1.2.3'), (s.spec.clusterIPs = undefined)), 'spec.clusterIP'],
-  ['clusterIP broadcast', (s) => ((s.spec.clusterIP = '255.255.255.255'), (s.spec.clusterIPs = undefined)), 'spec.clusterIP'],
-  ['clusterIP link-local', (s) => ((s.spec.clusterIP = '169.254.169.254'), (s.spec.clusterIPs = undefined)), 'spec.clusterIP'],
-  ['clusterIP IPv4-mapped loopback', (s) => ((s.spec.clusterIP = '::ffff:127.0.0.1'), (s.spec.clusterIPs = undefined)), 'spec.clusterIP'],
-  ['clusterIPs [::1]', (s) => ((s.spec.clusterIP = undefined), (s.spec.clusterIPs = ['::1'])), 'spec.clusterIPs[0]'],
-  ['clusterIPs [::]', (s) => ((s.spec.clusterIP = undefined), (s.spec.clusterIPs = ['::'])), 'spec.clusterIPs[0]'],
+  // external IPs: ValidateEndpointIP
   ['externalIP loopback', (s) => (s.spec.externalIPs = ['127.0.0.53']), 'spec.externalIPs[0]'],
-  ['externalIP multicast IPv6', (s) => (s.spec.externalIPs = ['ff02::1']), 'spec.externalIPs[0]'],
+  ['externalIP unspecified', (s) => (s.spec.externalIPs = ['0.0.0.0']), 'spec.externalIPs[0]'],
+  ['externalIP link-local multicast IPv4', (s) => (s.spec.externalIPs = ['224.0.0.251']), 'spec.externalIPs[0]'],
+  ['externalIP link-local multicast IPv6', (s) => (s.spec.externalIPs = ['ff02::1']), 'spec.externalIPs[0]'],
   ['externalIP link-local IPv6', (s) => (s.spec.externalIPs = ['fe80::1']), 'spec.externalIPs[0]'],
-  ['LB ingress 0.0.0.0', (s) => (s.status.loadBalancer.ingress[0].ip = '0.0.0.0'), 'status.loadBalancer.ingress[0].ip'],
+];
+
+/**
+ * Service IPs the API server accepts (validateClusterIPs and ValidateLoadBalancerStatus check
+ * IsValidIP only; ValidateEndpointIP lets global multicast and broadcast through) and no kernel
+ * mode can serve: the Service is accepted, and that one address never reaches a rule.
+ */
+const UNSAFE_BUT_ACCEPTED: Array<[string, (s: Obj) => unknown, string]> = [
+  ['clusterIP 127.0.0.1', (s) => ((s.spec.clusterIP = '127.0.0.1'), (s.spec.clusterIPs = ['127.0.0.1'])), '127.0.0.1'],
+  ['clusterIP 0.0.0.0', (s) => ((s.spec.clusterIP = '0.0.0.0'), (s.spec.clusterIPs = undefined)), '0.0.0.0'],
+  ['clusterIP multicast', (s) => ((s.spec.clusterIP = '239.1.2.3'), (s.spec.clusterIPs = undefined)), '239.1.2.3'],
+  ['clusterIP broadcast', (s) => ((s.spec.clusterIP = '255.255.255.255'), (s.spec.clusterIPs = undefined)), '255.255.255.255'],
+  ['clusterIP link-local', (s) => ((s.spec.clusterIP = '169.254.169.254'), (s.spec.clusterIPs = undefined)), '169.254.169.254'],
+  ['clusterIP IPv4-mapped loopback', (s) => ((s.spec.clusterIP = '::ffff:127.0.0.1'), (s.spec.clusterIPs = undefined)), '127.0.0.1'],
+  ['externalIP global multicast', (s) => (s.spec.externalIPs = ['239.1.2.3']), '239.1.2.3'],
+  ['externalIP broadcast', (s) => (s.spec.externalIPs = ['255.255.255.255']), '255.255.255.255'],
+  ['LB ingress 0.0.0.0', (s) => (s.status.loadBalancer.ingress[0].ip = '0.0.0.0'), '0.0.0.0'],
+  ['LB ingress loopback', (s) => (s.status.loadBalancer.ingress[0].ip = '127.0.0.9'), '127.0.0.9'],
 ];
 
 const HOSTILE_SLICES: Array<[string, (s: Obj) => unknown, string]> = [
@@ -169,7 +184,6 @@ const HOSTILE_SLICES: Array<[string, (s: Obj) => unknown, string]> = [
   ['service-name label not a service name', (s) => (s.metadata.labels['kubernetes.io/service-name'] = 'Not Valid'), 'metadata.labels["kubernetes.io/service-name"]'],
   ['slice name too long', (s) => (s.metadata.name = long(254)), 'metadata.name'],
   ['nodeName with a slash', (s) => (s.endpoints[0].nodeName = 'a/b'), 'endpoints[0].nodeName'],
-  ['zone with a space', (s) => (s.endpoints[0].zone = 'zone a'), 'endpoints[0].zone'],
   ['port name upper case', (s) => (s.ports[0].name = 'HTTP'), 'ports[0].name'],
   // addresses
   ['address not an IP', (s) => (s.endpoints[0].addresses = ['10.180.0.999']), 'endpoints[0].addresses[0]'],
@@ -214,6 +228,26 @@ describe('hostile EndpointSlices are refused with the field that is wrong', () =
       t.endpoints.update(null, s);
       t.apply();
       assert.equal(t.state.endpoints.size, 0);
+    });
+  }
+});
+
+describe('Service IPs the API server accepts but no mode can serve: the Service stays, the address is left out', () => {
+  for (const [what, mutate, ip] of UNSAFE_BUT_ACCEPTED) {
+    test(what, () => {
+      const s = goodSvc();
+      mutate(s);
+      const r = validateService(s);
+      assert.ok(r.ok, JSON.stringify(!r.ok && r.issues));
+      const t = new ProxyStateTracker(4, 'node-a');
+      t.services.update(null, s);
+      t.apply();
+      assert.ok(t.state.services.size > 0, 'the Service is in the state');
+      for (const sp of t.state.services.values()) {
+        const safe = safeServicePort(sp);
+        assert.ok(safe.skipped.some((k) => k.ip === ip), `${ip} reported as skipped`);
+        assert.ok(![safe.sp.clusterIP, ...safe.sp.externalIPs, ...safe.sp.loadBalancerVIPs].includes(ip), `${ip} left out`);
+      }
     });
   }
 });
@@ -293,8 +327,7 @@ describe('valid upstream-style objects pass unchanged', () => {
   }
   test('loopback is accepted only when the mode allows it (userspace)', () => {
     const s = goodSvc();
-    s.spec.clusterIP = '127.0.100.1';
-    s.spec.clusterIPs = ['127.0.100.1'];
+    s.spec.externalIPs = ['127.0.100.1'];
     assert.equal(validateService(s).ok, false);
     assert.equal(validateService(s, { allowLoopback: true }).ok, true);
     const sl = goodSlice();
@@ -302,8 +335,7 @@ describe('valid upstream-style objects pass unchanged', () => {
     assert.equal(validateEndpointSlice(sl).ok, false);
     assert.equal(validateEndpointSlice(sl, { allowLoopback: true }).ok, true);
     // never the unspecified address, even so
-    s.spec.clusterIP = '0.0.0.0';
-    s.spec.clusterIPs = undefined;
+    s.spec.externalIPs = ['0.0.0.0'];
     assert.equal(validateService(s, { allowLoopback: true }).ok, false);
   });
   test('unknown fields are dropped, known ones kept', () => {
@@ -326,12 +358,16 @@ test('Node: labels and name checked', () => {
 });
 
 test('special IPs, path formatting and value truncation', () => {
-  for (const ip of ['0.0.0.0', '::', '127.0.0.1', '127.255.0.1', '::1', '169.254.0.1', 'fe80::1', 'febf::1', '224.0.0.1', '239.255.255.255', 'ff02::1', '255.255.255.255']) {
-    assert.ok(specialIPReason(ip), ip);
+  // ValidateEndpointIP: unspecified, loopback, link-local unicast, link-local multicast
+  for (const ip of ['0.0.0.0', '::', '127.0.0.1', '127.255.0.1', '::1', '169.254.0.1', 'fe80::1', 'febf::1', '224.0.0.1', '224.0.0.255', 'ff02::1', 'ff12::1']) {
+    assert.ok(endpointIPReason(ip), ip);
   }
-  for (const ip of ['172.30.0.1', '10.0.0.1', '1.2.3.4', 'fd00::1', '2001:db8::1', 'fec0::1', '223.255.255.255', '240.0.0.1']) {
-    assert.equal(specialIPReason(ip), null, ip);
+  for (const ip of ['172.30.0.1', '10.0.0.1', '1.2.3.4', 'fd00::1', '2001:db8::1', 'fec0::1', '223.255.255.255', '240.0.0.1', '224.0.1.1', '239.255.255.255', 'ff05::1', '255.255.255.255']) {
+    assert.equal(endpointIPReason(ip), null, ip);
   }
+  // what the API server accepts there and no mode can forward to
+  for (const ip of ['224.0.1.1', '239.255.255.255', 'ff05::1', 'ff0e::1', '255.255.255.255']) assert.ok(unusableEndpointReason(ip), ip);
+  for (const ip of ['10.0.0.1', '240.0.0.1', 'fd00::1', '2001:db8::ff']) assert.equal(unusableEndpointReason(ip), null, ip);
   assert.equal(formatPath(['spec', 'ports', 0, 'port']), 'spec.ports[0].port');
   assert.equal(formatPath(['metadata', 'labels', 'kubernetes.io/service-name']), 'metadata.labels["kubernetes.io/service-name"]');
   assert.ok(shortValue('x'.repeat(10_000)).length <= 101);
@@ -361,7 +397,7 @@ describe('warnings: one per object and field, rate-limited, memory bounded; ever
     assert.deepEqual(counted, ['Service ns1/web', 'Service ns1/web', 'Service ns1/web']);
     // another field of the same object, or the same field of another object: warned
     const bad2 = goodSvc();
-    bad2.spec.clusterIP = '127.0.0.1';
+    bad2.spec.clusterIP = '172.30.0.999';
     bad2.spec.clusterIPs = undefined;
     b.service(bad2);
     const other = goodSvc();
@@ -477,17 +513,17 @@ describe('tracker at the boundary', () => {
     assert.deepEqual(t.state.endpoints.get('ns1/web:http')!.map((e) => e.key), ['10.180.0.9:8080']);
   });
 
-  test('item 7: a loopback ClusterIP never reaches the state in a kernel mode', () => {
-    const t = new ProxyStateTracker(4, 'node-a');
-    for (const ip of ['127.0.0.1', '0.0.0.0', '224.0.0.251', '255.255.255.255']) {
-      const s = goodSvc();
-      s.metadata.name = `s${ip.replace(/\./g, '-')}`;
-      s.spec.clusterIP = ip;
-      s.spec.clusterIPs = [ip];
-      t.services.update(null, s);
-    }
+  test('a multicast or broadcast endpoint (accepted upstream) is left out; the other endpoints of the slice stay', () => {
+    const reports: string[] = [];
+    const t = new ProxyStateTracker(4, 'node-a', (msg) => reports.push(msg));
+    t.services.update(null, goodSvc());
+    const sl = goodSlice();
+    sl.endpoints = [{ addresses: ['239.1.1.1'] }, { addresses: ['255.255.255.255'] }, { addresses: ['10.180.0.7'] }];
+    assert.ok(validateEndpointSlice(sl).ok, 'the API server accepts the slice, and so does kproxy');
+    t.endpoints.update(null, sl);
     t.apply();
-    assert.equal(t.state.services.size, 0);
+    assert.deepEqual(t.state.endpoints.get('ns1/web:http')!.map((e) => e.ip), ['10.180.0.7']);
+    assert.ok(reports.some((r) => r.includes('239.1.1.1') && r.includes('multicast')), reports.join('\n'));
   });
 });
 

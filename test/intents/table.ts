@@ -10,7 +10,7 @@
 //   endpoints on this node 10.180.0.N / fd00:10:180::N, on another node 10.180.1.N /
 //   fd00:10:180::1:N, a pod on this node 10.0.0.5 / fd00:10::5 (inside the clusterCIDR
 //   10.0.0.0/8 / fd00:10::/32), an outside client 203.0.113.7 / fd00:203::7.
-import type { K8sEndpoint, K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpoint, K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 
 export type Family = 4 | 6;
 export type Policy = 'Cluster' | 'Local';

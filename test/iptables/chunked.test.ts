@@ -22,7 +22,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import type { CommandRunner, RunOptions, RunResult } from '../../src/exec/runner.ts';
 import { FakeIptables } from '../../src/iptables/fake.ts';
 import { silentLogger } from '../../src/log.ts';

@@ -1,5 +1,5 @@
 // Small builders of API objects and plan inputs for the iptables tests.
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig, type ProxyConfig } from '../../src/config/config.ts';
 import type { PlanInput } from '../../src/modes/types.ts';

@@ -11,7 +11,7 @@
 // in `after`, also on failure.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { hostRunner, type CommandRunner, type RunOptions } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { isServiceChainName } from '../../src/modes/iptables/names.ts';

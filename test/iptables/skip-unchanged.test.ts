@@ -4,7 +4,7 @@
 // and the batched jump rules.
 import { test, mock } from 'node:test';
 import assert from 'node:assert/strict';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { IptablesExecutor, RestoreError, restoreTimeoutMs } from '../../src/iptables/exec.ts';
 import type { CommandRunner, RunOptions } from '../../src/exec/runner.ts';
 import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/proxy/iptables/proxier.ts';

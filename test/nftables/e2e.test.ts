@@ -13,7 +13,7 @@ import { hostRunner, runChecked } from '../../src/exec/runner.ts';
 import { NftExecutor, NftApplyError } from '../../src/exec/nft.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import { mode } from '../../src/proxy/nftables/index.ts';

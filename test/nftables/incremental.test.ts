@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { hostRunner, type CommandRunner, type RunOptions } from '../../src/exec/runner.ts';
 import { applyTimeoutMs, NftExecutor } from '../../src/exec/nft.ts';
 import { silentLogger } from '../../src/log.ts';

@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
 import { elementKey, type NftElement, type Ruleset } from '../../src/modes/nftables/ruleset.ts';
 import { deferrable, partialTransaction, type LingeringElement } from '../../src/modes/nftables/transaction.ts';

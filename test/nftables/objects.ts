@@ -2,7 +2,7 @@
 // Service / EndpointSlice pairs they fill tables with.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { hostRunner, type CommandRunner } from '../../src/exec/runner.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 
 /** Runs every command inside the network namespace `ns`. */
 export function nsRunner(ns: string): CommandRunner {

@@ -11,7 +11,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { buildNodeView, revertView, type NodeView } from '../../src/core/nodeview.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import type { CommandRunner, RunOptions, RunResult } from '../../src/exec/runner.ts';
 import type { PlanInput } from '../../src/modes/types.ts';

@@ -9,7 +9,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import type { ProxyState } from '../../src/core/model.ts';
 import { hostRunner, runChecked, type CommandRunner } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';

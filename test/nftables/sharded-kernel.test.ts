@@ -17,7 +17,7 @@ import { join } from 'node:path';
 import { hostRunner, runChecked, type CommandRunner } from '../../src/exec/runner.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import { parseNftText } from '../../src/modes/nftables/parse.ts';

@@ -30,7 +30,7 @@ import { join } from 'node:path';
 import { hostRunner, runChecked } from '../../src/exec/runner.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import { shardOf } from '../../src/modes/nftables/names.ts';

@@ -7,7 +7,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { stateOf, type CaseConfig } from '../../src/conformance/case.ts';
 import { loadCase } from '../../src/conformance/load.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { optionsFromCase, tracerLocalIPs } from '../../src/modes/nftables/conformance.ts';
 import { servicePortChainNameBase, servicePortEndpointChainNameBase } from '../../src/modes/nftables/names.ts';
 import { planRuleset } from '../../src/modes/nftables/plan.ts';

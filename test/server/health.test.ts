@@ -14,7 +14,7 @@ import { resolveConfig } from '../../src/config/config.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { ModeModule, Proxier, SyncStats } from '../../src/modes/types.ts';
 import type { Source, SourceHandler, SourceHealth } from '../../src/sources/types.ts';
-import type { K8sService } from '../../src/core/convert.ts';
+import type { K8sService } from '../../src/core/api.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
 
 const HEALTH_TIMEOUT_MS = 60_000;

@@ -2,7 +2,7 @@
 // bounded waits and a log capture.
 import pino from 'pino';
 import type { Logger } from '../../src/log.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import type { K8sNode, SourceHandler } from '../../src/sources/types.ts';
 import type { KObject } from '../support/apiserver.ts';
 

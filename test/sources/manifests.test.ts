@@ -14,7 +14,7 @@ import fc from 'fast-check';
 import { ManifestsSource, ManifestError, parseManifestFile, parseManifestFileExact, readManifestDir } from '../../src/sources/manifests.ts';
 import { bigManifest } from '../support/big-manifest.ts';
 import type { SourceHandler, K8sNode } from '../../src/sources/types.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 
 type Event =
   | { type: 'service' | 'slice'; old: string | null; new: string | null; oldObj: unknown; newObj: unknown }

@@ -4,7 +4,7 @@ import { readdirSync } from 'node:fs';
 import type net from 'node:net';
 import { resolveConfig, type ProxyConfig } from '../../src/config/config.ts';
 import { stateOf } from '../../src/conformance/case.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/convert.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
 import type { PlanInput } from '../../src/modes/types.ts';
 import { createTcpForwarder, type AnyTcpForwarder } from '../../src/dataplane/tcp-raw.ts';
