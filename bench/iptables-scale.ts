@@ -25,7 +25,7 @@ import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
 import { silentLogger } from '../src/log.ts';
-import type { PlanInput } from '../src/modes/types.ts';
+import type { PlanInput } from '../src/core/nodeview.ts';
 import { getMode } from '../src/proxy/registry.ts';
 import { IptablesProxier } from '../src/proxy/iptables/proxier.ts';
 import { LEGACY_IPTABLES, Namespaces, TimedRunner } from './netns.ts';

@@ -27,7 +27,7 @@ import { createIpvsProxier, type IpvsProxier } from '../src/proxy/ipvs/proxier.t
 import { cleanupIpvs } from '../src/proxy/ipvs/cleanup.ts';
 import type { Sysctl } from '../src/exec/sysctl.ts';
 import { plan } from '../src/modes/ipvs/planner.ts';
-import { diffIPSets } from '../src/modes/ipvs/ipsets.ts';
+import { diffIPSets } from '../src/kernel/ipset/model.ts';
 import { diffIpvs } from '../src/modes/ipvs/diff.ts';
 import { getMode } from '../src/proxy/registry.ts';
 import { withJumps } from './connect.ts';

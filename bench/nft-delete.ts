@@ -14,7 +14,7 @@ import { parseArgs } from 'node:util';
 import os from 'node:os';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
 import { silentLogger } from '../src/log.ts';
-import type { PlanInput } from '../src/modes/types.ts';
+import type { PlanInput } from '../src/core/nodeview.ts';
 import { NftProxier } from '../src/proxy/nftables/proxier.ts';
 import { Namespaces, TimedRunner } from './netns.ts';
 import { fmtMs, median } from './stats.ts';

@@ -37,7 +37,7 @@ import os from 'node:os';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
 import type { K8sService } from '../src/core/api.ts';
 import { silentLogger } from '../src/log.ts';
-import type { PlanInput } from '../src/modes/types.ts';
+import type { PlanInput } from '../src/core/nodeview.ts';
 import { getMode } from '../src/proxy/registry.ts';
 import { ShardedNftProxier } from '../src/proxy/nftables/sharded.ts';
 import { dumpRuleset } from '../src/modes/nftables/ruleset.ts';

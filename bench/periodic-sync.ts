@@ -13,7 +13,8 @@ import { ProxyStateTracker } from '../src/core/tracker.ts';
 import type { CommandRunner, RunOptions, RunResult } from '../src/exec/runner.ts';
 import { FakeIptables } from '../src/iptables/fake.ts';
 import { silentLogger } from '../src/log.ts';
-import type { PlanInput, Proxier } from '../src/modes/types.ts';
+import type { Proxier } from '../src/proxy/types.ts';
+import type { PlanInput } from '../src/core/nodeview.ts';
 import { IptablesProxier } from '../src/proxy/iptables/proxier.ts';
 import { NftProxier } from '../src/proxy/nftables/proxier.ts';
 

@@ -6,7 +6,7 @@
 import { resolveConfig, type ModeName, type ProxyConfig } from '../src/config/config.ts';
 import type { K8sEndpointSlice, K8sService } from '../src/core/api.ts';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
-import type { NodeContext, PlanInput } from '../src/modes/types.ts';
+import type { NodeContext, PlanInput } from '../src/core/nodeview.ts';
 
 export const NODE: NodeContext = {
   nodeName: 'kpb-node',

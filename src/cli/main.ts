@@ -2,10 +2,9 @@
 // and `kproxy run [flags]` take kube-proxy's command line (src/cli/flags.ts, parsed as Go's
 // pflag does); the other commands are commander's.
 import { Command, Option } from 'commander';
-import { hostname } from 'node:os';
 import { writeFileSync } from 'node:fs';
 import { stringify as toYAML } from 'yaml';
-import { resolveConfig, ConfigError, KUBE_PROXY_COMPAT, type ConfigFlags, type ProxyConfig, type ModeName } from '../config/config.ts';
+import { ConfigError, KUBE_PROXY_COMPAT, type ModeName } from '../config/config.ts';
 import { loadConfigFile } from '../config/load.ts';
 import { KproxyError, kproxyError } from '../errors.ts';
 import { helpText, parseFlags, proxyInvocation, type ProxyInvocation } from './flags.ts';
@@ -17,60 +16,7 @@ import { cleanupCommand } from './cleanup.ts';
 import { statusCommand } from './status.ts';
 import { conformanceCommand } from './conformance.ts';
 import { demoCommand } from './demo.ts';
-
-export interface CommonOptions {
-  config?: string;
-  mode?: string;
-  manifests?: string;
-  kubeconfig?: string;
-  hostnameOverride?: string;
-  clusterCidr?: string;
-  healthzBindAddress?: string;
-  metricsBindAddress?: string;
-  nodeportAddresses?: string;
-  masqueradeAll?: boolean;
-  ipvsScheduler?: string;
-  detectLocalMode?: string;
-  podBridgeInterface?: string;
-  podInterfaceNamePrefix?: string;
-  userspaceWorkers?: string;
-  userspaceMaxConnections?: string;
-  userspaceIdleTimeout?: string;
-  cleanup?: boolean;
-  nodeIp?: string;
-  logLevel?: string;
-  /** `kproxy [flags]` / `kproxy run [flags]`: the configuration resolved with upstream's precedence */
-  invocation?: ProxyInvocation;
-}
-
-/** render and trace: loads --config, applies flags over it, validates: throws ConfigError before anything touches the host. */
-export function effectiveConfig(o: CommonOptions): ProxyConfig {
-  const raw = o.config ? loadConfigFile(o.config) : {};
-  const flags: ConfigFlags = {
-    mode: o.mode,
-    kubeconfig: o.kubeconfig,
-    hostnameOverride: o.hostnameOverride,
-    clusterCidr: o.clusterCidr,
-    healthzBindAddress: o.healthzBindAddress,
-    metricsBindAddress: o.metricsBindAddress,
-    nodeportAddresses: o.nodeportAddresses,
-    masqueradeAll: o.masqueradeAll,
-    ipvsScheduler: o.ipvsScheduler,
-    detectLocalMode: o.detectLocalMode,
-    podBridgeInterface: o.podBridgeInterface,
-    podInterfaceNamePrefix: o.podInterfaceNamePrefix,
-    userspaceWorkers: o.userspaceWorkers,
-    userspaceMaxConnections: o.userspaceMaxConnections,
-    userspaceIdleTimeout: o.userspaceIdleTimeout,
-  };
-  // render/trace: warnings (an unknown field, a field that does not apply) go to stderr; stdout stays the payload
-  return resolveConfig(raw, flags, (w) => process.stderr.write(`kproxy: warning: ${w}\n`));
-}
-
-/** Node name as upstream: --hostname-override, then NODE_NAME, then the hostname, lower-cased. */
-export function resolveNodeName(cfg: ProxyConfig): string {
-  return (cfg.hostnameOverride || process.env.NODE_NAME || hostname()).trim().toLowerCase();
-}
+import type { CommonOptions } from './options.ts';
 
 function addProxyFlags(cmd: Command): Command {
   return cmd

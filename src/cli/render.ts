@@ -1,5 +1,4 @@
-import type { CommonOptions } from './main.ts';
-import { effectiveConfig, resolveNodeName } from './main.ts';
+import { type CommonOptions, effectiveConfig, resolveNodeName } from './options.ts';
 import { modes } from '../proxy/registry.ts';
 import { plansFromManifests } from './state.ts';
 import { familySection } from '../sync/controller.ts';

@@ -1,6 +1,5 @@
-import type { CommonOptions } from './main.ts';
-import { effectiveConfig, resolveNodeName } from './main.ts';
-import { createLogger } from '../log.ts';
+import { type CommonOptions, effectiveConfig, resolveNodeName } from './options.ts';
+import { createLogger, type Logger } from '../log.ts';
 import { hostRunner } from '../exec/runner.ts';
 import { modes } from '../proxy/registry.ts';
 import { ProxyController } from '../sync/controller.ts';
@@ -10,7 +9,6 @@ import { ServiceHealthServer, healthCheckServicesOf } from '../server/service-he
 import { cleanupAll } from './cleanup.ts';
 import { installProcessGuards } from './guards.ts';
 import type { Source } from '../sources/types.ts';
-import type { Logger } from '../log.ts';
 import { detectLocalNotice, type ProxyConfig } from '../config/config.ts';
 import { kproxyError } from '../errors.ts';
 import { availableParallelism } from 'node:os';

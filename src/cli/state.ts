@@ -5,7 +5,7 @@
 import { ProxyStateTracker } from '../core/tracker.ts';
 import { mergeManifestObjects, readManifestDir, type ManifestObjects } from '../sources/manifests.ts';
 import type { ProxyConfig } from '../config/config.ts';
-import type { PlanInput } from '../modes/types.ts';
+import type { PlanInput } from '../core/nodeview.ts';
 import { validateOptionsForMode } from '../core/validate.ts';
 import { discoverNodeIPs } from '../sync/controller.ts';
 import { canonicalIP, ipFamily } from '../core/ip.ts';

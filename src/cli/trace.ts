@@ -1,10 +1,9 @@
-import type { CommonOptions } from './main.ts';
-import { effectiveConfig, resolveNodeName } from './main.ts';
+import { type CommonOptions, effectiveConfig, resolveNodeName } from './options.ts';
 import { modes } from '../proxy/registry.ts';
 import { planFromManifests } from './state.ts';
 import { hostRunner } from '../exec/runner.ts';
 import { canonicalIP, ipFamily, joinHostPort } from '../core/ip.ts';
-import type { TraceResult } from '../modes/types.ts';
+import type { TraceResult } from '../modes/trace-types.ts';
 import { kproxyError } from '../errors.ts';
 
 interface TraceOptions extends CommonOptions {

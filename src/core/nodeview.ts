@@ -10,7 +10,27 @@ import {
 } from './model.ts';
 import type { ModeName, ProxyConfig } from '../config/config.ts';
 import { kproxyError } from '../errors.ts';
-import type { NodeContext, PlanInput } from '../modes/types.ts';
+
+/** Facts about this node that planners need. */
+export interface NodeContext {
+  nodeName: string;
+  /** this node's own addresses of the planned family (NodePort targets, addrtype LOCAL) */
+  nodeIPs: string[];
+  nodeLabels: Record<string, string>;
+  family: 4 | 6;
+  /** the Node object's spec.podCIDRs (detectLocalMode NodeCIDR) */
+  podCIDRs?: string[];
+  /** the Node object's status.addresses (the primary node IP: nodePortAddresses "primary") */
+  addresses?: Array<{ type: string; address: string }>;
+}
+
+export interface PlanInput {
+  state: ProxyState;
+  config: ProxyConfig;
+  node: NodeContext;
+  /** the node view of this sync and family (src/core/nodeview.ts); computed when absent */
+  view?: NodeView;
+}
 
 /** How "traffic from this cluster's pods" is recognised: upstream's LocalTrafficDetector. */
 export type LocalDetectorSpec =

@@ -26,7 +26,7 @@
 // existing objects (ParseIPSloppy, decimal) and canonicalised before anything renders them.
 import { z } from 'zod';
 import { canonicalIP, ipFamily, parseCIDR } from './ip.ts';
-import { ANNOTATION_LAST_CHANGE_TRIGGER_TIME, type InvalidDetail, type K8sEndpointSlice, type K8sService, type ObjectKind, type Report } from './api.ts';
+import { ANNOTATION_LAST_CHANGE_TRIGGER_TIME, type K8sEndpointSlice, type K8sService, type ObjectKind, type Report } from './api.ts';
 
 const LABEL_SERVICE_NAME = 'kubernetes.io/service-name';
 

@@ -23,7 +23,6 @@
 import net from 'node:net';
 import type { Logger } from '../log.ts';
 import type { BalancedEndpoint } from './balancer.ts';
-import type { SharedCap } from './worker-cap.ts';
 import { countSharedSocket, sharedRead, upstreamReadOption, useSharedReadBuffer, writeCopy } from './readbuf.ts';
 
 export interface ForwardCounters {
@@ -64,6 +63,17 @@ export type AdmitFn = (remoteAddress: string, remotePort: number) => boolean;
  */
 export interface EndpointPicker {
   next(clientIP: string, reset?: boolean, exclude?: ReadonlySet<string>): BalancedEndpoint | null | Promise<BalancedEndpoint | null>;
+}
+
+/**
+ * A cap shared with other processes, asked by a forwarder's budget (its implementations, the
+ * lease and the owner, are in src/dataplane/worker-cap.ts).
+ */
+export interface SharedCap {
+  /** a token for a new connection: true/false now, or later when kproxy's process must be asked */
+  take(): boolean | Promise<boolean>;
+  /** the connection that held a token closed */
+  release(): void;
 }
 
 /**

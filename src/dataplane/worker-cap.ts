@@ -17,15 +17,7 @@
 // K+1-th connection the first refused in a quiet system. Cost: one IPC round trip per batch,
 // not per connection. Pure logic, the transport is injected (workers.ts, worker-main.ts).
 
-import type { ConnectionBudget } from './tcp.ts';
-
-/** What a TCP forwarder's budget asks (src/dataplane/tcp.ts ConnectionBudget.shared). */
-export interface SharedCap {
-  /** a token for a new connection: true/false now, or later when kproxy's process must be asked */
-  take(): boolean | Promise<boolean>;
-  /** the connection that held a token closed */
-  release(): void;
-}
+import type { ConnectionBudget, SharedCap } from './tcp.ts';
 
 /** Tokens a worker asks for at once. */
 export function leaseBatch(max: number, processes: number): number {

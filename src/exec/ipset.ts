@@ -1,6 +1,6 @@
 // ipset: read with `ipset save`, change with `ipset restore` (payload on stdin).
 import { ExecError, runChecked, type CommandRunner } from './runner.ts';
-import { parseSave, type IPSetTable } from '../modes/ipvs/ipsets.ts';
+import { parseSave, type IPSetTable } from '../kernel/ipset/model.ts';
 
 const TIMEOUT_MS = 30_000;
 

@@ -1,7 +1,7 @@
 // ipvsadm (and the iptables calls of the ipvs mode): spawn through the CommandRunner, parse
 // with the pure parsers of src/modes/ipvs/ipvs-model.ts.
 import { ExecError, runChecked, type CommandRunner } from './runner.ts';
-import { parseListing, parseRules, serviceFlag, type IpvsTable } from '../modes/ipvs/ipvs-model.ts';
+import { parseListing, parseRules, serviceFlag, type IpvsTable } from '../kernel/ipvs/model.ts';
 import { joinHostPort } from '../core/ip.ts';
 import type { Protocol } from '../core/model.ts';
 

@@ -1,7 +1,7 @@
 // Modes register by name. The CLI, the conformance runner and cleanup look them up here.
 import type { ModeName } from '../config/config.ts';
 import type { ConformanceAdapter } from '../conformance/case.ts';
-import type { ModeModule } from '../modes/types.ts';
+import type { ModeModule } from './types.ts';
 import * as userspace from './userspace/index.ts';
 import * as iptables from './iptables/index.ts';
 import * as ipvs from './ipvs/index.ts';

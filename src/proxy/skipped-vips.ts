@@ -2,7 +2,7 @@
 // unspecified, link-local, multicast, broadcast: src/modes/vip.ts) once per address, with
 // KPROXY_SERVICE_IP_SKIPPED, so a hostile Service is visible without flooding the log.
 import type { Logger } from '../log.ts';
-import type { PlanInput } from '../modes/types.ts';
+import type { PlanInput } from '../core/nodeview.ts';
 import type { ServicePort } from '../core/model.ts';
 import { describeSkippedVIP, skippedVIPs } from '../modes/vip.ts';
 import { coded } from '../errors.ts';

@@ -5,10 +5,9 @@
 // the changed services' ports.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { buildNodeView, nodeViewWork, revertView, type NodeView, type ViewChanges } from '../../src/core/nodeview.ts';
+import { buildNodeView, nodeViewWork, revertView, type NodeView, type ViewChanges, type PlanInput } from '../../src/core/nodeview.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import type { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
 import { slice, svc, tracker } from '../iptables/helpers.ts';
 import { rng } from '../support/rng.ts';
 

@@ -20,7 +20,8 @@ import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig, type ModeName } from '../../src/config/config.ts';
 import { modes } from '../../src/proxy/registry.ts';
 import { tracePlanned } from '../../src/proxy/nftables/index.ts';
-import type { PlanInput, TraceResult } from '../../src/modes/types.ts';
+import type { TraceResult } from '../../src/modes/trace-types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
 import {
   FAMILIES,

@@ -2,7 +2,7 @@
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig, type ProxyConfig } from '../../src/config/config.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 
 export interface SvcOpts {
   clusterIP: string;

@@ -13,7 +13,7 @@ import pino from 'pino';
 import { hostRunner, type CommandRunner } from '../../src/exec/runner.ts';
 import { DEFAULT_FACTS, optionsFromConfig } from '../../src/modes/iptables/options.ts';
 import { planIptables } from '../../src/modes/iptables/plan.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
 import { Netns } from '../support/netns.ts';
 import { endpoint, label63, port, stateOf } from '../support/ports.ts';

@@ -9,7 +9,7 @@ import pino from 'pino';
 import type { RunOptions, RunResult } from '../../src/exec/runner.ts';
 import { optionsFromConfig, DEFAULT_FACTS } from '../../src/modes/iptables/options.ts';
 import { planIptables } from '../../src/modes/iptables/plan.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
 import { endpoint, label63, port, stateOf } from '../support/ports.ts';
 import { FakeIptables } from '../../src/iptables/fake.ts';

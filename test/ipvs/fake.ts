@@ -2,8 +2,7 @@
 // and modprobe over in-memory kernel state, rejecting what the kernel rejects (a real server
 // for a missing virtual server, an entry for a missing set, a rule using a missing set, a
 // set destroyed while a rule uses it, an unknown module).
-import type { CommandRunner, RunResult } from '../../src/exec/runner.ts';
-import { ExecError } from '../../src/exec/runner.ts';
+import { type CommandRunner, type RunResult, ExecError } from '../../src/exec/runner.ts';
 import {
   formatTable,
   parseRules,
@@ -12,8 +11,8 @@ import {
   virtualServerKey,
   type IpvsTable,
   type RealServer,
-} from '../../src/modes/ipvs/ipvs-model.ts';
-import { normalizeEntry } from '../../src/modes/ipvs/ipsets.ts';
+} from '../../src/kernel/ipvs/model.ts';
+import { normalizeEntry } from '../../src/kernel/ipset/model.ts';
 import type { ModuleFS } from '../../src/exec/modules.ts';
 import type { Sysctl } from '../../src/exec/sysctl.ts';
 import type { Protocol } from '../../src/core/model.ts';

@@ -2,7 +2,7 @@
 import { resolveConfig, type ProxyConfig, type RawConfig } from '../../src/config/config.ts';
 import { servicePortKey, type Endpoint, type Protocol, type ServicePort } from '../../src/core/model.ts';
 import { joinHostPort } from '../../src/core/ip.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
 import { silentLogger, type Logger } from '../../src/log.ts';
 import { createIpvsProxier } from '../../src/proxy/ipvs/proxier.ts';

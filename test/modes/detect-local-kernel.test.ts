@@ -8,7 +8,7 @@ import { Netns, uniqueName } from '../support/netns.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig, type ConfigFlags, type RawConfig } from '../../src/config/config.ts';
 import { modes } from '../../src/proxy/registry.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 
 const ns = Netns.create(uniqueName('kpt-det'));
 after(async () => {

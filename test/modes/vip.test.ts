@@ -7,7 +7,7 @@ import { resolveConfig } from '../../src/config/config.ts';
 import { plan as planIpvs } from '../../src/modes/ipvs/planner.ts';
 import { planUserspace } from '../../src/modes/userspace/plan.ts';
 import { safeServicePort, unsafeVIPReason } from '../../src/modes/vip.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { endpoint, port, stateOf } from '../support/ports.ts';
 
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };

@@ -15,7 +15,7 @@ import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { silentLogger } from '../../src/log.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { mode } from '../../src/proxy/nftables/index.ts';
 import type { ShardedNftProxier } from '../../src/proxy/nftables/sharded.ts';
 import { traceNft } from '../../src/modes/nftables/trace.ts';

@@ -10,7 +10,7 @@ import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { hostRunner, runChecked } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { NftProxier } from '../../src/proxy/nftables/proxier.ts';

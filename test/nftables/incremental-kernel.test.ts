@@ -8,7 +8,7 @@ import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { hostRunner, runChecked } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { mode } from '../../src/proxy/nftables/index.ts';

@@ -10,7 +10,7 @@ import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { hostRunner, type CommandRunner, type RunOptions } from '../../src/exec/runner.ts';
 import { applyTimeoutMs, NftExecutor } from '../../src/exec/nft.ts';
 import { silentLogger } from '../../src/log.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
 import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { countObjects, dumpRuleset, elementKey, type NftElement } from '../../src/modes/nftables/ruleset.ts';

@@ -12,7 +12,7 @@ import { Writable } from 'node:stream';
 import pino from 'pino';
 import { resolveConfig } from '../../src/config/config.ts';
 import { hostRunner, type CommandRunner } from '../../src/exec/runner.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { NftProxier } from '../../src/proxy/nftables/proxier.ts';

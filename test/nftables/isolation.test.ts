@@ -10,7 +10,7 @@ import { Writable } from 'node:stream';
 import pino from 'pino';
 import { resolveConfig } from '../../src/config/config.ts';
 import type { CommandRunner, RunOptions } from '../../src/exec/runner.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { COMMENT_LENGTH_MAX, nftComment } from '../../src/modes/nftables/names.ts';
 import { optionsFromInput, planPortFragment, planRuleset } from '../../src/modes/nftables/plan.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';

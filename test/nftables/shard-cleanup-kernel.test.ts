@@ -14,7 +14,7 @@ import { mode } from '../../src/proxy/nftables/index.ts';
 import { uniqueName } from '../support/netns.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig } from '../../src/config/config.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { ShardedNftProxier } from '../../src/proxy/nftables/sharded.ts';
 import { endpointSlice, nodePortService } from './objects.ts';
 

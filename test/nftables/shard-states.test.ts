@@ -10,11 +10,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { buildNodeView, revertView, type NodeView } from '../../src/core/nodeview.ts';
+import { buildNodeView, revertView, type NodeView, type PlanInput } from '../../src/core/nodeview.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import type { CommandRunner, RunOptions, RunResult } from '../../src/exec/runner.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
 import { optionsFromInput } from '../../src/modes/nftables/plan.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { planShards, serviceCount, ShardStates, splitState } from '../../src/modes/nftables/shards.ts';

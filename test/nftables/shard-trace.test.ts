@@ -13,7 +13,7 @@ import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import type { ProxyState } from '../../src/core/model.ts';
 import { hostRunner, runChecked, type CommandRunner } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { probePackets } from '../../src/modes/nftables/conformance.ts';
 import { shardOf, shardTable } from '../../src/modes/nftables/names.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';

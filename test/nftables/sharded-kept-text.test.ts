@@ -9,7 +9,7 @@ import type { CommandRunner, RunResult } from '../../src/exec/runner.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { silentLogger } from '../../src/log.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { MAX_KEPT_TRANSACTION_CHARS } from '../../src/proxy/nftables/proxier.ts';
 import { ShardedNftProxier } from '../../src/proxy/nftables/sharded.ts';
 import { endpointSlice, nodePortService } from './objects.ts';

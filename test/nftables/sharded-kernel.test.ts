@@ -19,7 +19,7 @@ import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { silentLogger } from '../../src/log.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { parseNftText } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { shardOf } from '../../src/modes/nftables/names.ts';

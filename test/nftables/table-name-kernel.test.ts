@@ -11,7 +11,7 @@ import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { hostRunner, runChecked } from '../../src/exec/runner.ts';
 import { silentLogger } from '../../src/log.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { parseNftText } from '../../src/modes/nftables/parse.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';

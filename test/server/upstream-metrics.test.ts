@@ -12,7 +12,7 @@ import { ProxyController, type SyncRecord } from '../../src/sync/controller.ts';
 import { Metrics, startServers } from '../../src/server/servers.ts';
 import { IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
 import { FakeIptables } from '../../src/iptables/fake.ts';
-import type { ModeModule } from '../../src/modes/types.ts';
+import type { ModeModule } from '../../src/proxy/types.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */

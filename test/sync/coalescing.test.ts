@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import pino from 'pino';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyController } from '../../src/sync/controller.ts';
-import type { ModeModule, Proxier } from '../../src/modes/types.ts';
+import type { ModeModule, Proxier } from '../../src/proxy/types.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
 

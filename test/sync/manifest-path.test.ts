@@ -9,9 +9,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pino from 'pino';
 import { resolveConfig } from '../../src/config/config.ts';
-import { nodeViewWork } from '../../src/core/nodeview.ts';
+import { nodeViewWork, type PlanInput } from '../../src/core/nodeview.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
-import type { ModeModule, PlanInput, Proxier } from '../../src/modes/types.ts';
+import type { ModeModule, Proxier } from '../../src/proxy/types.ts';
 import { ManifestsSource } from '../../src/sources/manifests.ts';
 import { ProxyController } from '../../src/sync/controller.ts';
 

@@ -6,7 +6,7 @@ import { resolveConfig, type ProxyConfig } from '../../src/config/config.ts';
 import { stateOf } from '../../src/conformance/case.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import type { CommandRunner } from '../../src/exec/runner.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 import { createTcpForwarder, type AnyTcpForwarder } from '../../src/dataplane/tcp-raw.ts';
 import type { TcpForwarderOptions } from '../../src/dataplane/tcp.ts';
 

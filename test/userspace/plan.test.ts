@@ -12,7 +12,7 @@ import { traceUserspace } from '../../src/modes/userspace/trace.ts';
 import { planInput, slice, svc, testConfig } from './helpers.ts';
 import { FakeIptables } from '../../src/iptables/fake.ts';
 import { stateOf } from '../../src/conformance/case.ts';
-import type { PlanInput } from '../../src/modes/types.ts';
+import type { PlanInput } from '../../src/core/nodeview.ts';
 
 const eps = (...keys: string[]) => keys.map((k) => ({ key: k, ip: k.split(':')[0], port: Number(k.split(':')[1]) }));
 

@@ -2,8 +2,7 @@
 // the proxier learned about the host (runtime), or from an upstream conformance case's
 // config.json (which sets the fake proxier's fields directly). Pure.
 import type { ProxyConfig } from '../../config/config.ts';
-import { nodeSettings, resolveNodePortAddresses, type LocalDetectorSpec, type NodeSettings } from '../../core/nodeview.ts';
-import type { NodeContext } from '../types.ts';
+import { nodeSettings, resolveNodePortAddresses, type LocalDetectorSpec, type NodeSettings, type NodeContext } from '../../core/nodeview.ts';
 
 /** upstream's LocalTrafficDetector: match arguments for "from a local pod" and its negation. */
 export interface LocalDetector {

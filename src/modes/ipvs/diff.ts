@@ -3,7 +3,7 @@
 // weight 0 and deleted only once its connections have drained (UDP at once). Virtual
 // servers kproxy does not own are never touched. Pure: no I/O.
 import { cidrContains, ipFamily } from '../../core/ip.ts';
-import type { IPSetTable } from './ipsets.ts';
+import type { IPSetTable } from '../../kernel/ipset/model.ts';
 import { setName, type SetKey } from './names.ts';
 import {
   realServerKey,
@@ -15,7 +15,7 @@ import {
   type IpvsTable,
   type RealServer,
   type VirtualServer,
-} from './ipvs-model.ts';
+} from '../../kernel/ipvs/model.ts';
 
 export interface IpvsDiff {
   lines: string[];

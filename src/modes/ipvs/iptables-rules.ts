@@ -3,8 +3,8 @@
 // chains for source ranges and VIP access. Rendered as iptables-restore text for
 // `--noflush`: only our chains are declared (and so replaced). Pure: no I/O.
 import { CHAIN, FILTER_CHAINS, JUMPS, NAT_CHAINS, SET_INFO, SET_RULES, setName, type SetKey } from './names.ts';
-import type { IPSetTable } from './ipsets.ts';
-import type { LBNoNodeAccess } from './planner.ts';
+import type { IPSetTable } from '../../kernel/ipset/model.ts';
+import type { LBNoNodeAccess } from './plan-model.ts';
 import { appendedLines, readSave } from '../../iptables/save.ts';
 
 export interface IptablesInput {

@@ -1,10 +1,9 @@
 // Names the ipvs mode shares with upstream kube-proxy (pkg/proxy/ipvs): the dummy device,
 // iptables chains, ipsets (name, type, comment) and which iptables rule matches each set.
 // Keeping upstream's names means upstream's docs, dashboards and debugging habits apply.
+import type { IPSetType } from '../../kernel/ipset/model.ts';
 
 export const DUMMY_DEVICE = 'kube-ipvs0';
-
-export type IPSetType = 'hash:ip' | 'hash:ip,port' | 'hash:ip,port,ip' | 'hash:ip,port,net' | 'bitmap:port';
 
 export const SET = {
   loopBack: 'KUBE-LOOP-BACK',

@@ -5,11 +5,11 @@
 // entries and addresses are reference-counted (two Services may share an entry, e.g. a node
 // port entry or a hairpin entry of a shared endpoint); two ports wanting the same virtual
 // server resolve as a full plan does: the port with the greatest key wins. Pure: no I/O.
-import type { IpvsTable, VirtualServerState } from './ipvs-model.ts';
-import type { IPSetTable } from './ipsets.ts';
+import type { IpvsTable, VirtualServerState } from '../../kernel/ipvs/model.ts';
+import type { IPSetTable } from '../../kernel/ipset/model.ts';
 import { SET_INFO, setName } from './names.ts';
 import { renderIptables } from './iptables-rules.ts';
-import { globalsOf, type IpvsPlan, type LBNoNodeAccess, type PlanContext, type PortFragment, type Rejected } from './planner.ts';
+import { globalsOf, type IpvsPlan, type LBNoNodeAccess, type PlanContext, type PortFragment, type Rejected } from './plan-model.ts';
 
 export function emptySets(family: 4 | 6): IPSetTable {
   const sets: IPSetTable = new Map();

@@ -3,54 +3,14 @@
 // per ClusterIP, ExternalIP, LB ingress IP and node IP × NodePort; NAT real servers with
 // weight 1; persistence for ClientIP affinity). Pure: no I/O.
 import { canonicalIP, ipFamily, isLoopback } from '../../core/ip.ts';
-import { portView, settingsOf, type NodeSettings, type PortView } from '../../core/nodeview.ts';
+import { portView, settingsOf, type NodeSettings, type PortView, type PlanInput } from '../../core/nodeview.ts';
 import type { Endpoint, ServicePort } from '../../core/model.ts';
-import type { PlanInput } from '../types.ts';
 import { safeServicePort } from '../vip.ts';
-import { IPVSSysctl, plannedSysctls } from './sysctls.ts';
 import { SET_INFO, setName, type SetKey } from './names.ts';
-import { entryRefusal, normalizeEntry, type IPSetTable } from './ipsets.ts';
+import { entryRefusal, normalizeEntry } from '../../kernel/ipset/model.ts';
 import { PlanState } from './plan-state.ts';
-import { realServerKey, virtualServerKey, type IpvsTable, type RealServer, type VirtualServer, type VirtualServerState } from './ipvs-model.ts';
-
-export interface LBNoNodeAccess {
-  ip: string;
-  port: number;
-  protocol: string;
-}
-
-/** something the kernel would refuse, left out of the plan and reported (never applied) */
-export interface Rejected {
-  /** the service port key ("ns/name:port") */
-  owner: string;
-  /** what was left out: "ipset KUBE-CLUSTER-IP 0.0.0.0,tcp:80" or "virtual server ..." */
-  what: string;
-  reason: string;
-}
-
-export interface IpvsPlan {
-  family: 4 | 6;
-  table: IpvsTable;
-  /** service port key for every virtual server key (tracing, logs) */
-  owners: Map<string, string>;
-  /** addresses kube-ipvs0 must carry, sorted */
-  boundAddresses: string[];
-  /** node IPs used for NodePort virtual servers */
-  nodePortIPs: string[];
-  sets: IPSetTable;
-  iptables: string;
-  sysctls: IPVSSysctl[];
-  /** `ipvsadm --set` seconds (0 = keep), or null when none is configured */
-  timeouts: { tcp: number; tcpFin: number; udp: number } | null;
-  /** source-range LBs that the node itself must not reach (KUBE-IPVS-OUT-FILTER) */
-  lbNoNodeAccess: LBNoNodeAccess[];
-  /** masquerade decisions the iptables text encodes, for the tracer */
-  masq: { all: boolean; clusterCIDR: string | null; notLocal?: string | null; notLocalInterface?: string | null; mark: string };
-  /** entries and addresses left out because the kernel would refuse them */
-  rejected: Rejected[];
-  /** "SET entry" → the service port that wants it (to name the owner of a refused line) */
-  entryOwners: Map<string, string>;
-}
+import type { IpvsPlan, LBNoNodeAccess, PlanContext, PortFragment } from './plan-model.ts';
+import { realServerKey, virtualServerKey, type RealServer, type VirtualServer } from '../../kernel/ipvs/model.ts';
 
 /**
  * node IPs NodePort virtual servers are created on: the node view's NodePort addresses
@@ -66,43 +26,6 @@ function nodePortIPsOfView(view: NodeSettings): string[] {
   return [...new Set(out.filter((ip) => ipFamily(ip) === view.family && !isLoopback(ip)))];
 }
 
-function seconds(ms: number): number {
-  return Math.round(ms / 1000);
-}
-
-
-/**
- * What one service port contributes to the plan: its virtual servers, the addresses it binds
- * to kube-ipvs0, its set entries, its firewall rules and what was left out. The plan is the
- * union of the fragments (src/modes/ipvs/plan-state.ts), so a partial sync re-plans only the
- * changed Services' fragments and applies the difference.
- */
-export interface PortFragment {
-  /** service port key "ns/name:port" */
-  key: string;
-  /** "ns/name" */
-  serviceKey: string;
-  /** by virtualServerKey, in planning order */
-  vss: Map<string, VirtualServerState>;
-  /** addresses to bind to kube-ipvs0 */
-  bound: Set<string>;
-  /** "SETNAME entry" (set names hold no space) */
-  entries: Set<string>;
-  lbNoNodeAccess: LBNoNodeAccess[];
-  rejected: Rejected[];
-}
-
-/** The node-level facts every fragment is planned with (the same for every port of a sync). */
-export interface PlanContext {
-  input: PlanInput;
-  family: 4 | 6;
-  view: NodeSettings;
-  npIPs: string[];
-  nodeIPSet: Set<string>;
-  masq: IpvsPlan['masq'];
-  /** a fingerprint of everything above that a fragment depends on: another key, another plan */
-  key: string;
-}
 
 export function planContext(input: PlanInput): PlanContext {
   const family = input.node.family;
@@ -289,14 +212,4 @@ export function masqOf(view: NodeSettings): IpvsPlan['masq'] {
   const notLocal = d === null ? null : d.kind === 'cidr' ? `! -s ${d.cidr}` : `! -i ${d.kind === 'interface' ? d.name : `${d.prefix}+`}`;
   const notLocalInterface = d === null || d.kind === 'cidr' ? null : d.kind === 'interface' ? d.name : `${d.prefix}+`;
   return { all: view.masqueradeAll, clusterCIDR, notLocal, notLocalInterface, mark: view.masqueradeMark };
-}
-
-/** The node-level parts of a plan: sysctls and ipvsadm timeouts. */
-export function globalsOf(cfg: PlanInput['config']): Pick<IpvsPlan, 'sysctls' | 'timeouts'> {
-  const t = cfg.ipvs;
-  const timeouts =
-    t.tcpTimeoutMs > 0 || t.tcpFinTimeoutMs > 0 || t.udpTimeoutMs > 0
-      ? { tcp: seconds(t.tcpTimeoutMs), tcpFin: seconds(t.tcpFinTimeoutMs), udp: seconds(t.udpTimeoutMs) }
-      : null;
-  return { sysctls: plannedSysctls(cfg.ipvs.strictARP), timeouts };
 }

@@ -1,8 +1,8 @@
 // Dry-run text of a plan: what the proxier would put on the host, section by section.
-import { formatTable } from './ipvs-model.ts';
-import { formatIPSets } from './ipsets.ts';
+import { formatTable } from '../../kernel/ipvs/model.ts';
+import { formatIPSets } from '../../kernel/ipset/model.ts';
 import { DUMMY_DEVICE } from './names.ts';
-import type { IpvsPlan } from './planner.ts';
+import type { IpvsPlan } from './plan-model.ts';
 
 export function renderPlan(p: IpvsPlan): string {
   const out: string[] = [];

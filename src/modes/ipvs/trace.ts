@@ -2,10 +2,10 @@
 // virtual server it hits, the candidate real servers, the scheduler, persistence, and
 // whether the iptables rules masquerade it. Works on a plan or on live state. Pure.
 import { cidrContains, joinHostPort } from '../../core/ip.ts';
-import type { TraceResult } from '../types.ts';
-import type { IPSetTable } from './ipsets.ts';
+import type { TraceResult } from '../trace-types.ts';
+import type { IPSetTable } from '../../kernel/ipset/model.ts';
 import { setName, type SetKey } from './names.ts';
-import { virtualServerKey, type IpvsTable } from './ipvs-model.ts';
+import { virtualServerKey, type IpvsTable } from '../../kernel/ipvs/model.ts';
 import { readSave } from '../../iptables/save.ts';
 
 export interface MasqConfig {

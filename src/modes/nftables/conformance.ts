@@ -77,10 +77,6 @@ const FAKE_DEFAULTS = {
 };
 const TEST_NODE_IPS = ['192.168.0.2', '192.168.1.2', '192.168.99.11', '2001:db8::1', '2001:db8:1::2'];
 
-function ofFamily(ips: string[], family: 4 | 6): string[] {
-  return ips.map((a) => canonicalIP(a)).filter((a): a is string => !!a && a.includes(':') === (family === 6));
-}
-
 function detectorFrom(cfg: CaseConfig, family: 4 | 6): LocalDetector {
   const hasKey = 'localDetector' in cfg || 'localTrafficDetector' in cfg;
   const raw = (cfg.localDetector ?? cfg.localTrafficDetector) as Record<string, unknown> | null | string | undefined;

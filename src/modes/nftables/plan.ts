@@ -7,8 +7,7 @@
 // per-endpoint dynamic sets. Pure.
 import { isLoopback } from '../../core/ip.ts';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
-import { NO_ENDPOINTS, portView, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings } from '../../core/nodeview.ts';
-import type { PlanInput } from '../types.ts';
+import { NO_ENDPOINTS, portView, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings, type PlanInput } from '../../core/nodeview.ts';
 import { affinitySetName, endpointChainName, flatString, nftComment, serviceChainNames, TABLE } from './names.ts';
 import { safeServicePort, type SkippedVIP } from '../vip.ts';
 import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftRule, type NftSet, type Ruleset } from './ruleset.ts';

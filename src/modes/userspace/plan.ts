@@ -21,10 +21,9 @@
 //   firewalled, as upstream ("for loadbalancers which direct traffic to service NodePort,
 //   the firewall rules will not apply");
 // - SCTP is refused here: Node has no SCTP sockets.
-import { portView, settingsOf, type LocalDetectorSpec, type PortView } from '../../core/nodeview.ts';
+import { portView, settingsOf, type LocalDetectorSpec, type PortView, type PlanInput } from '../../core/nodeview.ts';
 import { canonicalIP, cidrContains, ipFamily, isLoopback, joinHostPort } from '../../core/ip.ts';
 import type { Endpoint, ServicePort } from '../../core/model.ts';
-import type { PlanInput } from '../types.ts';
 import { describeSkippedVIP, safeServicePort } from '../vip.ts';
 
 export const CHAIN_PORTALS = 'KPROXY-USERSPACE-PORTALS';

@@ -5,8 +5,8 @@
 // accept. The proxy re-originates every connection from the node, so backends never see
 // the client's address: `masq` is true whenever the packet is forwarded.
 import { canonicalIP, isLoopback, joinHostPort } from '../../core/ip.ts';
-import { settingsOf } from '../../core/nodeview.ts';
-import type { PlanInput, TraceResult } from '../types.ts';
+import { settingsOf, type PlanInput } from '../../core/nodeview.ts';
+import type { TraceResult } from '../trace-types.ts';
 import { planUserspace, sctpRefusal, sourceAllowed, walkPlan, type PlanOptions } from './plan.ts';
 
 export function traceUserspace(

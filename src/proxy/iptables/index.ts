@@ -1,7 +1,6 @@
 // iptables mode: KUBE-SERVICES → KUBE-SVC-* (statistic random) → KUBE-SEP-* (DNAT),
 // applied atomically with iptables-restore, partial syncs as upstream kube-proxy.
-import type { CommandRunner } from '../../exec/runner.ts';
-import { ExecError } from '../../exec/runner.ts';
+import { type CommandRunner, ExecError } from '../../exec/runner.ts';
 import { IptablesExecutor, binaries } from '../../iptables/exec.ts';
 import { KUBE_PROXY_OWNED } from '../../iptables/ownership.ts';
 import { removeOwnedChains } from '../../iptables/cleanup.ts';
@@ -9,7 +8,9 @@ import { procSysctl } from '../../exec/sysctl.ts';
 import type { Logger } from '../../log.ts';
 import type { ConformanceAdapter } from '../../conformance/case.ts';
 import { canonicalIP, ipFamily } from '../../core/ip.ts';
-import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
+import type { ModeDeps, ModeModule, Proxier } from '../types.ts';
+import type { TraceRequest, TraceResult } from '../../modes/trace-types.ts';
+import type { PlanInput } from '../../core/nodeview.ts';
 import { iptablesConformance } from '../../modes/iptables/conformance.ts';
 import { optionsFromConfig, type RuntimeFacts } from '../../modes/iptables/options.ts';
 import { planIptables } from '../../modes/iptables/plan.ts';

@@ -17,7 +17,8 @@ import { readSave, type SavedTable } from '../../iptables/save.ts';
 import { quoteArg, splitRuleArgs } from '../../iptables/tokenize.ts';
 import type { Logger } from '../../log.ts';
 import type { ProxyConfig } from '../../config/config.ts';
-import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
+import type { Proxier, SyncStats } from '../types.ts';
+import type { PlanInput } from '../../core/nodeview.ts';
 import {
   KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_CANARY,
   KUBE_PROXY_FIREWALL, KUBE_SERVICES,

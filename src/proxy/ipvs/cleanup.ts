@@ -12,8 +12,8 @@ import { Links } from '../../exec/links.ts';
 import { canonicalIP, ipFamily } from '../../core/ip.ts';
 import { allSetNames, DUMMY_DEVICE } from '../../modes/ipvs/names.ts';
 import { ownershipPredicate } from '../../modes/ipvs/diff.ts';
-import { vsDeleteLine } from '../../modes/ipvs/ipvs-model.ts';
-import type { IPSetTable } from '../../modes/ipvs/ipsets.ts';
+import { vsDeleteLine } from '../../kernel/ipvs/model.ts';
+import type { IPSetTable } from '../../kernel/ipset/model.ts';
 
 function missingTool(e: unknown): boolean {
   return e instanceof ExecError && e.code === 'KPROXY_EXEC_MISSING';

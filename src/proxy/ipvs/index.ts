@@ -1,7 +1,8 @@
 // ipvs mode: virtual servers + real servers in the kernel's IPVS table, VIPs on the
 // kube-ipvs0 dummy device, ipsets and iptables rules for masquerade and filtering
 // (upstream kube-proxy's pkg/proxy/ipvs, re-planned as pure functions + a diffing proxier).
-import type { ModeModule, TraceRequest, TraceResult } from '../../modes/types.ts';
+import type { ModeModule } from '../types.ts';
+import type { TraceRequest, TraceResult } from '../../modes/trace-types.ts';
 import type { ConformanceAdapter } from '../../conformance/case.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { Ipvsadm } from '../../exec/ipvs.ts';

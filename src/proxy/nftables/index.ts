@@ -3,12 +3,13 @@
 // transaction per sync. Planner (plan.ts), text (ruleset.ts), tracer (trace.ts) are pure;
 // the proxier (proxier.ts) applies through the nft executor (src/exec/nft.ts).
 import type { ConformanceAdapter } from '../../conformance/case.ts';
-import type { CommandRunner } from '../../exec/runner.ts';
+import { type CommandRunner, ExecError } from '../../exec/runner.ts';
 import { NftExecutor } from '../../exec/nft.ts';
-import { ExecError } from '../../exec/runner.ts';
 import { canonicalIP } from '../../core/ip.ts';
 import type { Logger } from '../../log.ts';
-import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
+import type { ModeDeps, ModeModule, Proxier } from '../types.ts';
+import type { TraceRequest, TraceResult } from '../../modes/trace-types.ts';
+import type { PlanInput } from '../../core/nodeview.ts';
 import { nftablesConformance } from '../../modes/nftables/conformance.ts';
 import { kubeProxyTableNames, TABLE } from '../../modes/nftables/names.ts';
 import { optionsFromInput } from '../../modes/nftables/plan.ts';

@@ -8,11 +8,12 @@ import { onlyServices, SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import { NftApplyError, NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
-import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
+import type { Proxier, SyncStats } from '../types.ts';
+import type { PlanInput } from '../../core/nodeview.ts';
 import { parseNftText } from '../../modes/nftables/parse.ts';
 import { assembleRuleset, optionsFromInput, type NftPlanOptions } from '../../modes/nftables/plan.ts';
 import { IncrementalPlanner } from '../../modes/nftables/incremental.ts';
-import { dumpRuleset, type NftFamily, type Ruleset } from '../../modes/nftables/ruleset.ts';
+import { dumpRuleset, type NftFamily, type Ruleset, elementKey, type NftElement } from '../../modes/nftables/ruleset.ts';
 import {
   deleteChainsTransaction,
   deleteElementsText,
@@ -24,7 +25,6 @@ import {
   type LiveNames,
   type Transaction,
 } from '../../modes/nftables/transaction.ts';
-import { elementKey, type NftElement } from '../../modes/nftables/ruleset.ts';
 import { TABLE } from '../../modes/nftables/names.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../../modes/isolation.ts';
 import { coded } from '../../errors.ts';

@@ -9,10 +9,10 @@
 // `nft -f`: a partial sync holds only the changed Services' tables, a full sync and a reshard
 // (K changed: the new tables written, the old ones deleted) every table.
 import { onlyServices, SkippedVIPReporter } from '../skipped-vips.ts';
-import type { CommandRunner } from '../../exec/runner.ts';
 import { countLines, NftApplyError, NftExecutor } from '../../exec/nft.ts';
 import type { Logger } from '../../log.ts';
-import type { PlanInput, Proxier, SyncStats } from '../../modes/types.ts';
+import type { Proxier, SyncStats } from '../types.ts';
+import type { PlanInput } from '../../core/nodeview.ts';
 import { kubeProxyTableNames, SHARD_TABLE_NAMES, shardOf } from '../../modes/nftables/names.ts';
 import { chooseShards, DEFAULT_SHARDS, serviceCount, ShardStates, shardTables, type ShardOptions } from '../../modes/nftables/shards.ts';
 import { MAX_ISOLATION_RETRIES } from '../../modes/isolation.ts';

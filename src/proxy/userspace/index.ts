@@ -5,7 +5,9 @@
 import type { ConformanceAdapter } from '../../conformance/case.ts';
 import type { CommandRunner } from '../../exec/runner.ts';
 import type { Logger } from '../../log.ts';
-import type { ModeDeps, ModeModule, PlanInput, Proxier, TraceRequest, TraceResult } from '../../modes/types.ts';
+import type { ModeDeps, ModeModule, Proxier } from '../types.ts';
+import type { TraceRequest, TraceResult } from '../../modes/trace-types.ts';
+import type { PlanInput } from '../../core/nodeview.ts';
 import { planUserspace, renderPlan } from '../../modes/userspace/plan.ts';
 import { traceUserspace } from '../../modes/userspace/trace.ts';
 import { coded } from '../../errors.ts';

@@ -2,31 +2,10 @@
 // text) plus an executor-backed Proxier that applies it; modes register by name in
 // registry.ts (kpng's "backends are functions from full state to kernel").
 import type { ProxyConfig, ModeName } from '../config/config.ts';
-import type { ProxyState } from '../core/model.ts';
 import type { Logger } from '../log.ts';
 import type { CommandRunner } from '../exec/runner.ts';
-import type { NodeView } from '../core/nodeview.ts';
-
-/** Facts about this node that planners need. */
-export interface NodeContext {
-  nodeName: string;
-  /** this node's own addresses of the planned family (NodePort targets, addrtype LOCAL) */
-  nodeIPs: string[];
-  nodeLabels: Record<string, string>;
-  family: 4 | 6;
-  /** the Node object's spec.podCIDRs (detectLocalMode NodeCIDR) */
-  podCIDRs?: string[];
-  /** the Node object's status.addresses (the primary node IP: nodePortAddresses "primary") */
-  addresses?: Array<{ type: string; address: string }>;
-}
-
-export interface PlanInput {
-  state: ProxyState;
-  config: ProxyConfig;
-  node: NodeContext;
-  /** the node view of this sync and family (src/core/nodeview.ts); computed when absent */
-  view?: NodeView;
-}
+import type { PlanInput } from '../core/nodeview.ts';
+import type { TraceRequest, TraceResult } from '../modes/trace-types.ts';
 
 export interface SyncStats {
   /** rules (or objects) written by this sync */
@@ -63,26 +42,6 @@ export interface Proxier {
   dump(): string;
   /** stop background work (listeners, timers); does not remove kernel state */
   stop(): Promise<void>;
-}
-
-export interface TraceRequest {
-  from: string;
-  to: string;
-  port: number;
-  protocol: 'TCP' | 'UDP' | 'SCTP';
-  /** planned state to trace through; absent with live */
-  input?: PlanInput;
-  live: boolean;
-}
-
-export interface TraceResult {
-  /** "10.180.0.1:80, 10.180.0.2:80" | "REJECT" | "DROP" | "ACCEPT" | "" */
-  output: string;
-  masq: boolean;
-  /** every rule matched, in order, as text */
-  rules: string[];
-  /** free-form extra facts (scheduler, affinity, ...) */
-  notes?: string[];
 }
 
 export interface ModeDeps {

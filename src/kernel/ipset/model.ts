@@ -2,7 +2,9 @@
 // between two states as a restore script (create -exist, add/del only what differs, never a
 // flush). Pure: no I/O.
 import { canonicalIP, ipFamily, parseCIDR } from '../../core/ip.ts';
-import type { IPSetType } from './names.ts';
+
+/** The set types kube-proxy's ipvs mode uses. */
+export type IPSetType = 'hash:ip' | 'hash:ip,port' | 'hash:ip,port,ip' | 'hash:ip,port,net' | 'bitmap:port';
 
 export interface IPSetState {
   name: string;
