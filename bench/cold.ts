@@ -2,8 +2,8 @@
 // side with the raw references the issue's goals are stated against: a *flushing*
 // `iptables-restore` (nf_tables backend and legacy) and `nft -f` of the same rendered
 // payload into an empty namespace.
-import { ExecError } from '../src/exec/runner.ts';
-import { getMode } from '../src/proxy/registry.ts';
+import { ExecError } from '../src/kernel/runner.ts';
+import { getMode } from '../src/modes/registry.ts';
 import { measure, modeOf, type Sample, type Variant } from './measure.ts';
 import { LEGACY_IPTABLES, TimedRunner, type Namespaces } from './netns.ts';
 import { benchConfig, Workload } from './workload.ts';

@@ -12,8 +12,8 @@
 // (non-service traffic, which still walks the service chains in iptables).
 import { spawn, type ChildProcess } from 'node:child_process';
 import { resolve } from 'node:path';
-import { JUMP_RULES, jumpArgs } from '../src/proxy/iptables/proxier.ts';
-import { getMode } from '../src/proxy/registry.ts';
+import { JUMP_RULES, jumpArgs } from '../src/modes/iptables/proxier.ts';
+import { getMode } from '../src/modes/registry.ts';
 import { LEGACY_IPTABLES, podNetwork, TimedRunner, type Namespaces } from './netns.ts';
 import { killGroup, kubeProxyTables } from './kproxy-run.ts';
 import { benchConfig, clusterIPOf, endpointIPOf, Workload } from './workload.ts';

@@ -4,9 +4,9 @@
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
-import type { CommandRunner } from '../src/exec/runner.ts';
+import type { CommandRunner } from '../src/kernel/runner.ts';
 import { silentLogger } from '../src/log.ts';
-import { IptablesProxier } from '../src/proxy/iptables/proxier.ts';
+import { IptablesProxier } from '../src/modes/iptables/proxier.ts';
 import { benchConfig, Workload } from './workload.ts';
 
 const accept: CommandRunner = { run: async () => ({ code: 0, stdout: '', stderr: '' }) };

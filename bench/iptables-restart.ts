@@ -24,10 +24,10 @@
 //        [--backends nft,legacy] [--timeout 300] [--scenarios same,changed,older] [--dispatch-lines N]
 import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
-import type { CommandRunner, RunOptions, RunResult } from '../src/exec/runner.ts';
+import type { CommandRunner, RunOptions, RunResult } from '../src/kernel/runner.ts';
 import { silentLogger } from '../src/log.ts';
-import { getMode } from '../src/proxy/registry.ts';
-import { IptablesProxier } from '../src/proxy/iptables/proxier.ts';
+import { getMode } from '../src/modes/registry.ts';
+import { IptablesProxier } from '../src/modes/iptables/proxier.ts';
 import { LEGACY_IPTABLES, Namespaces, TimedRunner } from './netns.ts';
 import { fmtMs, median } from './report.ts';
 import { benchConfig, Workload } from './workload.ts';

@@ -17,7 +17,7 @@
 import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import { silentLogger } from '../src/log.ts';
-import { IptablesProxier } from '../src/proxy/iptables/proxier.ts';
+import { IptablesProxier } from '../src/modes/iptables/proxier.ts';
 import { LEGACY_IPTABLES, Namespaces, TimedRunner } from './netns.ts';
 import { fmtMs, median } from './report.ts';
 import { benchConfig, Workload } from './workload.ts';

@@ -4,9 +4,9 @@
 // payload the mode renders.
 import type { ModeName } from '../src/config/config.ts';
 import { silentLogger } from '../src/log.ts';
-import { ExecError, type RunResult } from '../src/exec/runner.ts';
+import { ExecError, type RunResult } from '../src/kernel/runner.ts';
 import { endpointCheck, kubeProxyTables, nftTableOf } from './kproxy-run.ts';
-import type { ModeModule, Proxier, SyncStats } from '../src/proxy/types.ts';
+import type { ModeModule, Proxier, SyncStats } from '../src/modes/types.ts';
 import { execMs, isWrite, LEGACY_IPTABLES, type ExecRecord, type Namespaces, TimedRunner } from './netns.ts';
 import { benchConfig, clusterIPOf, Workload } from './workload.ts';
 

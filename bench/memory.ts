@@ -16,7 +16,7 @@ import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
 import { silentLogger } from '../src/log.ts';
-import { getMode } from '../src/proxy/registry.ts';
+import { getMode } from '../src/modes/registry.ts';
 import { ManifestsSource } from '../src/sources/manifests.ts';
 import { hotServices, writeManifests } from './kproxy-run.ts';
 import { LEGACY_IPTABLES, Namespaces, TimedRunner } from './netns.ts';

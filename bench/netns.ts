@@ -1,7 +1,7 @@
 // Network namespaces for the benchmarks (names start with `kpb-`) and a CommandRunner that
 // runs every command inside one, timing each call so a sync's wall time can be split into
 // kproxy's own work and the time spent in iptables-restore / nft.
-import { hostRunner, runChecked, type CommandRunner, type RunOptions, type RunResult } from '../src/exec/runner.ts';
+import { hostRunner, runChecked, type CommandRunner, type RunOptions, type RunResult } from '../src/kernel/runner.ts';
 
 export const NS_PREFIX = 'kpb-';
 

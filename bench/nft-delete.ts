@@ -15,7 +15,7 @@ import os from 'node:os';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
 import { silentLogger } from '../src/log.ts';
 import type { PlanInput } from '../src/core/nodeview.ts';
-import { NftProxier } from '../src/proxy/nftables/proxier.ts';
+import { NftProxier } from '../src/modes/nftables/proxier.ts';
 import { Namespaces, TimedRunner } from './netns.ts';
 import { fmtMs, median } from './stats.ts';
 import { benchConfig, NODE, serviceObject, sliceObject } from './workload.ts';

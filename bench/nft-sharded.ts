@@ -17,7 +17,7 @@ import { parseArgs } from 'node:util';
 import os from 'node:os';
 import { buildNodeView } from '../src/core/nodeview.ts';
 import { silentLogger } from '../src/log.ts';
-import { ShardedNftProxier } from '../src/proxy/nftables/sharded.ts';
+import { ShardedNftProxier } from '../src/modes/nftables/sharded.ts';
 import { execMs, isWrite, Namespaces, TimedRunner } from './netns.ts';
 import { ScaleWorkload } from './nft-scale.ts';
 import { fmtMs, median } from './report.ts';

@@ -41,7 +41,7 @@ import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import os from 'node:os';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
-import { getMode } from '../src/proxy/registry.ts';
+import { getMode } from '../src/modes/registry.ts';
 import type { ChildProcess } from 'node:child_process';
 import { killGroup } from './kproxy-run.ts';
 import { connectThrough, spawnNode, timedNft, type ConnectOutcome } from './nft-validation.ts';

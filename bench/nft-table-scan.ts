@@ -11,12 +11,12 @@
 // time limit (--list-timeout for `nft list tables`).
 import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
-import { NftExecutor } from '../src/exec/nft.ts';
-import { runChecked } from '../src/exec/runner.ts';
+import { NftExecutor } from '../src/kernel/nft/exec.ts';
+import { runChecked } from '../src/kernel/runner.ts';
 import { silentLogger } from '../src/log.ts';
 import { kubeProxyTableNames } from '../src/modes/nftables/names.ts';
-import { mode } from '../src/proxy/nftables/index.ts';
-import { ShardedNftProxier } from '../src/proxy/nftables/sharded.ts';
+import { mode } from '../src/modes/nftables/index.ts';
+import { ShardedNftProxier } from '../src/modes/nftables/sharded.ts';
 import { Namespaces, TimedRunner } from './netns.ts';
 import { fmtMs, median } from './stats.ts';
 import { benchConfig, clusterIPOf, Workload } from './workload.ts';

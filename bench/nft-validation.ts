@@ -47,7 +47,7 @@ import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import os from 'node:os';
 import { silentLogger } from '../src/log.ts';
-import { getMode } from '../src/proxy/registry.ts';
+import { getMode } from '../src/modes/registry.ts';
 import { killGroup } from './kproxy-run.ts';
 import { Namespaces, podNetwork, TimedRunner } from './netns.ts';
 import { fmtMs, median, percentile, pollUntil } from './stats.ts';

@@ -26,9 +26,9 @@ import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import os from 'node:os';
-import type { CommandRunner, RunOptions, RunResult } from '../src/exec/runner.ts';
+import type { CommandRunner, RunOptions, RunResult } from '../src/kernel/runner.ts';
 import type { ModeName } from '../src/config/config.ts';
-import type { Proxier } from '../src/proxy/types.ts';
+import type { Proxier } from '../src/modes/types.ts';
 import type { PlanInput } from '../src/core/nodeview.ts';
 import { silentLogger } from '../src/log.ts';
 import { execMs, Namespaces, TimedRunner, type ExecRecord } from './netns.ts';
@@ -64,7 +64,7 @@ async function loadTree(name: string, root: string): Promise<Tree> {
   const url = (p: string) => pathToFileURL(resolve(root, p)).href;
   const nv = await import(url('src/core/nodeview.ts'));
   const ctrl = await import(url('src/sync/controller.ts'));
-  const reg = await import(url('src/proxy/registry.ts'));
+  const reg = await import(url('src/modes/registry.ts'));
   const wl = await import(url('bench/workload.ts'));
   return { name, buildNodeView: nv.buildNodeView, countNoLocalEndpoints: ctrl.countNoLocalEndpoints, getMode: reg.getMode, benchConfig: wl.benchConfig };
 }

@@ -2,7 +2,7 @@
 // issue 9 it was a full sync (every rule rewritten); now it is a partial one, as upstream's,
 // with a full sync hourly. Side by side in one run, per size: a forced full sync and the
 // no-change partial sync of the same proxier, medians of --repeat runs. The kernel is the
-// stateful fake (src/iptables/fake.ts) or a fake nft that accepts every transaction: this
+// stateful fake (src/kernel/iptables/fake.ts) or a fake nft that accepts every transaction: this
 // measures kproxy's own work and what it would write (bytes, commands), not the kernel's time
 // to apply it (docs/benchmarks.md has those). No root needed.
 //
@@ -10,13 +10,13 @@
 import { parseArgs } from 'node:util';
 import { resolveConfig } from '../src/config/config.ts';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
-import type { CommandRunner, RunOptions, RunResult } from '../src/exec/runner.ts';
-import { FakeIptables } from '../src/iptables/fake.ts';
+import type { CommandRunner, RunOptions, RunResult } from '../src/kernel/runner.ts';
+import { FakeIptables } from '../src/kernel/iptables/fake.ts';
 import { silentLogger } from '../src/log.ts';
-import type { Proxier } from '../src/proxy/types.ts';
+import type { Proxier } from '../src/modes/types.ts';
 import type { PlanInput } from '../src/core/nodeview.ts';
-import { IptablesProxier } from '../src/proxy/iptables/proxier.ts';
-import { NftProxier } from '../src/proxy/nftables/proxier.ts';
+import { IptablesProxier } from '../src/modes/iptables/proxier.ts';
+import { NftProxier } from '../src/modes/nftables/proxier.ts';
 
 const { values } = parseArgs({ options: { sizes: { type: 'string', default: '1000,10000' }, repeat: { type: 'string', default: '5' } } });
 const sizes = values.sizes!.split(',').map(Number);

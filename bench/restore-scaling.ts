@@ -8,7 +8,7 @@
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
-import { getMode } from '../src/proxy/registry.ts';
+import { getMode } from '../src/modes/registry.ts';
 import { Namespaces, TimedRunner } from './netns.ts';
 import { benchConfig, Workload } from './workload.ts';
 import { fmtMs } from './report.ts';

@@ -41,7 +41,7 @@ import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
-import { hostRunner } from '../src/exec/runner.ts';
+import { hostRunner } from '../src/kernel/runner.ts';
 import { spawnSync } from 'node:child_process';
 import { coldPhase, type ColdResult } from './cold.ts';
 import { connectPhase, type ConnectResult, type ConnectVariant } from './connect.ts';

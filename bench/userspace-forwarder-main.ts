@@ -2,10 +2,10 @@
 // argument, with kproxy's TcpForwarder: for profiling the data path next to the naive pipe
 // (bench/userspace-profile.ts). --idle-timeout-ms=N sets the idle timeout (kproxy's default
 // is 24 h; 0 = none); --tcp=net|raw the TCP path (default net: TcpForwarder; raw:
-// RawTcpForwarder on libuv handles, src/dataplane/tcp-raw.ts).
-import { RoundRobinBalancer } from '../src/dataplane/balancer.ts';
-import { newBudget, newCounters } from '../src/dataplane/tcp.ts';
-import { createTcpForwarder, type AnyTcpForwarder } from '../src/dataplane/tcp-raw.ts';
+// RawTcpForwarder on libuv handles, src/modes/userspace/dataplane/tcp-raw.ts).
+import { RoundRobinBalancer } from '../src/modes/userspace/dataplane/balancer.ts';
+import { newBudget, newCounters } from '../src/modes/userspace/dataplane/tcp.ts';
+import { createTcpForwarder, type AnyTcpForwarder } from '../src/modes/userspace/dataplane/tcp-raw.ts';
 import { silentLogger } from '../src/log.ts';
 
 const args = process.argv.slice(2);

@@ -1,4 +1,4 @@
-// Where an idle spliced connection's memory goes, on the net.Socket path (src/dataplane/tcp.ts):
+// Where an idle spliced connection's memory goes, on the net.Socket path (src/modes/userspace/dataplane/tcp.ts):
 // one TcpForwarder in THIS process (so its JS heap can be measured), a backend that accepts
 // and holds connections and a client that opens N idle ones in two child processes, all on
 // 127.0.0.1. After the N pairs are spliced and a full GC, prints per pair:
@@ -36,8 +36,8 @@ const { values } = parseArgs({
   },
 });
 const tree = values.tree ? resolve(values.tree) : resolve(import.meta.dirname, '..');
-const { TcpForwarder, newBudget, newCounters } = (await import(pathToFileURL(join(tree, 'src/dataplane/tcp.ts')).href)) as typeof import('../src/dataplane/tcp.ts');
-const { RoundRobinBalancer } = (await import(pathToFileURL(join(tree, 'src/dataplane/balancer.ts')).href)) as typeof import('../src/dataplane/balancer.ts');
+const { TcpForwarder, newBudget, newCounters } = (await import(pathToFileURL(join(tree, 'src/modes/userspace/dataplane/tcp.ts')).href)) as typeof import('../src/modes/userspace/dataplane/tcp.ts');
+const { RoundRobinBalancer } = (await import(pathToFileURL(join(tree, 'src/modes/userspace/dataplane/balancer.ts')).href)) as typeof import('../src/modes/userspace/dataplane/balancer.ts');
 const N = Number(values.n);
 const gc = (globalThis as { gc?: () => void }).gc;
 if (!gc) throw new Error('run with node --expose-gc');

@@ -1,4 +1,4 @@
-// The net.Socket TCP path (src/dataplane/tcp.ts) of this tree against the same path of a base
+// The net.Socket TCP path (src/modes/userspace/dataplane/tcp.ts) of this tree against the same path of a base
 // tree (an older commit, e.g. main before a change), and the naive Node pipe, side by side in
 // ONE run, in one fresh network namespace (`kpb-usab-…`, loopback addresses inside it):
 //   naive      bench/userspace-naive-pipe.ts

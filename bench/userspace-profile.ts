@@ -3,7 +3,7 @@
 // namespace (no DNAT, no extra hop for any), forwarding to the same nginx / iperf3 backends:
 //   naive       bench/userspace-naive-pipe.ts
 //   fwd         kproxy's TcpForwarder alone (bench/userspace-forwarder-main.ts, 24 h idle timeout as kproxy's default)
-//   raw         kproxy's RawTcpForwarder alone (the same with --tcp=raw: src/dataplane/tcp-raw.ts)
+//   raw         kproxy's RawTcpForwarder alone (the same with --tcp=raw: src/modes/userspace/dataplane/tcp-raw.ts)
 //   kproxy      `node bin/kproxy.js run --mode userspace` (bench/userspace.ts's kproxy peer)
 //   kproxy-mt   the same with glibc's heap trimming off (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_)
 //   --malloc 'LABEL:VAR=VAL+VAR=VAL;LABEL2:...'  one more `kproxy run` per LABEL with that

@@ -2,7 +2,7 @@
 // namespace (`kpb-usw-…`, loopback 127.0.0.x inside it): kproxy with 1, 2, 3, 4 … workers
 // (each its own `node bin/kproxy.js run --mode userspace` on its own VIP), and once more with
 // the most workers and a node-wide maxConnections (the lease path of
-// src/dataplane/worker-cap.ts, to see what sharing the cap costs), next to the backend
+// src/modes/userspace/dataplane/worker-cap.ts, to see what sharing the cap costs), next to the backend
 // reached directly (the machine's ceiling). The variants are interleaved within a
 // repetition; each figure is the median of --repeat runs of --duration seconds:
 //   new conn/s                 wrk -t1 -c16 -H 'Connection: close' (each request a connection)

@@ -6,8 +6,8 @@
 //   nginx stream    nginx, stream module, worker_processes 1
 //   haproxy         haproxy, mode tcp, nbthread 1
 //   kproxy          `node bin/kproxy.js run --mode userspace --manifests DIR`, 1 worker on raw
-//                   libuv handles (KPROXY_USERSPACE_TCP=raw; src/dataplane/tcp-raw.ts, the default)
-//   kproxy-net      the same on net.Socket (KPROXY_USERSPACE_TCP=net; src/dataplane/tcp.ts)
+//                   libuv handles (KPROXY_USERSPACE_TCP=raw; src/modes/userspace/dataplane/tcp-raw.ts, the default)
+//   kproxy-net      the same on net.Socket (KPROXY_USERSPACE_TCP=net; src/modes/userspace/dataplane/tcp.ts)
 //   kproxy ×N       with `userspace.workers: N` (the default path)
 //
 // Backends: nginx (http, `return 200`, 1 worker) on 127.0.0.2:8080 and `iperf3 -s` on
@@ -321,9 +321,9 @@ export function peers(workers: number): Peer[] {
         await waitListening(ns, '127.0.0.5', 80);
       },
     },
-    // The default TCP path: raw libuv handles (src/dataplane/tcp-raw.ts) where this Node has them.
+    // The default TCP path: raw libuv handles (src/modes/userspace/dataplane/tcp-raw.ts) where this Node has them.
     kproxyPeer('kproxy userspace (1 worker, raw handles)', 'kproxy', '127.0.0.6', 0, { metrics: 10249, healthz: 10256 }, [], { KPROXY_USERSPACE_TCP: 'raw' }),
-    // The net.Socket path (src/dataplane/tcp.ts), for the two side by side in one run.
+    // The net.Socket path (src/modes/userspace/dataplane/tcp.ts), for the two side by side in one run.
     kproxyPeer('kproxy userspace (1 worker, net.Socket)', 'kproxy-net', '127.0.0.8', 0, { metrics: 10269, healthz: 10276 }, [], { KPROXY_USERSPACE_TCP: 'net' }),
     ...(workers > 1 ? [kproxyPeer(`kproxy userspace (${workers} workers)`, `kproxy-w${workers}`, '127.0.0.7', workers, { metrics: 10259, healthz: 10266 })] : []),
   ];

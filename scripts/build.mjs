@@ -9,8 +9,8 @@ import { fileURLToPath } from 'node:url';
 const root = fileURLToPath(new URL('..', import.meta.url));
 rmSync(`${root}/dist`, { recursive: true, force: true });
 await build({
-  // userspace-worker: the processes of userspace.workers > 1 (src/dataplane/workers.ts forks it).
-  entryPoints: { kproxy: `${root}/src/cli/entry.ts`, 'userspace-worker': `${root}/src/dataplane/worker-main.ts` },
+  // userspace-worker: the processes of userspace.workers > 1 (src/modes/userspace/dataplane/workers.ts forks it).
+  entryPoints: { kproxy: `${root}/src/cli/entry.ts`, 'userspace-worker': `${root}/src/modes/userspace/dataplane/worker-main.ts` },
   outdir: `${root}/dist`,
   bundle: true,
   splitting: true,

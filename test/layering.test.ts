@@ -38,14 +38,16 @@ test('src/ has no import cycle and no import that runs back up a layer', () => {
   assert.deepEqual(violations(root).map(describe), []);
 });
 
-test('the rules catch a cycle, a pure module reaching host code (types too), I/O in pure code, and a process outside src/exec', () => {
+test('the rules catch a cycle, a pure module reaching host code (types too), I/O in pure code, and a process outside src/kernel', () => {
   const dir = mkdtempSync(join(tmpdir(), 'kpa-layers-'));
   try {
     const files: Record<string, string> = {
       'tsconfig.json': JSON.stringify({ compilerOptions: { module: 'nodenext', moduleResolution: 'nodenext', allowImportingTsExtensions: true, noEmit: true } }),
-      'src/core/a.ts': "import type { B } from '../exec/b.ts';\nexport type A = B;\n",
-      'src/exec/b.ts': "import { c } from './c.ts';\nexport type B = number;\nexport const b = c;\n",
-      'src/exec/c.ts': "import { b } from './b.ts';\nexport const c = 1;\nexport const d = b;\n",
+      'src/core/a.ts': "import type { B } from '../kernel/b.ts';\nexport type A = B;\n",
+      'src/kernel/b.ts': "import { c } from './c.ts';\nexport type B = number;\nexport const b = c;\n",
+      'src/kernel/c.ts': "import { b } from './b.ts';\nimport type { P } from '../modes/x/plan.ts';\nexport const c = 1;\nexport const d = b;\nexport type Q = P;\n",
+      'src/modes/x/plan.ts': "import type { X } from './proxier.ts';\nexport type P = X;\n",
+      'src/modes/x/proxier.ts': "export type X = number;\n",
       'src/modes/m.ts': "import { readFileSync } from 'node:fs';\nexport const m = readFileSync;\n",
       'src/sync/s.ts': "import { spawn } from 'node:child_process';\nexport const s = spawn;\n",
       'src/config/k.ts': "import { m } from '../modes/m.ts';\nexport const k = m;\n",
@@ -56,7 +58,7 @@ test('the rules catch a cycle, a pure module reaching host code (types too), I/O
       writeFileSync(join(dir, path), text);
     }
     const found = new Set(violations(dir).map((v) => v.rule.name));
-    for (const rule of ['no-circular', 'pure-reaches-host', 'core-reaches-modes', 'pure-uses-io', 'process-outside-exec', 'config-reaches-up']) {
+    for (const rule of ['no-circular', 'pure-reaches-host', 'core-reaches-modes', 'pure-uses-io', 'process-outside-kernel', 'config-reaches-up', 'kernel-reaches-modes']) {
       assert.ok(found.has(rule), `${rule} found (found: ${[...found].join(', ')})`);
     }
   } finally {

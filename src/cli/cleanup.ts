@@ -1,6 +1,6 @@
 import { createLogger, type Logger } from '../log.ts';
-import { hostRunner, type CommandRunner } from '../exec/runner.ts';
-import { modes } from '../proxy/registry.ts';
+import { hostRunner, type CommandRunner } from '../kernel/runner.ts';
+import { modes } from '../modes/registry.ts';
 import { kproxyError } from '../errors.ts';
 
 /** Removes every mode's kernel state; a mode whose tools are missing has nothing to remove. */

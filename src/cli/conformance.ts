@@ -1,7 +1,7 @@
 import type { CaseOutcome, ConformanceAdapter, ConformanceCase } from '../conformance/case.ts';
 import { runConformance } from '../conformance/runner.ts';
-import { conformanceAdapters } from '../proxy/registry.ts';
-import { runShardedCase } from '../proxy/nftables/index.ts';
+import { conformanceAdapters } from '../modes/registry.ts';
+import { runShardedCase } from '../modes/nftables/index.ts';
 import { kproxyError } from '../errors.ts';
 
 export interface ConformanceOptions {

@@ -1,5 +1,5 @@
 import { type CommonOptions, effectiveConfig, resolveNodeName } from './options.ts';
-import { modes } from '../proxy/registry.ts';
+import { modes } from '../modes/registry.ts';
 import { plansFromManifests } from './state.ts';
 import { familySection } from '../sync/controller.ts';
 import { kproxyError } from '../errors.ts';

@@ -1,7 +1,7 @@
 import { type CommonOptions, effectiveConfig, resolveNodeName } from './options.ts';
 import { createLogger, type Logger } from '../log.ts';
-import { hostRunner } from '../exec/runner.ts';
-import { modes } from '../proxy/registry.ts';
+import { hostRunner } from '../kernel/runner.ts';
+import { modes } from '../modes/registry.ts';
 import { ProxyController } from '../sync/controller.ts';
 import { ManifestsSource } from '../sources/manifests.ts';
 import { startServers } from '../server/servers.ts';
@@ -12,8 +12,8 @@ import type { Source } from '../sources/types.ts';
 import { detectLocalNotice, type ProxyConfig } from '../config/config.ts';
 import { kproxyError } from '../errors.ts';
 import { availableParallelism } from 'node:os';
-import { procSysctl } from '../exec/sysctl.ts';
-import { applyStartSettings, conntrackCleaner } from '../exec/conntrack.ts';
+import { procSysctl } from '../kernel/sysctl.ts';
+import { applyStartSettings, conntrackCleaner } from '../kernel/conntrack.ts';
 import { watchConfigFile, CONFIG_CHANGED_MESSAGE } from './config-watch.ts';
 
 export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {

@@ -1,7 +1,7 @@
 import { type CommonOptions, effectiveConfig, resolveNodeName } from './options.ts';
-import { modes } from '../proxy/registry.ts';
+import { modes } from '../modes/registry.ts';
 import { planFromManifests } from './state.ts';
-import { hostRunner } from '../exec/runner.ts';
+import { hostRunner } from '../kernel/runner.ts';
 import { canonicalIP, ipFamily, joinHostPort } from '../core/ip.ts';
 import type { TraceResult } from '../modes/trace-types.ts';
 import { kproxyError } from '../errors.ts';

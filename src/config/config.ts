@@ -350,7 +350,7 @@ export interface UserspaceSettings {
   /** UDP sessions of one client IP: one client cannot take them all */
   udpMaxSessionsPerClient: number;
   /**
-   * the TCP data path: raw libuv handles (src/dataplane/tcp-raw.ts), net.Socket (tcp.ts), or
+   * the TCP data path: raw libuv handles (src/modes/userspace/dataplane/tcp-raw.ts), net.Socket (tcp.ts), or
    * auto (raw when this Node has the internals); KPROXY_USERSPACE_TCP=net|raw|auto wins
    */
   tcpPath: 'auto' | 'net' | 'raw';

@@ -6,7 +6,7 @@ import type { FamilySyncRecord, ProxyController, SyncRecord } from '../sync/cont
 import type { ObjectKind } from '../core/api.ts';
 import type { Source } from '../sources/types.ts';
 import type { Logger } from '../log.ts';
-import type { UserspaceProxier } from '../dataplane/proxier.ts';
+import type { UserspaceProxier } from '../modes/userspace/proxier.ts';
 import { TO_BE_DELETED_TAINT, type HealthVerdict } from '../sync/health.ts';
 
 /** The zero time upstream writes as lastUpdated when no sync ever succeeded (Go's time.Time{}). */

@@ -5,7 +5,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { hostRunner, runChecked } from '../../src/exec/runner.ts';
+import { hostRunner, runChecked } from '../../src/kernel/runner.ts';
 import { uniqueName } from '../support/netns.ts';
 
 const NS = uniqueName('kpt-nft-getchain');

@@ -11,11 +11,11 @@ import { rawReferences } from '../../bench/cold.ts';
 import { endpointCheck, kubeProxyTables, nftTableOf } from '../../bench/kproxy-run.ts';
 import { Namespaces, TimedRunner } from '../../bench/netns.ts';
 import { benchConfig, serviceName, Workload } from '../../bench/workload.ts';
-import { NftExecutor } from '../../src/exec/nft.ts';
+import { NftExecutor } from '../../src/kernel/nft/exec.ts';
 import { silentLogger } from '../../src/log.ts';
 import { serviceKey } from '../../src/core/model.ts';
 import { kubeProxyTableNames, shardOf, TABLE } from '../../src/modes/nftables/names.ts';
-import { getMode } from '../../src/proxy/registry.ts';
+import { getMode } from '../../src/modes/registry.ts';
 
 const nss = new Namespaces();
 after(async () => {

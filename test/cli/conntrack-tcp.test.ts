@@ -8,7 +8,7 @@
 // SYN. A client that later connects from the same source port (the kernel reuses ports; a SYN
 // retransmitted after the rules arrived is the same case) matches that entry, skips NAT and is
 // lost again, until the entry expires. kproxy clears such entries once the port has endpoints
-// (src/core/nodeview.ts `unNATed`, src/exec/conntrack.ts): here the same source port reaches
+// (src/core/nodeview.ts `unNATed`, src/kernel/conntrack.ts): here the same source port reaches
 // the pod at once, and an attempt to an address that is no Service keeps its entry.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';

@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { planFromManifests } from '../../src/cli/state.ts';
 import { resolveConfig } from '../../src/config/config.ts';
-import { modes } from '../../src/proxy/registry.ts';
+import { modes } from '../../src/modes/registry.ts';
 
 const MANIFESTS = `
 apiVersion: v1

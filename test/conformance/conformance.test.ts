@@ -8,7 +8,7 @@ import { join, resolve } from 'node:path';
 import { execFileSync } from 'node:child_process';
 import { findCases, loadCase } from '../../src/conformance/load.ts';
 import { runConformance } from '../../src/conformance/runner.ts';
-import { conformanceAdapters } from '../../src/proxy/registry.ts';
+import { conformanceAdapters } from '../../src/modes/registry.ts';
 
 const repo = resolve(import.meta.dirname, '../..');
 const shared = resolve(repo, '../shared/conformance');

@@ -13,7 +13,7 @@ import { planIptables, SYSCTL_ROUTE_LOCALNET } from '../../src/modes/iptables/pl
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
 import { optionsFromInput } from '../../src/modes/nftables/plan.ts';
 import { port } from '../support/ports.ts';
-import { modes } from '../../src/proxy/registry.ts';
+import { modes } from '../../src/modes/registry.ts';
 
 const NODE = 'node1';
 

@@ -598,7 +598,7 @@ describe('fuzz: no input throws, anywhere from the tracker to a rule', () => {
   });
 
   test('mutated valid Services and Slices: no throw; accepted ones convert and are in the state', async () => {
-    const { modes } = await import('../../src/proxy/registry.ts');
+    const { modes } = await import('../../src/modes/registry.ts');
     const { resolveConfig } = await import('../../src/config/config.ts');
     fc.assert(
       fc.property(mutate(goodSvc(), SVC_PATHS), mutate(goodSlice(), SLICE_PATHS), (svc, slice) => {

@@ -4,11 +4,11 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pino from 'pino';
-import { applyStartSettings, conntrackCleaner, conntrackDeleteArgs, conntrackMax, conntrackSysctls, deletedCount, parseConntrackLine, unNATedDeletes, unNATedListArgs } from '../../src/exec/conntrack.ts';
+import { applyStartSettings, conntrackCleaner, conntrackDeleteArgs, conntrackMax, conntrackSysctls, deletedCount, parseConntrackLine, unNATedDeletes, unNATedListArgs } from '../../src/kernel/conntrack.ts';
 import { resolveConfig, ConfigError } from '../../src/config/config.ts';
-import type { CommandRunner, RunResult } from '../../src/exec/runner.ts';
-import type { Sysctl } from '../../src/exec/sysctl.ts';
-import { ExecError } from '../../src/exec/runner.ts';
+import type { CommandRunner, RunResult } from '../../src/kernel/runner.ts';
+import type { Sysctl } from '../../src/kernel/sysctl.ts';
+import { ExecError } from '../../src/kernel/runner.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 function logger() {

@@ -9,9 +9,9 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { DEFAULT_TIMEOUT_MS, effectiveTimeoutMs, ExecError, hostRunner } from '../../src/exec/runner.ts';
+import { DEFAULT_TIMEOUT_MS, effectiveTimeoutMs, ExecError, hostRunner } from '../../src/kernel/runner.ts';
 
-const runnerUrl = new URL('../../src/exec/runner.ts', import.meta.url).href;
+const runnerUrl = new URL('../../src/kernel/runner.ts', import.meta.url).href;
 const root = fileURLToPath(new URL('../..', import.meta.url));
 
 function codeOf(e: unknown): string | undefined {

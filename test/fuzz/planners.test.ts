@@ -7,7 +7,7 @@ import fc from 'fast-check';
 import { parseAllDocuments } from 'yaml';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig } from '../../src/config/config.ts';
-import { modes } from '../../src/proxy/registry.ts';
+import { modes } from '../../src/modes/registry.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import type { ModeName } from '../../src/config/config.ts';
 import { GOOD, goodManifests, hostileObject } from '../support/hostile.ts';

@@ -18,11 +18,11 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig, type ModeName } from '../../src/config/config.ts';
-import { modes } from '../../src/proxy/registry.ts';
-import { tracePlanned } from '../../src/proxy/nftables/index.ts';
+import { modes } from '../../src/modes/registry.ts';
+import { tracePlanned } from '../../src/modes/nftables/index.ts';
 import type { TraceResult } from '../../src/modes/trace-types.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
 import {
   FAMILIES,
   NODE_NAME,

@@ -23,14 +23,14 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
-import type { CommandRunner, RunOptions, RunResult } from '../../src/exec/runner.ts';
-import { FakeIptables } from '../../src/iptables/fake.ts';
+import type { CommandRunner, RunOptions, RunResult } from '../../src/kernel/runner.ts';
+import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 import { silentLogger } from '../../src/log.ts';
 import { DEFAULT_FACTS, optionsFromConfig } from '../../src/modes/iptables/options.ts';
 import { dispatchBudget, planIptables } from '../../src/modes/iptables/plan.ts';
 import { canonicalRule } from '../../src/modes/iptables/canonical.ts';
 import { chunkedDispatchEdits, STATIC_GROUP, type DispatchChain } from '../../src/modes/iptables/dispatch-chunks.ts';
-import { chunkLinesFor, DEFAULT_CHUNK_LINES, IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
+import { chunkLinesFor, DEFAULT_CHUNK_LINES, IptablesProxier } from '../../src/modes/iptables/proxier.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 import { kernelState, rng } from '../support/iptables-state.ts';
 

@@ -9,10 +9,10 @@
 // The three namespaces are removed in `after`, also on failure.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { hostRunner, type CommandRunner } from '../../src/exec/runner.ts';
+import { hostRunner, type CommandRunner } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
-import { getMode } from '../../src/proxy/registry.ts';
-import { IptablesProxier, jumpsPayload } from '../../src/proxy/iptables/proxier.ts';
+import { getMode } from '../../src/modes/registry.ts';
+import { IptablesProxier, jumpsPayload } from '../../src/modes/iptables/proxier.ts';
 import { Netns, uniqueName } from '../support/netns.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 import { kproxyChains } from './kernel-compare.ts';

@@ -5,9 +5,9 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { hostRunner, type CommandRunner, runChecked } from '../../src/exec/runner.ts';
-import { mode } from '../../src/proxy/iptables/index.ts';
-import type { Proxier } from '../../src/proxy/types.ts';
+import { hostRunner, type CommandRunner, runChecked } from '../../src/kernel/runner.ts';
+import { mode } from '../../src/modes/iptables/index.ts';
+import type { Proxier } from '../../src/modes/types.ts';
 import { silentLogger } from '../../src/log.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 

@@ -1,13 +1,13 @@
 // The executor and the proxier against a fake kernel that rejects what the kernel rejects.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { IptablesExecutor, RestoreError, extractLines } from '../../src/iptables/exec.ts';
-import { chainsFromSave } from '../../src/iptables/save.ts';
-import { splitRuleArgs } from '../../src/iptables/tokenize.ts';
-import { IptablesProxier, JUMP_RULES } from '../../src/proxy/iptables/proxier.ts';
-import { cleanup, mode } from '../../src/proxy/iptables/index.ts';
+import { IptablesExecutor, RestoreError, extractLines } from '../../src/kernel/iptables/exec.ts';
+import { chainsFromSave } from '../../src/kernel/iptables/save.ts';
+import { splitRuleArgs } from '../../src/kernel/iptables/tokenize.ts';
+import { IptablesProxier, JUMP_RULES } from '../../src/modes/iptables/proxier.ts';
+import { cleanup, mode } from '../../src/modes/iptables/index.ts';
 import { silentLogger } from '../../src/log.ts';
-import { FakeIptables } from '../../src/iptables/fake.ts';
+import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 
 test('a restore that jumps to a missing chain fails atomically, naming the line with context', async () => {
@@ -120,7 +120,7 @@ test('cleanup removes every chain of kube-proxy\'s and the jumps into them, and 
 });
 
 test('createProxier reports a missing iptables-restore with KPROXY_EXEC_MISSING', async () => {
-  const { ExecError } = await import('../../src/exec/runner.ts');
+  const { ExecError } = await import('../../src/kernel/runner.ts');
   const missing = { run: async (cmd: string) => { if (cmd.includes('restore')) throw new ExecError('KPROXY_EXEC_MISSING', `${cmd} not found`); return { code: 0, stdout: '', stderr: '' }; } };
   await assert.rejects(mode.createProxier({ runner: missing, log: silentLogger(), config: testConfig() }), /KPROXY_EXEC_MISSING: iptables-restore not found; install the iptables package/);
 });

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { findCases, loadCase } from '../../src/conformance/load.ts';
-import { conformance } from '../../src/proxy/iptables/index.ts';
+import { conformance } from '../../src/modes/iptables/index.ts';
 
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const root = path.resolve(repoRoot, '../shared/conformance');

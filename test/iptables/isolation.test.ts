@@ -6,13 +6,13 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
 import pino from 'pino';
-import type { RunOptions, RunResult } from '../../src/exec/runner.ts';
+import type { RunOptions, RunResult } from '../../src/kernel/runner.ts';
 import { optionsFromConfig, DEFAULT_FACTS } from '../../src/modes/iptables/options.ts';
 import { planIptables } from '../../src/modes/iptables/plan.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
+import { IptablesProxier } from '../../src/modes/iptables/proxier.ts';
 import { endpoint, label63, port, stateOf } from '../support/ports.ts';
-import { FakeIptables } from '../../src/iptables/fake.ts';
+import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 import { testConfig } from './helpers.ts';
 
 const NODE = { nodeName: 'test-node', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };

@@ -12,11 +12,11 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
-import { hostRunner, type CommandRunner, type RunOptions } from '../../src/exec/runner.ts';
+import { hostRunner, type CommandRunner, type RunOptions } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { isServiceChainName } from '../../src/modes/iptables/names.ts';
 import { DEFAULT_FACTS } from '../../src/modes/iptables/options.ts';
-import { IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
+import { IptablesProxier } from '../../src/modes/iptables/proxier.ts';
 import { Netns, uniqueName } from '../support/netns.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 import { rng } from '../support/rng.ts';

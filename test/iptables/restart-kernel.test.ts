@@ -21,10 +21,10 @@
 // Every namespace and process is removed in `after`, also on failure.
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { hostRunner, type CommandRunner, type RunOptions } from '../../src/exec/runner.ts';
+import { hostRunner, type CommandRunner, type RunOptions } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
-import { getMode } from '../../src/proxy/registry.ts';
-import { IptablesProxier, jumpsPayload } from '../../src/proxy/iptables/proxier.ts';
+import { getMode } from '../../src/modes/registry.ts';
+import { IptablesProxier, jumpsPayload } from '../../src/modes/iptables/proxier.ts';
 import { Netns, uniqueName, vethPair, waitFor } from '../support/netns.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 import { kproxyChains } from './kernel-compare.ts';

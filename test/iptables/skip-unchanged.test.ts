@@ -5,11 +5,11 @@
 import { test, mock } from 'node:test';
 import assert from 'node:assert/strict';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
-import { IptablesExecutor, RestoreError, restoreTimeoutMs } from '../../src/iptables/exec.ts';
-import type { CommandRunner, RunOptions } from '../../src/exec/runner.ts';
-import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/proxy/iptables/proxier.ts';
+import { IptablesExecutor, RestoreError, restoreTimeoutMs } from '../../src/kernel/iptables/exec.ts';
+import type { CommandRunner, RunOptions } from '../../src/kernel/runner.ts';
+import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/modes/iptables/proxier.ts';
 import { silentLogger } from '../../src/log.ts';
-import { FakeIptables } from '../../src/iptables/fake.ts';
+import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
 import { ownerOfPayloadLine, planIptables, planIptablesFast } from '../../src/modes/iptables/plan.ts';
 import { IptablesSyncState } from '../../src/modes/iptables/sync-state.ts';

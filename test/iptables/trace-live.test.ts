@@ -5,8 +5,8 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { hostRunner, runChecked } from '../../src/exec/runner.ts';
-import { getChain, parseIptablesSave, ruleCount } from '../../src/iptables/parse.ts';
+import { hostRunner, runChecked } from '../../src/kernel/runner.ts';
+import { getChain, parseIptablesSave, ruleCount } from '../../src/kernel/iptables/parse.ts';
 import { traceIptables, type TracePacket } from '../../src/modes/iptables/trace.ts';
 
 const NS = `kpt-trc-${process.pid}`;

@@ -6,7 +6,7 @@
 // namespace this test creates (kpd2-trc-PID) and traces what iptables-save prints.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { getChain, parseIptablesSave } from '../../src/iptables/parse.ts';
+import { getChain, parseIptablesSave } from '../../src/kernel/iptables/parse.ts';
 import { traceIptables } from '../../src/modes/iptables/trace.ts';
 import { traceJson } from '../../src/cli/trace.ts';
 import { sh } from '../support/netns.ts';

@@ -3,7 +3,7 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { IptablesParseError, getChain, parseIptablesSave, ruleCount, tokenize } from '../../src/iptables/parse.ts';
+import { IptablesParseError, getChain, parseIptablesSave, ruleCount, tokenize } from '../../src/kernel/iptables/parse.ts';
 import { IptablesTraceError, traceIptables, type TracePacket } from '../../src/modes/iptables/trace.ts';
 
 const CONFORMANCE = '/work/shared/conformance';

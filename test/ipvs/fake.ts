@@ -2,7 +2,7 @@
 // and modprobe over in-memory kernel state, rejecting what the kernel rejects (a real server
 // for a missing virtual server, an entry for a missing set, a rule using a missing set, a
 // set destroyed while a rule uses it, an unknown module).
-import { type CommandRunner, type RunResult, ExecError } from '../../src/exec/runner.ts';
+import { type CommandRunner, type RunResult, ExecError } from '../../src/kernel/runner.ts';
 import {
   formatTable,
   parseRules,
@@ -13,10 +13,10 @@ import {
   type RealServer,
 } from '../../src/kernel/ipvs/model.ts';
 import { normalizeEntry } from '../../src/kernel/ipset/model.ts';
-import type { ModuleFS } from '../../src/exec/modules.ts';
-import type { Sysctl } from '../../src/exec/sysctl.ts';
+import type { ModuleFS } from '../../src/kernel/modules.ts';
+import type { Sysctl } from '../../src/kernel/sysctl.ts';
 import type { Protocol } from '../../src/core/model.ts';
-import { BUILTIN_CHAINS, FakeIptables, type FakeTables } from '../../src/iptables/fake.ts';
+import { BUILTIN_CHAINS, FakeIptables, type FakeTables } from '../../src/kernel/iptables/fake.ts';
 
 const ok = (stdout = ''): RunResult => ({ code: 0, stdout, stderr: '' });
 const fail = (stderr: string, code = 1): RunResult => ({ code, stdout: '', stderr });

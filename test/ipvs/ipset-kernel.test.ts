@@ -5,8 +5,8 @@
 // restore keeps every good entry around refused ones, and that whole plans restore cleanly.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { hostRunner, type CommandRunner } from '../../src/exec/runner.ts';
-import { IPSetExec } from '../../src/exec/ipset.ts';
+import { hostRunner, type CommandRunner } from '../../src/kernel/runner.ts';
+import { IPSetExec } from '../../src/kernel/ipset/exec.ts';
 import { createLine, entryRefusal, formatIPSets, normalizeEntry, type IPSetType } from '../../src/kernel/ipset/model.ts';
 import { plan } from '../../src/modes/ipvs/planner.ts';
 import { skippedVIPs } from '../../src/modes/vip.ts';

@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { plan } from '../../src/modes/ipvs/planner.ts';
-import { mode } from '../../src/proxy/ipvs/index.ts';
+import { mode } from '../../src/modes/ipvs/index.ts';
 import { formatTable, parseListing, parseRules } from '../../src/kernel/ipvs/model.ts';
 import { setName } from '../../src/modes/ipvs/names.ts';
 import { ep, input, svc } from './support.ts';

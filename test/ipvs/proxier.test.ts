@@ -1,11 +1,11 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { silentLogger } from '../../src/log.ts';
-import { createIpvsProxier } from '../../src/proxy/ipvs/proxier.ts';
-import { mode } from '../../src/proxy/ipvs/index.ts';
-import { Ipvsadm } from '../../src/exec/ipvs.ts';
+import { createIpvsProxier } from '../../src/modes/ipvs/proxier.ts';
+import { mode } from '../../src/modes/ipvs/index.ts';
+import { Ipvsadm } from '../../src/kernel/ipvs/exec.ts';
 import { resolveConfig } from '../../src/config/config.ts';
-import { ensureModules } from '../../src/exec/modules.ts';
+import { ensureModules } from '../../src/kernel/modules.ts';
 import { FakeHost } from './fake.ts';
 import { ep, fakeHostProxier, input, svc } from './support.ts';
 

@@ -3,9 +3,9 @@ import { resolveConfig, type ProxyConfig, type RawConfig } from '../../src/confi
 import { servicePortKey, type Endpoint, type Protocol, type ServicePort } from '../../src/core/model.ts';
 import { joinHostPort } from '../../src/core/ip.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
 import { silentLogger, type Logger } from '../../src/log.ts';
-import { createIpvsProxier } from '../../src/proxy/ipvs/proxier.ts';
+import { createIpvsProxier } from '../../src/modes/ipvs/proxier.ts';
 import type { FakeHost } from './fake.ts';
 
 export function svc(name: string, clusterIP: string, port: number, opts: Partial<ServicePort> & { protocol?: Protocol; portName?: string } = {}): ServicePort {

@@ -11,7 +11,7 @@
 // there), so the test rebuilds it first and every command in the VM is /project/bin/kproxy.js.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { hostRunner } from '../../src/exec/runner.ts';
+import { hostRunner } from '../../src/kernel/runner.ts';
 import path from 'node:path';
 import { repoRoot, reportChecks, runInVm } from './vm-run.ts';
 

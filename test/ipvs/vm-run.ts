@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import type { TestContext } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { hostRunner, type RunResult } from '../../src/exec/runner.ts';
+import { hostRunner, type RunResult } from '../../src/kernel/runner.ts';
 
 export const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const vmRunner = path.resolve(repoRoot, '../shared/ipvs-vm/run-in-ipvs-vm.sh');

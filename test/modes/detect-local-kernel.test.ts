@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { Netns, uniqueName } from '../support/netns.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig, type ConfigFlags, type RawConfig } from '../../src/config/config.ts';
-import { modes } from '../../src/proxy/registry.ts';
+import { modes } from '../../src/modes/registry.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 
 const ns = Netns.create(uniqueName('kpt-det'));

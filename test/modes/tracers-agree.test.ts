@@ -7,9 +7,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig } from '../../src/config/config.ts';
-import { modes } from '../../src/proxy/registry.ts';
+import { modes } from '../../src/modes/registry.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
 import { FAMILIES, FRONTENDS, NODE_NAME, SOURCES, destination, serviceCases, serviceObject, sliceObject, type Family } from '../intents/table.ts';
 
 const noRunner: CommandRunner = {

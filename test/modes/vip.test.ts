@@ -62,8 +62,8 @@ test('userspace: no listener or redirect on a special VIP, and a note says why (
 });
 
 test('a planned trace to a left-out VIP says why (iptables and nftables)', async () => {
-  const { mode: ipt } = await import('../../src/proxy/iptables/index.ts');
-  const { mode: nft } = await import('../../src/proxy/nftables/index.ts');
+  const { mode: ipt } = await import('../../src/modes/iptables/index.ts');
+  const { mode: nft } = await import('../../src/modes/nftables/index.ts');
   for (const m of [ipt, nft]) {
     const config = resolveConfig({}, { mode: m.name });
     const req = { from: '10.0.0.5', to: '127.0.0.1', port: 80, protocol: 'TCP' as const, live: false, input: { state: hostile(), config, node: NODE } };

@@ -5,7 +5,7 @@ import { readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { findCases, loadCase } from '../../src/conformance/load.ts';
-import { conformance } from '../../src/proxy/nftables/index.ts';
+import { conformance } from '../../src/modes/nftables/index.ts';
 import { optionsFromCase, sortNftTransaction } from '../../src/modes/nftables/conformance.ts';
 import { stateOf } from '../../src/conformance/case.ts';
 import { planRuleset } from '../../src/modes/nftables/plan.ts';

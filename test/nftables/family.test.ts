@@ -2,10 +2,10 @@
 // when the kernel takes an `ip6` table (checked with `nft -c`, nothing committed).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mode } from '../../src/proxy/nftables/index.ts';
+import { mode } from '../../src/modes/nftables/index.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { silentLogger } from '../../src/log.ts';
-import type { CommandRunner, RunResult } from '../../src/exec/runner.ts';
+import type { CommandRunner, RunResult } from '../../src/kernel/runner.ts';
 
 function fakeNft(ip6: boolean): { runner: CommandRunner; calls: string[] } {
   const calls: string[] = [];

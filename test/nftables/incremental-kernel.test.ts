@@ -6,13 +6,13 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import { hostRunner, runChecked } from '../../src/exec/runner.ts';
+import { hostRunner, runChecked } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
-import { mode } from '../../src/proxy/nftables/index.ts';
-import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+import { mode } from '../../src/modes/nftables/index.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { dropLingering, dropRetiredAffinitySets } from '../support/nft-retired.ts';
 import { endpointSlice, nodePortService, nsRunner } from './objects.ts';
 

@@ -7,15 +7,15 @@ import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
-import { hostRunner, type CommandRunner, type RunOptions } from '../../src/exec/runner.ts';
-import { applyTimeoutMs, NftExecutor } from '../../src/exec/nft.ts';
+import { hostRunner, type CommandRunner, type RunOptions } from '../../src/kernel/runner.ts';
+import { applyTimeoutMs, NftExecutor } from '../../src/kernel/nft/exec.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
 import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { countObjects, dumpRuleset, elementKey, type NftElement } from '../../src/modes/nftables/ruleset.ts';
 import { lingeringTarget, partialTransaction } from '../../src/modes/nftables/transaction.ts';
-import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { dropRetiredAffinitySets } from '../support/nft-retired.ts';
 
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: { 'kubernetes.io/hostname': 'node-a' }, family: 4 as const };

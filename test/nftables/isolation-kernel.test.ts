@@ -11,11 +11,11 @@ import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { resolveConfig } from '../../src/config/config.ts';
-import { hostRunner, type CommandRunner } from '../../src/exec/runner.ts';
+import { hostRunner, type CommandRunner } from '../../src/kernel/runner.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
-import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { Netns } from '../support/netns.ts';
 import { endpoint, label63, port, stateOf } from '../support/ports.ts';
 

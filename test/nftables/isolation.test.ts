@@ -9,12 +9,12 @@ import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { resolveConfig } from '../../src/config/config.ts';
-import type { CommandRunner, RunOptions } from '../../src/exec/runner.ts';
+import type { CommandRunner, RunOptions } from '../../src/kernel/runner.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { COMMENT_LENGTH_MAX, nftComment } from '../../src/modes/nftables/names.ts';
 import { optionsFromInput, planPortFragment, planRuleset } from '../../src/modes/nftables/plan.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
-import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { endpoint, label63, port, stateOf } from '../support/ports.ts';
 
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };

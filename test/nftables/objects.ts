@@ -1,7 +1,7 @@
 // Shared by the nftables kernel tests: a runner into a test's namespace, and the NodePort
 // Service / EndpointSlice pairs they fill tables with.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { hostRunner, type CommandRunner } from '../../src/exec/runner.ts';
+import { hostRunner, type CommandRunner } from '../../src/kernel/runner.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 
 /** Runs every command inside the network namespace `ns`. */

@@ -6,16 +6,16 @@
 // comes from uniqueName() and is removed in `after`.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { hostRunner, runChecked, type CommandRunner } from '../../src/exec/runner.ts';
-import { NftExecutor } from '../../src/exec/nft.ts';
+import { hostRunner, runChecked, type CommandRunner } from '../../src/kernel/runner.ts';
+import { NftExecutor } from '../../src/kernel/nft/exec.ts';
 import { silentLogger } from '../../src/log.ts';
 import { isKubeProxyTable, kubeProxyTableNames, shardTable } from '../../src/modes/nftables/names.ts';
-import { mode } from '../../src/proxy/nftables/index.ts';
+import { mode } from '../../src/modes/nftables/index.ts';
 import { uniqueName } from '../support/netns.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { ShardedNftProxier } from '../../src/proxy/nftables/sharded.ts';
+import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
 import { endpointSlice, nodePortService } from './objects.ts';
 
 const NS = uniqueName('kpt-nft-shc');

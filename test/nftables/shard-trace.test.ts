@@ -11,7 +11,7 @@ import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import type { ProxyState } from '../../src/core/model.ts';
-import { hostRunner, runChecked, type CommandRunner } from '../../src/exec/runner.ts';
+import { hostRunner, runChecked, type CommandRunner } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { probePackets } from '../../src/modes/nftables/conformance.ts';
@@ -20,8 +20,8 @@ import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts'
 import { chooseShards, planShardedRulesets, targetShards } from '../../src/modes/nftables/shards.ts';
 import { fullTransaction } from '../../src/modes/nftables/transaction.ts';
 import { kubeProxyTables, traceNft, traceRuleset } from '../../src/modes/nftables/trace.ts';
-import { mode } from '../../src/proxy/nftables/index.ts';
-import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+import { mode } from '../../src/modes/nftables/index.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { uniqueName } from '../support/netns.ts';
 
 const NS = uniqueName('kpt-nft-sht');

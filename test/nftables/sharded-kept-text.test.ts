@@ -5,13 +5,13 @@
 // that accepts every transaction (the kernel tests apply the same texts for real).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import type { CommandRunner, RunResult } from '../../src/exec/runner.ts';
+import type { CommandRunner, RunResult } from '../../src/kernel/runner.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { MAX_KEPT_TRANSACTION_CHARS } from '../../src/proxy/nftables/proxier.ts';
-import { ShardedNftProxier } from '../../src/proxy/nftables/sharded.ts';
+import { MAX_KEPT_TRANSACTION_CHARS } from '../../src/modes/nftables/proxier.ts';
+import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
 import { endpointSlice, nodePortService } from './objects.ts';
 
 function emptyKernel(applied: string[]): CommandRunner {

@@ -14,7 +14,7 @@ import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { hostRunner, runChecked, type CommandRunner } from '../../src/exec/runner.ts';
+import { hostRunner, runChecked, type CommandRunner } from '../../src/kernel/runner.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
@@ -24,7 +24,7 @@ import { parseNftText } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { shardOf } from '../../src/modes/nftables/names.ts';
 import { kubeProxyTables } from '../../src/modes/nftables/trace.ts';
-import { chooseShards, DEFAULT_SHARDS, ShardedNftProxier, targetShards } from '../../src/proxy/nftables/sharded.ts';
+import { chooseShards, DEFAULT_SHARDS, ShardedNftProxier, targetShards } from '../../src/modes/nftables/sharded.ts';
 import { uniqueName } from '../support/netns.ts';
 import { nsRunner, startReadyServer } from './objects.ts';
 

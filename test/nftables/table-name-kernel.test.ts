@@ -9,14 +9,14 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import { hostRunner, runChecked } from '../../src/exec/runner.ts';
+import { hostRunner, runChecked } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { parseNftText } from '../../src/modes/nftables/parse.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { fullTransaction } from '../../src/modes/nftables/transaction.ts';
-import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { uniqueName } from '../support/netns.ts';
 import { endpointSlice, nodePortService, nsRunner } from './objects.ts';
 

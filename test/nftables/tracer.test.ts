@@ -293,8 +293,8 @@ test('transactions: full flushes and replaces, partial writes only differences',
 });
 
 test('createProxier without nft fails with KPROXY_EXEC_MISSING', async () => {
-  const { mode } = await import('../../src/proxy/nftables/index.ts');
-  const { hostRunner } = await import('../../src/exec/runner.ts');
+  const { mode } = await import('../../src/modes/nftables/index.ts');
+  const { hostRunner } = await import('../../src/kernel/runner.ts');
   const { silentLogger } = await import('../../src/log.ts');
   const { resolveConfig } = await import('../../src/config/config.ts');
   const missing = { run: (cmd: string, args: string[], o?: { input?: string; timeoutMs?: number }) => hostRunner.run(`/nonexistent-kpt-nft/${cmd}`, args, o) };
@@ -304,7 +304,7 @@ test('createProxier without nft fails with KPROXY_EXEC_MISSING', async () => {
 });
 
 test('nft errors name the failing line of the transaction', async () => {
-  const { failingLine } = await import('../../src/exec/nft.ts');
+  const { failingLine } = await import('../../src/kernel/nft/exec.ts');
   assert.equal(failingLine('/dev/stdin:3:24-30: Error: Could not process rule: No such file or directory'), 3);
   assert.equal(failingLine('Error: something without a position'), null);
 });

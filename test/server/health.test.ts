@@ -12,10 +12,10 @@ import { startServers, sanitizeDetail, type RunningServers } from '../../src/ser
 import { statusCommand } from '../../src/cli/status.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { silentLogger } from '../../src/log.ts';
-import type { ModeModule, Proxier, SyncStats } from '../../src/proxy/types.ts';
+import type { ModeModule, Proxier, SyncStats } from '../../src/modes/types.ts';
 import type { Source, SourceHandler, SourceHealth } from '../../src/sources/types.ts';
 import type { K8sService } from '../../src/core/api.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
 
 const HEALTH_TIMEOUT_MS = 60_000;
 const T0 = 1_700_000_000_000;

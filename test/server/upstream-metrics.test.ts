@@ -10,9 +10,9 @@ import pino from 'pino';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyController, type SyncRecord } from '../../src/sync/controller.ts';
 import { Metrics, startServers } from '../../src/server/servers.ts';
-import { IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
-import { FakeIptables } from '../../src/iptables/fake.ts';
-import type { ModeModule } from '../../src/proxy/types.ts';
+import { IptablesProxier } from '../../src/modes/iptables/proxier.ts';
+import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
+import type { ModeModule } from '../../src/modes/types.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */

@@ -30,7 +30,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { AddressInfo, Socket } from 'node:net';
 import { randomUUID } from 'node:crypto';
-import { hostRunner, runChecked } from '../../src/exec/runner.ts';
+import { hostRunner, runChecked } from '../../src/kernel/runner.ts';
 
 export type ResourceName = 'services' | 'endpointslices' | 'nodes';
 

@@ -1,7 +1,7 @@
 // What the iptables sync tests share (chunked.test.ts, skip-unchanged.test.ts): a seeded
 // PRNG for their random change sequences, and a fake kernel's tables in a form two kernels
 // can be compared by.
-import type { FakeIptables } from '../../src/iptables/fake.ts';
+import type { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 
 export { rng } from './rng.ts';
 

@@ -8,9 +8,9 @@ import assert from 'node:assert/strict';
 import pino from 'pino';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyController } from '../../src/sync/controller.ts';
-import type { ModeModule, Proxier } from '../../src/proxy/types.ts';
+import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 const service = (i: number): any => ({ metadata: { name: `web${i}`, namespace: 't' }, spec: { clusterIP: `172.30.0.${10 + i}`, ports: [{ name: 'http', port: 80 }] } });

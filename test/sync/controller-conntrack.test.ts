@@ -8,11 +8,11 @@ import pino from 'pino';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyController } from '../../src/sync/controller.ts';
 import { Metrics } from '../../src/server/servers.ts';
-import type { ModeModule, Proxier } from '../../src/proxy/types.ts';
+import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import type { PlanInput, StaleFlow } from '../../src/core/nodeview.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
-import type { StaleFlowCleaner } from '../../src/exec/conntrack.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
+import type { StaleFlowCleaner } from '../../src/kernel/conntrack.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 const svc: any = { metadata: { name: 'dns', namespace: 't' }, spec: { clusterIP: '172.30.0.53', ports: [{ name: 'dns', port: 53, protocol: 'UDP' }] } };

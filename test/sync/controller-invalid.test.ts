@@ -8,10 +8,10 @@ import pino from 'pino';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyController } from '../../src/sync/controller.ts';
 import { startServers } from '../../src/server/servers.ts';
-import type { ModeModule, Proxier } from '../../src/proxy/types.ts';
+import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 const goodSvc = (name: string, ip: string): any => ({

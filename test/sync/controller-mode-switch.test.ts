@@ -9,9 +9,9 @@ import assert from 'node:assert/strict';
 import pino from 'pino';
 import { resolveConfig, type ModeName } from '../../src/config/config.ts';
 import { ProxyController } from '../../src/sync/controller.ts';
-import type { ModeModule, Proxier } from '../../src/proxy/types.ts';
+import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import type { Source } from '../../src/sources/types.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
 
 const NAMES: ModeName[] = ['userspace', 'iptables', 'ipvs', 'nftables'];
 

@@ -10,8 +10,8 @@ import { join } from 'node:path';
 import pino from 'pino';
 import { resolveConfig } from '../../src/config/config.ts';
 import { nodeViewWork, type PlanInput } from '../../src/core/nodeview.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
-import type { ModeModule, Proxier } from '../../src/proxy/types.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
+import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import { ManifestsSource } from '../../src/sources/manifests.ts';
 import { ProxyController } from '../../src/sync/controller.ts';
 

@@ -9,8 +9,8 @@ import { ProxyController } from '../../src/sync/controller.ts';
 import { Metrics } from '../../src/server/servers.ts';
 import { createKubernetesSource } from '../../src/sources/kubernetes.ts';
 import { silentLogger } from '../../src/log.ts';
-import type { ModeModule, Proxier } from '../../src/proxy/types.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
+import type { ModeModule, Proxier } from '../../src/modes/types.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
 import { TestApiServer, tempDir } from '../support/apiserver.ts';
 import { slice, svc, waitFor } from '../sources/k8s-fixtures.ts';
 

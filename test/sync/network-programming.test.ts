@@ -11,9 +11,9 @@ import { lastChangeTriggerTime } from '../../src/core/convert.ts';
 import { validateEndpointSlice } from '../../src/core/validate.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyController } from '../../src/sync/controller.ts';
-import type { ModeModule, Proxier } from '../../src/proxy/types.ts';
+import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 const ANN = 'endpoints.kubernetes.io/last-change-trigger-time';

@@ -5,12 +5,12 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { CommandRunner, RunOptions } from '../../src/exec/runner.ts';
-import { FakeIptables } from '../../src/iptables/fake.ts';
+import type { CommandRunner, RunOptions } from '../../src/kernel/runner.ts';
+import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { IptablesProxier } from '../../src/proxy/iptables/proxier.ts';
-import { NftProxier } from '../../src/proxy/nftables/proxier.ts';
+import { IptablesProxier } from '../../src/modes/iptables/proxier.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
 

@@ -11,7 +11,7 @@ const PROFILE: CpuProfile = {
   nodes: [
     { id: 1, callFrame: frame('(root)'), children: [2, 3] },
     { id: 2, callFrame: frame('(idle)') },
-    { id: 3, callFrame: frame('main', 'file:///work/x/src/dataplane/tcp.ts', 9), children: [4, 5, 6] },
+    { id: 3, callFrame: frame('main', 'file:///work/x/src/modes/userspace/dataplane/tcp.ts', 9), children: [4, 5, 6] },
     { id: 4, callFrame: frame('writeBuffer') },
     { id: 5, callFrame: frame('writeBuffer') },
     { id: 6, callFrame: frame('tiny', 'node:net', 99) },
@@ -24,7 +24,7 @@ test('call tree: totals include callees, same-named siblings merge, idle can be 
   assert.equal(t.name, 'all');
   assert.equal(t.total, 10);
   const main = t.children.find((c) => c.name.startsWith('main'))!;
-  assert.equal(main.name, 'main src/dataplane/tcp.ts:10');
+  assert.equal(main.name, 'main src/modes/userspace/dataplane/tcp.ts:10');
   assert.equal(main.self, 1);
   assert.equal(main.total, 6);
   assert.deepEqual(main.children.map((c) => [c.name, c.total]), [['tiny node:net:100', 1], ['writeBuffer', 4]]);

@@ -5,10 +5,10 @@ import type net from 'node:net';
 import { resolveConfig, type ProxyConfig } from '../../src/config/config.ts';
 import { stateOf } from '../../src/conformance/case.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { createTcpForwarder, type AnyTcpForwarder } from '../../src/dataplane/tcp-raw.ts';
-import type { TcpForwarderOptions } from '../../src/dataplane/tcp.ts';
+import { createTcpForwarder, type AnyTcpForwarder } from '../../src/modes/userspace/dataplane/tcp-raw.ts';
+import type { TcpForwarderOptions } from '../../src/modes/userspace/dataplane/tcp.ts';
 
 export const NODE = 'node-a';
 
@@ -130,7 +130,7 @@ export function firstLine(sock: net.Socket, timeoutMs = 10_000): Promise<string>
 
 /**
  * The two userspace TCP paths every forwarder test runs against: raw libuv handles
- * (src/dataplane/tcp-raw.ts, the default) and net.Socket (src/dataplane/tcp.ts).
+ * (src/modes/userspace/dataplane/tcp-raw.ts, the default) and net.Socket (src/modes/userspace/dataplane/tcp.ts).
  */
 export const TCP_PATHS = ['raw', 'net'] as const;
 export type TcpPathName = (typeof TCP_PATHS)[number];

@@ -2,15 +2,15 @@
 // with an injected clock, and cleanup against a fake runner that models the nat table.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { RoundRobinBalancer } from '../../src/dataplane/balancer.ts';
-import { removalPayload, removeRedirects } from '../../src/dataplane/redirect.ts';
-import { ExecError, type CommandRunner } from '../../src/exec/runner.ts';
+import { RoundRobinBalancer } from '../../src/modes/userspace/dataplane/balancer.ts';
+import { removalPayload, removeRedirects } from '../../src/modes/userspace/dataplane/redirect.ts';
+import { ExecError, type CommandRunner } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
-import { mode } from '../../src/proxy/userspace/index.ts';
+import { mode } from '../../src/modes/userspace/index.ts';
 import { planUserspace, renderPlan, restorePayload } from '../../src/modes/userspace/plan.ts';
 import { traceUserspace } from '../../src/modes/userspace/trace.ts';
 import { planInput, slice, svc, testConfig } from './helpers.ts';
-import { FakeIptables } from '../../src/iptables/fake.ts';
+import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 import { stateOf } from '../../src/conformance/case.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 

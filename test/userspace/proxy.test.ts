@@ -8,12 +8,12 @@ import dgram from 'node:dgram';
 import net from 'node:net';
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
-import { UserspaceProxier } from '../../src/dataplane/proxier.ts';
+import { UserspaceProxier } from '../../src/modes/userspace/proxier.ts';
 import { Metrics } from '../../src/server/servers.ts';
-import type { CommandRunner } from '../../src/exec/runner.ts';
+import type { CommandRunner } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, startUdpBackend, tcpExchange, udpExchange, type Backend } from '../support/backends.ts';
-import { rawStats } from '../../src/dataplane/tcp-raw.ts';
+import { rawStats } from '../../src/modes/userspace/dataplane/tcp-raw.ts';
 import { TCP_PATHS, planInput, sleep, slice, svc, testConfig, waitFor, type SvcOpts, type TcpPathName } from './helpers.ts';
 
 const BACKENDS = ['127.0.20.1', '127.0.20.2', '127.0.20.3'];

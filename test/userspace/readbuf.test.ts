@@ -1,4 +1,4 @@
-// The TCP forwarder's read path (src/dataplane/readbuf.ts): every socket reads into one
+// The TCP forwarder's read path (src/modes/userspace/dataplane/readbuf.ts): every socket reads into one
 // shared buffer and each read is copied out before it is written, so a write the kernel does
 // not take at once never holds bytes the next read overwrites. What could go wrong and is
 // checked here: bytes of one connection showing up in another, or a chunk overwritten while
@@ -10,10 +10,10 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
 import net from 'node:net';
-import { RoundRobinBalancer } from '../../src/dataplane/balancer.ts';
-import { POOL_MAX, READ_SIZE, readBufferStats, sharedRead } from '../../src/dataplane/readbuf.ts';
-import { newCounters } from '../../src/dataplane/tcp.ts';
-import { RAW_POOL_MAX, rawStats } from '../../src/dataplane/tcp-raw.ts';
+import { RoundRobinBalancer } from '../../src/modes/userspace/dataplane/balancer.ts';
+import { POOL_MAX, READ_SIZE, readBufferStats, sharedRead } from '../../src/modes/userspace/dataplane/readbuf.ts';
+import { newCounters } from '../../src/modes/userspace/dataplane/tcp.ts';
+import { RAW_POOL_MAX, rawStats } from '../../src/modes/userspace/dataplane/tcp-raw.ts';
 import { TCP_PATHS, tcpForwarder } from './helpers.ts';
 import { silentLogger } from '../../src/log.ts';
 

@@ -12,7 +12,7 @@ import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
-import { hostRunner, runChecked } from '../../src/exec/runner.ts';
+import { hostRunner, runChecked } from '../../src/kernel/runner.ts';
 import { killChild, parseTcpReply, startBackendsInNetns, type NetnsBackends } from '../support/backends.ts';
 import { slice, svc } from './helpers.ts';
 

@@ -8,8 +8,8 @@ import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import net from 'node:net';
-import { RoundRobinBalancer } from '../../src/dataplane/balancer.ts';
-import { TcpForwarder, newCounters } from '../../src/dataplane/tcp.ts';
+import { RoundRobinBalancer } from '../../src/modes/userspace/dataplane/balancer.ts';
+import { TcpForwarder, newCounters } from '../../src/modes/userspace/dataplane/tcp.ts';
 import { createLogger } from '../../src/log.ts';
 import { waitFor } from './helpers.ts';
 

@@ -5,8 +5,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
-import { RoundRobinBalancer } from '../../src/dataplane/balancer.ts';
-import { newCounters } from '../../src/dataplane/tcp.ts';
+import { RoundRobinBalancer } from '../../src/modes/userspace/dataplane/balancer.ts';
+import { newCounters } from '../../src/modes/userspace/dataplane/tcp.ts';
 import { TCP_PATHS, tcpForwarder } from './helpers.ts';
 import { silentLogger } from '../../src/log.ts';
 

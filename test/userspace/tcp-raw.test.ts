@@ -1,4 +1,4 @@
-// What is particular to the raw-handle TCP path (src/dataplane/tcp-raw.ts); the forwarder
+// What is particular to the raw-handle TCP path (src/modes/userspace/dataplane/tcp-raw.ts); the forwarder
 // behaviour both paths share is tested on both by proxy, caps, tcp-idle, admit, readbuf and
 // workers-affinity tests. Here: the fallback to net.Socket when an internal is missing (a
 // binding taken away by an injected loader), the path choice, writes the kernel does not
@@ -13,9 +13,9 @@ import { createHash, randomBytes } from 'node:crypto';
 import net from 'node:net';
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
-import { RoundRobinBalancer } from '../../src/dataplane/balancer.ts';
-import { TcpForwarder, newCounters } from '../../src/dataplane/tcp.ts';
-import { RAW_POOL_MAX, RawTcpForwarder, createTcpForwarder, rawStats, rawSupport, tcpPathChoice, type BindingLoader } from '../../src/dataplane/tcp-raw.ts';
+import { RoundRobinBalancer } from '../../src/modes/userspace/dataplane/balancer.ts';
+import { TcpForwarder, newCounters } from '../../src/modes/userspace/dataplane/tcp.ts';
+import { RAW_POOL_MAX, RawTcpForwarder, createTcpForwarder, rawStats, rawSupport, tcpPathChoice, type BindingLoader } from '../../src/modes/userspace/dataplane/tcp-raw.ts';
 import { silentLogger } from '../../src/log.ts';
 import { TCP_PATHS, openFds, tcpForwarder, waitFor } from './helpers.ts';
 

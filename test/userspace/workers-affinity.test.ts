@@ -3,7 +3,7 @@
 // asks kproxy's process (the owner of the affinity table) for the endpoint.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { UserspaceProxier } from '../../src/dataplane/proxier.ts';
+import { UserspaceProxier } from '../../src/modes/userspace/proxier.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, tcpExchange, type Backend } from '../support/backends.ts';
 import { TCP_PATHS, planInput, refusingRunner, slice, svc, testConfig, waitFor, type TcpPathName } from './helpers.ts';

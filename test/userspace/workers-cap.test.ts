@@ -1,5 +1,5 @@
 // userspace.maxConnections is node-wide with userspace.workers > 1: kproxy's process owns the
-// cap and lends workers tokens (src/dataplane/worker-cap.ts). The lease logic is checked as a
+// cap and lends workers tokens (src/modes/userspace/dataplane/worker-cap.ts). The lease logic is checked as a
 // property over random interleavings (never more than max open; in a quiet system a
 // connection is refused only when max are open), then on real sockets with 3 processes: the
 // K+1-th concurrent connection is refused and counted once, kproxy and its workers live,
@@ -8,10 +8,10 @@ import { afterEach, test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import fc from 'fast-check';
-import { UserspaceProxier } from '../../src/dataplane/proxier.ts';
-import { newBudget } from '../../src/dataplane/tcp.ts';
-import { UdpSessionBudget } from '../../src/dataplane/udp.ts';
-import { CapLease, CapOwner, leaseBatch } from '../../src/dataplane/worker-cap.ts';
+import { UserspaceProxier } from '../../src/modes/userspace/proxier.ts';
+import { newBudget } from '../../src/modes/userspace/dataplane/tcp.ts';
+import { UdpSessionBudget } from '../../src/modes/userspace/dataplane/udp.ts';
+import { CapLease, CapOwner, leaseBatch } from '../../src/modes/userspace/dataplane/worker-cap.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend } from '../support/backends.ts';
 import { firstLine, openFds, planInput, refusingRunner, slice, svc, testConfig, waitFor } from './helpers.ts';

@@ -5,7 +5,7 @@
 // It must exit 0 by itself: a crash is what the test looks for.
 import { openSync, closeSync } from 'node:fs';
 import { resolveConfig } from '../../src/config/config.ts';
-import { WorkerPool } from '../../src/dataplane/workers.ts';
+import { WorkerPool } from '../../src/modes/userspace/dataplane/workers.ts';
 import { silentLogger } from '../../src/log.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

@@ -1,4 +1,4 @@
-// Worker process management (src/dataplane/workers.ts over runner.ts's forkNode): a worker
+// Worker process management (src/modes/userspace/dataplane/workers.ts over runner.ts's forkNode): a worker
 // killed with SIGKILL is started again, its listeners serve again, ClientIP affinity holds
 // across the restart; a fork the host refuses (EMFILE thrown, or EAGAIN emitted as 'error')
 // is counted and retried with back-off, never thrown.
@@ -7,9 +7,9 @@ import assert from 'node:assert/strict';
 import type { ChildProcess } from 'node:child_process';
 import { EventEmitter } from 'node:events';
 import { resolveConfig } from '../../src/config/config.ts';
-import { UserspaceProxier } from '../../src/dataplane/proxier.ts';
-import { WorkerPool } from '../../src/dataplane/workers.ts';
-import { forkNode, spawnError } from '../../src/exec/runner.ts';
+import { UserspaceProxier } from '../../src/modes/userspace/proxier.ts';
+import { WorkerPool } from '../../src/modes/userspace/dataplane/workers.ts';
+import { forkNode, spawnError } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { Metrics } from '../../src/server/servers.ts';
 import { startTcpBackend, tcpExchange } from '../support/backends.ts';

@@ -17,8 +17,8 @@
 // treats as one. Pure.
 import { canonicalIP } from '../../core/ip.ts';
 import { isServiceChainName } from './names.ts';
-import { readSave, type SavedTable } from '../../iptables/save.ts';
-import { splitRuleArgs } from '../../iptables/tokenize.ts';
+import { readSave, type SavedTable } from '../../kernel/iptables/save.ts';
+import { splitRuleArgs } from '../../kernel/iptables/tokenize.ts';
 
 const GENERIC: Record<string, string> = {
   '-s': 's', '--source': 's', '--src': 's',

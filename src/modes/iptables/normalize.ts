@@ -4,7 +4,7 @@
 // the rest; each chain's rules in their relative order; KUBE-NODEPORTS and KUBE-SERVICES
 // rules stably sorted by the service name in their comment (nat KUBE-SERVICES' "must be
 // the last rule" stays last); then -X lines. Pure.
-import { forEachSaveLine } from '../../iptables/save.ts';
+import { forEachSaveLine } from '../../kernel/iptables/save.ts';
 
 interface Chain {
   name: string;

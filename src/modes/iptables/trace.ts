@@ -18,7 +18,7 @@
 // Where the tracer cannot know (interfaces, ipsets, source ports, unknown modules) it
 // assumes the rule matches, as upstream does, and says so in `notes`. Pure: no I/O.
 import { canonicalIP, ipToBigInt, joinHostPort } from '../../core/ip.ts';
-import { parseIptablesSave, targetOption, type Cond, type Rule, type Ruleset } from '../../iptables/parse.ts';
+import { parseIptablesSave, targetOption, type Cond, type Rule, type Ruleset } from '../../kernel/iptables/parse.ts';
 import { KproxyError } from '../../errors.ts';
 
 export interface TracePacket {

@@ -5,7 +5,7 @@
 import { CHAIN, FILTER_CHAINS, JUMPS, NAT_CHAINS, SET_INFO, SET_RULES, setName, type SetKey } from './names.ts';
 import type { IPSetTable } from '../../kernel/ipset/model.ts';
 import type { LBNoNodeAccess } from './plan-model.ts';
-import { appendedLines, readSave } from '../../iptables/save.ts';
+import { appendedLines, readSave } from '../../kernel/iptables/save.ts';
 
 export interface IptablesInput {
   family: 4 | 6;

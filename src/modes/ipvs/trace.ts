@@ -6,7 +6,7 @@ import type { TraceResult } from '../trace-types.ts';
 import type { IPSetTable } from '../../kernel/ipset/model.ts';
 import { setName, type SetKey } from './names.ts';
 import { virtualServerKey, type IpvsTable } from '../../kernel/ipvs/model.ts';
-import { readSave } from '../../iptables/save.ts';
+import { readSave } from '../../kernel/iptables/save.ts';
 
 export interface MasqConfig {
   all: boolean;

@@ -1,7 +1,7 @@
 // How the nftables mode spreads the Services over several tables at scale (issue 10): the
 // number of tables K for N Services (with hysteresis), their names, a Service's table
 // (names.ts shardOf) and the planned tables of a state. Pure; the proxier that applies them
-// is src/proxy/nftables/sharded.ts.
+// is src/modes/nftables/sharded.ts.
 import type { ProxyState } from '../../core/model.ts';
 import { shardOf, shardTable, TABLE } from './names.ts';
 import { planRuleset, type NftPlanOptions } from './plan.ts';

@@ -1,0 +1,116 @@
+// iptables mode: KUBE-SERVICES → KUBE-SVC-* (statistic random) → KUBE-SEP-* (DNAT),
+// applied atomically with iptables-restore, partial syncs as upstream kube-proxy.
+import { type CommandRunner, ExecError } from '../../kernel/runner.ts';
+import { IptablesExecutor, binaries } from '../../kernel/iptables/exec.ts';
+import { KUBE_PROXY_OWNED } from '../../kernel/iptables/ownership.ts';
+import { removeOwnedChains } from '../../kernel/iptables/cleanup.ts';
+import { procSysctl } from '../../kernel/sysctl.ts';
+import type { Logger } from '../../log.ts';
+import type { ConformanceAdapter } from '../../conformance/case.ts';
+import { canonicalIP, ipFamily } from '../../core/ip.ts';
+import type { ModeDeps, ModeModule, Proxier } from '../types.ts';
+import type { TraceRequest, TraceResult } from '../trace-types.ts';
+import type { PlanInput } from '../../core/nodeview.ts';
+import { iptablesConformance } from './conformance.ts';
+import { optionsFromConfig, type RuntimeFacts } from './options.ts';
+import { planIptables } from './plan.ts';
+import { IptablesProxier } from './proxier.ts';
+import { loadTracer } from './tracer-link.ts';
+import { skippedVIPNotes } from '../vip.ts';
+import { kproxyError } from '../../errors.ts';
+
+/** Dry run: the restore payload of a full sync of this state. */
+export function render(input: PlanInput): string {
+  return planIptables({ state: input.state, opts: optionsFromConfig(input.config, input.node), full: true }).payload;
+}
+
+async function probeFacts(runner: CommandRunner, family: 4 | 6): Promise<RuntimeFacts> {
+  const bin = binaries(family);
+  let hasRandomFully = false;
+  try {
+    const v = await runner.run(bin.iptables, ['--version'], { timeoutMs: 10_000 });
+    const m = /v(\d+)\.(\d+)\.(\d+)/.exec(v.stdout + v.stderr);
+    // --random-fully arrived in iptables 1.6.2.
+    if (m) hasRandomFully = Number(m[1]) * 1e6 + Number(m[2]) * 1e3 + Number(m[3]) >= 1_006_002;
+  } catch {
+    /* probed again by the restore itself */
+  }
+  let conntrackTCPLiberal = false;
+  try {
+    const r = await runner.run('sysctl', ['-n', 'net.netfilter.nf_conntrack_tcp_be_liberal'], { timeoutMs: 10_000 });
+    conntrackTCPLiberal = r.code === 0 && r.stdout.trim() !== '' && r.stdout.trim() !== '0';
+  } catch {
+    /* no sysctl binary: assume the default (0) */
+  }
+  return { hasRandomFully, conntrackTCPLiberal, nfacctCounters: [] };
+}
+
+/** Fails with KPROXY_EXEC_MISSING when this family's iptables-restore cannot be run. */
+async function requireRestore(runner: CommandRunner, family: 4 | 6): Promise<void> {
+  const bin = binaries(family).restore;
+  let code: number;
+  try {
+    code = (await runner.run(bin, ['--version'], { timeoutMs: 10_000 })).code;
+  } catch (e) {
+    if (e instanceof ExecError && e.code === 'KPROXY_EXEC_MISSING') code = 127;
+    else throw e;
+  }
+  if (code === 127) throw new ExecError('KPROXY_EXEC_MISSING', `${bin} not found; install the iptables package (or choose another --mode)`);
+}
+
+/** One proxier per IP family (the controller makes one for each family the node runs). */
+async function createProxier(deps: ModeDeps): Promise<Proxier> {
+  const family = deps.family ?? 4;
+  await requireRestore(deps.runner, family);
+  const facts: Partial<Record<4 | 6, RuntimeFacts>> = { [family]: await probeFacts(deps.runner, family) };
+  // nodePortAddresses CIDRs select among the host's own addresses (upstream's GetNodeIPs).
+  const npa = deps.config.nodePortAddresses;
+  if (npa.some((c) => c !== 'primary')) {
+    const localIPs = await localAddresses(deps.runner);
+    for (const f of Object.values(facts)) f.localIPs = localIPs;
+  }
+  return new IptablesProxier({ runner: deps.runner, log: deps.log, config: deps.config, facts, sysctl: procSysctl() });
+}
+
+/**
+ * Removes the iptables mode's chains (src/kernel/iptables/ownership.ts: what upstream kube-proxy's
+ * CleanupLeftovers removes, never another program's chains), both families. Idempotent; a
+ * missing binary or table is skipped.
+ */
+export async function cleanup(runner: CommandRunner, log: Logger): Promise<void> {
+  await removeOwnedChains(runner, log, KUBE_PROXY_OWNED, 'iptables');
+}
+
+async function localAddresses(runner: CommandRunner): Promise<string[]> {
+  const out = ['127.0.0.1', '::1'];
+  try {
+    const r = await runner.run('ip', ['-o', 'addr', 'show'], { timeoutMs: 10_000 });
+    for (const m of r.stdout.matchAll(/\sinet6?\s+([0-9a-fA-F.:]+)\//g)) {
+      const ip = canonicalIP(m[1]);
+      if (ip && !out.includes(ip)) out.push(ip);
+    }
+  } catch {
+    /* only loopback then */
+  }
+  return out;
+}
+
+async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promise<TraceResult> {
+  const traceIptables = await loadTracer();
+  let text: string;
+  let localIPs: string[];
+  if (req.live) {
+    const family = ipFamily(req.to) === 6 ? 6 : 4;
+    text = await new IptablesExecutor(deps.runner, family).saveAll();
+    localIPs = await localAddresses(deps.runner);
+  } else {
+    if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'give --manifests (or --live) to trace');
+    text = render(req.input);
+    localIPs = ['127.0.0.1', '::1', ...req.input.node.nodeIPs];
+  }
+  const r = traceIptables(text, { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port }, { localIPs });
+  return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)] };
+}
+
+export const mode: ModeModule = { name: 'iptables', render, createProxier, cleanup, trace };
+export const conformance: ConformanceAdapter | undefined = iptablesConformance;
