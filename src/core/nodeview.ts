@@ -10,6 +10,7 @@ import {
 } from './model.ts';
 import type { ModeName, ProxyConfig } from '../config/config.ts';
 import { kproxyError } from '../errors.ts';
+import { safeServicePort, type SkippedVIP } from './vip.ts';
 
 /** Facts about this node that planners need. */
 export interface NodeContext {
@@ -67,7 +68,15 @@ export interface FirewallView {
 
 /** What one service port does on this node. */
 export interface PortView {
+  /** the tracker's ServicePort (identity kept for caches) */
+  source: ServicePort;
+  /**
+   * The port as every mode renders it: `source` without the VIPs no rule may hold (loopback,
+   * unspecified, link-local, multicast, broadcast: src/core/vip.ts), the same object when it has none.
+   */
   sp: ServicePort;
+  /** the VIPs left out of `sp`, with why (each mode's proxier logs them once) */
+  skippedVIPs: SkippedVIP[];
   /** the state's endpoint list (identity kept for caches) */
   endpoints: Endpoint[];
   /** upstream CategorizeEndpoints (pkg/proxy/topology.go) */
@@ -176,33 +185,44 @@ export interface NodeView extends NodeSettings {
 
 // ---- per-port decisions ------------------------------------------------------------------
 
-/** Node facts a port's decisions depend on. */
-export interface PortNode {
-  nodeName: string;
-  nodeLabels: Record<string, string>;
-  /** primary node IP of the family, for loadBalancerSourceRanges that include the node */
-  nodeIP: string | null;
+/**
+ * The node facts a port's decisions depend on, as the sync's settings hold them (a conformance
+ * case gives them literally): every mode's planner passes these, never node inputs of its own.
+ */
+export type PortFacts = Pick<NodeSettings, 'nodeName' | 'nodeLabels' | 'primaryNodeIP' | 'loopbackVIPs'>;
+
+/** The port facts of a sync's settings (a plain object: the iptables planner fingerprints it). */
+export function portFactsOf(s: NodeSettings): PortFacts {
+  return { nodeName: s.nodeName, nodeLabels: s.nodeLabels, primaryNodeIP: s.primaryNodeIP, loopbackVIPs: s.loopbackVIPs };
 }
 
 // A port's view depends only on its ServicePort, its Endpoint[] and the node facts; the
 // trackers replace those objects on change, so unchanged ports keep the same view object and
 // the planners' per-port caches (keyed on the same identities) keep hitting at 10k services.
-const portCache = new WeakMap<ServicePort, { eps: Endpoint[]; nodeKey: string; view: PortView }>();
+// A planner asking for a port the sync's view holds gets the view's own object.
+const portCache = new WeakMap<ServicePort, { eps: Endpoint[]; factsKey: string; view: PortView }>();
+const factsKeys = new WeakMap<PortFacts, string>();
 
-function nodeKeyOf(n: PortNode): string {
-  return JSON.stringify([n.nodeName, n.nodeLabels, n.nodeIP]);
+function factsKeyOf(f: PortFacts): string {
+  let k = factsKeys.get(f);
+  if (k === undefined) factsKeys.set(f, (k = JSON.stringify([f.nodeName, f.nodeLabels, f.primaryNodeIP, f.loopbackVIPs])));
+  return k;
 }
 
-/** The decisions for one service port; cached per (ServicePort, Endpoint[], node). */
-export function portView(sp: ServicePort, endpoints: Endpoint[], node: PortNode, nodeKey = nodeKeyOf(node)): PortView {
+/** The decisions for one service port; cached per (ServicePort, Endpoint[], node facts). */
+export function portOf(facts: PortFacts, sp: ServicePort, endpoints: Endpoint[]): PortView {
+  const factsKey = factsKeyOf(facts);
   const hit = portCache.get(sp);
-  if (hit && hit.eps === endpoints && hit.nodeKey === nodeKey) return hit.view;
-  const view = computePortView(sp, endpoints, node);
-  portCache.set(sp, { eps: endpoints, nodeKey, view });
+  if (hit && hit.eps === endpoints && hit.factsKey === factsKey) return hit.view;
+  const view = computePortView(sp, endpoints, facts);
+  portCache.set(sp, { eps: endpoints, factsKey, view });
   return view;
 }
 
-function computePortView(sp: ServicePort, endpoints: Endpoint[], node: PortNode): PortView {
+function computePortView(source: ServicePort, endpoints: Endpoint[], node: PortFacts): PortView {
+  // The API server accepts VIPs no rule may hold (src/core/vip.ts): the port is decided and
+  // rendered without them.
+  const { sp, skipped } = safeServicePort(source, { allowLoopback: node.loopbackVIPs });
   // upstream CategorizeEndpoints: ready first, serving+terminating as fallback, topology
   // hints narrowing the cluster set, node-local endpoints for Local policies.
   const cat = categorizeEndpoints(endpoints, sp, node.nodeName, node.nodeLabels);
@@ -225,11 +245,13 @@ function computePortView(sp: ServicePort, endpoints: Endpoint[], node: PortNode)
       sourceRanges: ranges,
       // kubernetes#132722: a /0 source range allows all sources.
       allowAll: ranges.some((c) => parseCIDR(c)?.prefix === 0),
-      nodeInRanges: node.nodeIP !== null && ranges.some((c) => cidrContains(c, node.nodeIP!)),
+      nodeInRanges: node.primaryNodeIP !== null && ranges.some((c) => cidrContains(c, node.primaryNodeIP!)),
     };
   }
   return {
+    source,
     sp,
+    skippedVIPs: skipped,
     endpoints,
     clusterEndpoints: cat.clusterEndpoints,
     localEndpoints: cat.localEndpoints,
@@ -375,6 +397,8 @@ export interface NodeSettings {
   masqueradeAll: boolean;
   /** iptables: NodePorts reachable on 127.0.0.1 (needs route_localnet=1), IPv4 only */
   localhostNodePorts: boolean;
+  /** loopback Service VIPs are served: the userspace mode binds them itself (the standalone demo's are 127.0.100.x) */
+  loopbackVIPs: boolean;
 }
 
 /** Resolves the node-wide settings of a live node (or a dry-run render) for its family. */
@@ -397,6 +421,7 @@ export function nodeSettings(config: ProxyConfig, node: NodeContext, localIPs?: 
     // upstream NewProxier (iptables): localhost NodePorts only for IPv4 and only when the
     // NodePort addresses include loopback ("localhostNodePorts ... ContainsIPv4Loopback").
     localhostNodePorts: family === 4 && config.localhostNodePorts && nodePortsIncludeIPv4Loopback(nodePorts),
+    loopbackVIPs: config.mode === 'userspace',
   };
 }
 
@@ -422,14 +447,13 @@ export interface ViewChanges {
  * them (the port cache returns the same objects for the same ServicePort, Endpoint[] and node).
  */
 export function buildViewFrom(state: ProxyState, s: NodeSettings, previous?: NodeView, changes?: ViewChanges): NodeView {
-  const node: PortNode = { nodeName: s.nodeName, nodeLabels: s.nodeLabels, nodeIP: s.primaryNodeIP };
-  const nodeKey = nodeKeyOf(node);
+  const facts = portFactsOf(s);
   nodeViewWork.builds++;
   // a superseded view's maps are its successor's: stale flows against it would be wrong
   if (previous && superseded.has(previous)) throw kproxyError('KPROXY_VIEW_INTERNAL', 'the node view was built from a view an incremental build already superseded');
   if (previous && changes && sameSettings(previous, s)) {
     nodeViewWork.incremental++;
-    return updatedView(state, s, previous, changes, node, nodeKey);
+    return updatedView(state, s, previous, changes, facts);
   }
   const ports = new Map<string, PortView>();
   const servicePorts = new Map<string, string[]>();
@@ -438,7 +462,7 @@ export function buildViewFrom(state: ProxyState, s: NodeSettings, previous?: Nod
     const sp = state.services.get(key)!;
     if (sp.family !== s.family) continue;
     nodeViewWork.portsVisited++;
-    ports.set(key, portView(sp, state.endpoints.get(key) ?? EMPTY, node, nodeKey));
+    ports.set(key, portOf(facts, sp, state.endpoints.get(key) ?? EMPTY));
     const list = servicePorts.get(sp.serviceKey);
     if (list) list.push(key);
     else servicePorts.set(sp.serviceKey, [key]);
@@ -454,7 +478,7 @@ export function buildViewFrom(state: ProxyState, s: NodeSettings, previous?: Nod
 }
 
 const SETTINGS_KEYS: Array<keyof NodeSettings> = [
-  'family', 'nodeName', 'nodeLabels', 'nodeIPs', 'primaryNodeIP', 'nodePorts', 'localDetector', 'masqueradeMark', 'masqueradeAll', 'localhostNodePorts',
+  'family', 'nodeName', 'nodeLabels', 'nodeIPs', 'primaryNodeIP', 'nodePorts', 'localDetector', 'masqueradeMark', 'masqueradeAll', 'localhostNodePorts', 'loopbackVIPs',
 ];
 
 function sameSettings(a: NodeSettings, b: NodeSettings): boolean {
@@ -489,7 +513,7 @@ const undoOf = new WeakMap<NodeView, { previous: NodeView; undo: () => void }>()
  * The previous view's maps with the changed services' ports replaced, in place: no decision
  * is made again for an unchanged port, and nothing is done per unchanged port.
  */
-function updatedView(state: ProxyState, s: NodeSettings, previous: NodeView, changes: ViewChanges, node: PortNode, nodeKey: string): NodeView {
+function updatedView(state: ProxyState, s: NodeSettings, previous: NodeView, changes: ViewChanges, facts: PortFacts): NodeView {
   const { ports, servicePorts, healthChecks } = previous;
   const noLocalEndpoints = { ...previous.noLocalEndpoints };
   /** the changed services' ports in the previous view, and in this one */
@@ -512,7 +536,7 @@ function updatedView(state: ProxyState, s: NodeSettings, previous: NodeView, cha
       const sp = state.services.get(key);
       if (!sp || sp.family !== s.family) continue;
       nodeViewWork.portsVisited++;
-      const v = portView(sp, state.endpoints.get(key) ?? EMPTY, node, nodeKey);
+      const v = portOf(facts, sp, state.endpoints.get(key) ?? EMPTY);
       after.set(key, v);
       keys.push(key);
       countNoLocal(noLocalEndpoints, v, 1);

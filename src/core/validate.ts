@@ -16,7 +16,7 @@
 //
 // Addresses the API server accepts but no kernel mode can use safely never make an object
 // invalid: a loopback, unspecified, link-local, multicast or broadcast ClusterIP or
-// load-balancer IP, a global-multicast or broadcast external IP (src/modes/vip.ts leaves that one
+// load-balancer IP, a global-multicast or broadcast external IP (src/core/vip.ts leaves that one
 // address out of every rule and logs KPROXY_SERVICE_IP_SKIPPED), and a global-multicast or
 // broadcast endpoint address (convert.ts leaves that endpoint out). `allowLoopback`, for the
 // userspace mode, also accepts loopback external IPs and endpoints, which upstream refuses:
@@ -50,13 +50,13 @@ export const EXTRA_REFUSALS: ReadonlyArray<{ what: string; scope: 'address' | 'o
   {
     what: 'a ClusterIP or load-balancer ingress IP that is unspecified, loopback, link-local, multicast or broadcast',
     scope: 'address',
-    where: 'src/modes/vip.ts (KPROXY_SERVICE_IP_SKIPPED)',
+    where: 'src/core/vip.ts (KPROXY_SERVICE_IP_SKIPPED)',
     why: 'upstream validates these with IsValidIP only; as a rule they would capture the node\'s own traffic (a loopback ClusterIP\'s reject rule matches all of localhost) or fail in the kernel',
   },
   {
     what: 'an external IP that is a global multicast address or the IPv4 broadcast address',
     scope: 'address',
-    where: 'src/modes/vip.ts (KPROXY_SERVICE_IP_SKIPPED)',
+    where: 'src/core/vip.ts (KPROXY_SERVICE_IP_SKIPPED)',
     why: 'ValidateEndpointIP lets them through (upstream calls that a bug); no mode can serve a Service on them',
   },
   {

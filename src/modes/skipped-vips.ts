@@ -1,10 +1,10 @@
 // Every kernel mode's proxier reports the Service VIPs its planner left out (loopback,
-// unspecified, link-local, multicast, broadcast: src/modes/vip.ts) once per address, with
+// unspecified, link-local, multicast, broadcast: src/core/vip.ts) once per address, with
 // KPROXY_SERVICE_IP_SKIPPED, so a hostile Service is visible without flooding the log.
 import type { Logger } from '../log.ts';
 import type { PlanInput } from '../core/nodeview.ts';
 import type { ServicePort } from '../core/model.ts';
-import { describeSkippedVIP, skippedVIPs } from './vip.ts';
+import { describeSkippedVIP, skippedVIPs } from '../core/vip.ts';
 import { coded } from '../errors.ts';
 
 export class SkippedVIPReporter {

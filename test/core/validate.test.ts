@@ -19,7 +19,7 @@ import {
 } from '../../src/core/validate.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { servicePortsOf, endpointsOfSlices } from '../../src/core/convert.ts';
-import { safeServicePort } from '../../src/modes/vip.ts';
+import { safeServicePort } from '../../src/core/vip.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 type Obj = any;

@@ -9,7 +9,7 @@ import { hostRunner, type CommandRunner } from '../../src/kernel/runner.ts';
 import { IPSetExec } from '../../src/kernel/ipset/exec.ts';
 import { createLine, entryRefusal, formatIPSets, normalizeEntry, type IPSetType } from '../../src/kernel/ipset/model.ts';
 import { plan } from '../../src/modes/ipvs/planner.ts';
-import { skippedVIPs } from '../../src/modes/vip.ts';
+import { skippedVIPs } from '../../src/core/vip.ts';
 import { Netns, sh } from '../support/netns.ts';
 import { FakeHost } from './fake.ts';
 import { ep, input, svc } from './support.ts';
@@ -132,7 +132,7 @@ test('a whole plan with allow-all source ranges and a 0.0.0.0 service restores i
   try {
     const r = await ipset(script);
     assert.equal(r.code, 0, r.stderr);
-    // 0.0.0.0 never reaches a set: the planner leaves the unspecified VIP out (src/modes/vip.ts)
+    // 0.0.0.0 never reaches a set: the planner leaves the unspecified VIP out (src/core/vip.ts)
     // and reports it, or, behind that, entryRefusal reports it.
     const zeroSkipped = skippedVIPs([v4Zero]).some((x) => x.ip === '0.0.0.0') || v4.rejected.some((x) => x.owner === 'ns/zero:');
     assert.ok(zeroSkipped, 'the 0.0.0.0 service is reported');

@@ -65,7 +65,7 @@ test('a service address of 0.0.0.0 is left out and reported; the other services 
   assert.deepEqual([...host.ipvs.keys()].sort(), ['172.30.0.10:80/TCP', '192.168.0.2:30080/TCP']);
   assert.ok(!host.links.get('kube-ipvs0')!.has('0.0.0.0'), '0.0.0.0 is never bound to kube-ipvs0');
   assert.deepEqual([...host.sets.get('KUBE-CLUSTER-IP')!.entries], ['172.30.0.10,tcp:80']);
-  // The planner leaves the unspecified VIPs out before any set entry is built (src/modes/vip.ts),
+  // The planner leaves the unspecified VIPs out before any set entry is built (src/core/vip.ts),
   // so the kernel never sees them; the proxier names each once.
   assert.equal(refusals().length, 0, 'nothing reached the kernel to be refused');
   const r = skippedVIPs();

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { plan as planIpvs } from '../../src/modes/ipvs/planner.ts';
 import { planUserspace } from '../../src/modes/userspace/plan.ts';
-import { safeServicePort, unsafeVIPReason } from '../../src/modes/vip.ts';
+import { safeServicePort, unsafeVIPReason } from '../../src/core/vip.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { endpoint, port, stateOf } from '../support/ports.ts';
 

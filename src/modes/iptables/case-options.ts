@@ -94,9 +94,12 @@ export function caseOptions(cfg: CaseConfig): IptablesOptions {
   const nodeIP = pick(cfg, 'proxierNodeIP', 'nodeIP');
   return {
     family,
-    nodeName: cfg.nodeName ?? 'test-node',
-    nodeLabels: (cfg.nodeLabels as Record<string, string>) ?? {},
-    nodeIP: typeof nodeIP === 'string' ? nodeIP : '192.168.0.2',
+    node: {
+      nodeName: cfg.nodeName ?? 'test-node',
+      nodeLabels: (cfg.nodeLabels as Record<string, string>) ?? {},
+      primaryNodeIP: typeof nodeIP === 'string' ? nodeIP : '192.168.0.2',
+      loopbackVIPs: false,
+    },
     masqueradeMark: typeof cfg.masqueradeMark === 'string' ? cfg.masqueradeMark : typeof cfg.masqueradeBit === 'number' ? masqueradeMark(cfg.masqueradeBit) : '0x4000',
     masqueradeAll: cfg.masqueradeAll === true,
     localDetector: detectorOf(pick(cfg, 'localDetector', 'localTrafficDetector', 'detectLocal'), family, pick(cfg, 'clusterCIDR', 'clusterCIDRs')),

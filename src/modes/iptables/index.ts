@@ -16,7 +16,7 @@ import { optionsFromConfig, type RuntimeFacts } from './options.ts';
 import { planIptables } from './plan.ts';
 import { IptablesProxier } from './proxier.ts';
 import { loadTracer } from './tracer-link.ts';
-import { skippedVIPNotes } from '../vip.ts';
+import { skippedVIPNotes } from '../../core/vip.ts';
 import { kproxyError } from '../../errors.ts';
 
 /** Dry run: the restore payload of a full sync of this state. */

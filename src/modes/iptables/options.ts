@@ -2,7 +2,7 @@
 // the proxier learned about the host (runtime), or from an upstream conformance case's
 // config.json (which sets the fake proxier's fields directly). Pure.
 import type { ProxyConfig } from '../../config/config.ts';
-import { nodeSettings, resolveNodePortAddresses, type LocalDetectorSpec, type NodeSettings, type NodeContext } from '../../core/nodeview.ts';
+import { nodeSettings, portFactsOf, resolveNodePortAddresses, type LocalDetectorSpec, type NodeSettings, type NodeContext, type PortFacts } from '../../core/nodeview.ts';
 
 /** upstream's LocalTrafficDetector: match arguments for "from a local pod" and its negation. */
 export interface LocalDetector {
@@ -19,10 +19,8 @@ export interface NodePortAddressing {
 
 export interface IptablesOptions {
   family: 4 | 6;
-  nodeName: string;
-  nodeLabels: Record<string, string>;
-  /** the proxier's node IP (for loadBalancerSourceRanges that include the node) */
-  nodeIP: string | null;
+  /** the node facts every port's decisions are taken with (src/core/nodeview.ts portOf) */
+  node: PortFacts;
   masqueradeMark: string;
   masqueradeAll: boolean;
   localDetector: LocalDetector | null;
@@ -81,9 +79,7 @@ export function optionsFromConfig(config: ProxyConfig, node: NodeContext, facts:
 export function optionsFromSettings(s: NodeSettings, facts: RuntimeFacts = DEFAULT_FACTS): IptablesOptions {
   return {
     family: s.family,
-    nodeName: s.nodeName,
-    nodeLabels: s.nodeLabels,
-    nodeIP: s.primaryNodeIP,
+    node: portFactsOf(s),
     masqueradeMark: s.masqueradeMark,
     masqueradeAll: s.masqueradeAll,
     localDetector: detectorArgs(s.localDetector),

@@ -14,13 +14,12 @@
 // sync without visiting the other services' rules at all (O(changed), see there).
 import { hash } from 'node:crypto';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
-import { NO_ENDPOINTS, portView } from '../../core/nodeview.ts';
+import { NO_ENDPOINTS, portOf, type PortView } from '../../core/nodeview.ts';
 import {
   KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING,
   KUBE_PROXY_FIREWALL, KUBE_SERVICES, endpointChainName, isServiceChainName, probability, serviceChains,
 } from './names.ts';
 import { NFACCT_CT_STATE_INVALID_DROPPED, NFACCT_LOCALHOST_NODEPORTS_ACCEPTED, type IptablesOptions } from './options.ts';
-import { safeServicePort } from '../vip.ts';
 import { canonicalRule, chainDigest, type InstalledChain, type InstalledChains } from './canonical.ts';
 import { chunkedDispatchEdits, keptRules, serviceChainKey, STATIC_GROUP, type DispatchChain } from './dispatch-chunks.ts';
 
@@ -219,20 +218,20 @@ const blockCache = new WeakMap<ServicePort, { eps: Endpoint[]; key: string; bloc
 function serviceBlock(sp: ServicePort, eps: Endpoint[], ctx: RenderContext, needChains = true): ServiceBlock {
   const hit = blockCache.get(sp);
   if (hit && hit.eps === eps && hit.key === ctx.key && !(needChains && hit.block.compact)) return hit.block;
-  // A loopback (or other special) VIP would make a reject or DNAT rule match all of it.
-  const block = renderService(safeServicePort(sp).sp, eps, ctx);
+  // The port as the node view decides it (without the VIPs no rule may hold: src/core/vip.ts).
+  const block = renderService(portOf(ctx.opts.node, sp, eps), ctx);
   blockCache.set(sp, { eps, key: ctx.key, block });
   return block;
 }
 
-function renderService(sp: ServicePort, eps: Endpoint[], ctx: RenderContext): ServiceBlock {
+function renderService(v: PortView, ctx: RenderContext): ServiceBlock {
+  const { sp, endpoints: eps } = v;
   const { opts, largeClusterMode, ifLocal, ifNotLocal } = ctx;
   const isIPv6 = opts.family === 6;
   const b: ServiceBlock = { filter: [], natTop: [], chains: [], rules: [], active: [], units: [], endpoints: eps.length };
   const names = serviceChains(sp);
   const { nameString: svcName, protocol } = names;
   // Every decision is the node view's (src/core/nodeview.ts); this only renders it.
-  const v = portView(sp, eps, { nodeName: opts.nodeName, nodeLabels: opts.nodeLabels, nodeIP: opts.nodeIP });
   const { clusterEndpoints, localEndpoints, allReachableEndpoints, hasAnyEndpoints: hasEndpoints, hasInternalEndpoints, hasExternalEndpoints } = v;
   const usesClusterPolicyChain = v.usesClusterPath;
   const usesLocalPolicyChain = v.usesLocalPath;

@@ -1,6 +1,6 @@
 // The shapes of an ipvs plan (the desired IPVS table, ipsets, kube-ipvs0 addresses and
 // iptables text), of one service port's part of it, and the plan's node-level parts. Pure.
-import type { NodeSettings, PlanInput } from '../../core/nodeview.ts';
+import type { NodeSettings, PlanInput, PortFacts } from '../../core/nodeview.ts';
 import type { IPSetTable } from '../../kernel/ipset/model.ts';
 import type { IpvsTable, VirtualServerState } from '../../kernel/ipvs/model.ts';
 import { plannedSysctls, type IPVSSysctl } from './sysctls.ts';
@@ -70,6 +70,8 @@ export interface PlanContext {
   input: PlanInput;
   family: 4 | 6;
   view: NodeSettings;
+  /** the node facts every port's decisions are taken with (src/core/nodeview.ts portOf) */
+  facts: PortFacts;
   npIPs: string[];
   nodeIPSet: Set<string>;
   masq: IpvsPlan['masq'];

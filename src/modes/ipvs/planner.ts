@@ -3,9 +3,8 @@
 // per ClusterIP, ExternalIP, LB ingress IP and node IP × NodePort; NAT real servers with
 // weight 1; persistence for ClientIP affinity). Pure: no I/O.
 import { canonicalIP, ipFamily, isLoopback } from '../../core/ip.ts';
-import { portView, settingsOf, type NodeSettings, type PortView, type PlanInput } from '../../core/nodeview.ts';
+import { NO_ENDPOINTS, portFactsOf, portOf, settingsOf, type NodeSettings, type PortView, type PlanInput } from '../../core/nodeview.ts';
 import type { Endpoint, ServicePort } from '../../core/model.ts';
-import { safeServicePort } from '../vip.ts';
 import { SET_INFO, setName, type SetKey } from './names.ts';
 import { entryRefusal, normalizeEntry } from '../../kernel/ipset/model.ts';
 import { PlanState } from './plan-state.ts';
@@ -36,7 +35,7 @@ export function planContext(input: PlanInput): PlanContext {
   const key = JSON.stringify([
     family, npIPs, [...nodeIPSet], view.nodeName, view.nodeLabels, view.primaryNodeIP ?? null, input.config.ipvs.scheduler, masq,
   ]);
-  return { input, family, view, npIPs, nodeIPSet, masq, key };
+  return { input, family, view, facts: portFactsOf(view), npIPs, nodeIPSet, masq, key };
 }
 
 class FragmentBuilder {
@@ -98,20 +97,21 @@ function pickEndpoints(cat: PortView, onlyLocal: boolean): Endpoint[] {
 }
 
 /** The fragment of one service port (already made safe: safeServicePort), or null when it plans nothing. */
-export function planPort(ctx: PlanContext, sp: ServicePort): PortFragment | null {
-  if (!sp.clusterIP) return null;
-  const b = new FragmentBuilder(ctx.family, sp);
-  planServicePort(b, sp, ctx.input, ctx.view, ctx.npIPs, ctx.nodeIPSet);
+export function planPort(ctx: PlanContext, source: ServicePort): PortFragment | null {
+  // The port as the node view decides it, without the VIPs no virtual server may have
+  // (src/core/vip.ts).
+  const cat = portOf(ctx.facts, source, ctx.input.state.endpoints.get(source.key) ?? NO_ENDPOINTS);
+  if (!cat.sp.clusterIP) return null;
+  const b = new FragmentBuilder(ctx.family, cat.sp);
+  planServicePort(b, cat, ctx.input.config, ctx.npIPs, ctx.nodeIPSet);
   return b.done();
 }
 
-function planServicePort(b: FragmentBuilder, sp: ServicePort, input: PlanInput, view: NodeSettings, npIPs: string[], nodeIPSet: Set<string>): void {
-  const { config, state } = input;
+function planServicePort(b: FragmentBuilder, cat: PortView, config: PlanInput['config'], npIPs: string[], nodeIPSet: Set<string>): void {
+  const { sp, endpoints } = cat;
   if (!sp.clusterIP) return;
   const proto = sp.protocol.toLowerCase();
-  const endpoints = state.endpoints.get(sp.key) ?? [];
   // Every decision is the node view's (src/core/nodeview.ts); this only renders it.
-  const cat = portView(sp, endpoints, { nodeName: view.nodeName, nodeLabels: view.nodeLabels, nodeIP: view.primaryNodeIP });
   const scheduler = config.ipvs.scheduler;
   const vsFor = (address: string, port: number): VirtualServer => ({
     protocol: sp.protocol,
@@ -179,10 +179,10 @@ function planServicePort(b: FragmentBuilder, sp: ServicePort, input: PlanInput, 
   if (cat.healthCheckNodePort) b.add('healthCheckNodePort', `${cat.healthCheckNodePort}`, sp.key);
 }
 
-/** The ports of a sync's family, sorted by key (the plan's order), made safe: a loopback (or other special) VIP never becomes a virtual server. */
+/** The ports of a sync's family, sorted by key (the plan's order). */
 export function familyPorts(input: PlanInput, family: 4 | 6, only?: (sp: ServicePort) => boolean): ServicePort[] {
   const out: ServicePort[] = [];
-  for (const sp of input.state.services.values()) if (sp.family === family && (!only || only(sp))) out.push(safeServicePort(sp).sp);
+  for (const sp of input.state.services.values()) if (sp.family === family && (!only || only(sp))) out.push(sp);
   return out.sort((a, b2) => (a.key < b2.key ? -1 : a.key > b2.key ? 1 : 0));
 }
 

@@ -110,9 +110,12 @@ export function optionsFromCase(cfg: CaseConfig): NftPlanOptions {
   const svcCIDRs = 'serviceCIDRs' in cfg ? stringList(cfg.serviceCIDRs) : [FAKE_DEFAULTS[family].serviceCIDR];
   return {
     family,
-    nodeName: String(cfg.nodeName ?? 'test-node'),
-    nodeLabels: (cfg.nodeLabels as Record<string, string> | undefined) ?? {},
-    nodeIP: primary,
+    node: {
+      nodeName: String(cfg.nodeName ?? 'test-node'),
+      nodeLabels: (cfg.nodeLabels as Record<string, string> | undefined) ?? {},
+      primaryNodeIP: primary,
+      loopbackVIPs: false,
+    },
     nodePortIPs: nodePortIPsFor(npa, family, localAddrs, primary),
     localDetector: detectorFrom(cfg, family),
     masqueradeAll: cfg.masqueradeAll === true,
@@ -145,7 +148,7 @@ const PROBE_SOURCES = {
  */
 export function probePackets(tables: Ruleset[], o: NftPlanOptions): NftPacket[] {
   const dests = new Set<string>();
-  const nodeAddrs = o.nodePortIPs === 'all' ? [o.nodeIP ?? FAKE_DEFAULTS[o.family].nodeIP] : o.nodePortIPs;
+  const nodeAddrs = o.nodePortIPs === 'all' ? [o.node.primaryNodeIP ?? FAKE_DEFAULTS[o.family].nodeIP] : o.nodePortIPs;
   for (const rs of tables) {
     for (const name of [C.serviceIPs, C.noEndpointServices, C.firewallIPs]) {
       for (const el of rs.sets.get(name)?.elements.values() ?? []) if (el.key.length === 3) dests.add(el.key.join(' '));

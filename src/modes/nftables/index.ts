@@ -17,7 +17,7 @@ import { ShardedNftProxier } from './sharded.ts';
 import { dumpRuleset } from './ruleset.ts';
 import { traceNft, traceTables } from './trace.ts';
 import { planShardedRulesets, type ShardOptions } from './shards.ts';
-import { skippedVIPNotes } from '../vip.ts';
+import { skippedVIPNotes } from '../../core/vip.ts';
 import { kproxyError } from '../../errors.ts';
 
 export { planRuleset, optionsFromInput } from './plan.ts';

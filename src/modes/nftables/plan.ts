@@ -7,9 +7,9 @@
 // per-endpoint dynamic sets. Pure.
 import { isLoopback } from '../../core/ip.ts';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
-import { NO_ENDPOINTS, portView, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings, type PlanInput } from '../../core/nodeview.ts';
+import { NO_ENDPOINTS, portFactsOf, portOf, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings, type PlanInput, type PortFacts, type PortView } from '../../core/nodeview.ts';
 import { affinitySetName, endpointChainName, flatString, nftComment, serviceChainNames, TABLE } from './names.ts';
-import { safeServicePort, type SkippedVIP } from '../vip.ts';
+import type { SkippedVIP } from '../../core/vip.ts';
 import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftRule, type NftSet, type Ruleset } from './ruleset.ts';
 import { selectionRules } from './selection.ts';
 
@@ -18,10 +18,8 @@ export type LocalDetector = LocalDetectorSpec | null;
 
 export interface NftPlanOptions {
   family: 4 | 6;
-  nodeName: string;
-  nodeLabels: Record<string, string>;
-  /** primary node IP of the family: LoadBalancerSourceRanges containing it also allow the LB IPs */
-  nodeIP: string | null;
+  /** the node facts every port's decisions are taken with (src/core/nodeview.ts portOf) */
+  node: PortFacts;
   /** addresses that accept NodePorts, or 'all' (every local address but loopback) */
   nodePortIPs: string[] | 'all';
   localDetector: LocalDetector;
@@ -234,14 +232,14 @@ function writeServiceToEndpointRules(rs: Ruleset, o: NftPlanOptions, sp: Service
 }
 
 /** One service port: map elements always; its chains (service, external, firewall, endpoints). */
-function planServicePort(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, endpoints: Endpoint[]): void {
+function planServicePort(rs: Ruleset, o: NftPlanOptions, cat: PortView): void {
+  const { sp } = cat;
   if (!sp.clusterIP) return;
   const ip = ipX(o.family);
   const proto = sp.protocol.toLowerCase();
   const port = String(sp.port);
   const names = serviceChainNames(sp);
   // Every decision is the node view's (src/core/nodeview.ts); this only renders it.
-  const cat = portView(sp, endpoints, { nodeName: o.nodeName, nodeLabels: o.nodeLabels, nodeIP: o.nodeIP });
   const hasEndpoints = cat.hasAnyEndpoints;
   const sticky = cat.affinitySeconds > 0;
   // upstream nftables proxier: usesClusterPolicyChain := len(clusterEndpoints) > 0 && UsesClusterEndpoints()
@@ -397,12 +395,14 @@ const EMPTY_FRAGMENT: PortFragment = { chains: [], sets: new Map(), elements: []
 /** Plans one service port on its own (the same objects planRuleset would add for it). */
 export function planPortFragment(o: NftPlanOptions, original: ServicePort, endpoints: Endpoint[]): PortFragment {
   if (original.family !== o.family || !original.clusterIP) return EMPTY_FRAGMENT;
-  // A loopback (or other special) VIP would make the no-endpoints reject match all of it.
-  const { sp, skipped } = safeServicePort(original);
+  // The port as the node view decides it, without the VIPs no rule may hold (src/core/vip.ts:
+  // a loopback ClusterIP's no-endpoints reject would match all of localhost).
+  const v = portOf(o.node, original, endpoints);
+  const { sp, skippedVIPs: skipped } = v;
   if (!sp.clusterIP) return { ...EMPTY_FRAGMENT, skipped };
   const scratch = newRuleset(o.family === 6 ? 'ip6' : 'ip', o.table ?? TABLE);
   for (const name of SHARED_SETS) scratch.sets.set(name, { kind: 'set', name, type: '', elements: new Map() });
-  planServicePort(scratch, o, sp, endpoints);
+  planServicePort(scratch, o, v);
   const frag: PortFragment = { chains: compactChains(scratch.chains), sets: NO_SETS, elements: [] };
   if (skipped.length) frag.skipped = skipped;
   for (const [name, set] of scratch.sets) {
@@ -523,9 +523,7 @@ export function optionsFromInput(input: PlanInput): NftPlanOptions {
 export function optionsFromSettings(s: NodeSettings): NftPlanOptions {
   return {
     family: s.family,
-    nodeName: s.nodeName,
-    nodeLabels: s.nodeLabels,
-    nodeIP: s.primaryNodeIP,
+    node: portFactsOf(s),
     nodePortIPs: nodePortIPsOf(s.nodePorts),
     localDetector: s.localDetector,
     masqueradeAll: s.masqueradeAll,

@@ -21,10 +21,10 @@
 //   firewalled, as upstream ("for loadbalancers which direct traffic to service NodePort,
 //   the firewall rules will not apply");
 // - SCTP is refused here: Node has no SCTP sockets.
-import { portView, settingsOf, type LocalDetectorSpec, type PortView, type PlanInput } from '../../core/nodeview.ts';
+import { NO_ENDPOINTS, portFactsOf, portOf, settingsOf, type LocalDetectorSpec, type PortFacts, type PortView, type PlanInput } from '../../core/nodeview.ts';
 import { canonicalIP, cidrContains, ipFamily, isLoopback, joinHostPort } from '../../core/ip.ts';
 import type { Endpoint, ServicePort } from '../../core/model.ts';
-import { describeSkippedVIP, safeServicePort } from '../vip.ts';
+import { describeSkippedVIP } from '../../core/vip.ts';
 
 export const CHAIN_PORTALS = 'KPROXY-USERSPACE-PORTALS';
 export const CHAIN_NODEPORTS = 'KPROXY-USERSPACE-NODEPORTS';
@@ -163,6 +163,8 @@ export const NODE_SOURCE_MATCH = ['-m', 'addrtype', '--src-type', 'LOCAL'];
 
 interface Builder {
   input: PlanInput;
+  /** the node facts every port's decisions are taken with (src/core/nodeview.ts portOf) */
+  facts: PortFacts;
   opts: PlanOptions;
   local: Set<string>;
   plan: UserspacePlan;
@@ -339,14 +341,13 @@ function decide(v: PortView): { internal: FrontendDecision; external: FrontendDe
   return { internal, external, lb: { ...external, allowedSources: allowed } };
 }
 
-function planServicePort(b: Builder, sp: ServicePort): void {
+function planServicePort(b: Builder, v: PortView): void {
+  const { sp } = v;
   if (sp.protocol === 'SCTP') {
     b.plan.sctpRefused.push(sp.key);
     return;
   }
   const protocol = sp.protocol;
-  const view = settingsOf(b.input);
-  const v = portView(sp, b.input.state.endpoints.get(sp.key) ?? [], { nodeName: view.nodeName, nodeLabels: view.nodeLabels, nodeIP: view.primaryNodeIP });
   const d = decide(v);
   if (sp.clusterIP) planAddressFrontend(b, v, protocol, { kind: 'clusterIP', ip: sp.clusterIP, port: sp.port }, d.internal);
   for (const ip of sp.externalIPs) planAddressFrontend(b, v, protocol, { kind: 'externalIP', ip, port: sp.port }, d.external);
@@ -360,8 +361,11 @@ export function planUserspace(input: PlanInput, opts: PlanOptions): UserspacePla
     const c = canonicalIP(a);
     if (c) local.add(c);
   }
+  // The userspace mode serves loopback VIPs itself (its listeners bind them).
+  const facts: PortFacts = { ...portFactsOf(settingsOf(input)), loopbackVIPs: true };
   const b: Builder = {
     input,
+    facts,
     opts,
     local,
     plan: { family: input.node.family, listeners: [], redirects: [], drops: [], nodePortJumps: [], notes: [], sctpRefused: [] },
@@ -373,11 +377,11 @@ export function planUserspace(input: PlanInput, opts: PlanOptions): UserspacePla
   const services = [...input.state.services.values()].sort((x, y) => compareKeys(x.key, y.key));
   for (const sp of services) {
     if (sp.family !== input.node.family) continue;
-    // Never listen on or redirect an unspecified, multicast or other special address as a
-    // Service VIP; a loopback one is bound, not redirected, and takes nothing from localhost.
-    const safe = safeServicePort(sp, { allowLoopback: true });
-    for (const s of safe.skipped) b.plan.notes.push(describeSkippedVIP(s));
-    planServicePort(b, safe.sp);
+    // The view leaves out an unspecified, multicast or other special VIP; a loopback one is
+    // bound, not redirected, and takes nothing from localhost.
+    const v = portOf(b.facts, sp, input.state.endpoints.get(sp.key) ?? NO_ENDPOINTS);
+    for (const s of v.skippedVIPs) b.plan.notes.push(describeSkippedVIP(s));
+    planServicePort(b, v);
   }
   if (b.plan.redirects.length > 0 && isLoopback(b.proxyHost)) {
     b.plan.notes.push(`proxy ports listen on ${b.proxyHost}: this host has none of the node addresses (${input.node.nodeIPs.join(', ') || 'none known'}), so only the node's own traffic reaches them`);

@@ -4,8 +4,8 @@
 // these (a ClusterIP or load-balancer IP is checked with IsValidIP only), so the Service is kept
 // and only the address is dropped, with the reason and the upstream rule it passed
 // (EXTRA_REFUSALS in src/core/validate.ts). Pure.
-import { canonicalIP, cidrContains, parseCIDR } from '../core/ip.ts';
-import type { ServicePort } from '../core/model.ts';
+import { canonicalIP, cidrContains, parseCIDR } from './ip.ts';
+import type { ServicePort } from './model.ts';
 
 const SPECIAL: Array<{ cidr: string; reason: string }> = [
   { cidr: '0.0.0.0/8', reason: 'unspecified ("this network") address' },
