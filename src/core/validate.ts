@@ -28,9 +28,6 @@ import { z } from 'zod';
 import { canonicalIP, ipFamily, parseCIDR } from './ip.ts';
 import { ANNOTATION_LAST_CHANGE_TRIGGER_TIME, type K8sEndpointSlice, type K8sService, type ObjectKind, type Report } from './api.ts';
 
-const LABEL_SERVICE_NAME = 'kubernetes.io/service-name';
-
-
 export interface Issue {
   /** field path, e.g. `spec.ports[0].port` */
   path: string;
@@ -43,10 +40,10 @@ export type Validated<T> = { ok: true; value: T } | { ok: false; issues: Issue[]
 
 /**
  * Everything kproxy refuses that the API server accepts, with its reason: the one list. None
- * refuses a whole object the API server accepts; each leaves out one address, or (the slice
- * without its Service's name) an object upstream kube-proxy ignores as well.
+ * refuses a whole object the API server accepts; each leaves out one address.
+ * test/core/upstream-validation.test.ts runs upstream's own validation tables through this file.
  */
-export const EXTRA_REFUSALS: ReadonlyArray<{ what: string; scope: 'address' | 'object'; where: string; why: string }> = [
+export const EXTRA_REFUSALS: ReadonlyArray<{ what: string; scope: 'address'; where: string; why: string }> = [
   {
     what: 'a ClusterIP or load-balancer ingress IP that is unspecified, loopback, link-local, multicast or broadcast',
     scope: 'address',
@@ -64,12 +61,6 @@ export const EXTRA_REFUSALS: ReadonlyArray<{ what: string; scope: 'address' | 'o
     scope: 'address',
     where: 'src/core/convert.ts (the endpoint is left out, logged)',
     why: 'ValidateEndpointIP lets them through; a DNAT to them forwards nowhere and IPVS refuses them as real servers (EINVAL), failing the whole restore',
-  },
-  {
-    what: 'an EndpointSlice without the kubernetes.io/service-name label',
-    scope: 'object',
-    where: 'src/core/validate.ts',
-    why: 'it belongs to no Service; upstream kube-proxy ignores it too (EndpointSliceCache)',
   },
 ];
 
@@ -121,6 +112,19 @@ export const dns1123Subdomain: Check = (s) =>
   : s.length > 253 ? 'must be no more than 253 characters'
   : DNS1123_SUBDOMAIN.test(s) ? null
   : "must be a DNS-1123 subdomain: lower case alphanumerics, '-' or '.', starting and ending with an alphanumeric";
+
+/**
+ * A fully qualified domain name, as apimachinery's IsFullyQualifiedDomainName (what
+ * ValidateEndpointSlice checks an FQDN slice's addresses with): one trailing dot allowed, then a
+ * DNS-1123 subdomain of at least two labels.
+ */
+export const fullyQualifiedDomainName: Check = (s) => {
+  if (s.length === 0) return 'must not be empty';
+  const name = s.endsWith('.') ? s.slice(0, -1) : s;
+  const bad = dns1123Subdomain(name);
+  if (bad) return bad;
+  return name.split('.').length < 2 ? 'must be a domain with at least two segments separated by dots' : null;
+};
 
 /**
  * IANA_SVC_NAME, as upstream's IsValidPortName: what a named targetPort (and a container port's
@@ -344,20 +348,18 @@ const sliceSchema = z.object({
     name: str(dns1123Subdomain),
     namespace: str(dns1123Label),
     annotations: sliceAnnotations,
-    // The service-name label says which Service the slice belongs to: without it the slice
-    // cannot mean anything to a proxy (upstream kube-proxy ignores it too; EXTRA_REFUSALS). Any
-    // other value is a label value ValidateObjectMeta accepts, and matches a Service or nothing.
-    labels: labels.superRefine((l, ctx) => {
-      const v = l[LABEL_SERVICE_NAME];
-      const bad = v === undefined || v === '' ? 'required' : null;
-      if (bad) ctx.addIssue({ code: z.ZodIssueCode.custom, path: [LABEL_SERVICE_NAME], message: bad });
-    }),
+    // ValidateObjectMeta: labels are optional. The kubernetes.io/service-name label says which
+    // Service the slice belongs to; a slice without it, or with a value that names no Service,
+    // is valid and belongs to none: the tracker files it nowhere, as upstream kube-proxy's
+    // EndpointSliceCache ignores it (endpointSliceCacheKeys).
+    labels: opt(labels),
   }),
   addressType: z.enum(['IPv4', 'IPv6', 'FQDN']),
   endpoints: opt(boundedArray(endpointSchema, 1000)),
   ports: opt(
     boundedArray(
       z.object({
+        // validatePorts: a name is empty or a DNS-1123 label, and unique (sliceRules)
         name: opt(str((s) => (s === '' ? null : dns1123Label(s)))),
         port: opt(int(1, 65535)),
         protocol: opt(protocol),
@@ -510,8 +512,11 @@ function serviceRules(svc: ServiceOut, opts: ValidateOptions): Issue[] {
   for (const [i, r] of (spec.loadBalancerSourceRanges ?? []).entries()) {
     if (!parseCIDR(r)) out.push(issue(['spec', 'loadBalancerSourceRanges', i], 'must be a CIDR such as 203.0.113.0/24', r));
   }
+  // validateServicePort and ValidateService's duplicate checks. A protocol left empty is TCP, as
+  // the v1 defaulting makes it.
   const names = new Set<string>();
   const portProtos = new Set<string>();
+  const nodePortProtos = new Set<string>();
   const ports = spec.ports ?? [];
   for (const [i, p] of ports.entries()) {
     const name = p.name ?? '';
@@ -521,16 +526,31 @@ function serviceRules(svc: ServiceOut, opts: ValidateOptions): Issue[] {
     const pp = `${p.port}/${p.protocol || 'TCP'}`;
     if (portProtos.has(pp)) out.push(issue(['spec', 'ports', i], 'duplicate port and protocol', pp));
     portProtos.add(pp);
+    // ValidateService: no two ports share a (nodePort, protocol); kernel rules for one node port
+    // cannot lead to two service ports
+    if (p.nodePort) {
+      const np = `${p.nodePort}/${p.protocol || 'TCP'}`;
+      if (nodePortProtos.has(np)) out.push(issue(['spec', 'ports', i, 'nodePort'], 'duplicate node port and protocol', np));
+      nodePortProtos.add(np);
+    }
   }
   return out;
 }
 
 function sliceRules(slice: SliceOut, opts: ValidateOptions): Issue[] {
   const out: Issue[] = [];
+  // validatePorts: port names are unique within a slice (two ports of one name would make the
+  // slice's endpoints ambiguous for that service port)
+  const portNames = new Set<string>();
+  for (const [i, p] of (slice.ports ?? []).entries()) {
+    const name = p.name ?? '';
+    if (portNames.has(name)) out.push(issue(['ports', i, 'name'], 'duplicate port name', name));
+    portNames.add(name);
+  }
   if (slice.addressType === 'FQDN') {
     for (const [i, ep] of (slice.endpoints ?? []).entries()) {
       for (const [j, a] of ep.addresses.entries()) {
-        const bad = dns1123Subdomain(a);
+        const bad = fullyQualifiedDomainName(a);
         if (bad) out.push(issue(['endpoints', i, 'addresses', j], bad, a));
       }
     }

@@ -173,15 +173,26 @@ test('a slice relabelled to an invalid service name leaves its old service', () 
   assert.ok(reports.length >= 1);
 });
 
-test('slices without a valid service label are reported and ignored', () => {
+test('slices without a service-name label are valid, belong to no Service, and are ignored', () => {
+  // The API server accepts them (ValidateObjectMeta: labels are optional); upstream kube-proxy's
+  // EndpointSliceCache files them nowhere (endpointSliceCacheKeys). Not an invalid object.
   const reports: string[] = [];
-  const t = new ProxyStateTracker(4, 'node-a', (m, o) => reports.push(`${o}: ${m}`));
+  const invalid: string[] = [];
+  const t = new ProxyStateTracker(4, 'node-a', (m, o) => reports.push(`${o}: ${m}`), { onInvalid: (k, o) => invalid.push(`${k} ${o}`) });
   const s = slice('orphan', 'svc1', [ep('10.180.0.1')]);
   s.metadata!.labels = {};
   assert.equal(t.endpoints.update(null, s), false);
+  const unlabelled = slice('unlabelled', 'svc1', [ep('10.180.0.2')]);
+  delete unlabelled.metadata!.labels;
+  assert.equal(t.endpoints.update(null, unlabelled), false);
   assert.equal(t.hasPending(), false);
-  assert.equal(reports.length, 1);
-  assert.match(reports[0], /ns1\/orphan/);
+  assert.equal(t.state.endpoints.size, 0);
+  assert.deepEqual(invalid, []);
+  assert.deepEqual(reports, []);
+  // labelled later, the slice joins its Service
+  t.endpoints.update(s, slice('orphan', 'svc1', [ep('10.180.0.1')]));
+  assert.deepEqual(keys(t.apply()), ['ns1/svc1']);
+  assert.deepEqual(epKeys(t, 'ns1/svc1:p80'), ['10.180.0.1:80']);
 });
 
 test('setNodeName recomputes isLocal and reports the services whose endpoints changed', () => {

@@ -117,6 +117,7 @@ const HOSTILE_SERVICES: Array<[string, (s: Obj) => unknown, string]> = [
   ['named targetPort without a letter', (s) => (s.spec.ports[0].targetPort = '8080'), 'spec.ports[0].targetPort'],
   ['port name with a space', (s) => (s.spec.ports[0].name = 'a b'), 'spec.ports[0].name'],
   ['duplicate port name', (s) => (s.spec.ports[1].name = 'http'), 'spec.ports[1].name'],
+  ['duplicate node port and protocol', (s) => Object.assign(s.spec.ports[1], { protocol: 'TCP', nodePort: 30080 }), 'spec.ports[1].nodePort'],
   ['unnamed port among several', (s) => delete s.spec.ports[1].name, 'spec.ports[1].name'],
   ['label value too long', (s) => (s.metadata.labels.app = long(64)), 'metadata.labels.app'],
   ['label key with two slashes', (s) => (s.metadata.labels['a/b/c'] = 'x'), 'metadata.labels["a/b/c"]'],
@@ -179,12 +180,11 @@ const HOSTILE_SLICES: Array<[string, (s: Obj) => unknown, string]> = [
   ['1001 endpoints', (s) => (s.endpoints = Array.from({ length: 1001 }, (_, i) => ({ addresses: [`10.1.${i >> 8}.${i & 255}`] }))), 'endpoints'],
   ['addressType missing', (s) => delete s.addressType, 'addressType'],
   ['addressType IPv5', (s) => (s.addressType = 'IPv5'), 'addressType'],
-  ['labels missing', (s) => delete s.metadata.labels, 'metadata.labels'],
-  ['service-name label missing', (s) => (s.metadata.labels = { app: 'x' }), 'metadata.labels["kubernetes.io/service-name"]'],
   ['service-name label not a service name', (s) => (s.metadata.labels['kubernetes.io/service-name'] = 'Not Valid'), 'metadata.labels["kubernetes.io/service-name"]'],
   ['slice name too long', (s) => (s.metadata.name = long(254)), 'metadata.name'],
   ['nodeName with a slash', (s) => (s.endpoints[0].nodeName = 'a/b'), 'endpoints[0].nodeName'],
   ['port name upper case', (s) => (s.ports[0].name = 'HTTP'), 'ports[0].name'],
+  ['duplicate port name', (s) => s.ports.push({ name: 'http', port: 8081, protocol: 'TCP' }), 'ports[1].name'],
   // addresses
   ['address not an IP', (s) => (s.endpoints[0].addresses = ['10.180.0.999']), 'endpoints[0].addresses[0]'],
   ['IPv6 address in an IPv4 slice', (s) => (s.endpoints[0].addresses = ['fd00::1']), 'endpoints[0].addresses[0]'],
@@ -313,10 +313,13 @@ describe('valid upstream-style objects pass unchanged', () => {
       for (const fam of [4, 6] as const) assert.deepEqual(servicePortsOf(r.value, fam), servicePortsOf(obj, fam));
     });
   }
+  const unlabelledSlice: Obj = { ...goodSlice(), metadata: { name: 'custom-1', namespace: 'ns1' } };
   for (const [what, obj] of [
     ['topology hints, conditions, node names', goodSlice()],
     ['IPv6', ipv6Slice],
     ['FQDN', fqdnSlice],
+    ['FQDN with a trailing dot (IsFullyQualifiedDomainName)', { ...fqdnSlice, endpoints: [{ addresses: ['example.com.'] }] }],
+    ['without labels: valid, and belongs to no Service', unlabelledSlice],
   ] as const) {
     test(`EndpointSlice: ${what}`, () => {
       const r = validateEndpointSlice(structuredClone(obj));
