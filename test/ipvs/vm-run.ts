@@ -1,6 +1,7 @@
 // Shared by the IPVS VM tests: boots ../shared/ipvs-vm once with the repository shared at
 // /project, runs one script inside, and turns its result lines into one subtest per check.
 import assert from 'node:assert/strict';
+import { realpathSync } from 'node:fs';
 import path from 'node:path';
 import type { TestContext } from 'node:test';
 import { fileURLToPath } from 'node:url';
@@ -8,6 +9,21 @@ import { hostRunner, type RunResult } from '../../src/kernel/runner.ts';
 
 export const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const vmRunner = path.resolve(repoRoot, '../shared/ipvs-vm/run-in-ipvs-vm.sh');
+
+/**
+ * node_modules shared at the path it resolves to when it lies outside the repository (a git
+ * worktree's is a link to the main checkout's): the VM sees the repository's link, and what it
+ * points to.
+ */
+function dependencyShares(): string[] {
+  let real: string;
+  try {
+    real = realpathSync(path.join(repoRoot, 'node_modules'));
+  } catch {
+    return [];
+  }
+  return real.startsWith(repoRoot + path.sep) ? [] : ['--share', `${real}:${real}:ro`];
+}
 
 /** Runs `script` (relative to the repository) in the VM, with socat and curl inside. */
 export async function runInVm(script: string, vmTimeoutS: number): Promise<RunResult & { seconds: string }> {
@@ -18,7 +34,7 @@ export async function runInVm(script: string, vmTimeoutS: number): Promise<RunRe
   try {
     const r = await hostRunner.run(
       vmRunner,
-      ['--timeout', String(vmTimeoutS), '--share', `${repoRoot}:/project`, '--share', '/usr/bin:/hostbin:ro',
+      ['--timeout', String(vmTimeoutS), '--share', `${repoRoot}:/project`, ...dependencyShares(), '--share', '/usr/bin:/hostbin:ro',
         '--env', 'NODE=/hostbin/node', '--cwd', '/project', script],
       { timeoutMs: (vmTimeoutS + 30) * 1000 },
     );

@@ -27,11 +27,13 @@ const EXPECTED_CHECKS = [
   'one-endpoint-change-runs-one-command',
   'behind-back-change-repaired-by-full-sync',
   'failed-partial-apply-falls-back-to-full',
+  'long-names-traffic',
+  'generated-services-ipvs-restore',
   'cleanup-leaves-no-residue',
 ];
 
-test('ipvs mode end to end in the IPVS VM', { timeout: 480_000 }, async (t) => {
-  const r = await runInVm('test/ipvs/in-vm.sh', 400);
+test('ipvs mode end to end in the IPVS VM', { timeout: 600_000 }, async (t) => {
+  const r = await runInVm('test/ipvs/in-vm.sh', 480);
   await reportChecks(t, 'test/ipvs/in-vm.sh', r, EXPECTED_CHECKS, (l) => {
     const m = /^RESULT (ok|fail) (\S+) ?(.*)$/.exec(l);
     return m ? { name: m[2], ok: m[1] === 'ok', detail: m[3] } : null;
