@@ -40,10 +40,10 @@ export type Validated<T> = { ok: true; value: T } | { ok: false; issues: Issue[]
 
 /**
  * Everything kproxy refuses that the API server accepts, with its reason: the one list. None
- * refuses a whole object the API server accepts; each leaves out one address.
+ * refuses a whole object the API server accepts; each leaves out one address or one port.
  * test/core/upstream-validation.test.ts runs upstream's own validation tables through this file.
  */
-export const EXTRA_REFUSALS: ReadonlyArray<{ what: string; scope: 'address'; where: string; why: string }> = [
+export const EXTRA_REFUSALS: ReadonlyArray<{ what: string; scope: 'address' | 'port'; where: string; why: string }> = [
   {
     what: 'a ClusterIP or load-balancer ingress IP that is unspecified, loopback, link-local, multicast or broadcast',
     scope: 'address',
@@ -61,6 +61,12 @@ export const EXTRA_REFUSALS: ReadonlyArray<{ what: string; scope: 'address'; whe
     scope: 'address',
     where: 'src/core/convert.ts (the endpoint is left out, logged)',
     why: 'ValidateEndpointIP lets them through; a DNAT to them forwards nowhere and IPVS refuses them as real servers (EINVAL), failing the whole restore',
+  },
+  {
+    what: 'an EndpointSlice port whose number is outside 1-65535',
+    scope: 'port',
+    where: 'src/core/convert.ts (the port is left out, logged)',
+    why: 'ValidateEndpointSlice checks no port number; no rule can name such a port',
   },
 ];
 
@@ -361,7 +367,9 @@ const sliceSchema = z.object({
       z.object({
         // validatePorts: a name is empty or a DNS-1123 label, and unique (sliceRules)
         name: opt(str((s) => (s === '' ? null : dns1123Label(s)))),
-        port: opt(int(1, 65535)),
+        // validatePorts checks no port number: any int32 is stored (convert.ts leaves out a
+        // port outside 1-65535, EXTRA_REFUSALS)
+        port: opt(int(-2147483648, 2147483647)),
         protocol: opt(protocol),
         appProtocol: opt(z.string()),
       }),

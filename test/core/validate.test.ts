@@ -174,7 +174,6 @@ const HOSTILE_SLICES: Array<[string, (s: Obj) => unknown, string]> = [
   ['ready: "true"', (s) => (s.endpoints[0].conditions.ready = 'true'), 'endpoints[0].conditions.ready'],
   ['ports: {}', (s) => (s.ports = {}), 'ports'],
   ['port as a string', (s) => (s.ports[0].port = '8080'), 'ports[0].port'],
-  ['port 0', (s) => (s.ports[0].port = 0), 'ports[0].port'],
   ['forZones [null]', (s) => (s.endpoints[0].hints.forZones = [null]), 'endpoints[0].hints.forZones[0]'],
   ['9 zone hints', (s) => (s.endpoints[0].hints.forZones = Array.from({ length: 9 }, (_, i) => ({ name: `z${i}` }))), 'endpoints[0].hints.forZones'],
   ['1001 endpoints', (s) => (s.endpoints = Array.from({ length: 1001 }, (_, i) => ({ addresses: [`10.1.${i >> 8}.${i & 255}`] }))), 'endpoints'],
@@ -514,6 +513,19 @@ describe('tracker at the boundary', () => {
     t.endpoints.update(null, bad);
     t.apply();
     assert.deepEqual(t.state.endpoints.get('ns1/web:http')!.map((e) => e.key), ['10.180.0.9:8080']);
+  });
+
+  test('a slice port outside 1-65535 (accepted upstream: validatePorts checks no number) is left out; the slice stays', () => {
+    const reports: string[] = [];
+    const t = new ProxyStateTracker(4, 'node-a', (msg) => reports.push(msg));
+    t.services.update(null, goodSvc());
+    const sl = goodSlice();
+    sl.ports = [sl.ports[0], { name: 'other', port: 0, protocol: 'TCP' }, { name: 'big', port: 70000, protocol: 'TCP' }];
+    assert.ok(validateEndpointSlice(sl).ok, 'the API server accepts the slice, and so does kproxy');
+    t.endpoints.update(null, sl);
+    t.apply();
+    assert.ok(t.state.endpoints.get('ns1/web:http')!.length > 0, 'the good port keeps its endpoints');
+    assert.ok(reports.some((r) => r.includes('70000')), reports.join('\n'));
   });
 
   test('a multicast or broadcast endpoint (accepted upstream) is left out; the other endpoints of the slice stay', () => {

@@ -68,22 +68,27 @@ test('hostile objects from a source: skipped, warned once per field, counted; th
     });
     h.onSynced();
     await waitFor('first sync', () => seen.length > 0 && ctrl.history.some((r) => r.ok));
-    assert.deepEqual([...seen[seen.length - 1].state.services.keys()], ['ns1/good:http']);
+    // a loopback ClusterIP passes the API server's validation (IsValidIP): the Service is kept,
+    // and the node view leaves the address out of what any mode renders
+    const last = seen[seen.length - 1];
+    assert.deepEqual([...last.state.services.keys()].sort(), ['ns1/good:http', 'ns1/lo:http']);
+    assert.equal(last.view?.ports.get('ns1/lo:http')?.sp.clusterIP, null);
+    assert.deepEqual(last.view?.ports.get('ns1/lo:http')?.skippedVIPs.map((v) => v.ip), ['127.0.0.1']);
     assert.deepEqual(ctrl.nodeContext().nodeLabels, {}, 'an invalid Node counts as no Node');
 
     // the same bad object again (a source re-delivering it): counted again, not warned again
     h.onService(bad as any, structuredClone(bad) as any);
     const metrics = await servers.metrics.registry.metrics();
     const count = (kind: string) => Number(new RegExp(`^kproxy_invalid_objects_total\\{kind="${kind}",source="test"\\} (\\d+)$`, 'm').exec(metrics)?.[1] ?? 0);
-    assert.equal(count('Service'), 4, metrics);
+    assert.equal(count('Service'), 3, metrics);
     assert.equal(count('EndpointSlice'), 1);
     assert.equal(count('Node'), 1);
-    assert.deepEqual(ctrl.invalidCounts, { Service: 4, EndpointSlice: 1, Node: 1 });
+    assert.deepEqual(ctrl.invalidCounts, { Service: 3, EndpointSlice: 1, Node: 1 });
 
     const warns = lines.filter((l) => l.kind);
     const about = (obj: string) => warns.filter((w) => w.object === obj).map((w) => w.field);
     assert.deepEqual(about('Service ns1/bad'), ['spec.ports'], 'one warning per object and field');
-    assert.deepEqual(about('Service ns1/lo'), ['spec.clusterIP']);
+    assert.deepEqual(about('Service ns1/lo'), [], 'a Service the API server accepts is not invalid');
     assert.deepEqual(about('EndpointSlice ns1/s'), ['endpoints[0]']);
     assert.deepEqual(about('Node node-a'), ['metadata.labels']);
     assert.ok(warns.every((w) => typeof w.value === 'string' && w.value.length <= 101));
