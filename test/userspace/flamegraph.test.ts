@@ -38,7 +38,7 @@ test('flame graph SVG: a box per frame wide enough, titled with its share; narro
   assert.match(svg, /^<svg /);
   assert.match(svg, /T &lt;1&gt;/);
   assert.match(svg, /<title>writeBuffer \(66\.7 %, self 66\.7 %\)<\/title>/);
-  assert.match(svg, /<title>main src\/dataplane\/tcp\.ts:10 \(100\.0 %, self 16\.7 %\)<\/title>/);
+  assert.match(svg, /<title>main src\/modes\/userspace\/dataplane\/tcp\.ts:10 \(100\.0 %, self 16\.7 %\)<\/title>/);
   // tiny is 1 of 6 busy samples (16.7 %), under minPct 20.
   assert.doesNotMatch(svg, /tiny/);
   assert.equal(frameName(frame('', 'file:///a/node_modules/pino/lib.js', 0)), '(anonymous) node_modules/pino/lib.js:1');
