@@ -21,6 +21,7 @@ import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { dropLingering } from '../support/nft-retired.ts';
 import { Netns, uniqueName } from '../support/netns.ts';
+import { waitFor } from '../support/wait.ts';
 import { nsRunner } from './objects.ts';
 
 const NS = { a: uniqueName('kpt-nft-dd-a'), b: uniqueName('kpt-nft-dd-b'), pods: uniqueName('kpt-nft-dd-p') };
@@ -109,8 +110,7 @@ before(async () => {
   pods.exec('ip', ['route', 'add', 'local', '10.0.0.0/8', 'dev', 'lo']);
   pods.exec('ip', ['-6', 'route', 'add', 'local', 'fd00:10::/32', 'dev', 'lo']);
   pods.spawn(process.execPath, ['-e', SERVER], { onOutput: (s) => void (ready += s) });
-  for (let i = 0; i < 300 && !ready.includes('ready'); i++) await new Promise((r) => setTimeout(r, 100));
-  assert.match(ready, /ready/, 'the listener started');
+  await waitFor('the listener to start', () => ready.includes('ready'), 30_000);
 });
 
 after(async () => {

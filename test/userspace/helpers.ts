@@ -85,21 +85,6 @@ export function planInput(objects: Array<K8sService | K8sEndpointSlice>, opts: {
   };
 }
 
-/** Resolves after ms. */
-export function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
-}
-
-/** Polls `cond` every 20ms until true or timeoutMs. */
-export async function waitFor(cond: () => boolean | Promise<boolean>, timeoutMs: number, what: string): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (let i = 0; i < 10_000 && Date.now() < deadline; i++) {
-    if (await cond()) return;
-    await sleep(20);
-  }
-  throw new Error(`timed out after ${timeoutMs}ms waiting for ${what}`);
-}
-
 /** Open fds of a process (this one by default), from /proc. */
 export function openFds(pid: number | 'self' = 'self'): number {
   return readdirSync(`/proc/${pid}/fd`).length;
