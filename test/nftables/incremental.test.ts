@@ -17,38 +17,29 @@ import { countObjects, dumpRuleset, elementKey, type NftElement } from '../../sr
 import { lingeringTarget, partialTransaction } from '../../src/modes/nftables/transaction.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { dropRetiredAffinitySets } from '../support/nft-retired.ts';
+import { makeSlice, nodePortService, type ServiceSpec } from '../support/builders.ts';
 
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: { 'kubernetes.io/hostname': 'node-a' }, family: 4 as const };
 
-function service(i: number, extra: Partial<NonNullable<K8sService['spec']>> = {}): K8sService {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'ns', name: `svc${i}` },
-    spec: {
-      type: 'NodePort',
-      clusterIP: `172.30.0.${i + 1}`,
-      ports: [
-        { name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i },
-        { name: 'dns', protocol: 'UDP', port: 53, nodePort: 31000 + i },
-      ],
-      ...extra,
-    },
-  };
+function service(i: number, extra: Partial<ServiceSpec> = {}): K8sService {
+  return nodePortService(i, {
+    ports: [
+      { name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i },
+      { name: 'dns', protocol: 'UDP', port: 53, nodePort: 31000 + i },
+    ],
+    ...extra,
+  });
 }
 
 function endpoints(i: number, ips: string[], local: string[] = []): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: 'ns', name: `svc${i}-x`, labels: { 'kubernetes.io/service-name': `svc${i}` } },
-    addressType: 'IPv4',
-    endpoints: ips.map((ip) => ({ addresses: [ip], conditions: { ready: true }, nodeName: local.includes(ip) ? 'node-a' : 'node-b' })),
+  return makeSlice('ns', `svc${i}`, {
+    name: `svc${i}-x`,
+    endpoints: ips.map((ip) => ({ ip, node: local.includes(ip) ? 'node-a' : 'node-b', ready: true })),
     ports: [
-      { name: 'http', port: 8080, protocol: 'TCP' },
+      { name: 'http', port: 8080 },
       { name: 'dns', port: 5353, protocol: 'UDP' },
     ],
-  };
+  });
 }
 
 /** `nft` as a kernel: every applied transaction is kept; `list table` answers from the replay. */

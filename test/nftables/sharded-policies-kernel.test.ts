@@ -41,6 +41,7 @@ import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
 import { mode } from '../../src/modes/nftables/index.ts';
 import { uniqueName } from '../support/netns.ts';
 import { nsRunner, startReadyServer } from './objects.ts';
+import { lbStatus, makeService, makeSlice } from '../support/builders.ts';
 
 const P = uniqueName('kpt-shp');
 const NS = { node: `${P}-n`, pod1: `${P}-p1`, pod2: `${P}-p2`, client: `${P}-c`, denied: `${P}-d` };
@@ -185,31 +186,22 @@ function objects(family: 4 | 6, role: string, i: number, s: Svc, k: number): { n
   const clusterIP = family === 4 ? `172.30.0.${i + 1}` : `fd00:172:30::${i + 1}`;
   const ports = [{ name: 'p', port: 80, protocol: 'TCP', ...(s.type !== 'ClusterIP' ? { nodePort: 31000 + family * 100 + i } : {}) }];
   if (s.emptyPort) ports.push({ name: 'q', port: 81, protocol: 'TCP', ...(s.type !== 'ClusterIP' ? { nodePort: 31050 + family * 100 + i } : {}) });
-  const svc: K8sService = {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'shp', name },
-    spec: {
-      type: s.type,
-      clusterIP,
-      clusterIPs: [clusterIP],
-      ipFamilies: [family === 4 ? 'IPv4' : 'IPv6'],
-      ports,
-      ...(s.etpLocal ? { externalTrafficPolicy: 'Local', healthCheckNodePort: 32000 + i } : {}),
-      ...(s.ranges ? { loadBalancerSourceRanges: s.ranges } : {}),
-    },
-    ...(s.lbIP ? { status: { loadBalancer: { ingress: [{ ip: s.lbIP }] } } } : {}),
-  };
-  const slice: K8sEndpointSlice | null = s.pods
-    ? {
-        apiVersion: 'discovery.k8s.io/v1',
-        kind: 'EndpointSlice',
-        metadata: { namespace: 'shp', name: `${name}-1`, labels: { 'kubernetes.io/service-name': name } },
-        addressType: family === 4 ? 'IPv4' : 'IPv6',
-        endpoints: s.pods.map((p) => ({ addresses: [POD[p][family]], nodeName: p === 'pod1' ? NODE_NAME : 'node-b', conditions: { ready: true } })),
+  const svc = makeService('shp', name, {
+    type: s.type,
+    clusterIP,
+    clusterIPs: [clusterIP],
+    ipFamilies: [family === 4 ? 'IPv4' : 'IPv6'],
+    ports,
+    ...(s.etpLocal ? { externalTrafficPolicy: 'Local', healthCheckNodePort: 32000 + i } : {}),
+    ...(s.ranges ? { loadBalancerSourceRanges: s.ranges } : {}),
+  }, s.lbIP ? lbStatus(s.lbIP) : undefined);
+  const slice = s.pods
+    ? makeSlice('shp', name, {
+        family,
+        endpoints: s.pods.map((p) => ({ ip: POD[p][family], node: p === 'pod1' ? NODE_NAME : 'node-b', ready: true })),
         // only port p: port q (when there is one) has no endpoints
-        ports: [{ name: 'p', port: 8080, protocol: 'TCP' }],
-      }
+        ports: [{ name: 'p', port: 8080 }],
+      })
     : null;
   return { name, svc, slice };
 }

@@ -17,15 +17,13 @@ import type { Source, SourceHandler, SourceHealth } from '../../src/sources/type
 import type { K8sService } from '../../src/core/api.ts';
 import type { CommandRunner } from '../../src/kernel/runner.ts';
 import { waitFor } from '../support/wait.ts';
+import { makeService } from '../support/builders.ts';
 
 const HEALTH_TIMEOUT_MS = 60_000;
 const T0 = 1_700_000_000_000;
 
 function service(name: string, port = 80): K8sService {
-  return {
-    metadata: { namespace: 'default', name },
-    spec: { type: 'ClusterIP', clusterIP: '172.30.0.10', clusterIPs: ['172.30.0.10'], ports: [{ name: 'http', port, protocol: 'TCP' }] },
-  } as K8sService;
+  return makeService('default', name, { type: 'ClusterIP', clusterIP: '172.30.0.10', clusterIPs: ['172.30.0.10'], ports: [{ name: 'http', port, protocol: 'TCP' }] });
 }
 
 class FakeSource implements Source {

@@ -12,15 +12,11 @@ import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
 import type { CommandRunner } from '../../src/kernel/runner.ts';
 import { sleep, waitFor } from '../support/wait.ts';
+import { makeService, makeSlice } from '../support/builders.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
-const service = (i: number): any => ({ metadata: { name: `web${i}`, namespace: 't' }, spec: { clusterIP: `172.30.0.${10 + i}`, ports: [{ name: 'http', port: 80 }] } });
-const slice = (i: number, ips: string[]): any => ({
-  metadata: { name: `web${i}-1`, namespace: 't', labels: { 'kubernetes.io/service-name': `web${i}` } },
-  addressType: 'IPv4',
-  ports: [{ name: 'http', port: 8080 }],
-  endpoints: ips.map((ip) => ({ addresses: [ip] })),
-});
+const service = (i: number) => makeService('t', `web${i}`, { clusterIP: `172.30.0.${10 + i}`, ports: [{ name: 'http', port: 80 }] });
+const slice = (i: number, ips: string[]) => makeSlice('t', `web${i}`, { endpoints: ips.map((ip) => ({ ip })), ports: [{ name: 'http', port: 8080 }] });
 
 /**
  * A controller over a fake proxier (its sync given), with a source the test drives through

@@ -14,15 +14,11 @@ import type { Source, SourceHandler } from '../../src/sources/types.ts';
 import type { CommandRunner } from '../../src/kernel/runner.ts';
 import type { StaleFlowCleaner } from '../../src/kernel/conntrack.ts';
 import { waitFor } from '../support/wait.ts';
+import { makeService, makeSlice } from '../support/builders.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
-const svc: any = { metadata: { name: 'dns', namespace: 't' }, spec: { clusterIP: '172.30.0.53', ports: [{ name: 'dns', port: 53, protocol: 'UDP' }] } };
-const slice = (ip: string): any => ({
-  metadata: { name: 'dns-1', namespace: 't', labels: { 'kubernetes.io/service-name': 'dns' } },
-  addressType: 'IPv4',
-  ports: [{ name: 'dns', port: 5353, protocol: 'UDP' }],
-  endpoints: [{ addresses: [ip] }],
-});
+const svc = makeService('t', 'dns', { clusterIP: '172.30.0.53', ports: [{ name: 'dns', port: 53, protocol: 'UDP' }] });
+const slice = (ip: string) => makeSlice('t', 'dns', { endpoints: [{ ip }], ports: [{ name: 'dns', port: 5353, protocol: 'UDP' }] });
 
 test('controller: stale flows of each successful sync go to the cleaner; failures change nothing', async () => {
   let handler: SourceHandler | null = null;

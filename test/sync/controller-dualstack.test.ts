@@ -14,18 +14,13 @@ import type { PlanInput } from '../../src/core/nodeview.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
 import { type CommandRunner, ExecError } from '../../src/kernel/runner.ts';
 import { waitFor } from '../support/wait.ts';
+import { makeService, makeSlice } from '../support/builders.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
-const dualSvc = (name: string, v4: string, v6: string): any => ({
-  metadata: { name, namespace: 'ns1' },
-  spec: { clusterIP: v4, clusterIPs: [v4, v6], ipFamilies: ['IPv4', 'IPv6'], ports: [{ name: 'http', port: 80 }] },
-});
-const slice = (svc: string, type: 'IPv4' | 'IPv6', ip: string): any => ({
-  metadata: { name: `${svc}-${type.toLowerCase()}`, namespace: 'ns1', labels: { 'kubernetes.io/service-name': svc } },
-  addressType: type,
-  ports: [{ name: 'http', port: 8080 }],
-  endpoints: [{ addresses: [ip] }],
-});
+const dualSvc = (name: string, v4: string, v6: string) =>
+  makeService('ns1', name, { clusterIP: v4, clusterIPs: [v4, v6], ipFamilies: ['IPv4', 'IPv6'], ports: [{ name: 'http', port: 80 }] });
+const slice = (svc: string, type: 'IPv4' | 'IPv6', ip: string) =>
+  makeSlice('ns1', svc, { name: `${svc}-${type.toLowerCase()}`, family: type === 'IPv6' ? 6 : 4, endpoints: [{ ip }], ports: [{ name: 'http', port: 8080 }] });
 
 class FakeProxier implements Proxier {
   inputs: PlanInput[] = [];

@@ -15,19 +15,18 @@ import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import { ManifestsSource } from '../../src/sources/manifests.ts';
 import { ProxyController } from '../../src/sync/controller.ts';
 import { waitFor } from '../support/wait.ts';
+import { makeService, makeSlice } from '../support/builders.ts';
 
 const N = 2000;
 const ip = (base: string, i: number) => `${base}.${(i + 1) >> 8}.${(i + 1) & 255}`;
-const service = (i: number) => ({
-  apiVersion: 'v1', kind: 'Service', metadata: { name: `svc-${i}`, namespace: 'bench' },
-  spec: { type: 'ClusterIP', clusterIP: ip('172.30', i), ports: [{ name: 'http', protocol: 'TCP', port: 80, targetPort: 8080 }] },
-});
-const slice = (i: number, count: number) => ({
-  apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice', addressType: 'IPv4',
-  metadata: { name: `svc-${i}-abc`, namespace: 'bench', labels: { 'kubernetes.io/service-name': `svc-${i}` } },
-  endpoints: Array.from({ length: count }, (_, k) => ({ addresses: [ip(`10.${180 + k}`, i)], conditions: { ready: true } })),
-  ports: [{ name: 'http', protocol: 'TCP', port: 8080 }],
-});
+const service = (i: number) =>
+  makeService('bench', `svc-${i}`, { type: 'ClusterIP', clusterIP: ip('172.30', i), ports: [{ name: 'http', protocol: 'TCP', port: 80, targetPort: 8080 }] });
+const slice = (i: number, count: number) =>
+  makeSlice('bench', `svc-${i}`, {
+    name: `svc-${i}-abc`,
+    endpoints: Array.from({ length: count }, (_, k) => ({ ip: ip(`10.${180 + k}`, i), ready: true })),
+    ports: [{ name: 'http', port: 8080 }],
+  });
 const docs = (objs: unknown[]) => objs.map((o) => `---\n${JSON.stringify(o)}\n`).join('');
 
 test(`one slice file rewritten among ${N} Services: O(1) work from the write to Proxier.sync`, { timeout: 180_000 }, async () => {
