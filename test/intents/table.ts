@@ -1,4 +1,4 @@
-// The table of intents (issue 8, item 8): one LoadBalancer Service per combination of
+// The table of intents: one LoadBalancer Service per combination of
 // internal and external traffic policy, endpoint set and session affinity, in both IP
 // families, and the packet flows that reach it (every frontend × every kind of source).
 // Each flow carries the result upstream's iptables mode gives, from `oracle()` below, which

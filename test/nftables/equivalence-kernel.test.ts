@@ -145,7 +145,7 @@ for (const family of [4, 6] as const) {
         // Only commands nft 1.0.6 runs without listing every chain, and deletes of what went.
         const sent = proxier.lastTransactionText().split('\n').filter(Boolean);
         for (const l of sent) assert.match(l, /^(add chain|flush chain|add set|add map|flush set|delete element|delete set|delete chain) /, `step ${step}`);
-        // A Service deleted alone deletes none of its dispatch elements now: they linger, harmless.
+        // A Service deleted alone deletes none of its dispatch elements: they linger, harmless.
         const gone = /^svc\d+ deleted$/.test(history.at(-1)!) && count === 1;
         if (gone) assert.deepEqual(sent.filter((l) => /^delete element \S+ kube-proxy (service-ips|service-nodeports|firewall-ips|cluster-ips) /.test(l) && !lingeredBefore.has(l)), [], `step ${step}: ${history.at(-1)}`);
 

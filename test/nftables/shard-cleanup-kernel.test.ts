@@ -1,6 +1,6 @@
 // Real kernel: the nftables mode's cleanup (`kproxy cleanup`, and the other modes' start when
 // switching away from nftables) removes every kube-proxy table of ip and ip6 — upstream's
-// `kube-proxy` and the shards' `kube-proxy-<n>` (issue 10) — and nothing else: not an inet
+// `kube-proxy` and the shards' `kube-proxy-<n>` — and nothing else: not an inet
 // table of the same name, not a look-alike name, not another program's table; the tables are
 // found by name (`nft -c` of `create table`), never by listing the family. The namespace
 // comes from uniqueName() and is removed in `after`.

@@ -1,4 +1,4 @@
-// The per-sync bookkeeping kept across syncs (issue 10: a one-Service change is O(changed)
+// The per-sync bookkeeping kept across syncs (so that a one-Service change is O(changed)
 // at 50,000 Services) equals a from-scratch computation after every step of random
 // sequences of Service and EndpointSlice adds, updates and deletes, across reshards:
 //   - the incremental node view (in place, with revertView after a "failed" sync) = a full

@@ -1,4 +1,4 @@
-// The tracer over several kube-proxy tables (issue 10: the Services spread over shard tables
+// The tracer over several kube-proxy tables (the Services spread over shard tables
 // `kube-proxy-<n>`, each a complete copy of upstream's table holding only its Services). Pure:
 // every probe packet (each dispatched address, from a pod, the node and an outside client)
 // ends the same way — endpoints or verdict, masquerade — through the shards walked together

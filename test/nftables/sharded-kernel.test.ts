@@ -1,4 +1,4 @@
-// Real kernel, the sharded nftables mode (issue 10) with a low threshold (6 Services; 3 per
+// Real kernel, the sharded nftables mode with a low threshold (6 Services; 3 per
 // table; at most 4 tables): a node namespace holds the tables `kube-proxy-0..3` written by
 // ShardedNftProxier through `ip netns exec`, two pod namespaces run TCP echo servers that
 // answer with their name and the peer address they saw, a client namespace (203.0.113.2, off

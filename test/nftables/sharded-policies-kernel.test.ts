@@ -1,4 +1,4 @@
-// Real kernel, the sharded nftables mode (issue 10) beyond test/nftables/sharded-kernel.test.ts:
+// Real kernel, the sharded nftables mode beyond test/nftables/sharded-kernel.test.ts:
 // what only packets across several tables show. ShardedNftProxier with low thresholds writes
 // `ip kube-proxy-0..2` (6 IPv4 Services) and `ip6 kube-proxy-0..1` (4 IPv6 Services) into a node
 // namespace; the Services' names are picked so that each lands in the table the case needs
@@ -16,8 +16,8 @@
 // - a Service without endpoints (REJECT, ClusterIP and NodePort) next to Services with them in
 //   the other tables, and a port without endpoints next to one with them in one Service;
 // - the unallocated-ClusterIP drop (planner option serviceCIDRs; plan.ts `sharded`): another
-//   table's ClusterIP on a port it lacks is REJECTed, an unallocated one dropped; the old
-//   inline drop in each table drops the first (why the shape changed); and `kproxy trace
+//   table's ClusterIP on a port it lacks is REJECTed, an unallocated one dropped; the single
+//   table's inline drop, in each table, would drop the first (why the shards' shape differs); and `kproxy trace
 //   --live` gives what the kernel did, also where only the order of two tables' chains of
 //   equal priority decides (the kernel runs the table created last first).
 // Every request is bounded (1.5 s); namespaces and processes are removed in `after`.
@@ -402,7 +402,7 @@ test('the unallocated-ClusterIP drop (serviceCIDRs) runs after every table\'s re
       { kernel: 'REJECT', traced: 'REJECT' },
       { kernel: 'DROP', traced: 'DROP' },
     ]);
-    // The shape before the fix (each table's drop inline, at the reject's priority), over two
+    // The single table's shape (each table's drop inline, at the reject's priority), over two
     // tables: `empty` alone in kube-proxy-1, created last, so the kernel runs it first. `open`'s
     // wrong port is dropped by kube-proxy-1 before its own table can reject it; `empty`'s is
     // rejected. A tracer taking equal priorities in table order would say the opposite.

@@ -1,5 +1,5 @@
-// The table's name is a parameter of the planner and the proxier (issue 10, sharding step 1:
-// a shard is upstream's table under another name, `kube-proxy-<n>`). Pure: the planned table
+// The table's name is a parameter of the planner and the proxier (a shard is upstream's
+// table under another name, `kube-proxy-<n>`). Pure: the planned table
 // under another name is the default table's text with only the name changed. Real kernel: a
 // proxier given `kube-proxy-3` writes only that table, its full and partial syncs land there
 // (the kernel table equals a fresh full sync's of the same name), and its retired chains and

@@ -1,4 +1,4 @@
-// /metrics carries upstream kube-proxy's metrics (issue 9, item 5): after real syncs (the
+// /metrics carries upstream kube-proxy's metrics: after real syncs (the
 // iptables proxier and planner against the stateful fake iptables; no root), a scrape of the
 // metrics server has every name of upstream's pkg/proxy/metrics/metrics.go that applies, with
 // upstream's type, label names and histogram buckets, checked against a table copied from

@@ -1,4 +1,4 @@
-// The controller clears stale UDP/SCTP conntrack flows (issue 9) through an injected cleaner
+// The controller clears stale UDP/SCTP conntrack flows through an injected cleaner
 // after each family's successful sync: the node view's staleFlows, relative to the family's
 // last view; a failed sync clears nothing; a cleaner that fails does not fail the sync; the
 // counts reach the reconciler metrics. No kernel: fake source, proxier and cleaner.

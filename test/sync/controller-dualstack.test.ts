@@ -1,4 +1,4 @@
-// The controller on a dual-stack node (issue 8, item 2): one tracker and one proxier per IP
+// The controller on a dual-stack node: one tracker and one proxier per IP
 // family, as upstream's metaproxier. Each family's proxier sees only its family's Service
 // ports; a family that fails does not stop the other; a family whose tools are missing is
 // reported once (KPROXY_FAMILY_UNAVAILABLE) and the other keeps working. No kernel: fake

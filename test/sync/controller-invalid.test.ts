@@ -1,4 +1,4 @@
-// The controller at the boundary (issue 12, item 3): a source delivering hostile objects next
+// The controller at the boundary: a source delivering hostile objects next
 // to good ones. Nothing throws, the proxier sees only the good Service, each skip counts in
 // kproxy_invalid_objects_total{kind,source}, and a repeated bad object warns once per field.
 // No sockets, no kernel: a fake source and a fake mode.

@@ -1,4 +1,4 @@
-// kproxy's own path from a manifest write to Proxier.sync (issue 10): a change of one small
+// kproxy's own path from a manifest write to Proxier.sync: a change of one small
 // file among 2,000 Services costs O(that file), counted, not timed: the source stats and
 // reads that file only and delivers its one object, the trackers take one event, and the
 // node view decides one port again; the proxier is told that one service changed.

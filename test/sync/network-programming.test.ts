@@ -1,4 +1,4 @@
-// network_programming_duration_seconds (issue 9, item 5) as upstream's EndpointsChangeTracker
+// network_programming_duration_seconds as upstream's EndpointsChangeTracker
 // measures it: the EndpointSlice's endpoints.kubernetes.io/last-change-trigger-time survives
 // validation, is kept per pending change, dropped when the change turns out a no-op or the
 // slice is deleted, ignored when older than the tracker, and observed when the sync that

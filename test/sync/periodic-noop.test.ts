@@ -1,6 +1,6 @@
-// The periodic sync every syncPeriod is a partial one (issue 9, item 6): with nothing changed
-// it writes nothing to the kernel in the iptables and nftables modes, so a large cluster is no
-// longer rewritten every 30 s. The proxiers against the stateful fake iptables and a fake nft.
+// The periodic sync every syncPeriod is a partial one: with nothing changed it writes nothing
+// to the kernel in the iptables and nftables modes, so a large cluster is not rewritten every
+// 30 s. The proxiers against the stateful fake iptables and a fake nft.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
