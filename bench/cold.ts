@@ -1,5 +1,5 @@
 // Cold start and one-service change through the mode's Proxier (bench/measure.ts), side by
-// side with the raw references the issue's goals are stated against: a *flushing*
+// side with the raw references the scale goals are stated against: a *flushing*
 // `iptables-restore` (nf_tables backend and legacy) and `nft -f` of the same rendered
 // payload into an empty namespace.
 import { ExecError } from '../src/kernel/runner.ts';

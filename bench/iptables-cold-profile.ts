@@ -1,4 +1,4 @@
-// Where the iptables (nf_tables backend) cold start goes, side by side in one run (issue 10):
+// Where the iptables (nf_tables backend) cold start goes, side by side in one run:
 // the full rendered ruleset of N services applied into fresh kpb-* namespaces as
 //   raw        one flushing `iptables-restore -w 5 --counters` (the reference);
 //   chunks:L   kproxy's chunked full sync form (plan.ts chunkedPayloads, L lines per chunk),

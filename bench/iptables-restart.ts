@@ -1,5 +1,5 @@
-// A kproxy restart over an existing ruleset (issue 10, "a first sync must not hold the
-// xtables or netlink lock for tens of seconds"): a NEW IptablesProxier (a new process: fresh
+// A kproxy restart over an existing ruleset (a first sync must not hold the xtables or
+// netlink lock for tens of seconds): a NEW IptablesProxier (a new process: fresh
 // Workload objects, no state carried over) runs its first sync into a namespace that still
 // holds the full KUBE-* ruleset the previous one left, side by side in one run with a raw
 // flushing `iptables-restore` of the same ruleset into an empty namespace.
@@ -12,7 +12,7 @@
 //             untimed, by one `--noflush` restore per table that flushes and refills the
 //             dispatch chains), so every dispatch rule differs; twice per repetition, in an
 //             order that turns from one repetition to the next: the dispatch edits in one
-//             restore (`dispatchChunkLines: 0`, the form before round rsb, which rewrites the
+//             restore (`dispatchChunkLines: 0`, the one-restore form, which rewrites the
 //             chains whole), and in the default form (an insertion past the chain's last rule
 //             an `-A`; lines per restore: plan.ts dispatchBudget, 5,000 at 10,000 Services,
 //             10,000 at 20,000);
@@ -207,7 +207,7 @@ async function main(): Promise<void> {
     const raw = median(row.raw);
     process.stdout.write(`| ${b} | raw flushing iptables-restore (empty namespace) | ${fmtMs(raw)} | 1.00× | 1 | ${fmtMs(raw)} | ${fmtMs(raw)} | ${payload.split('\n').filter((l) => l.startsWith('-A ')).length} | ${payload.split('\n').filter((l) => l.startsWith(':')).length} | – | – | ${median(row.loads).toFixed(1)} |\n`);
     for (const [name, xs] of [['cold start (empty nat table)', row.cold], ['restart, same state', row.same], ['restart, 1% of Services changed', row.changed],
-      ['restart over older rules (every dispatch rule differs), dispatch in one restore (before round rsb)', row.olderOne],
+      ['restart over older rules (every dispatch rule differs), dispatch in one restore (the chains rewritten whole)', row.olderOne],
       ['restart over older rules (every dispatch rule differs), dispatch in the default form (chunked, -A past the last rule, on nf_tables; one restore on legacy)', row.olderChunked]] as const) {
       if (!xs.length) continue;
       const tot = median(xs.map((x) => x.totalMs));

@@ -1,6 +1,6 @@
 // What any `iptables-restore --noflush` that edits the dispatch chains costs at N Services,
-// however few lines it carries (issue 10, round rsp: why the restart's chunked dispatch
-// edits cost more in total than one restore). In a namespace a cold start by
+// however few lines it carries: why the restart's chunked dispatch edits cost more in total
+// than one restore. In a namespace a cold start by
 // IptablesProxier filled (N Services × 5 endpoints, NodePort), per repetition and in turn:
 //   empty     one rule (`-A KPB-FLOOR -j RETURN`) into a chain of its own, in an EMPTY
 //             namespace: the process start and the commit of a tiny table;

@@ -1,4 +1,4 @@
-// The iptables mode at scale, side by side with the raw reference in one run (issue 10):
+// The iptables mode at scale, side by side with the raw reference in one run:
 // - cold start: kproxy's first full sync (IptablesProxier.sync, chunked on nf_tables) into an
 //   empty kpb-* namespace, next to a raw *flushing* iptables-restore of the same rendered
 //   ruleset (`iptables-restore -w 5 --counters`, no --noflush) into another empty namespace,

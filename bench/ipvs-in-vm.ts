@@ -374,7 +374,7 @@ async function main(): Promise<void> {
       'connect-modes': { type: 'string', default: 'ipvs,iptables' },
       endpoints: { type: 'string', default: '5' }, changes: { type: 'string', default: '3' }, 'connect-count': { type: 'string', default: '100' },
       'exec-timeout': { type: 'string', default: '600' }, out: { type: 'string' },
-      // the one-Service change by a full sync (the old read-back, for comparison) only up to this size
+      // the one-Service change by a full sync (which reads the kernel back; for comparison) only up to this size
       'full-change-max': { type: 'string', default: '1000000' },
     },
   });
@@ -405,7 +405,7 @@ async function main(): Promise<void> {
       say(`N=${n}: ${[cold ? 'cold start + changes' : '', con ? 'connect ipvs' : '', conIptables ? 'connect iptables' : ''].filter(Boolean).join(', ')}`);
       if (cold || con) {
         try {
-          // partial syncs no longer list the whole IPVS table: as many changes at 10k as at 100
+          // partial syncs do not list the whole IPVS table: as many changes at 10k as at 100
           const r = await sizeAt(n, { endpoints: res.endpoints, changes: Number(values.changes), cold, connect: con, connectCount: Number(values['connect-count']), fullChangeMax: Number(values['full-change-max']) }, runner);
           if (r.cold) {
             res.cold.push(r.cold);

@@ -81,7 +81,7 @@ export interface IpvsPhaseOptions {
   memMiB: number;
   /** the whole VM run is killed after this many seconds */
   timeoutS: number;
-  /** the one-Service change by a full sync (the old read-back, a comparison) only up to this many Services; all when absent */
+  /** the one-Service change by a full sync (which reads the kernel back; a comparison) only up to this many Services; all when absent */
   fullChangeMax?: number;
   /** the modes the connect sizes measure; both when absent */
   connectModes?: Array<'ipvs' | 'iptables'>;

@@ -10,10 +10,10 @@
 //     into nft and kproxy's own part (plan + diff + text);
 //   - beside each change, in the same namespace: raw `nft -f` of the very transaction the
 //     proxier sent (idempotent: re-adding the chain and elements), and of the same change in
-//     the command forms used before (`add table` + `add rule` + `add element`, which make
-//     nft 1.0.6 list every chain first);
-//   - floors on a table of that size: one `add element` to cluster-ips (old form), the same
-//     element as an `add set ... { elements = { } }` (new form), and one rule with a jump
+//     the plain command forms ("old forms" in the output: `add table` + `add rule` +
+//     `add element`, which make nft 1.0.6 list every chain first);
+//   - floors on a table of that size: one `add element` to cluster-ips (plain form), the same
+//     element as an `add set ... { elements = { } }` (kproxy's form), and one rule with a jump
 //     into an unreferenced chain (the kernel's table validation, which any rule with a
 //     jump, goto or dnat triggers);
 //   - a Service deleted (median of up to 3): its elements go with `delete element`;

@@ -1,4 +1,4 @@
-// The sharded nftables mode (issue 10) against the single table, in one run: for each size,
+// The sharded nftables mode against the single table, in one run: for each size,
 // in fresh kpb-* namespaces, interleaved per repetition,
 //   - "one table": the mode's proxier with K forced to 1 (threshold above any size), i.e.
 //     upstream's single `kube-proxy` table as before;

@@ -1,4 +1,4 @@
-// Experiment (issue 10, nftables): does a one-Service change get flat in N if the Services are
+// Experiment: does a one-Service change get flat in N if the Services are
 // spread over K tables? No mode change. The kernel validates the chain graph per TABLE (6.18:
 // `validate_state` in each `struct nft_table`), so a commit into one shard table should walk
 // only ~1/K of the graph. This bench measures it with kproxy's own table shape:

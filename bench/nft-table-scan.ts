@@ -1,4 +1,4 @@
-// Which kube-proxy tables exist, at scale (issue 10): `nft list tables` (what kproxy's cleanup,
+// Which kube-proxy tables exist, at scale: `nft list tables` (what kproxy's cleanup,
 // `kproxy trace --live` and the sharded proxier's scan for unused tables ran) beside the probe by
 // name that replaced it (NftExecutor.existingTables: one `nft -c -f -` of `create table` lines),
 // in one namespace holding the nftables mode's tables for N Services (16 tables at 10,000). Also

@@ -1,4 +1,4 @@
-// Experiment (issue 10, nftables): what would a one-Service change cost if it did not trigger
+// Experiment: what would a one-Service change cost if it did not trigger
 // the kernel's table validation? No mode change: this bench measures, side by side in one run,
 //
 //   kproxy's table (its own cold start, NftProxier.sync(full), into a fresh kpb-* namespace),

@@ -1,4 +1,4 @@
-// kproxy's own per-sync work for a one-Service change (issue 10), step by step, the way the
+// kproxy's own per-sync work for a one-Service change, step by step, the way the
 // controller's syncOnce runs it (src/sync/controller.ts): the trackers' apply, the node view
 // (incremental: the previous view and the changed Services, as planInput builds it), the
 // mode's Proxier.sync (planning, the transaction text, the mode's bookkeeping; its `nft` /

@@ -1,7 +1,7 @@
-// What the periodic sync (every syncPeriod, 30 s by default) costs with no change: before
-// issue 9 it was a full sync (every rule rewritten); now it is a partial one, as upstream's,
-// with a full sync hourly. Side by side in one run, per size: a forced full sync and the
-// no-change partial sync of the same proxier, medians of --repeat runs. The kernel is the
+// What the periodic sync (every syncPeriod, 30 s by default) costs with no change: it is a
+// partial one, as upstream's, with a full sync (every rule rewritten) hourly. Side by side in
+// one run, per size: a forced full sync and the no-change partial sync of the same proxier,
+// medians of --repeat runs. The kernel is the
 // stateful fake (src/kernel/iptables/fake.ts) or a fake nft that accepts every transaction: this
 // measures kproxy's own work and what it would write (bytes, commands), not the kernel's time
 // to apply it (docs/benchmarks.md has those). No root needed.

@@ -172,7 +172,7 @@ export interface GoalResult {
   met: boolean | undefined;
 }
 
-/** The goals for iptables mode, judged at the largest and smallest sizes measured. */
+/** The scale goals for iptables mode, judged at the largest and smallest sizes measured. */
 export function iptablesGoals(sums: Summary[], variant: Variant = 'iptables'): GoalResult[] {
   const ipt = sums.filter((s) => s.mode === variant).sort((a, b) => a.n - b.n);
   if (!ipt.length) return [];

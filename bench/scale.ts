@@ -1,4 +1,4 @@
-// The scale bench (issue 10): every figure of the issue in one run, side by side, with a
+// The scale bench: every scale figure (docs/benchmarks.md) in one run, side by side, with a
 // goals table and SVG plots.
 //
 //   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,memory,cold,run,connect,ipvs]
@@ -405,7 +405,7 @@ function lastOverFirst(c: { targets: Record<'first' | 'last', { p10Ms: number }>
   return (c.targets.last.p10Ms / c.targets.first.p10Ms).toFixed(2);
 }
 
-/** The IPVS rows: reported figures (the issue sets no target for them), met when measured at the sizes it names. */
+/** The IPVS rows: reported figures (the goals set no target for them), met when measured at the sizes it names. */
 export function ipvsGoals(r: ScaleResult): Goal[] {
   const x = r.ipvs;
   const out: Goal[] = [];

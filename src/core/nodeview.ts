@@ -8,7 +8,7 @@ import { canonicalIP, cidrContains, ipFamily, isLoopback, parseCIDR } from './ip
 import {
   externallyAccessible, usesClusterEndpoints, usesLocalEndpoints, type Endpoint, type ProxyState, type ServicePort,
 } from './model.ts';
-import type { ModeName, ProxyConfig } from '../config/config.ts';
+import { masqueradeMark, type ModeName, type ProxyConfig } from '../config/config.ts';
 import { kproxyError } from '../errors.ts';
 import { safeServicePort, type SkippedVIP } from './vip.ts';
 
@@ -160,7 +160,7 @@ export interface HealthCheckService {
  *
  * An incremental build (buildViewFrom with a previous view and the changes) updates the
  * previous view's maps in place and returns a new view object over them: copying 50,000
- * entries per sync was a third of kproxy's own time for a one-Service change (issue 10). The
+ * entries per sync would be a third of kproxy's own time for a one-Service change. The
  * previous view is then superseded; revertView(new view) puts its maps back (a sync that
  * failed: the next one, full, computes its stale flows against the last applied view).
  */
@@ -278,14 +278,6 @@ function computePortView(source: ServicePort, endpoints: Endpoint[], node: PortF
 }
 
 // ---- node-wide decisions -----------------------------------------------------------------
-
-/**
- * upstream prints the masquerade mark as %#08x of 1<<bit: "0x00004000" for bit 14 (the same
- * as config.ts's masqueradeMark, which this pure module cannot import: config.ts reads files).
- */
-export function formatMark(bit: number): string {
-  return '0x' + ((1 << bit) >>> 0).toString(16).padStart(8, '0');
-}
 
 /**
  * The Node object's primary IP of a family: upstream's GetNodeHostIPs (pkg/util/node) takes
@@ -416,7 +408,7 @@ export function nodeSettings(config: ProxyConfig, node: NodeContext, localIPs?: 
     primaryNodeIP: primary,
     nodePorts,
     localDetector: resolveDetector(config, node),
-    masqueradeMark: formatMark(config.masqueradeBit),
+    masqueradeMark: masqueradeMark(config.masqueradeBit),
     masqueradeAll: config.masqueradeAll,
     // upstream NewProxier (iptables): localhost NodePorts only for IPv4 and only when the
     // NodePort addresses include loopback ("localhostNodePorts ... ContainsIPv4Loopback").

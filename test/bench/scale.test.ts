@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { goals, markdown, nftTablesLine, parseScaleArgs, plots, ScaleError, type ScaleResult } from '../../bench/scale.ts';
 import type { Sample } from '../../bench/measure.ts';
 import { metricDelta, parseProgrammingBuckets, writesIn, type RunPhaseResult } from '../../bench/kproxy-run.ts';
+import { waitFor } from '../support/wait.ts';
 
 function sample(n: number, mode: Sample['mode'], fullMs: number, error?: string): Sample {
   const sync = { wallMs: fullMs, writeMs: fullMs / 2, otherExecMs: 1, inProcessMs: 1, commands: 2, rulesWritten: 10, rulesTotal: 100, payloadBytes: 1000 };
@@ -312,12 +313,7 @@ test('killVm kills the VM runner and what it runs under `timeout`, which sits in
   // the runner's shape: a shell that runs the "VM" under timeout and waits for it
   const p = spawn('bash', ['-c', `timeout -k 2 60 sh -c 'echo $$ > ${pidFile}; exec sleep 60'; echo after`], { detached: true, stdio: 'ignore' });
   try {
-    const deadline = Date.now() + 10_000;
-    while (!existsSync(pidFile) || !readFileSync(pidFile, 'utf8').trim()) {
-      assert.ok(Date.now() < deadline, 'the child never started');
-      await new Promise((r) => setTimeout(r, 20));
-    }
-    const inner = Number(readFileSync(pidFile, 'utf8').trim());
+    const inner = Number(await waitFor('the child to write its pid', () => existsSync(pidFile) && readFileSync(pidFile, 'utf8').trim(), 10_000));
     const alive = (pid: number) => {
       try {
         process.kill(pid, 0);
@@ -328,9 +324,7 @@ test('killVm kills the VM runner and what it runs under `timeout`, which sits in
     };
     assert.ok(alive(inner));
     await killVm(p);
-    const gone = Date.now() + 10_000;
-    while (alive(inner) && Date.now() < gone) await new Promise((r) => setTimeout(r, 20));
-    assert.ok(!alive(inner), 'the process under timeout was killed');
+    await waitFor('the process under timeout to be killed', () => !alive(inner), 10_000);
   } finally {
     try {
       process.kill(-p.pid!, 'SIGKILL');

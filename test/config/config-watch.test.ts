@@ -10,7 +10,8 @@ import { mkdtempSync, mkdirSync, writeFileSync, renameSync, rmSync } from 'node:
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { repoRoot, waitFor } from '../support/netns.ts';
+import { repoRoot } from '../support/netns.ts';
+import { waitFor } from '../support/wait.ts';
 import { watchConfigFile, CONFIG_CHANGED_MESSAGE } from '../../src/cli/config-watch.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'kpt-cfgwatch-'));

@@ -4,7 +4,7 @@
 //
 // Upstream distinguishes nil ("the service does not use this kind of endpoints") from an
 // empty set; our Categorized always holds arrays, so `null` below means "expect an empty
-// array". Cases for feature gates that are now always on (ProxyTerminatingEndpoints,
+// array". Cases for feature gates that are always on (ProxyTerminatingEndpoints,
 // TopologyAwareHints) keep only their enabled variant.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

@@ -3,24 +3,18 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { K8sEndpoint, K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
+import { makeService, makeSlice, type EndpointOpts } from '../support/builders.ts';
 
 function svc(name: string, clusterIP = '172.30.0.41', ports = [{ name: 'p80', port: 80 }], ns = 'ns1'): K8sService {
-  return { apiVersion: 'v1', kind: 'Service', metadata: { name, namespace: ns }, spec: { clusterIP, ports } };
+  return makeService(ns, name, { clusterIP, ports });
 }
 
-function slice(name: string, service: string, endpoints: K8sEndpoint[], ns = 'ns1'): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { name, namespace: ns, labels: { 'kubernetes.io/service-name': service } },
-    addressType: 'IPv4',
-    ports: [{ name: 'p80', port: 80, protocol: 'TCP' }],
-    endpoints,
-  };
+function slice(name: string, service: string, endpoints: EndpointOpts[], ns = 'ns1'): K8sEndpointSlice {
+  return makeSlice(ns, service, { name, endpoints, ports: [{ name: 'p80', port: 80 }] });
 }
 
-const ep = (ip: string, nodeName?: string): K8sEndpoint => ({ addresses: [ip], nodeName });
+const ep = (ip: string, node?: string): EndpointOpts => ({ ip, node });
 const keys = (s: Set<string>) => [...s].sort();
 const epKeys = (t: ProxyStateTracker, port: string) => t.state.endpoints.get(port)?.map((e) => e.key);
 

@@ -1,4 +1,4 @@
-// Conntrack (issue 9): the `conntrack -D` filters of each stale flow, the cleaner's handling
+// Conntrack: the `conntrack -D` filters of each stale flow, the cleaner's handling
 // of conntrack's exit codes (KPROXY_CONNTRACK_FAILED logged, never thrown), and the conntrack
 // sysctls and oom_score_adj applied at start with a fake sysctl. No kernel.
 import { test } from 'node:test';

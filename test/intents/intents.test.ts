@@ -1,4 +1,4 @@
-// The table of intents run through every mode's tracer (issue 8, item 8). Hundreds of flows
+// The table of intents run through every mode's tracer. Hundreds of flows
 // per IP family (table.ts): every combination of internal and external traffic policy,
 // endpoint set (local+remote, remote only, local only, terminating only, none) and session
 // affinity, on a LoadBalancer Service with a NodePort, an LB IP and an external IP, reached
@@ -9,7 +9,7 @@
 // - nftables gives exactly what iptables gives (upstream's nftables mode was written to
 //   behave as its iptables mode; its proxier_test.go shares the flow tables);
 // - the sharded nftables mode (K = 2 and K = 3 tables `kube-proxy-<n>` in each family, forced
-//   by a low threshold; issue 10) gives exactly what the one-table nftables mode gives, and
+//   by a low threshold) gives exactly what the one-table nftables mode gives, and
 //   the flows cross every table;
 // - ipvs and userspace give the oracle's result except where upstream's semantics for those
 //   modes deliberately differ: each such difference is an entry of EXCEPTIONS below, with the

@@ -1,4 +1,4 @@
-// The table of intents (issue 8, item 8): one LoadBalancer Service per combination of
+// The table of intents: one LoadBalancer Service per combination of
 // internal and external traffic policy, endpoint set and session affinity, in both IP
 // families, and the packet flows that reach it (every frontend × every kind of source).
 // Each flow carries the result upstream's iptables mode gives, from `oracle()` below, which
@@ -10,7 +10,8 @@
 //   endpoints on this node 10.180.0.N / fd00:10:180::N, on another node 10.180.1.N /
 //   fd00:10:180::1:N, a pod on this node 10.0.0.5 / fd00:10::5 (inside the clusterCIDR
 //   10.0.0.0/8 / fd00:10::/32), an outside client 203.0.113.7 / fd00:203::7.
-import type { K8sEndpoint, K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
+import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
+import { clientIPAffinity, lbStatus, makeService, makeSlice, type EndpointOpts } from '../support/builders.ts';
 
 export type Family = 4 | 6;
 export type Policy = 'Cluster' | 'Local';
@@ -129,37 +130,29 @@ export function serviceCases(): ServiceCase[] {
 
 export function serviceObject(fp: FamilyPlan, s: ServiceCase): K8sService {
   const clusterIP = fp.clusterIP(s.n);
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { name: s.name, namespace: NAMESPACE },
-    spec: {
-      type: 'LoadBalancer',
-      clusterIP,
-      clusterIPs: [clusterIP],
-      ipFamilies: [fp.family === 4 ? 'IPv4' : 'IPv6'],
-      ports: [{ name: 'p80', protocol: 'TCP', port: PORT, targetPort: TARGET_PORT, nodePort: s.nodePort }],
-      externalIPs: [fp.externalIP(s.n)],
-      internalTrafficPolicy: s.itp,
-      externalTrafficPolicy: s.etp,
-      ...(s.etp === 'Local' ? { healthCheckNodePort: 32000 + s.n } : {}),
-      sessionAffinity: s.affinity,
-      ...(s.affinity === 'ClientIP' ? { sessionAffinityConfig: { clientIP: { timeoutSeconds: 10800 } } } : {}),
-    },
-    status: { loadBalancer: { ingress: [{ ip: fp.lbIP(s.n) }] } },
-  };
+  return makeService(NAMESPACE, s.name, {
+    type: 'LoadBalancer',
+    clusterIP,
+    clusterIPs: [clusterIP],
+    ipFamilies: [fp.family === 4 ? 'IPv4' : 'IPv6'],
+    ports: [{ name: 'p80', protocol: 'TCP', port: PORT, targetPort: TARGET_PORT, nodePort: s.nodePort }],
+    externalIPs: [fp.externalIP(s.n)],
+    internalTrafficPolicy: s.itp,
+    externalTrafficPolicy: s.etp,
+    ...(s.etp === 'Local' ? { healthCheckNodePort: 32000 + s.n } : {}),
+    ...(s.affinity === 'ClientIP' ? clientIPAffinity(10800) : { sessionAffinity: s.affinity }),
+  }, lbStatus(fp.lbIP(s.n)));
 }
 
-function endpoint(ip: string, nodeName: string, state: 'ready' | 'terminating'): K8sEndpoint {
-  const conditions = state === 'ready' ? { ready: true, serving: true, terminating: false } : { ready: false, serving: true, terminating: true };
-  return { addresses: [ip], conditions, nodeName };
+function endpoint(ip: string, node: string, state: 'ready' | 'terminating'): EndpointOpts {
+  return state === 'ready' ? { ip, node, ready: true, serving: true, terminating: false } : { ip, node, ready: false, serving: true, terminating: true };
 }
 
 /** null for the "none" endpoint set: no EndpointSlice at all */
 export function sliceObject(fp: FamilyPlan, s: ServiceCase): K8sEndpointSlice | null {
   const local = fp.localEndpoint(s.n);
   const remote = fp.remoteEndpoint(s.n);
-  const eps: Record<EndpointSet, K8sEndpoint[]> = {
+  const eps: Record<EndpointSet, EndpointOpts[]> = {
     lr: [endpoint(local, NODE_NAME, 'ready'), endpoint(remote, OTHER_NODE, 'ready')],
     r: [endpoint(remote, OTHER_NODE, 'ready')],
     l: [endpoint(local, NODE_NAME, 'ready')],
@@ -167,14 +160,7 @@ export function sliceObject(fp: FamilyPlan, s: ServiceCase): K8sEndpointSlice | 
     none: [],
   };
   if (s.endpoints === 'none') return null;
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { name: `${s.name}-abcde`, namespace: NAMESPACE, labels: { 'kubernetes.io/service-name': s.name } },
-    addressType: fp.family === 4 ? 'IPv4' : 'IPv6',
-    endpoints: eps[s.endpoints],
-    ports: [{ name: 'p80', port: TARGET_PORT, protocol: 'TCP' }],
-  };
+  return makeSlice(NAMESPACE, s.name, { name: `${s.name}-abcde`, family: fp.family, endpoints: eps[s.endpoints], ports: [{ name: 'p80', port: TARGET_PORT }] });
 }
 
 // ---------------------------------------------------------------------------------------

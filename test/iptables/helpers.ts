@@ -3,6 +3,7 @@ import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig, type ProxyConfig } from '../../src/config/config.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
+import { clientIPAffinity, lbStatus, makeService, makeSlice } from '../support/builders.ts';
 
 export interface SvcOpts {
   clusterIP: string;
@@ -20,25 +21,18 @@ export interface SvcOpts {
 }
 
 export function svc(ns: string, name: string, o: SvcOpts): K8sService {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: ns, name },
-    spec: {
-      type: o.type ?? 'ClusterIP',
-      clusterIP: o.clusterIP,
-      ports: [
-        { name: o.portName ?? 'p80', port: o.port ?? 80, protocol: o.protocol ?? 'TCP', nodePort: o.nodePort },
-        ...(o.extraPorts ?? []),
-      ],
-      externalIPs: o.externalIPs,
-      loadBalancerSourceRanges: o.sourceRanges,
-      externalTrafficPolicy: o.etp,
-      sessionAffinity: o.affinitySeconds ? 'ClientIP' : undefined,
-      sessionAffinityConfig: o.affinitySeconds ? { clientIP: { timeoutSeconds: o.affinitySeconds } } : undefined,
-    },
-    status: o.lbIPs ? { loadBalancer: { ingress: o.lbIPs.map((ip) => ({ ip })) } } : undefined,
-  };
+  return makeService(ns, name, {
+    type: o.type ?? 'ClusterIP',
+    clusterIP: o.clusterIP,
+    ports: [
+      { name: o.portName ?? 'p80', port: o.port ?? 80, protocol: o.protocol ?? 'TCP', nodePort: o.nodePort },
+      ...(o.extraPorts ?? []),
+    ],
+    externalIPs: o.externalIPs,
+    loadBalancerSourceRanges: o.sourceRanges,
+    externalTrafficPolicy: o.etp,
+    ...(o.affinitySeconds ? clientIPAffinity(o.affinitySeconds) : {}),
+  }, o.lbIPs ? lbStatus(...o.lbIPs) : undefined);
 }
 
 export interface EpOpts {
@@ -48,14 +42,12 @@ export interface EpOpts {
 }
 
 export function slice(ns: string, svcName: string, sliceName: string, eps: EpOpts[], ports: Array<{ name?: string; port: number; protocol?: string }>, family: 4 | 6 = 4): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: ns, name: sliceName, labels: { 'kubernetes.io/service-name': svcName } },
-    addressType: family === 6 ? 'IPv6' : 'IPv4',
-    endpoints: eps.map((e) => ({ addresses: [e.ip], nodeName: e.nodeName, conditions: e.ready === false ? { ready: false } : undefined })),
-    ports: ports.map((p) => ({ name: p.name ?? 'p80', port: p.port, protocol: p.protocol ?? 'TCP' })),
-  };
+  return makeSlice(ns, svcName, {
+    name: sliceName,
+    family,
+    endpoints: eps.map((e) => ({ ip: e.ip, node: e.nodeName, ready: e.ready === false ? false : undefined })),
+    ports: ports.map((p) => ({ name: p.name ?? 'p80', port: p.port, protocol: p.protocol })),
+  });
 }
 
 export function tracker(family: 4 | 6 = 4, nodeName = 'test-node'): ProxyStateTracker {

@@ -1,4 +1,4 @@
-// Real kernel, real iptables-restore / ip6tables-restore (issue 12): in a namespace this
+// Real kernel, real iptables-restore / ip6tables-restore: in a namespace this
 // test creates (kpd1-ipt-<pid>),
 // - the payload of a Service with 63+63+15-character names passes `iptables-restore --test`
 //   and `ip6tables-restore --test` (comments within XT_MAX_COMMENT_LEN);

@@ -1,4 +1,4 @@
-// Hostile input in iptables mode (issue 12): a Service whose line iptables-restore refuses
+// Hostile input in iptables mode: a Service whose line iptables-restore refuses
 // is left out and reported, every other Service is programmed in the same sync; a loopback
 // or other special address never becomes a VIP rule. Unit tests on the stateful fake
 // kernel, made to refuse marked lines the way iptables-restore reports them.

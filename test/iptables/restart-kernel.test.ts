@@ -25,7 +25,8 @@ import { hostRunner, type CommandRunner, type RunOptions } from '../../src/kerne
 import { silentLogger } from '../../src/log.ts';
 import { getMode } from '../../src/modes/registry.ts';
 import { IptablesProxier, jumpsPayload } from '../../src/modes/iptables/proxier.ts';
-import { Netns, uniqueName, vethPair, waitFor } from '../support/netns.ts';
+import { Netns, uniqueName, vethPair } from '../support/netns.ts';
+import { waitFor } from '../support/wait.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 import { kproxyChains } from './kernel-compare.ts';
 

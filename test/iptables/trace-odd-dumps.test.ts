@@ -1,4 +1,4 @@
-// The tracer on dumps kproxy did not write (issue 12, item 12): unquoted multi-word
+// The tracer on dumps kproxy did not write: unquoted multi-word
 // comments, escaped quotes, single quotes as plain characters, "!" in both positions,
 // unknown matches and targets are read as iptables-restore and upstream's parser read them;
 // what still cannot be read is named in the trace's notes (and in `trace --json`), never a

@@ -1,4 +1,4 @@
-// Failure isolation in the ipvs mode (issue 12, item 5): what the kernel refuses for one
+// Failure isolation in the ipvs mode: what the kernel refuses for one
 // Service (an ipset entry, an ipvsadm line) is left out and reported with the Service's name,
 // and every other Service still converges: sets, IPVS table, iptables and addresses.
 import { test } from 'node:test';

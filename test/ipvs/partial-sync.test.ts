@@ -1,4 +1,4 @@
-// Partial syncs of the ipvs mode in O(changed) (issue 10): after a full sync the proxier keeps
+// Partial syncs of the ipvs mode in O(changed): after a full sync the proxier keeps
 // its own model of what it applied and writes only the difference for the changed Services,
 // without reading the whole IPVS table, the ipsets or kube-ipvs0's addresses back. These tests
 // hold it to the same kernel state as a fresh full sync, count the commands a one-endpoint

@@ -1,6 +1,7 @@
 // Builders of ProxyState/PlanInput for the ipvs tests (test addresses per the project plan).
 import { resolveConfig, type ProxyConfig, type RawConfig } from '../../src/config/config.ts';
-import { servicePortKey, type Endpoint, type Protocol, type ServicePort } from '../../src/core/model.ts';
+import type { Endpoint, Protocol, ServicePort } from '../../src/core/model.ts';
+import { port } from '../support/ports.ts';
 import { joinHostPort } from '../../src/core/ip.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import type { CommandRunner } from '../../src/kernel/runner.ts';
@@ -8,28 +9,9 @@ import { silentLogger, type Logger } from '../../src/log.ts';
 import { createIpvsProxier } from '../../src/modes/ipvs/proxier.ts';
 import type { FakeHost } from './fake.ts';
 
-export function svc(name: string, clusterIP: string, port: number, opts: Partial<ServicePort> & { protocol?: Protocol; portName?: string } = {}): ServicePort {
-  const protocol = opts.protocol ?? 'TCP';
-  const portName = opts.portName ?? '';
-  const n = { namespace: 'ns', name, port: portName };
-  return {
-    key: servicePortKey(n),
-    serviceKey: `ns/${name}`,
-    portName: { ...n, protocol },
-    protocol,
-    clusterIP,
-    port,
-    nodePort: 0,
-    externalIPs: [],
-    loadBalancerVIPs: [],
-    loadBalancerSourceRanges: [],
-    stickyMaxAgeSeconds: 0,
-    externalPolicyLocal: false,
-    internalPolicyLocal: false,
-    healthCheckNodePort: 0,
-    family: clusterIP.includes(':') ? 6 : 4,
-    ...opts,
-  };
+export function svc(name: string, clusterIP: string, servicePort: number, opts: Partial<Omit<ServicePort, 'portName'>> & { portName?: string } = {}): ServicePort {
+  const { portName = '', ...rest } = opts;
+  return port('ns', name, portName, { clusterIP, port: servicePort, family: clusterIP.includes(':') ? 6 : 4, ...rest });
 }
 
 export function ep(ip: string, port: number, opts: Partial<Endpoint> = {}): Endpoint {
@@ -187,11 +169,10 @@ export class RandomWorld {
     for (const s of this.svcs.values()) {
       for (const p of s.ports) {
         const sp = svc(s.name, s.clusterIP, p.port, {
-          protocol: p.protocol, portName: p.name as never, nodePort: p.nodePort, externalIPs: s.externalIPs, loadBalancerVIPs: s.lbIPs,
+          protocol: p.protocol, portName: p.name, nodePort: p.nodePort, externalIPs: s.externalIPs, loadBalancerVIPs: s.lbIPs,
           loadBalancerSourceRanges: s.ranges, externalPolicyLocal: s.extLocal, internalPolicyLocal: s.intLocal, stickyMaxAgeSeconds: s.sticky,
           healthCheckNodePort: s.extLocal && p.nodePort ? p.nodePort + 1000 : 0,
         });
-        sp.portName = { namespace: 'ns', name: s.name, port: p.name, protocol: p.protocol };
         entries.push([sp, s.eps.map((ip) => ep(ip, p.protocol === 'UDP' ? 5353 : 8080, { isLocal: ip === '10.180.0.1' || ip === '10.180.0.2' }))]);
       }
     }

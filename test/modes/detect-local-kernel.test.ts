@@ -9,6 +9,7 @@ import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig, type ConfigFlags, type RawConfig } from '../../src/config/config.ts';
 import { modes } from '../../src/modes/registry.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
+import { lbStatus, makeService, makeSlice } from '../support/builders.ts';
 
 const ns = Netns.create(uniqueName('kpt-det'));
 after(async () => {
@@ -25,27 +26,14 @@ function input(family: 4 | 6, raw: RawConfig, flags: ConfigFlags): PlanInput {
   const t = new ProxyStateTracker(family, 'node1', (msg) => {
     throw new Error(msg);
   });
-  t.services.update(null, {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'ns', name: 'web' },
-    spec: {
-      type: 'LoadBalancer',
-      clusterIP: f.clusterIP,
-      ipFamilies: [family === 4 ? 'IPv4' : 'IPv6'],
-      externalTrafficPolicy: 'Local',
-      ports: [{ name: 'p', port: 80, protocol: 'TCP', nodePort: 30080 }],
-    },
-    status: { loadBalancer: { ingress: [{ ip: f.lb }] } },
-  });
-  t.endpoints.update(null, {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: 'ns', name: 'web-1', labels: { 'kubernetes.io/service-name': 'web' } },
-    addressType: family === 4 ? 'IPv4' : 'IPv6',
-    ports: [{ name: 'p', port: 8080, protocol: 'TCP' }],
-    endpoints: [{ addresses: [f.ep], nodeName: 'node1', conditions: { ready: true } }],
-  });
+  t.services.update(null, makeService('ns', 'web', {
+    type: 'LoadBalancer',
+    clusterIP: f.clusterIP,
+    ipFamilies: [family === 4 ? 'IPv4' : 'IPv6'],
+    externalTrafficPolicy: 'Local',
+    ports: [{ name: 'p', port: 80, protocol: 'TCP', nodePort: 30080 }],
+  }, lbStatus(f.lb)));
+  t.endpoints.update(null, makeSlice('ns', 'web', { family, endpoints: [{ ip: f.ep, node: 'node1', ready: true }], ports: [{ name: 'p', port: 8080 }] }));
   t.apply();
   return {
     state: t.state,

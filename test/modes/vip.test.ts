@@ -1,4 +1,4 @@
-// Issue 12 item 7, defence in depth: whatever validation let through, no planner turns a
+// Defence in depth: whatever validation let through, no planner turns a
 // loopback, unspecified, link-local, multicast or broadcast address into a Service VIP
 // (nftables and iptables have their own tests in test/nftables and test/iptables/isolation).
 import { test } from 'node:test';

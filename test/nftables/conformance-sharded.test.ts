@@ -1,4 +1,4 @@
-// Every upstream flow case of ../shared/conformance through the sharded table shape (issue 10):
+// Every upstream flow case of ../shared/conformance through the sharded table shape:
 // K = 2 and K = 3 tables, each under every rotation of the Services over the tables and the
 // mode's own hash spread (src/modes/nftables/conformance-sharded.ts says what each kind of case
 // must give). The golden TEXT stays K = 1 (test/nftables/conformance.test.ts).
@@ -52,11 +52,11 @@ test('a wrong expectation fails through the shards, naming the spread and the fl
   assert.match(r.detail ?? '', /K=2 rotation 0: flow "svc1 does not accept svc2's ports" .* want "DROP" masq=false, got "REJECT"/);
 });
 
-// The cross-table fault this check found (fixed in plan.ts, NftPlanOptions.sharded): with
-// serviceCIDRs, each table's cluster-ips-check dropped traffic to any unallocated-looking
-// ClusterIP, i.e. also to another table's ClusterIP on a port it lacks, before that table could
-// REJECT it. The shard tables now drop only after every table's filter chains.
-test('the unallocated-ClusterIP drop runs after every table\'s reject (the old inline drop did not)', () => {
+// Why the shard tables drop unallocated ClusterIPs only after every table's filter chains
+// (plan.ts, NftPlanOptions.sharded): with serviceCIDRs, the single table's inline
+// cluster-ips-check in each table would drop traffic to any unallocated-looking ClusterIP, i.e.
+// also to another table's ClusterIP on a port it lacks, before that table could REJECT it.
+test('the unallocated-ClusterIP drop runs after every table\'s reject (the single table\'s inline drop would not)', () => {
   const { c } = cases.find(({ c }) => c.name === 'nftables-TestClusterIPGeneral')!;
   const o = optionsFromCase(c.config);
   assert.ok(o.serviceCIDRs.length > 0, 'the case sets serviceCIDRs');
@@ -74,9 +74,9 @@ test('the unallocated-ClusterIP drop runs after every table\'s reject (the old i
   assert.equal(traceTables(fixed, wrong, local).output, 'DROP');
   assert.ok(fixed.every((rs) => rs.chains.get('filter-forward-unallocated')?.priority === 10));
   // the same two tables planned with the single table's inline drop: svc2's table drops first
-  const old = fixed.map((rs) => {
+  const inline = fixed.map((rs) => {
     const st = { services: new Map([...state.services].filter(([, sp]) => spread(sp.serviceKey) === Number(rs.table.slice(-1)))), endpoints: state.endpoints };
     return planRuleset(st, { ...o, table: rs.table });
   });
-  assert.equal(traceTables(old, flow, local).output, 'DROP');
+  assert.equal(traceTables(inline, flow, local).output, 'DROP');
 });

@@ -21,7 +21,9 @@ import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { dropLingering } from '../support/nft-retired.ts';
 import { Netns, uniqueName } from '../support/netns.ts';
+import { waitFor } from '../support/wait.ts';
 import { nsRunner } from './objects.ts';
+import { lbStatus, makeService, makeSlice } from '../support/builders.ts';
 
 const NS = { a: uniqueName('kpt-nft-dd-a'), b: uniqueName('kpt-nft-dd-b'), pods: uniqueName('kpt-nft-dd-p') };
 let node: Netns;
@@ -56,30 +58,22 @@ const A = {
 };
 
 function service(f: Fam, i: number, vip = A.vip(f, i)): K8sService {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'ns', name: `svc${i}` },
-    spec: {
-      type: 'LoadBalancer',
-      clusterIP: vip,
-      ipFamilies: [f === 6 ? 'IPv6' : 'IPv4'],
-      ports: [{ name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i }],
-      loadBalancerSourceRanges: i === 2 ? [f === 4 ? '203.0.113.0/24' : 'fd00:203::/64'] : undefined,
-    },
-    status: { loadBalancer: { ingress: [{ ip: f === 4 ? `1.2.3.${i + 1}` : `fd00:1:2:3::${i + 1}` }] } },
-  };
+  return makeService('ns', `svc${i}`, {
+    type: 'LoadBalancer',
+    clusterIP: vip,
+    ipFamilies: [f === 6 ? 'IPv6' : 'IPv4'],
+    ports: [{ name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i }],
+    loadBalancerSourceRanges: i === 2 ? [f === 4 ? '203.0.113.0/24' : 'fd00:203::/64'] : undefined,
+  }, lbStatus(f === 4 ? `1.2.3.${i + 1}` : `fd00:1:2:3::${i + 1}`));
 }
 
 function slice(f: Fam, i: number): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: 'ns', name: `svc${i}-x`, labels: { 'kubernetes.io/service-name': `svc${i}` } },
-    addressType: f === 6 ? 'IPv6' : 'IPv4',
-    endpoints: [0, 1].map((k) => ({ addresses: [A.ep(f, i, k)], conditions: { ready: true }, nodeName: 'node-b' })),
-    ports: [{ name: 'http', port: 8080, protocol: 'TCP' }],
-  };
+  return makeSlice('ns', `svc${i}`, {
+    name: `svc${i}-x`,
+    family: f,
+    endpoints: [0, 1].map((k) => ({ ip: A.ep(f, i, k), node: 'node-b', ready: true })),
+    ports: [{ name: 'http', port: 8080 }],
+  });
 }
 
 async function table(ns: string, fam: 'ip' | 'ip6'): Promise<ReturnType<typeof parseKubeProxyTable>> {
@@ -109,8 +103,7 @@ before(async () => {
   pods.exec('ip', ['route', 'add', 'local', '10.0.0.0/8', 'dev', 'lo']);
   pods.exec('ip', ['-6', 'route', 'add', 'local', 'fd00:10::/32', 'dev', 'lo']);
   pods.spawn(process.execPath, ['-e', SERVER], { onOutput: (s) => void (ready += s) });
-  for (let i = 0; i < 300 && !ready.includes('ready'); i++) await new Promise((r) => setTimeout(r, 100));
-  assert.match(ready, /ready/, 'the listener started');
+  await waitFor('the listener to start', () => ready.includes('ready'), 30_000);
 });
 
 after(async () => {

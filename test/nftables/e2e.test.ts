@@ -20,6 +20,7 @@ import { mode } from '../../src/modes/nftables/index.ts';
 import type { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
 import { traceNft } from '../../src/modes/nftables/trace.ts';
 import { nsRunner, startReadyServer } from './objects.ts';
+import { makeService, makeSlice, type ServiceSpec } from '../support/builders.ts';
 
 const P = `kpt-nft-${process.pid}`;
 const NS = { node: `${P}-node`, pod1: `${P}-pod1`, pod2: `${P}-pod2`, client: `${P}-client` };
@@ -112,19 +113,12 @@ async function setupNetwork(): Promise<void> {
   await inNs(NS.node, ['ip', 'addr', 'add', `${NODE_IP}/32`, 'dev', 'vc']);
 }
 
-function service(name: string, spec: K8sService['spec']): K8sService {
-  return { apiVersion: 'v1', kind: 'Service', metadata: { namespace: 'e2e', name }, spec };
+function service(name: string, spec: ServiceSpec): K8sService {
+  return makeService('e2e', name, spec);
 }
 
 function endpoints(name: string, eps: Array<{ ip: string; node?: string }>, port: number, protocol = 'TCP'): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: 'e2e', name: `${name}-1`, labels: { 'kubernetes.io/service-name': name } },
-    addressType: 'IPv4',
-    endpoints: eps.map((e) => ({ addresses: [e.ip], nodeName: e.node })),
-    ports: [{ name: 'p', port, protocol }],
-  };
+  return makeSlice('e2e', name, { endpoints: eps, ports: [{ name: 'p', port, protocol }] });
 }
 
 const tracker = new ProxyStateTracker(4, NODE_NAME);

@@ -18,6 +18,7 @@ import { dropLingering, dropRetiredAffinitySets } from '../support/nft-retired.t
 import { uniqueName } from '../support/netns.ts';
 import { rng } from '../support/rng.ts';
 import { nsRunner } from './objects.ts';
+import { clientIPAffinity, lbStatus, makeService, makeSlice } from '../support/builders.ts';
 
 const NS = { partial: uniqueName('kpt-nft-eq-a'), full: uniqueName('kpt-nft-eq-b') };
 const SERVICES = 12;
@@ -38,32 +39,24 @@ function addr(family: 4 | 6, kind: 'vip' | 'ep' | 'lb', i: number, k = 0): strin
 }
 
 function serviceObject(family: 4 | 6, i: number, s: Svc): K8sService {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'ns', name: `svc${i}` },
-    spec: {
-      type: 'LoadBalancer',
-      clusterIP: addr(family, 'vip', i),
-      ipFamilies: [family === 6 ? 'IPv6' : 'IPv4'],
-      ports: [{ name: 'http', protocol: 'TCP', port: s.port, nodePort: 30000 + i }],
-      externalTrafficPolicy: s.local ? 'Local' : 'Cluster',
-      ...(s.sticky ? { sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 60 } } } : {}),
-    },
-    status: { loadBalancer: { ingress: [{ ip: addr(family, 'lb', i) }] } },
-  };
+  return makeService('ns', `svc${i}`, {
+    type: 'LoadBalancer',
+    clusterIP: addr(family, 'vip', i),
+    ipFamilies: [family === 6 ? 'IPv6' : 'IPv4'],
+    ports: [{ name: 'http', protocol: 'TCP', port: s.port, nodePort: 30000 + i }],
+    externalTrafficPolicy: s.local ? 'Local' : 'Cluster',
+    ...(s.sticky ? clientIPAffinity(60) : {}),
+  }, lbStatus(addr(family, 'lb', i)));
 }
 
 function sliceObject(family: 4 | 6, i: number, s: Svc): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: 'ns', name: `svc${i}-x`, labels: { 'kubernetes.io/service-name': `svc${i}` } },
-    addressType: family === 6 ? 'IPv6' : 'IPv4',
+  return makeSlice('ns', `svc${i}`, {
+    name: `svc${i}-x`,
+    family,
     // Every third endpoint is on this node, so Local policies have some.
-    endpoints: s.eps.map((k) => ({ addresses: [addr(family, 'ep', i, k)], conditions: { ready: true }, nodeName: k % 3 === 0 ? 'node-a' : 'node-b' })),
-    ports: [{ name: 'http', port: 8080, protocol: 'TCP' }],
-  };
+    endpoints: s.eps.map((k) => ({ ip: addr(family, 'ep', i, k), node: k % 3 === 0 ? 'node-a' : 'node-b', ready: true })),
+    ports: [{ name: 'http', port: 8080 }],
+  });
 }
 
 /**
@@ -152,7 +145,7 @@ for (const family of [4, 6] as const) {
         // Only commands nft 1.0.6 runs without listing every chain, and deletes of what went.
         const sent = proxier.lastTransactionText().split('\n').filter(Boolean);
         for (const l of sent) assert.match(l, /^(add chain|flush chain|add set|add map|flush set|delete element|delete set|delete chain) /, `step ${step}`);
-        // A Service deleted alone deletes none of its dispatch elements now: they linger, harmless.
+        // A Service deleted alone deletes none of its dispatch elements: they linger, harmless.
         const gone = /^svc\d+ deleted$/.test(history.at(-1)!) && count === 1;
         if (gone) assert.deepEqual(sent.filter((l) => /^delete element \S+ kube-proxy (service-ips|service-nodeports|firewall-ips|cluster-ips) /.test(l) && !lingeredBefore.has(l)), [], `step ${step}: ${history.at(-1)}`);
 

@@ -1,4 +1,4 @@
-// The nftables mode's proxier per IP family (issue 8, item 2): the IPv6 one is made only
+// The nftables mode's proxier per IP family: the IPv6 one is made only
 // when the kernel takes an `ip6` table (checked with `nft -c`, nothing committed).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

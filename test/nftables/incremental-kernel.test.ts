@@ -14,13 +14,14 @@ import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { mode } from '../../src/modes/nftables/index.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { dropLingering, dropRetiredAffinitySets } from '../support/nft-retired.ts';
-import { endpointSlice, nodePortService, nsRunner } from './objects.ts';
+import { nsRunner } from './objects.ts';
+import { clientIPAffinity, nodePortService, numberedSlice } from '../support/builders.ts';
 
 const P = `kpt-nft-inc-${process.pid}`;
 const NS = { partial: `${P}-a`, full: `${P}-b` };
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
-const service = (i: number, sticky = false) => nodePortService(i, sticky ? 30 : undefined);
-const slice = (i: number, n: number) => endpointSlice(i, n, 'node-b');
+const service = (i: number, sticky = false) => nodePortService(i, sticky ? clientIPAffinity(30) : {});
+const slice = (i: number, n: number) => numberedSlice(i, n, 'node-b');
 
 /** The kernel's table, sorted lines; `proxier`: leave out exactly its lingering elements (each checked present and harmless). */
 async function table(ns: string, proxier?: NftProxier): Promise<string[]> {

@@ -1,79 +1,119 @@
-// Partial syncs replan only the changed services (cached per-port fragments) and write the
-// same table a full render of the same state gives; the nft executor reports a killed
-// `nft -f` as a timeout. Unit tests: the "kernel" is a fake runner that keeps every
-// transaction, replayed through the nft text parser; the timeout test kills a real process.
-import { test } from 'node:test';
+// Partial syncs replan only the changed services (cached per-port fragments) and leave the
+// kernel holding the table a full render of the same state gives; the nft executor reports a
+// killed `nft -f` as a timeout. The proxier runs the real nft in a network namespace this
+// file creates; after each sync its table, as `nft -j list table` gives it, is compared with
+// the full render loaded by `nft -f` into a second namespace (test/support/nft-kernel.ts: the
+// kernel's word, not kproxy's parser). Namespaces kpt-nft-incr-*, removed in `after`.
+import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
-import { hostRunner, type CommandRunner, type RunOptions } from '../../src/kernel/runner.ts';
+import { hostRunner, runChecked, type CommandRunner, type RunOptions } from '../../src/kernel/runner.ts';
 import { applyTimeoutMs, NftExecutor } from '../../src/kernel/nft/exec.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
-import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { countObjects, dumpRuleset, elementKey, type NftElement } from '../../src/modes/nftables/ruleset.ts';
-import { lingeringTarget, partialTransaction } from '../../src/modes/nftables/transaction.ts';
+import { partialTransaction } from '../../src/modes/nftables/transaction.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
-import { dropRetiredAffinitySets } from '../support/nft-retired.ts';
+import { diffTables, readTable, verdictTarget, type KernelTable } from '../support/nft-kernel.ts';
+import { uniqueName } from '../support/netns.ts';
+import { nsRunner } from './objects.ts';
+import { makeSlice, nodePortService, type ServiceSpec } from '../support/builders.ts';
 
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: { 'kubernetes.io/hostname': 'node-a' }, family: 4 as const };
 
-function service(i: number, extra: Partial<NonNullable<K8sService['spec']>> = {}): K8sService {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'ns', name: `svc${i}` },
-    spec: {
-      type: 'NodePort',
-      clusterIP: `172.30.0.${i + 1}`,
-      ports: [
-        { name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i },
-        { name: 'dns', protocol: 'UDP', port: 53, nodePort: 31000 + i },
-      ],
-      ...extra,
-    },
-  };
+function service(i: number, extra: Partial<ServiceSpec> = {}): K8sService {
+  return nodePortService(i, {
+    ports: [
+      { name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i },
+      { name: 'dns', protocol: 'UDP', port: 53, nodePort: 31000 + i },
+    ],
+    ...extra,
+  });
 }
 
 function endpoints(i: number, ips: string[], local: string[] = []): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: 'ns', name: `svc${i}-x`, labels: { 'kubernetes.io/service-name': `svc${i}` } },
-    addressType: 'IPv4',
-    endpoints: ips.map((ip) => ({ addresses: [ip], conditions: { ready: true }, nodeName: local.includes(ip) ? 'node-a' : 'node-b' })),
+  return makeSlice('ns', `svc${i}`, {
+    name: `svc${i}-x`,
+    endpoints: ips.map((ip) => ({ ip, node: local.includes(ip) ? 'node-a' : 'node-b', ready: true })),
     ports: [
-      { name: 'http', port: 8080, protocol: 'TCP' },
+      { name: 'http', port: 8080 },
       { name: 'dns', port: 5353, protocol: 'UDP' },
     ],
-  };
+  });
 }
 
-/** `nft` as a kernel: every applied transaction is kept; `list table` answers from the replay. */
-class FakeNft implements CommandRunner {
+const P = uniqueName('kpt-nft-incr');
+/** `partial`: the proxier's; `full`: the full render, loaded fresh for each comparison. */
+const NS = { partial: `${P}-a`, full: `${P}-b` };
+
+before(async () => {
+  for (const ns of Object.values(NS)) await runChecked(hostRunner, 'ip', ['netns', 'add', ns], { timeoutMs: 10_000 });
+});
+
+after(async () => {
+  for (const ns of Object.values(NS)) await hostRunner.run('ip', ['netns', 'del', ns], { timeoutMs: 10_000 });
+});
+
+/** The real nft in the partial namespace, keeping the text of every transaction it applied. */
+class RecordingNft implements CommandRunner {
   texts: string[] = [];
+  private readonly inner = nsRunner(NS.partial);
   async run(cmd: string, args: string[], opts: RunOptions = {}) {
-    assert.equal(cmd, 'nft');
-    if (args[0] === '--version') return { code: 0, stdout: 'nftables v1.0.6', stderr: '' };
-    if (args[0] === '-f') {
-      this.texts.push(opts.input ?? '');
-      return { code: 0, stdout: '', stderr: '' };
-    }
-    if (args[0] === 'list') {
-      if (this.texts.length === 0) return { code: 1, stdout: '', stderr: 'Error: No such file or directory' };
-      return { code: 0, stdout: dumpRuleset(this.table()), stderr: '' };
-    }
-    throw new Error(`unexpected nft ${args.join(' ')}`);
+    const r = await this.inner.run(cmd, args, opts);
+    if (cmd === 'nft' && args[0] === '-f' && r.code === 0) this.texts.push(opts.input ?? '');
+    return r;
   }
-  /** the table after every transaction, without chains that are flushed and no longer used (unless keepFlushed) */
-  table(o: { keepFlushed?: boolean } = {}) {
-    const rs = parseKubeProxyTable(this.texts.join(''), 'ip');
-    if (!o.keepFlushed) for (const [name, ch] of rs.chains) if (name.includes('/') && ch.rules.length === 0) rs.chains.delete(name);
-    dropRetiredAffinitySets(rs);
-    return rs;
+}
+
+/** Both namespaces without a kube-proxy table. */
+async function emptyTables(): Promise<void> {
+  for (const ns of Object.values(NS)) await nsRunner(ns).run('nft', ['delete', 'table', 'ip', 'kube-proxy'], { timeoutMs: 10_000 });
+}
+
+/** The kernel's table for a full render (`nft -f` into the `full` namespace, replacing what it held). */
+async function kernelOf(render: string): Promise<KernelTable> {
+  await nsRunner(NS.full).run('nft', ['delete', 'table', 'ip', 'kube-proxy'], { timeoutMs: 10_000 });
+  await runChecked(nsRunner(NS.full), 'nft', ['-f', '-'], { input: render, timeoutMs: 20_000 });
+  return readTable(nsRunner(NS.full), 'ip');
+}
+
+/**
+ * How the partial namespace's table differs from the full render's beyond what partial syncs
+ * leave for later, each checked: chains under a Service's name that are flushed (retired),
+ * affinity sets no rule names (retired), and exactly the elements the proxier reports as
+ * lingering, each in the kernel and harmless (a ClusterIP, or a jump into an empty chain).
+ * Empty when all is well.
+ */
+async function unexplained(lingering: Array<{ set: string; el: NftElement }>, render: string): Promise<string[]> {
+  const partial = await readTable(nsRunner(NS.partial), 'ip');
+  const d = diffTables(partial, await kernelOf(render));
+  const problems = [...d.differences];
+  for (const name of d.extraChains) {
+    if (!name.includes('/') || partial.chains.get(name)!.rules.length > 0) problems.push(`chain ${name}: only in the partial table, and not a flushed Service chain`);
   }
+  const rules = JSON.stringify([...partial.chains.values()].flatMap((c) => c.rules));
+  for (const name of d.extraSets) {
+    if (!name.startsWith('affinity-') || rules.includes(`"@${name}"`) || partial.sets.get(name)!.elements.size > 0) problems.push(`set ${name}: only in the partial table, and not a retired affinity set`);
+  }
+  const lingers = new Map<string, number>();
+  for (const { set } of lingering) lingers.set(set, (lingers.get(set) ?? 0) + 1);
+  for (const set of new Set([...lingers.keys(), ...d.extraElements.keys()])) {
+    const extra = d.extraElements.get(set) ?? new Map<string, string>();
+    if (extra.size !== (lingers.get(set) ?? 0)) problems.push(`${set}: ${extra.size} elements beyond the full render, ${lingers.get(set) ?? 0} reported lingering`);
+    if (set === 'cluster-ips') continue;
+    for (const [key, value] of extra) {
+      const target = verdictTarget(value);
+      if (target === undefined || (partial.chains.get(target)?.rules.length ?? 1) > 0) problems.push(`${set} ${key}: goes to ${target ?? value}, not to an empty chain`);
+    }
+  }
+  for (const { set, el } of lingering) {
+    const r = await nsRunner(NS.partial).run('nft', ['get', 'element', 'ip', 'kube-proxy', set, `{ ${elementKey(el.key)} }`], { timeoutMs: 10_000 });
+    if (r.code !== 0) problems.push(`lingering ${set} { ${elementKey(el.key)} } is not in the kernel: ${r.stderr.trim()}`);
+  }
+  return problems;
 }
 
 const sorted = (text: string) => text.split('\n').filter(Boolean).sort();
@@ -96,7 +136,8 @@ test('a partial sync replans only the changed service and yields the full render
   const all = tracker.apply();
   const input: PlanInput = { state: tracker.state, config, node: NODE };
   const o = optionsFromInput(input);
-  const nft = new FakeNft();
+  await emptyTables();
+  const nft = new RecordingNft();
   const proxier = new NftProxier({ runner: nft, log: silentLogger(), staleChainDelayMs: 0 });
 
   await proxier.sync(input, all, true);
@@ -131,18 +172,10 @@ test('a partial sync replans only the changed service and yields the full render
 
     const fullRender = dumpRuleset(planRuleset(tracker.state, o));
     assert.equal(proxier.dump(), fullRender, `${step.name}: the proxier's table is the full render`);
-    // The kernel, after the partial transaction, holds exactly the full render, plus the
-    // elements the proxier says it left for later: each harmless (a ClusterIP, or a jump
-    // into a chain that is flushed now).
-    const kernel = nft.table({ keepFlushed: true });
-    for (const { set, el } of proxier.lingeringElements()) {
-      assert.ok(kernel.sets.get(set)?.elements.has(elementKey(el.key)), `${step.name}: lingering ${set} ${elementKey(el.key)} is in the kernel`);
-      const target = lingeringTarget(el);
-      if (set !== 'cluster-ips') assert.deepEqual(kernel.chains.get(target!)?.rules, [], `${step.name}: lingering ${set} element jumps to an empty chain`);
-      kernel.sets.get(set)!.elements.delete(elementKey(el.key));
-    }
-    for (const [name, ch] of kernel.chains) if (name.includes('/') && ch.rules.length === 0) kernel.chains.delete(name);
-    assert.deepEqual(sorted(dumpRuleset(kernel)), sorted(fullRender), `${step.name}: replayed table`);
+    // The kernel, after the partial transaction, holds exactly the full render, plus what
+    // the proxier left for later: each lingering element harmless (a ClusterIP, or a jump
+    // into a chain flushed in this sync), retired chains flushed.
+    assert.deepEqual(await unexplained(proxier.lingeringElements(), fullRender), [], `${step.name}: the kernel's table`);
     // Same commands as the whole-table diff would write.
     const expected = partialTransaction(planRuleset(tracker.state, o), prevFull, { lingering: lingeringBefore });
     assert.ok(expected.ops > 0, step.name);
@@ -164,10 +197,10 @@ test('a partial sync replans only the changed service and yields the full render
   assert.equal(stats.rulesWritten, 0);
   assert.equal(proxier.planner.plannedTotal, before);
 
-  // A full sync replans everything again and writes the same table.
+  // A full sync replans everything again and writes the same table, nothing left lingering.
   await proxier.sync(input, new Set(), true);
   assert.equal(proxier.dump(), dumpRuleset(planRuleset(tracker.state, o)));
-  assert.deepEqual(sorted(dumpRuleset(nft.table())), sorted(proxier.dump()));
+  assert.deepEqual(await unexplained([], proxier.dump()), []);
 });
 
 test('nft -f limit scales with the transaction; a killed nft reports KPROXY_NFT_TIMEOUT', async () => {
@@ -217,7 +250,8 @@ test('retired chains are deleted after an idle sync, or once due staleChainMaxWa
   };
   const input: PlanInput = { state: tracker.state, config, node: NODE };
   let now = 0;
-  const nft = new FakeNft();
+  await emptyTables();
+  const nft = new RecordingNft();
   const proxier = new NftProxier({ runner: nft, log: silentLogger(), now: () => now, staleChainDelayMs: 1000, staleChainBatchMs: 0, staleChainMaxWaitMs: 60_000 });
   await proxier.sync(input, tracker.apply(), true);
   /** the transactions a step sent */
@@ -255,6 +289,6 @@ test('retired chains are deleted after an idle sync, or once due staleChainMaxWa
   for (let at = 35_000; at < 30_000 + 1000 + 60_000; at += 5000) assert.deepEqual(deleted(await step(at, setEndpoints(1, ++n))), [], `change at ${at / 1000} s`);
   tx = await step(91_000, setEndpoints(2, 5));
   assert.deepEqual(deleted(tx), second, 'deleted after the change of the sync that found them overdue');
-  // And the table is the full render of the state.
-  assert.deepEqual(sorted(dumpRuleset(nft.table())), sorted(dumpRuleset(planRuleset(tracker.state, optionsFromInput(input)))));
+  // And the kernel holds the full render of the state.
+  assert.deepEqual(await unexplained([], dumpRuleset(planRuleset(tracker.state, optionsFromInput(input)))), []);
 });

@@ -1,4 +1,4 @@
-// Real kernel, real nft (issue 12): in a namespace this test creates (kpd1-nft-<pid>),
+// Real kernel, real nft: in a namespace this test creates (kpd1-nft-<pid>),
 // - a Service with 63+63+15-character names renders a table `nft -f` accepts (the
 //   untruncated comment is refused, so the limit is real);
 // - a Service nft really refuses (an IPv6 endpoint in an IPv4 table, as nothing but a bug
@@ -46,7 +46,7 @@ test('a 63+63+15-character Service: the rendered table is accepted by nft, the u
   const check = await nft(['-c', '-f', '-'], text);
   assert.equal(check.code, 0, check.stderr);
 
-  // What kproxy wrote before the fix: the full "ns/name:port" comment.
+  // The same table with the untruncated "ns/name:port" comment: nft refuses it.
   const full = text.replace(/comment "[^"]*\.\.\."/g, `comment "${noEps.key}"`);
   assert.notEqual(full, text);
   const refused = await nft(['-c', '-f', '-'], full);

@@ -1,4 +1,4 @@
-// Hostile input in nftables mode (issue 12, items 1 and 7, and failure isolation):
+// Hostile input in nftables mode, and failure isolation:
 // - comments stay within nft's 128-byte limit whatever the names (kubernetes#139515);
 // - a loopback, unspecified, multicast or broadcast address is never a Service VIP;
 // - when nft refuses lines of one Service, that Service is left out, reported, and every

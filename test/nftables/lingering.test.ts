@@ -6,39 +6,19 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
 import { elementKey, type NftElement, type Ruleset } from '../../src/modes/nftables/ruleset.ts';
 import { deferrable, partialTransaction, type LingeringElement } from '../../src/modes/nftables/transaction.ts';
+import { nodePortService, numberedSlice } from '../support/builders.ts';
 
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
 const config = resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' });
 
-function service(i: number, vip = `172.30.0.${i + 1}`, port = 80): K8sService {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'ns', name: `svc${i}` },
-    spec: { type: 'NodePort', clusterIP: vip, ports: [{ name: 'http', protocol: 'TCP', port, nodePort: 30000 + i }] },
-  };
-}
-
-function slice(i: number, n: number): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: 'ns', name: `svc${i}-x`, labels: { 'kubernetes.io/service-name': `svc${i}` } },
-    addressType: 'IPv4',
-    endpoints: Array.from({ length: n }, (_, k) => ({ addresses: [`10.180.${i}.${k + 1}`], conditions: { ready: true } })),
-    ports: [{ name: 'http', port: 8080, protocol: 'TCP' }],
-  };
-}
-
 function world() {
   const tracker = new ProxyStateTracker(4, NODE.nodeName);
   for (let i = 0; i < 3; i++) {
-    tracker.services.update(null, service(i));
-    tracker.endpoints.update(null, slice(i, 2));
+    tracker.services.update(null, nodePortService(i));
+    tracker.endpoints.update(null, numberedSlice(i, 2));
   }
   tracker.apply();
   const plan = (): Ruleset => planRuleset(tracker.state, optionsFromInput({ state: tracker.state, config, node: NODE }));
@@ -67,8 +47,8 @@ test('deferrable: a ClusterIP, or a jump into a chain flushed in the same transa
 test('a Service deleted: no delete element; re-created: its lingering elements re-used; moved to another VIP: the old one deleted at once', () => {
   const { tracker, plan } = world();
   const t0 = plan();
-  tracker.services.update(service(1), null);
-  tracker.endpoints.update(slice(1, 2), null);
+  tracker.services.update(nodePortService(1), null);
+  tracker.endpoints.update(numberedSlice(1, 2), null);
   tracker.apply();
   const t1 = plan();
   const del = partialTransaction(t1, t0);
@@ -79,8 +59,8 @@ test('a Service deleted: no delete element; re-created: its lingering elements r
   assert.equal(partialTransaction(t1, t0, { deferRemovals: false }).text.match(/^delete element /gm)?.length, 3);
 
   // Re-created as it was: the lingering elements are already right.
-  tracker.services.update(null, service(1));
-  tracker.endpoints.update(null, slice(1, 2));
+  tracker.services.update(null, nodePortService(1));
+  tracker.endpoints.update(null, numberedSlice(1, 2));
   tracker.apply();
   const t2 = plan();
   const back = partialTransaction(t2, t1, { lingering: asMap(del.lingering) });
@@ -91,8 +71,8 @@ test('a Service deleted: no delete element; re-created: its lingering elements r
 
   // Re-created under the same name with another ClusterIP: the old VIP's element would lead
   // into the live chain again, so it goes in the same transaction.
-  tracker.services.update(null, service(1, '172.30.0.99'));
-  tracker.endpoints.update(null, slice(1, 2));
+  tracker.services.update(null, nodePortService(1, { clusterIP: '172.30.0.99' }));
+  tracker.endpoints.update(null, numberedSlice(1, 2));
   tracker.apply();
   const t3 = plan();
   const moved = partialTransaction(t3, t1, { lingering: asMap(del.lingering) });
@@ -106,8 +86,8 @@ test('a lingering element wanted with another value is deleted first, then added
   const { tracker, plan } = world();
   const t0 = plan();
   const kept = asMap([{ set: 'service-ips', el: { key: ['172.30.0.50', 'tcp', '80'], value: 'goto service-OLD' } }]);
-  tracker.services.update(null, service(49));
-  tracker.endpoints.update(null, slice(49, 1));
+  tracker.services.update(null, nodePortService(49));
+  tracker.endpoints.update(null, numberedSlice(49, 1));
   tracker.apply();
   const tx = partialTransaction(plan(), t0, { lingering: kept });
   const lines = tx.text.split('\n');

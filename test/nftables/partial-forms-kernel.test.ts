@@ -23,6 +23,7 @@ import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { dropLingering, dropRetiredAffinitySets } from '../support/nft-retired.ts';
 import { uniqueName } from '../support/netns.ts';
 import { nsRunner } from './objects.ts';
+import { clientIPAffinity, lbStatus, nodePortService, numberedSlice } from '../support/builders.ts';
 
 const NS = { partial: uniqueName('kpt-nft-pf-a'), full: uniqueName('kpt-nft-pf-b') };
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
@@ -43,31 +44,15 @@ class RecordingRunner implements CommandRunner {
 }
 
 function service(i: number, opts: { sticky?: boolean; local?: boolean; port?: number } = {}): K8sService {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'ns', name: `svc${i}` },
-    spec: {
-      type: 'LoadBalancer',
-      clusterIP: `172.30.0.${i + 1}`,
-      ports: [{ name: 'http', protocol: 'TCP', port: opts.port ?? 80, nodePort: 30000 + i }],
-      externalTrafficPolicy: opts.local ? 'Local' : 'Cluster',
-      ...(opts.sticky ? { sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 60 } } } : {}),
-    },
-    status: { loadBalancer: { ingress: [{ ip: `1.2.3.${i + 1}` }] } },
-  };
+  return nodePortService(i, {
+    type: 'LoadBalancer',
+    ports: [{ name: 'http', protocol: 'TCP', port: opts.port ?? 80, nodePort: 30000 + i }],
+    externalTrafficPolicy: opts.local ? 'Local' : 'Cluster',
+    ...(opts.sticky ? clientIPAffinity(60) : {}),
+  }, lbStatus(`1.2.3.${i + 1}`));
 }
 
-function slice(i: number, n: number): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: 'ns', name: `svc${i}-x`, labels: { 'kubernetes.io/service-name': `svc${i}` } },
-    addressType: 'IPv4',
-    endpoints: Array.from({ length: n }, (_, k) => ({ addresses: [`10.180.${i}.${k + 1}`], conditions: { ready: true }, nodeName: k % 2 === 0 ? 'node-a' : 'node-b' })),
-    ports: [{ name: 'http', port: 8080, protocol: 'TCP' }],
-  };
-}
+const slice = (i: number, n: number): K8sEndpointSlice => numberedSlice(i, n, (k) => (k % 2 === 0 ? 'node-a' : 'node-b'));
 
 /** The kernel's table, sorted lines; `proxier`: leave out exactly its lingering elements, after checking each is there and harmless. */
 async function table(ns: string, proxier?: NftProxier, o: { strict?: boolean } = {}): Promise<string[]> {

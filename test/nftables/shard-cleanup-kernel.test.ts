@@ -1,6 +1,6 @@
 // Real kernel: the nftables mode's cleanup (`kproxy cleanup`, and the other modes' start when
 // switching away from nftables) removes every kube-proxy table of ip and ip6 — upstream's
-// `kube-proxy` and the shards' `kube-proxy-<n>` (issue 10) — and nothing else: not an inet
+// `kube-proxy` and the shards' `kube-proxy-<n>` — and nothing else: not an inet
 // table of the same name, not a look-alike name, not another program's table; the tables are
 // found by name (`nft -c` of `create table`), never by listing the family. The namespace
 // comes from uniqueName() and is removed in `after`.
@@ -16,7 +16,7 @@ import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
-import { endpointSlice, nodePortService } from './objects.ts';
+import { nodePortService, numberedSlice } from '../support/builders.ts';
 
 const NS = uniqueName('kpt-nft-shc');
 const runner: CommandRunner = { run: (cmd, args, opts) => hostRunner.run('ip', ['netns', 'exec', NS, cmd, ...args], opts) };
@@ -80,7 +80,7 @@ test('a restart over sharded tables (one listing of the names), a live trace and
   const tracker = new ProxyStateTracker(4, 'node-a');
   for (let i = 0; i < 8; i++) {
     tracker.services.update(null, nodePortService(i));
-    tracker.endpoints.update(null, endpointSlice(i, 2, 'node-b'));
+    tracker.endpoints.update(null, numberedSlice(i, 2, 'node-b'));
   }
   const keys = tracker.apply();
   const input: PlanInput = { state: tracker.state, config: resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' }), node: { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 } };
@@ -96,7 +96,7 @@ test('a restart over sharded tables (one listing of the names), a live trace and
   const gone = new ProxyStateTracker(4, 'node-a');
   for (let i = 0; i < 7; i++) {
     gone.services.update(null, nodePortService(i));
-    gone.endpoints.update(null, endpointSlice(i, 2, 'node-b'));
+    gone.endpoints.update(null, numberedSlice(i, 2, 'node-b'));
   }
   const fewer: PlanInput = { ...input, state: gone.state };
   assert.match((await runChecked(runner, 'nft', ['list', 'chains', 'ip'], { timeoutMs: 10_000 })).stdout, /ns\/svc7\//, 'svc7 has chains before');

@@ -1,4 +1,4 @@
-// The per-sync bookkeeping kept across syncs (issue 10: a one-Service change is O(changed)
+// The per-sync bookkeeping kept across syncs (so that a one-Service change is O(changed)
 // at 50,000 Services) equals a from-scratch computation after every step of random
 // sequences of Service and EndpointSlice adds, updates and deletes, across reshards:
 //   - the incremental node view (in place, with revertView after a "failed" sync) = a full
@@ -22,6 +22,7 @@ import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
 import { silentLogger } from '../../src/log.ts';
 import { tracker } from '../iptables/helpers.ts';
 import type { ProxyStateTracker } from '../../src/core/tracker.ts';
+import { lbStatus, makeService, makeSlice } from '../support/builders.ts';
 
 const NODE = 'test-node';
 const config = resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' });
@@ -53,25 +54,19 @@ function service(i: number, s: SvcShape): K8sService {
     ...(s.kind !== 'ClusterIP' ? { nodePort: 30000 + i * 4 + p } : {}),
   }));
   const external = s.kind !== 'ClusterIP';
-  return {
-    apiVersion: 'v1', kind: 'Service', metadata: { namespace: `ns${i % 3}`, name: `s${i}` },
-    spec: {
-      type: s.kind, clusterIP: `172.30.0.${i + 1}`, clusterIPs: [`172.30.0.${i + 1}`], ipFamilies: ['IPv4'], ports,
-      ...(external && s.etpLocal ? { externalTrafficPolicy: 'Local', healthCheckNodePort: 32000 + i } : {}),
-      ...(s.itpLocal ? { internalTrafficPolicy: 'Local' } : {}),
-    },
-    ...(s.kind === 'LoadBalancer' ? { status: { loadBalancer: { ingress: [{ ip: `203.0.113.${i + 1}` }] } } } : {}),
-  } as K8sService;
+  return makeService(`ns${i % 3}`, `s${i}`, {
+    type: s.kind, clusterIP: `172.30.0.${i + 1}`, clusterIPs: [`172.30.0.${i + 1}`], ipFamilies: ['IPv4'], ports,
+    ...(external && s.etpLocal ? { externalTrafficPolicy: 'Local', healthCheckNodePort: 32000 + i } : {}),
+    ...(s.itpLocal ? { internalTrafficPolicy: 'Local' } : {}),
+  }, s.kind === 'LoadBalancer' ? lbStatus(`203.0.113.${i + 1}`) : undefined);
 }
 
 function slice(i: number, eps: Array<{ local: boolean; ready: boolean }>, ports: number): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice',
-    metadata: { namespace: `ns${i % 3}`, name: `s${i}-a`, labels: { 'kubernetes.io/service-name': `s${i}` } },
-    addressType: 'IPv4',
-    endpoints: eps.map((e, j) => ({ addresses: [`10.180.${i}.${j + 1}`], nodeName: e.local ? NODE : 'other', conditions: { ready: e.ready } })),
-    ports: Array.from({ length: ports }, (_, p) => ({ name: `p${p}`, port: 8080 + p, protocol: 'TCP' })),
-  } as K8sEndpointSlice;
+  return makeSlice(`ns${i % 3}`, `s${i}`, {
+    name: `s${i}-a`,
+    endpoints: eps.map((e, j) => ({ ip: `10.180.${i}.${j + 1}`, node: e.local ? NODE : 'other', ready: e.ready })),
+    ports: Array.from({ length: ports }, (_, p) => ({ name: `p${p}`, port: 8080 + p })),
+  });
 }
 
 const shape = fc.record({

@@ -1,4 +1,4 @@
-// The tracer over several kube-proxy tables (issue 10: the Services spread over shard tables
+// The tracer over several kube-proxy tables (the Services spread over shard tables
 // `kube-proxy-<n>`, each a complete copy of upstream's table holding only its Services). Pure:
 // every probe packet (each dispatched address, from a pod, the node and an outside client)
 // ends the same way — endpoints or verdict, masquerade — through the shards walked together
@@ -23,6 +23,7 @@ import { kubeProxyTables, traceNft, traceRuleset } from '../../src/modes/nftable
 import { mode } from '../../src/modes/nftables/index.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { uniqueName } from '../support/netns.ts';
+import { clientIPAffinity, lbStatus, makeService, makeSlice } from '../support/builders.ts';
 
 const NS = uniqueName('kpt-nft-sht');
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
@@ -31,33 +32,24 @@ const N = 15;
 
 function service(i: number): K8sService {
   const kind = i % 5;
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'ns', name: `svc${i}` },
-    spec: {
-      type: kind === 0 ? 'ClusterIP' : 'LoadBalancer',
-      clusterIP: `172.30.0.${i + 1}`,
-      ports: [{ name: 'http', protocol: i % 7 === 3 ? 'UDP' : 'TCP', port: 80, ...(kind === 0 ? {} : { nodePort: 30000 + i }) }],
-      externalTrafficPolicy: kind === 2 ? 'Local' : 'Cluster',
-      ...(kind === 3 ? { sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 60 } } } : {}),
-      ...(kind === 4 ? { loadBalancerSourceRanges: ['203.0.113.0/24'] } : {}),
-    },
-    ...(kind === 0 ? {} : { status: { loadBalancer: { ingress: [{ ip: `1.2.3.${i + 1}` }] } } }),
-  };
+  return makeService('ns', `svc${i}`, {
+    type: kind === 0 ? 'ClusterIP' : 'LoadBalancer',
+    clusterIP: `172.30.0.${i + 1}`,
+    ports: [{ name: 'http', protocol: i % 7 === 3 ? 'UDP' : 'TCP', port: 80, ...(kind === 0 ? {} : { nodePort: 30000 + i }) }],
+    externalTrafficPolicy: kind === 2 ? 'Local' : 'Cluster',
+    ...(kind === 3 ? clientIPAffinity(60) : {}),
+    ...(kind === 4 ? { loadBalancerSourceRanges: ['203.0.113.0/24'] } : {}),
+  }, kind === 0 ? undefined : lbStatus(`1.2.3.${i + 1}`));
 }
 
 function slice(i: number): K8sEndpointSlice {
   // every fourth Service has no endpoints (REJECT); the others 1–3, some on this node
   const n = i % 4 === 1 ? 0 : 1 + (i % 3);
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: 'ns', name: `svc${i}-x`, labels: { 'kubernetes.io/service-name': `svc${i}` } },
-    addressType: 'IPv4',
-    endpoints: Array.from({ length: n }, (_, k) => ({ addresses: [`10.180.${i}.${k + 1}`], conditions: { ready: true }, nodeName: k % 2 === 0 ? 'node-a' : 'node-b' })),
+  return makeSlice('ns', `svc${i}`, {
+    name: `svc${i}-x`,
+    endpoints: Array.from({ length: n }, (_, k) => ({ ip: `10.180.${i}.${k + 1}`, node: k % 2 === 0 ? 'node-a' : 'node-b', ready: true })),
     ports: [{ name: 'http', port: 8080, protocol: i % 7 === 3 ? 'UDP' : 'TCP' }],
-  };
+  });
 }
 
 function fixture(): PlanInput {

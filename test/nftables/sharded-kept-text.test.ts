@@ -12,7 +12,7 @@ import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { MAX_KEPT_TRANSACTION_CHARS } from '../../src/modes/nftables/proxier.ts';
 import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
-import { endpointSlice, nodePortService } from './objects.ts';
+import { nodePortService, numberedSlice } from '../support/builders.ts';
 
 function emptyKernel(applied: string[]): CommandRunner {
   return {
@@ -27,8 +27,8 @@ function emptyKernel(applied: string[]): CommandRunner {
 function input(n: number): { input: PlanInput; keys: Set<string> } {
   const tracker = new ProxyStateTracker(4, 'node-a');
   for (let i = 0; i < n; i++) {
-    tracker.services.update(null, { ...nodePortService(i), spec: { ...nodePortService(i).spec, clusterIP: `172.30.${i >> 8}.${(i & 255) + 1}`, ports: [{ name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i }] } });
-    tracker.endpoints.update(null, endpointSlice(i % 250, 2, 'node-b'));
+    tracker.services.update(null, nodePortService(i, { clusterIP: `172.30.${i >> 8}.${(i & 255) + 1}` }));
+    tracker.endpoints.update(null, numberedSlice(i % 250, 2, 'node-b'));
   }
   const keys = tracker.apply();
   return { input: { state: tracker.state, config: resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' }), node: { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 } }, keys };

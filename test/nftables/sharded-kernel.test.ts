@@ -1,4 +1,4 @@
-// Real kernel, the sharded nftables mode (issue 10) with a low threshold (6 Services; 3 per
+// Real kernel, the sharded nftables mode with a low threshold (6 Services; 3 per
 // table; at most 4 tables): a node namespace holds the tables `kube-proxy-0..3` written by
 // ShardedNftProxier through `ip netns exec`, two pod namespaces run TCP echo servers that
 // answer with their name and the peer address they saw, a client namespace (203.0.113.2, off
@@ -27,6 +27,7 @@ import { kubeProxyTables } from '../../src/modes/nftables/trace.ts';
 import { chooseShards, DEFAULT_SHARDS, ShardedNftProxier, targetShards } from '../../src/modes/nftables/sharded.ts';
 import { uniqueName } from '../support/netns.ts';
 import { nsRunner, startReadyServer } from './objects.ts';
+import { clientIPAffinity, makeService, makeSlice } from '../support/builders.ts';
 
 const P = uniqueName('kpt-shd');
 const NS = { node: `${P}-n`, pod1: `${P}-p1`, pod2: `${P}-p2`, client: `${P}-c`, fresh: `${P}-f` };
@@ -122,28 +123,19 @@ async function setupNetwork(): Promise<void> {
 const NAMES = ['web', 'api', 'db', 'cache', 'queue', 'auth', 'search', 'mail', 'logs', 'metrics', 'dns'];
 
 function service(i: number, o: { sticky?: boolean } = {}): K8sService {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'shd', name: NAMES[i] },
-    spec: {
-      type: 'NodePort',
-      clusterIP: `172.30.0.${i + 1}`,
-      ports: [{ name: 'p', port: 80, protocol: 'TCP', nodePort: 31000 + i }],
-      ...(o.sticky ? { sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 600 } } } : {}),
-    },
-  };
+  return makeService('shd', NAMES[i], {
+    type: 'NodePort',
+    clusterIP: `172.30.0.${i + 1}`,
+    ports: [{ name: 'p', port: 80, protocol: 'TCP', nodePort: 31000 + i }],
+    ...(o.sticky ? clientIPAffinity(600) : {}),
+  });
 }
 
 function slice(i: number, pods: Array<'pod1' | 'pod2'>): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: 'shd', name: `${NAMES[i]}-1`, labels: { 'kubernetes.io/service-name': NAMES[i] } },
-    addressType: 'IPv4',
-    endpoints: pods.map((p) => ({ addresses: [POD[p]], nodeName: p === 'pod1' ? NODE_NAME : 'node-b', conditions: { ready: true } })),
-    ports: [{ name: 'p', port: 8080, protocol: 'TCP' }],
-  };
+  return makeSlice('shd', NAMES[i], {
+    endpoints: pods.map((p) => ({ ip: POD[p], node: p === 'pod1' ? NODE_NAME : 'node-b', ready: true })),
+    ports: [{ name: 'p', port: 8080 }],
+  });
 }
 
 /** what a connect gets from nft's `reject` (ICMP port unreachable); no rule: TIMEOUT (see the route in setupNetwork) */

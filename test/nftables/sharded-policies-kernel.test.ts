@@ -1,4 +1,4 @@
-// Real kernel, the sharded nftables mode (issue 10) beyond test/nftables/sharded-kernel.test.ts:
+// Real kernel, the sharded nftables mode beyond test/nftables/sharded-kernel.test.ts:
 // what only packets across several tables show. ShardedNftProxier with low thresholds writes
 // `ip kube-proxy-0..2` (6 IPv4 Services) and `ip6 kube-proxy-0..1` (4 IPv6 Services) into a node
 // namespace; the Services' names are picked so that each lands in the table the case needs
@@ -16,8 +16,8 @@
 // - a Service without endpoints (REJECT, ClusterIP and NodePort) next to Services with them in
 //   the other tables, and a port without endpoints next to one with them in one Service;
 // - the unallocated-ClusterIP drop (planner option serviceCIDRs; plan.ts `sharded`): another
-//   table's ClusterIP on a port it lacks is REJECTed, an unallocated one dropped; the old
-//   inline drop in each table drops the first (why the shape changed); and `kproxy trace
+//   table's ClusterIP on a port it lacks is REJECTed, an unallocated one dropped; the single
+//   table's inline drop, in each table, would drop the first (why the shards' shape differs); and `kproxy trace
 //   --live` gives what the kernel did, also where only the order of two tables' chains of
 //   equal priority decides (the kernel runs the table created last first).
 // Every request is bounded (1.5 s); namespaces and processes are removed in `after`.
@@ -41,6 +41,7 @@ import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
 import { mode } from '../../src/modes/nftables/index.ts';
 import { uniqueName } from '../support/netns.ts';
 import { nsRunner, startReadyServer } from './objects.ts';
+import { lbStatus, makeService, makeSlice } from '../support/builders.ts';
 
 const P = uniqueName('kpt-shp');
 const NS = { node: `${P}-n`, pod1: `${P}-p1`, pod2: `${P}-p2`, client: `${P}-c`, denied: `${P}-d` };
@@ -185,31 +186,22 @@ function objects(family: 4 | 6, role: string, i: number, s: Svc, k: number): { n
   const clusterIP = family === 4 ? `172.30.0.${i + 1}` : `fd00:172:30::${i + 1}`;
   const ports = [{ name: 'p', port: 80, protocol: 'TCP', ...(s.type !== 'ClusterIP' ? { nodePort: 31000 + family * 100 + i } : {}) }];
   if (s.emptyPort) ports.push({ name: 'q', port: 81, protocol: 'TCP', ...(s.type !== 'ClusterIP' ? { nodePort: 31050 + family * 100 + i } : {}) });
-  const svc: K8sService = {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { namespace: 'shp', name },
-    spec: {
-      type: s.type,
-      clusterIP,
-      clusterIPs: [clusterIP],
-      ipFamilies: [family === 4 ? 'IPv4' : 'IPv6'],
-      ports,
-      ...(s.etpLocal ? { externalTrafficPolicy: 'Local', healthCheckNodePort: 32000 + i } : {}),
-      ...(s.ranges ? { loadBalancerSourceRanges: s.ranges } : {}),
-    },
-    ...(s.lbIP ? { status: { loadBalancer: { ingress: [{ ip: s.lbIP }] } } } : {}),
-  };
-  const slice: K8sEndpointSlice | null = s.pods
-    ? {
-        apiVersion: 'discovery.k8s.io/v1',
-        kind: 'EndpointSlice',
-        metadata: { namespace: 'shp', name: `${name}-1`, labels: { 'kubernetes.io/service-name': name } },
-        addressType: family === 4 ? 'IPv4' : 'IPv6',
-        endpoints: s.pods.map((p) => ({ addresses: [POD[p][family]], nodeName: p === 'pod1' ? NODE_NAME : 'node-b', conditions: { ready: true } })),
+  const svc = makeService('shp', name, {
+    type: s.type,
+    clusterIP,
+    clusterIPs: [clusterIP],
+    ipFamilies: [family === 4 ? 'IPv4' : 'IPv6'],
+    ports,
+    ...(s.etpLocal ? { externalTrafficPolicy: 'Local', healthCheckNodePort: 32000 + i } : {}),
+    ...(s.ranges ? { loadBalancerSourceRanges: s.ranges } : {}),
+  }, s.lbIP ? lbStatus(s.lbIP) : undefined);
+  const slice = s.pods
+    ? makeSlice('shp', name, {
+        family,
+        endpoints: s.pods.map((p) => ({ ip: POD[p][family], node: p === 'pod1' ? NODE_NAME : 'node-b', ready: true })),
         // only port p: port q (when there is one) has no endpoints
-        ports: [{ name: 'p', port: 8080, protocol: 'TCP' }],
-      }
+        ports: [{ name: 'p', port: 8080 }],
+      })
     : null;
   return { name, svc, slice };
 }
@@ -410,7 +402,7 @@ test('the unallocated-ClusterIP drop (serviceCIDRs) runs after every table\'s re
       { kernel: 'REJECT', traced: 'REJECT' },
       { kernel: 'DROP', traced: 'DROP' },
     ]);
-    // The shape before the fix (each table's drop inline, at the reject's priority), over two
+    // The single table's shape (each table's drop inline, at the reject's priority), over two
     // tables: `empty` alone in kube-proxy-1, created last, so the kernel runs it first. `open`'s
     // wrong port is dropped by kube-proxy-1 before its own table can reject it; `empty`'s is
     // rejected. A tracer taking equal priorities in table order would say the opposite.

@@ -1,5 +1,5 @@
-// The table's name is a parameter of the planner and the proxier (issue 10, sharding step 1:
-// a shard is upstream's table under another name, `kube-proxy-<n>`). Pure: the planned table
+// The table's name is a parameter of the planner and the proxier (a shard is upstream's
+// table under another name, `kube-proxy-<n>`). Pure: the planned table
 // under another name is the default table's text with only the name changed. Real kernel: a
 // proxier given `kube-proxy-3` writes only that table, its full and partial syncs land there
 // (the kernel table equals a fresh full sync's of the same name), and its retired chains and
@@ -18,12 +18,13 @@ import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { fullTransaction } from '../../src/modes/nftables/transaction.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { uniqueName } from '../support/netns.ts';
-import { endpointSlice, nodePortService, nsRunner } from './objects.ts';
+import { nsRunner } from './objects.ts';
+import { clientIPAffinity, nodePortService, numberedSlice } from '../support/builders.ts';
 
 const NS = { a: uniqueName('kpt-nft-tn-a'), b: uniqueName('kpt-nft-tn-b') };
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
-const service = (i: number, sticky = false) => nodePortService(i, sticky ? 60 : undefined);
-const slice = (i: number, n: number) => endpointSlice(i, n, 'node-a');
+const service = (i: number, sticky = false) => nodePortService(i, sticky ? clientIPAffinity(60) : {});
+const slice = (i: number, n: number) => numberedSlice(i, n, 'node-a');
 const SHARD = 'kube-proxy-3';
 
 /** Every table of the namespace as "family name" → sorted dump lines. */

@@ -15,6 +15,7 @@ import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset, type Ruleset } from '../../src/modes/nftables/ruleset.ts';
 import { traceNft, traceRuleset } from '../../src/modes/nftables/trace.ts';
 import { fullTransaction, partialTransaction } from '../../src/modes/nftables/transaction.ts';
+import { makeService, makeSlice, type EndpointOpts } from '../support/builders.ts';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const casesRoot = resolve(here, '../..', '../shared/conformance');
@@ -33,23 +34,8 @@ function cfg(extra: Partial<CaseConfig> = {}): CaseConfig {
   return { mode: 'nftables', ipFamily: 'IPv4', nodeName: 'test-node', ...extra };
 }
 
-function svc(ns: string, name: string, spec: K8sService['spec'], status?: K8sService['status']): K8sService {
-  return { apiVersion: 'v1', kind: 'Service', metadata: { namespace: ns, name }, spec, status };
-}
-
-function slice(ns: string, svcName: string, family: 'IPv4' | 'IPv6', eps: Array<{ ip: string; node?: string; ready?: boolean; serving?: boolean; terminating?: boolean }>, ports: Array<{ name: string; port: number; protocol?: string }>): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { namespace: ns, name: `${svcName}-1`, labels: { 'kubernetes.io/service-name': svcName } },
-    addressType: family,
-    endpoints: eps.map((e) => ({
-      addresses: [e.ip],
-      nodeName: e.node,
-      conditions: e.ready === undefined ? undefined : { ready: e.ready, serving: e.serving, terminating: e.terminating },
-    })),
-    ports: ports.map((p) => ({ name: p.name, port: p.port, protocol: p.protocol ?? 'TCP' })),
-  };
+function slice(ns: string, svcName: string, family: 'IPv4' | 'IPv6', eps: EndpointOpts[], ports: Array<{ name: string; port: number; protocol?: string }>): K8sEndpointSlice {
+  return makeSlice(ns, svcName, { family: family === 'IPv6' ? 6 : 4, endpoints: eps, ports });
 }
 
 function plan(config: CaseConfig, objects: Array<K8sService | K8sEndpointSlice>): Ruleset {
@@ -87,7 +73,7 @@ test('chain names match upstream test vectors', () => {
 test('TestNoEndpointsReject: every address of a service without endpoints rejects', () => {
   const c = cfg();
   const rs = plan(c, [
-    svc('ns1', 'svc1', { type: 'LoadBalancer', clusterIP: '172.30.0.41', externalIPs: ['192.168.99.11'], ports: [{ name: 'p80', port: 80, protocol: 'TCP', nodePort: 3001 }] }, { loadBalancer: { ingress: [{ ip: '1.2.3.4' }] } }),
+    makeService('ns1', 'svc1', { type: 'LoadBalancer', clusterIP: '172.30.0.41', externalIPs: ['192.168.99.11'], ports: [{ name: 'p80', port: 80, protocol: 'TCP', nodePort: 3001 }] }, { loadBalancer: { ingress: [{ ip: '1.2.3.4' }] } }),
   ]);
   checkFlows(c, rs, [
     { name: 'pod to cluster IP', sourceIP: '10.0.0.2', destIP: '172.30.0.41', destPort: 80, output: 'REJECT' },
@@ -103,7 +89,7 @@ function nodePortCase(family: 'IPv4' | 'IPv6', nodePortAddresses?: string[] | nu
   const v4 = family === 'IPv4';
   const c = cfg({ ipFamily: family, ...(nodePortAddresses !== undefined ? { nodePortAddresses } : {}) });
   const rs = plan(c, [
-    svc('ns1', 'svc1', { type: 'NodePort', clusterIP: v4 ? '172.30.0.41' : 'fd00:172:30::41', ports: [{ name: 'p80', port: 80, protocol: 'TCP', nodePort: 3001 }] }),
+    makeService('ns1', 'svc1', { type: 'NodePort', clusterIP: v4 ? '172.30.0.41' : 'fd00:172:30::41', ports: [{ name: 'p80', port: 80, protocol: 'TCP', nodePort: 3001 }] }),
     slice('ns1', 'svc1', family, [{ ip: v4 ? '10.180.0.1' : 'fd00:10:180::1' }, { ip: v4 ? '10.180.2.1' : 'fd00:10:180::2:1', node: 'test-node' }], [{ name: 'p80', port: 80 }]),
   ]);
   return { c, rs };
@@ -146,7 +132,7 @@ test('nodePortAddresses null: every local address but loopback accepts NodePorts
 function trafficPolicyCase(local: boolean): { c: CaseConfig; rs: Ruleset } {
   const c = cfg();
   const rs = plan(c, [
-    svc('ns1', 'svc1', { type: 'LoadBalancer', externalTrafficPolicy: local ? 'Local' : 'Cluster', clusterIP: '172.30.0.41', externalIPs: ['192.168.99.11'], healthCheckNodePort: 30000, ports: [{ name: 'p80', port: 80, protocol: 'TCP', nodePort: 3001, targetPort: 80 }] }, { loadBalancer: { ingress: [{ ip: '1.2.3.4' }] } }),
+    makeService('ns1', 'svc1', { type: 'LoadBalancer', externalTrafficPolicy: local ? 'Local' : 'Cluster', clusterIP: '172.30.0.41', externalIPs: ['192.168.99.11'], healthCheckNodePort: 30000, ports: [{ name: 'p80', port: 80, protocol: 'TCP', nodePort: 3001, targetPort: 80 }] }, { loadBalancer: { ingress: [{ ip: '1.2.3.4' }] } }),
     slice('ns1', 'svc1', 'IPv4', [{ ip: '10.180.0.1' }, { ip: '10.180.2.1', node: 'test-node' }], [{ name: 'p80', port: 80 }]),
   ]);
   return { c, rs };
@@ -181,7 +167,7 @@ test('TestExternalTrafficPolicyCluster', () => {
 test('ETP Local without local endpoints drops external traffic but serves pods', () => {
   const c = cfg();
   const rs = plan(c, [
-    svc('ns1', 'svc1', { type: 'LoadBalancer', externalTrafficPolicy: 'Local', clusterIP: '172.30.1.1', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }] }, { loadBalancer: { ingress: [{ ip: '1.2.3.4' }] } }),
+    makeService('ns1', 'svc1', { type: 'LoadBalancer', externalTrafficPolicy: 'Local', clusterIP: '172.30.1.1', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }] }, { loadBalancer: { ingress: [{ ip: '1.2.3.4' }] } }),
     slice('ns1', 'svc1', 'IPv4', [{ ip: '10.0.1.5', node: 'node-1', ready: false, serving: true, terminating: true }], [{ name: '', port: 80 }]),
   ]);
   checkFlows(c, rs, [
@@ -193,7 +179,7 @@ test('ETP Local without local endpoints drops external traffic but serves pods',
 test('internalTrafficPolicy Local without local endpoints drops', () => {
   const c = cfg();
   const rs = plan(c, [
-    svc('ns1', 'svc1', { clusterIP: '172.30.1.1', internalTrafficPolicy: 'Local', ports: [{ name: '', port: 80, protocol: 'TCP' }] }),
+    makeService('ns1', 'svc1', { clusterIP: '172.30.1.1', internalTrafficPolicy: 'Local', ports: [{ name: '', port: 80, protocol: 'TCP' }] }),
     slice('ns1', 'svc1', 'IPv4', [{ ip: '10.0.1.1', node: 'node0' }, { ip: '10.0.1.2', node: 'node1' }], [{ name: '', port: 80 }]),
   ]);
   checkFlows(c, rs, [{ name: 'no local endpoints', sourceIP: '10.0.0.2', destIP: '172.30.1.1', destPort: 80, output: 'DROP' }]);
@@ -201,7 +187,7 @@ test('internalTrafficPolicy Local without local endpoints drops', () => {
 
 test('masqueradeAll and no local detector', () => {
   const objs = [
-    svc('ns1', 'svc1', { clusterIP: '172.30.0.41', ports: [{ name: 'p80', port: 80, protocol: 'TCP' }] }),
+    makeService('ns1', 'svc1', { clusterIP: '172.30.0.41', ports: [{ name: 'p80', port: 80, protocol: 'TCP' }] }),
     slice('ns1', 'svc1', 'IPv4', [{ ip: '10.180.0.1' }], [{ name: 'p80', port: 80 }]),
   ];
   const all = plan(cfg({ masqueradeAll: true }), objs);
@@ -246,9 +232,9 @@ test('the tracer reads `nft list table` output the same as the rendered text', (
 test('transactions: full flushes and replaces, partial writes only differences', () => {
   const c = cfg();
   const base = [
-    svc('ns1', 'svc1', { clusterIP: '172.30.0.41', ports: [{ name: 'p80', port: 80, protocol: 'TCP' }] }),
+    makeService('ns1', 'svc1', { clusterIP: '172.30.0.41', ports: [{ name: 'p80', port: 80, protocol: 'TCP' }] }),
     slice('ns1', 'svc1', 'IPv4', [{ ip: '10.180.0.1' }, { ip: '10.180.0.2' }], [{ name: 'p80', port: 80 }]),
-    svc('ns2', 'svc2', { clusterIP: '172.30.0.42', ports: [{ name: 'p80', port: 80, protocol: 'TCP' }] }),
+    makeService('ns2', 'svc2', { clusterIP: '172.30.0.42', ports: [{ name: 'p80', port: 80, protocol: 'TCP' }] }),
   ];
   const before = plan(c, base);
   const live = { chains: new Set(['service-OLD-ns9/x/tcp/p', 'services']), sets: new Map([['affinity-OLD', 'set' as const], ['service-ips', 'map' as const]]) };

@@ -16,31 +16,14 @@ import type { ModeModule, Proxier, SyncStats } from '../../src/modes/types.ts';
 import type { Source, SourceHandler, SourceHealth } from '../../src/sources/types.ts';
 import type { K8sService } from '../../src/core/api.ts';
 import type { CommandRunner } from '../../src/kernel/runner.ts';
+import { waitFor } from '../support/wait.ts';
+import { makeService } from '../support/builders.ts';
 
 const HEALTH_TIMEOUT_MS = 60_000;
 const T0 = 1_700_000_000_000;
 
-/** Polls until check() returns a value (not undefined/false), or fails after a generous deadline. */
-async function waitFor<T>(what: string, check: () => Promise<T | undefined | false> | T | undefined | false, timeoutMs = 15_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const v = await check();
-      if (v !== undefined && v !== false) return v as T;
-    } catch (e) {
-      last = e;
-    }
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last ? `: ${(last as Error).message}` : ''}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
-
 function service(name: string, port = 80): K8sService {
-  return {
-    metadata: { namespace: 'default', name },
-    spec: { type: 'ClusterIP', clusterIP: '172.30.0.10', clusterIPs: ['172.30.0.10'], ports: [{ name: 'http', port, protocol: 'TCP' }] },
-  } as K8sService;
+  return makeService('default', name, { type: 'ClusterIP', clusterIP: '172.30.0.10', clusterIPs: ['172.30.0.10'], ports: [{ name: 'http', port, protocol: 'TCP' }] });
 }
 
 class FakeSource implements Source {
@@ -175,14 +158,14 @@ test('ProxyHealth: healthy unless a queued update waited healthTimeout; an updat
 test('/livez stays 200 through a slow first sync; /healthz is 503 until the first success', async () => {
   const r = await rig();
   try {
-    await waitFor('the first sync to start', () => r.proxier.waiting === 1);
+    await waitFor('the first sync to start', () => r.proxier.waiting === 1, 15_000);
     assert.deepEqual(await codes(r), { healthz: 503, livez: 200 }, 'first sync running: not ready, but alive');
     const hz = await r.get('healthz', '/healthz');
     assert.deepEqual(hz.json, { lastUpdated: '0001-01-01T00:00:00Z', currentTime: new Date(T0).toISOString(), nodeEligible: true }, 'no sync yet: the zero time, as upstream');
     r.clock.t += HEALTH_TIMEOUT_MS - 1; // the first sync has been pending just under the timeout
     assert.deepEqual(await codes(r), { healthz: 503, livez: 200 });
     r.proxier.release();
-    await waitFor('/healthz 200 after the first sync', async () => (await r.get('healthz', '/healthz')).code === 200);
+    await waitFor('/healthz 200 after the first sync', async () => (await r.get('healthz', '/healthz')).code === 200, 15_000);
     const now = new Date(r.clock.t).toISOString();
     assert.deepEqual((await r.get('healthz', '/healthz')).json, { lastUpdated: now, currentTime: now, nodeEligible: true });
     assert.deepEqual((await r.get('healthz', '/livez')).json, { lastUpdated: now, currentTime: now });
@@ -195,14 +178,14 @@ test('/livez stays 200 through a slow first sync; /healthz is 503 until the firs
 test('a queued update that waited past healthTimeout: /livez and /healthz 503, back to 200 when a sync succeeds', async () => {
   const r = await rig();
   try {
-    await waitFor('the first sync to start', () => r.proxier.waiting === 1);
+    await waitFor('the first sync to start', () => r.proxier.waiting === 1, 15_000);
     r.proxier.release();
-    await waitFor('first sync done', async () => (await r.get('healthz', '/healthz')).code === 200);
+    await waitFor('first sync done', async () => (await r.get('healthz', '/healthz')).code === 200, 15_000);
     r.clock.t += 10 * HEALTH_TIMEOUT_MS; // no change queued: time alone does not make it unhealthy
     assert.deepEqual(await codes(r), { healthz: 200, livez: 200 });
 
     r.source.handler!.onService(service('web'), service('web', 8080));
-    await waitFor('the sync of the change to start', () => r.proxier.waiting === 1);
+    await waitFor('the sync of the change to start', () => r.proxier.waiting === 1, 15_000);
     r.clock.t += HEALTH_TIMEOUT_MS - 1;
     assert.deepEqual(await codes(r), { healthz: 200, livez: 200 }, 'late only at the timeout');
     r.clock.t += 1;
@@ -214,7 +197,7 @@ test('a queued update that waited past healthTimeout: /livez and /healthz 503, b
     assert.equal(dbg.json.live, false);
     assert.match(dbg.json.reasons.join('; '), /an update has waited 60s for a successful sync \(health timeout 60s\)/);
     r.proxier.release();
-    await waitFor('healthy again after the sync', async () => JSON.stringify(await codes(r)) === JSON.stringify({ healthz: 200, livez: 200 }));
+    await waitFor('healthy again after the sync', async () => JSON.stringify(await codes(r)) === JSON.stringify({ healthz: 200, livez: 200 }), 15_000);
   } finally {
     await r.close();
   }
@@ -226,11 +209,11 @@ test('no sync ever succeeds: /livez 200 within healthTimeout, 503 after it; /hea
     r.proxier.failWith = new Error('KPROXY_TEST: cannot write rules');
     r.proxier.gated = false;
     r.proxier.release();
-    await waitFor('two failed syncs', () => r.ctrl.loop.status.failures >= 2);
+    await waitFor('two failed syncs', () => r.ctrl.loop.status.failures >= 2, 15_000);
     assert.deepEqual(await codes(r), { healthz: 503, livez: 200 }, 'failing, but the first update is not late yet');
     r.clock.t += HEALTH_TIMEOUT_MS;
     assert.deepEqual(await codes(r), { healthz: 503, livez: 503 }, 'the first sync has waited healthTimeout');
-    await waitFor('another failed sync', () => r.ctrl.loop.status.failures >= 4);
+    await waitFor('another failed sync', () => r.ctrl.loop.status.failures >= 4, 15_000);
     assert.equal((await r.get('healthz', '/livez')).code, 503, 'a retry that fails again does not reset the wait');
   } finally {
     await r.close();
@@ -254,7 +237,7 @@ test('a node tainted for deletion: /healthz 503 with nodeEligible false, /livez 
   try {
     r.proxier.gated = false;
     r.proxier.release();
-    await waitFor('first sync done', async () => (await r.get('healthz', '/healthz')).code === 200);
+    await waitFor('first sync done', async () => (await r.get('healthz', '/healthz')).code === 200, 15_000);
     r.source.handler!.onNode!({ metadata: { name: 'node-a' }, spec: { taints: [{ key: 'ToBeDeletedByClusterAutoscaler', effect: 'NoSchedule' }] } } as never);
     const hz = await r.get('healthz', '/healthz');
     assert.equal(hz.code, 503);
@@ -276,7 +259,7 @@ test('the public bodies say little and stay small; the details (sanitized, bound
       synced: true, connected: false, lastContactMs: T0 - 30_000,
       problem: `1700000000123.456:8192:4242|/etc/kproxy/manifests/a.yaml: bad\n${'x'.repeat(50_000)}`,
     };
-    await waitFor('a failed sync', () => r.ctrl.loop.status.failures >= 1);
+    await waitFor('a failed sync', () => r.ctrl.loop.status.failures >= 1, 15_000);
     r.clock.t += 2 * HEALTH_TIMEOUT_MS;
     for (const path of ['/healthz', '/livez']) {
       const res = await r.get('healthz', path);
@@ -316,7 +299,7 @@ test('kproxy status reads the details from the debug server, and falls back to /
   try {
     r.proxier.gated = false;
     r.proxier.release();
-    await waitFor('first sync done', async () => (await r.get('healthz', '/healthz')).code === 200);
+    await waitFor('first sync done', async () => (await r.get('healthz', '/healthz')).code === 200, 15_000);
     r.source.sourceHealth = { synced: true, connected: false, lastContactMs: T0 - 5000, problem: '1.5:2:3|KPROXY_SOURCE_API_ERROR: connect ECONNREFUSED\nnext' };
     process.stdout.write = ((s: string) => (out.push(String(s)), true)) as typeof process.stdout.write;
     await statusCommand({ healthzAddress: `127.0.0.1:${r.servers.ports.healthz}`, metricsAddress: `127.0.0.1:${r.servers.ports.metrics}` });

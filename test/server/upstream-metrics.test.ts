@@ -1,4 +1,4 @@
-// /metrics carries upstream kube-proxy's metrics (issue 9, item 5): after real syncs (the
+// /metrics carries upstream kube-proxy's metrics: after real syncs (the
 // iptables proxier and planner against the stateful fake iptables; no root), a scrape of the
 // metrics server has every name of upstream's pkg/proxy/metrics/metrics.go that applies, with
 // upstream's type, label names and histogram buckets, checked against a table copied from
@@ -14,6 +14,7 @@ import { IptablesProxier } from '../../src/modes/iptables/proxier.ts';
 import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 import type { ModeModule } from '../../src/modes/types.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
+import { waitFor } from '../support/wait.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 
@@ -111,15 +112,6 @@ function checkAgainstUpstream(text: string, mode: string): void {
 const value = (text: string, name: string, labels: Record<string, string> = {}): number | undefined =>
   parseExposition(text).samples.find((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v))?.value;
 
-async function waitFor(what: string, cond: () => boolean, timeoutMs = 20_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (let i = 0; i < 2000 && Date.now() < deadline; i++) {
-    if (cond()) return;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
-
 const svc = (name: string, spec: any = {}): any => ({
   metadata: { name, namespace: 't' },
   spec: { clusterIP: name === 'web' ? '172.30.0.10' : '172.30.0.11', ports: [{ name: 'http', port: 80 }], ...spec },
@@ -163,7 +155,7 @@ test('after real iptables syncs, /metrics has upstream names, types, labels and 
     h.onService(null, svc('local', { internalTrafficPolicy: 'Local' }));
     h.onEndpointSlice(null, slice('local', '10.180.1.1', 'node-b'));
     h.onSynced();
-    await waitFor('first sync', () => ctrl.history.some((r) => r.ok));
+    await waitFor('first sync', () => ctrl.history.some((r) => r.ok), 20_000);
 
     // a failed partial sync (the kernel refuses the batch), then its full retry; the change's
     // trigger time is after kproxy started (earlier ones are ignored, as upstream) and 1.1 s ago
@@ -171,7 +163,7 @@ test('after real iptables syncs, /metrics has upstream names, types, labels and 
     fake.failNextRestoreAtLine = 1;
     const triggerAt = Date.now() - 1100;
     h.onEndpointSlice(null, slice('web', '10.180.0.1', 'node-a', triggerAt, 'UDP'));
-    await waitFor('the retry after the failure', () => ctrl.history.some((r) => !r.ok) && ctrl.history.at(-1)!.ok);
+    await waitFor('the retry after the failure', () => ctrl.history.some((r) => !r.ok) && ctrl.history.at(-1)!.ok, 20_000);
     for (let i = 0; i < 3; i++) await fetch(`http://127.0.0.1:${servers.ports.healthz}/healthz`);
     await fetch(`http://127.0.0.1:${servers.ports.healthz}/livez`);
 

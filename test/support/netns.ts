@@ -90,20 +90,8 @@ export function vethPair(a: Netns, aIf: string, aAddr: string, b: Netns, bIf: st
   b.exec('ip', ['link', 'set', bIf, 'up']);
 }
 
-export async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false> | T | undefined | false, timeoutMs = 10_000, stepMs = 100): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  while (Date.now() < deadline) {
-    try {
-      const v = await fn();
-      if (v) return v as T;
-    } catch (e) {
-      last = e;
-    }
-    await new Promise((r) => setTimeout(r, stepMs));
-  }
-  throw new Error(`timed out waiting for ${what}${last ? `: ${(last as Error).message}` : ''}`);
-}
+/** Re-exported for the tests that import it beside the namespace tools. */
+export { waitFor } from './wait.ts';
 
 export function uniqueName(prefix: string): string {
   return `${prefix}-${process.pid % 100000}-${Math.floor(Math.random() * 1e4)}`;

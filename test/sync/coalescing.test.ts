@@ -11,25 +11,12 @@ import { ProxyController } from '../../src/sync/controller.ts';
 import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
 import type { CommandRunner } from '../../src/kernel/runner.ts';
+import { sleep, waitFor } from '../support/wait.ts';
+import { makeService, makeSlice } from '../support/builders.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
-const service = (i: number): any => ({ metadata: { name: `web${i}`, namespace: 't' }, spec: { clusterIP: `172.30.0.${10 + i}`, ports: [{ name: 'http', port: 80 }] } });
-const slice = (i: number, ips: string[]): any => ({
-  metadata: { name: `web${i}-1`, namespace: 't', labels: { 'kubernetes.io/service-name': `web${i}` } },
-  addressType: 'IPv4',
-  ports: [{ name: 'http', port: 8080 }],
-  endpoints: ips.map((ip) => ({ addresses: [ip] })),
-});
-
-async function until(what: string, ok: () => boolean, timeoutMs = 20_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!ok()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const service = (i: number) => makeService('t', `web${i}`, { clusterIP: `172.30.0.${10 + i}`, ports: [{ name: 'http', port: 80 }] });
+const slice = (i: number, ips: string[]) => makeSlice('t', `web${i}`, { endpoints: ips.map((ip) => ({ ip })), ports: [{ name: 'http', port: 8080 }] });
 
 /**
  * A controller over a fake proxier (its sync given), with a source the test drives through
@@ -72,14 +59,14 @@ test('20 endpoint changes that arrive during a 300 ms sync all go into the next 
       h.onEndpointSlice(null, slice(i, [`10.180.${i}.1`]));
     }
     h.onSynced();
-    await until('the first sync', () => ctrl.history.length === 1);
+    await waitFor('the first sync', () => ctrl.history.length === 1, 20_000, 5);
     assert.equal(calls[0].full, true);
 
     // One change starts a sync that is held open...
     hold = new Promise<void>((r) => (release = r));
     const heldSince = Date.now();
     h.onEndpointSlice(slice(0, ['10.180.0.1']), slice(0, ['10.180.0.1', '10.180.0.2']));
-    await until('the held sync', () => entered === 2);
+    await waitFor('the held sync', () => entered === 2, 20_000, 5);
     assert.deepEqual(calls[1].changed, ['t/web0']);
     // ...while 20 changes arrive, one every few ms (each one a request to the loop).
     for (let i = 0; i < N; i++) {
@@ -90,7 +77,7 @@ test('20 endpoint changes that arrive during a 300 ms sync all go into the next 
     assert.equal(entered, 2, 'no sync started while one was running');
     hold = null;
     release!();
-    await until('the next sync', () => ctrl.history.length === 3);
+    await waitFor('the next sync', () => ctrl.history.length === 3, 20_000, 5);
     await ctrl.loop.idle();
     // several minSyncPeriods later: nothing more comes (no queue of one-change syncs)
     await sleep(200);
@@ -117,11 +104,11 @@ test('a change during a sync waits for minSyncPeriod after that sync started, th
     const h = handler();
     h.onService(null, service(0));
     h.onSynced();
-    await until('the first sync', () => ctrl.history.length === 1);
+    await waitFor('the first sync', () => ctrl.history.length === 1, 20_000, 5);
     // 10 changes in quick succession right after the first sync: one sync for all of them,
     // not before minSyncPeriod after the first one started (timers only fire late, never early)
     for (let i = 0; i < 10; i++) h.onEndpointSlice(i ? slice(0, [`10.180.0.${i}`]) : null, slice(0, [`10.180.0.${i + 1}`]));
-    await until('the second sync', () => ctrl.history.length === 2);
+    await waitFor('the second sync', () => ctrl.history.length === 2, 20_000, 5);
     await ctrl.loop.idle();
     await sleep(100);
     assert.equal(starts.length, 2);

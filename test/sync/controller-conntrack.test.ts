@@ -1,4 +1,4 @@
-// The controller clears stale UDP/SCTP conntrack flows (issue 9) through an injected cleaner
+// The controller clears stale UDP/SCTP conntrack flows through an injected cleaner
 // after each family's successful sync: the node view's staleFlows, relative to the family's
 // last view; a failed sync clears nothing; a cleaner that fails does not fail the sync; the
 // counts reach the reconciler metrics. No kernel: fake source, proxier and cleaner.
@@ -13,24 +13,12 @@ import type { PlanInput, StaleFlow } from '../../src/core/nodeview.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
 import type { CommandRunner } from '../../src/kernel/runner.ts';
 import type { StaleFlowCleaner } from '../../src/kernel/conntrack.ts';
+import { waitFor } from '../support/wait.ts';
+import { makeService, makeSlice } from '../support/builders.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
-const svc: any = { metadata: { name: 'dns', namespace: 't' }, spec: { clusterIP: '172.30.0.53', ports: [{ name: 'dns', port: 53, protocol: 'UDP' }] } };
-const slice = (ip: string): any => ({
-  metadata: { name: 'dns-1', namespace: 't', labels: { 'kubernetes.io/service-name': 'dns' } },
-  addressType: 'IPv4',
-  ports: [{ name: 'dns', port: 5353, protocol: 'UDP' }],
-  endpoints: [{ addresses: [ip] }],
-});
-
-async function waitFor(what: string, cond: () => boolean, timeoutMs = 20_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (let i = 0; i < 2000 && Date.now() < deadline; i++) {
-    if (cond()) return;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
+const svc = makeService('t', 'dns', { clusterIP: '172.30.0.53', ports: [{ name: 'dns', port: 53, protocol: 'UDP' }] });
+const slice = (ip: string) => makeSlice('t', 'dns', { endpoints: [{ ip }], ports: [{ name: 'dns', port: 5353, protocol: 'UDP' }] });
 
 test('controller: stale flows of each successful sync go to the cleaner; failures change nothing', async () => {
   let handler: SourceHandler | null = null;
@@ -70,18 +58,18 @@ test('controller: stale flows of each successful sync go to the cleaner; failure
     const h = handler!;
     h.onService(null, svc);
     h.onSynced();
-    await waitFor('first sync', () => ctrl.history.some((x) => x.ok));
+    await waitFor('first sync', () => ctrl.history.some((x) => x.ok), 20_000);
     assert.equal(cleaned.length, 0, 'no previous view: nothing stale');
 
     // first endpoint: flows to the ClusterIP are stale (they were rejected while it had none)
     h.onEndpointSlice(null, slice('10.180.0.1'));
-    await waitFor('cleaned after the first endpoint', () => cleaned.length === 1);
+    await waitFor('cleaned after the first endpoint', () => cleaned.length === 1, 20_000);
     assert.deepEqual(cleaned[0], { family: 4, flows: [{ kind: 'service', protocol: 'UDP', ip: '172.30.0.53', port: 53 }] });
 
     // a failed sync clears nothing; its retry (relative to the last successful view) does
     failNext = true;
     h.onEndpointSlice(slice('10.180.0.1'), slice('10.180.0.2'));
-    await waitFor('the retry synced', () => ctrl.history.filter((x) => x.ok).length >= 3);
+    await waitFor('the retry synced', () => ctrl.history.filter((x) => x.ok).length >= 3, 20_000);
     assert.equal(cleaned.length, 2);
     assert.ok(ctrl.history.some((x) => !x.ok));
     assert.deepEqual(cleaned[1].flows, [{ kind: 'endpoint', protocol: 'UDP', serviceIP: '172.30.0.53', port: 53, endpointIP: '10.180.0.1', endpointPort: 5353 }]);
@@ -91,8 +79,8 @@ test('controller: stale flows of each successful sync go to the cleaner; failure
     // a cleaner that throws does not fail the sync
     cleanerFails = true;
     h.onEndpointSlice(slice('10.180.0.2'), slice('10.180.0.3'));
-    await waitFor('cleaned again', () => cleaned.length === 3);
-    await waitFor('synced ok', () => ctrl.history.at(-1)!.ok);
+    await waitFor('cleaned again', () => cleaned.length === 3, 20_000);
+    await waitFor('synced ok', () => ctrl.history.at(-1)!.ok, 20_000);
     const text = await metrics.registry.metrics();
     assert.match(text, /kubeproxy_conntrack_reconciler_deleted_entries_total\{ip_family="IPv4"\} 2/);
     assert.match(text, /kubeproxy_conntrack_reconciler_sync_duration_seconds_count\{ip_family="IPv4"\} 2/);

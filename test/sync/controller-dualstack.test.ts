@@ -1,4 +1,4 @@
-// The controller on a dual-stack node (issue 8, item 2): one tracker and one proxier per IP
+// The controller on a dual-stack node: one tracker and one proxier per IP
 // family, as upstream's metaproxier. Each family's proxier sees only its family's Service
 // ports; a family that fails does not stop the other; a family whose tools are missing is
 // reported once (KPROXY_FAMILY_UNAVAILABLE) and the other keeps working. No kernel: fake
@@ -13,27 +13,14 @@ import type { ModeDeps, ModeModule, Proxier } from '../../src/modes/types.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
 import { type CommandRunner, ExecError } from '../../src/kernel/runner.ts';
+import { waitFor } from '../support/wait.ts';
+import { makeService, makeSlice } from '../support/builders.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
-const dualSvc = (name: string, v4: string, v6: string): any => ({
-  metadata: { name, namespace: 'ns1' },
-  spec: { clusterIP: v4, clusterIPs: [v4, v6], ipFamilies: ['IPv4', 'IPv6'], ports: [{ name: 'http', port: 80 }] },
-});
-const slice = (svc: string, type: 'IPv4' | 'IPv6', ip: string): any => ({
-  metadata: { name: `${svc}-${type.toLowerCase()}`, namespace: 'ns1', labels: { 'kubernetes.io/service-name': svc } },
-  addressType: type,
-  ports: [{ name: 'http', port: 8080 }],
-  endpoints: [{ addresses: [ip] }],
-});
-
-async function waitFor(what: string, cond: () => boolean, timeoutMs = 20_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (let i = 0; i < 2000 && Date.now() < deadline; i++) {
-    if (cond()) return;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
+const dualSvc = (name: string, v4: string, v6: string) =>
+  makeService('ns1', name, { clusterIP: v4, clusterIPs: [v4, v6], ipFamilies: ['IPv4', 'IPv6'], ports: [{ name: 'http', port: 80 }] });
+const slice = (svc: string, type: 'IPv4' | 'IPv6', ip: string) =>
+  makeSlice('ns1', svc, { name: `${svc}-${type.toLowerCase()}`, family: type === 'IPv6' ? 6 : 4, endpoints: [{ ip }], ports: [{ name: 'http', port: 8080 }] });
 
 class FakeProxier implements Proxier {
   inputs: PlanInput[] = [];
@@ -128,7 +115,7 @@ test('dual-stack: one proxier per family, each planned from its own family only'
     h.onSynced();
     const p4 = r.proxiers.get(4)!;
     const p6 = r.proxiers.get(6)!;
-    await waitFor('both families synced', () => r.ctrl.history.some((x) => x.ok));
+    await waitFor('both families synced', () => r.ctrl.history.some((x) => x.ok), 20_000);
     assert.deepEqual(p4.lastPorts(), ['172.30.0.10']);
     assert.deepEqual(p6.lastPorts(), ['fd00:172:30::10']);
     const in4 = p4.inputs[p4.inputs.length - 1];
@@ -155,13 +142,13 @@ test('dual-stack: a failing family does not stop the other; its retry is a full 
     const h = r.handler();
     h.onService(null, dualSvc('web', '172.30.0.10', 'fd00:172:30::10'));
     h.onSynced();
-    await waitFor('first sync', () => r.ctrl.history.some((x) => x.ok));
+    await waitFor('first sync', () => r.ctrl.history.some((x) => x.ok), 20_000);
     const p4 = r.proxiers.get(4)!;
     const p6 = r.proxiers.get(6)!;
     p6.failWith = Object.assign(new Error('KPROXY_TEST: ip6tables-restore failed'), { code: 'KPROXY_TEST' });
     const lastOk = r.ctrl.health.verdict().lastUpdated;
     h.onService(null, dualSvc('api', '172.30.0.11', 'fd00:172:30::11'));
-    await waitFor('IPv4 synced the new Service while IPv6 fails', () => p4.lastPorts().includes('172.30.0.11') && r.ctrl.loop.status.failures >= 2);
+    await waitFor('IPv4 synced the new Service while IPv6 fails', () => p4.lastPorts().includes('172.30.0.11') && r.ctrl.loop.status.failures >= 2, 20_000);
     const failed = r.ctrl.history.filter((x) => !x.ok);
     assert.ok(failed.length >= 2);
     assert.match(failed[0].error!, /^IPv6: KPROXY_TEST: ip6tables-restore failed$/, 'the error names the family');
@@ -172,7 +159,7 @@ test('dual-stack: a failing family does not stop the other; its retry is a full 
     assert.ok(retries6.every((f) => f), `IPv6 retries are full syncs: ${p6.fulls}`);
     // IPv6 recovers: it gets the Service it missed, and the health clears
     p6.failWith = null;
-    await waitFor('IPv6 catches up', () => p6.lastPorts().includes('fd00:172:30::11') && r.ctrl.history[r.ctrl.history.length - 1].ok);
+    await waitFor('IPv6 catches up', () => p6.lastPorts().includes('fd00:172:30::11') && r.ctrl.history[r.ctrl.history.length - 1].ok, 20_000);
     assert.equal(r.ctrl.health.verdict().oldestPendingQueued, 0);
     assert.ok(r.ctrl.health.verdict().lastUpdated > lastOk);
   } finally {
@@ -188,9 +175,9 @@ test('a family whose tools are missing is reported once with KPROXY_FAMILY_UNAVA
     const h = r.handler();
     h.onService(null, dualSvc('web', '172.30.0.10', 'fd00:172:30::10'));
     h.onSynced();
-    await waitFor('IPv4 synced', () => r.ctrl.history.some((x) => x.ok));
+    await waitFor('IPv4 synced', () => r.ctrl.history.some((x) => x.ok), 20_000);
     h.onService(null, dualSvc('api', '172.30.0.11', 'fd00:172:30::11'));
-    await waitFor('IPv4 synced again', () => r.proxiers.get(4)!.lastPorts().includes('172.30.0.11'));
+    await waitFor('IPv4 synced again', () => r.proxiers.get(4)!.lastPorts().includes('172.30.0.11'), 20_000);
     const reports = r.logs.filter((l) => /KPROXY_FAMILY_UNAVAILABLE/.test(l.msg));
     assert.equal(reports.length, 1, 'reported once, not per sync');
     assert.match(reports[0].msg, /^KPROXY_FAMILY_UNAVAILABLE: IPv6 is not served in iptables mode \(KPROXY_EXEC_MISSING: ip6tables-restore not found; install the iptables package\); IPv4 keeps working/);
@@ -221,7 +208,7 @@ test('/debug/state and /debug/health show both families', async () => {
     const h = r.handler();
     h.onService(null, dualSvc('web', '172.30.0.10', 'fd00:172:30::10'));
     h.onSynced();
-    await waitFor('synced', () => r.ctrl.history.some((x) => x.ok));
+    await waitFor('synced', () => r.ctrl.history.some((x) => x.ok), 20_000);
     const get = async (path: string) => (await fetch(`http://127.0.0.1:${servers.ports.metrics}${path}`, { signal: AbortSignal.timeout(10_000) })).text();
     const state = JSON.parse(await get('/debug/state'));
     assert.deepEqual(state.families.map((f: any) => [f.family, Object.values(f.services).map((p: any) => p.clusterIP)]), [

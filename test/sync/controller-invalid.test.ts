@@ -1,4 +1,4 @@
-// The controller at the boundary (issue 12, item 3): a source delivering hostile objects next
+// The controller at the boundary: a source delivering hostile objects next
 // to good ones. Nothing throws, the proxier sees only the good Service, each skip counts in
 // kproxy_invalid_objects_total{kind,source}, and a repeated bad object warns once per field.
 // No sockets, no kernel: a fake source and a fake mode.
@@ -12,21 +12,13 @@ import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
 import type { CommandRunner } from '../../src/kernel/runner.ts';
+import { waitFor } from '../support/wait.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 const goodSvc = (name: string, ip: string): any => ({
   metadata: { name, namespace: 'ns1' },
   spec: { clusterIP: ip, ports: [{ name: 'http', port: 80 }] },
 });
-
-async function waitFor(what: string, cond: () => boolean, timeoutMs = 20_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (let i = 0; i < 2000 && Date.now() < deadline; i++) {
-    if (cond()) return;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
 
 test('hostile objects from a source: skipped, warned once per field, counted; the good Service syncs', async () => {
   let handler: SourceHandler | null = null;
@@ -67,7 +59,7 @@ test('hostile objects from a source: skipped, warned once per field, counted; th
       h.onNode?.({ metadata: { name: 'node-a', labels: 'zone-a' as any } });
     });
     h.onSynced();
-    await waitFor('first sync', () => seen.length > 0 && ctrl.history.some((r) => r.ok));
+    await waitFor('first sync', () => seen.length > 0 && ctrl.history.some((r) => r.ok), 20_000);
     // a loopback ClusterIP passes the API server's validation (IsValidIP): the Service is kept,
     // and the node view leaves the address out of what any mode renders
     const last = seen[seen.length - 1];

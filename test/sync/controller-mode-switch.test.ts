@@ -1,4 +1,4 @@
-// Which other modes' leftovers the controller removes at start (issue 9, item 7), as
+// Which other modes' leftovers the controller removes at start, as
 // upstream's server does on a mode switch (cmd/kube-proxy/app/server_linux.go platformCleanup):
 // the nftables mode removes the iptables and ipvs modes' state, the iptables and ipvs modes the
 // nftables mode's; the iptables and ipvs modes share chain names, so each removes the other's

@@ -149,7 +149,6 @@ test('with no changes a partial sync runs every syncPeriod; a full one only hour
   await h.clock.advance(0);
   const t0 = h.clock.t;
   await h.clock.advance(95_000);
-  // The old loop made every periodic sync a full one: [30_000, true], ...
   assert.deepEqual(
     h.records.map((r) => [r.start - t0, r.full]),
     [

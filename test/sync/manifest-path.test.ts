@@ -1,4 +1,4 @@
-// kproxy's own path from a manifest write to Proxier.sync (issue 10): a change of one small
+// kproxy's own path from a manifest write to Proxier.sync: a change of one small
 // file among 2,000 Services costs O(that file), counted, not timed: the source stats and
 // reads that file only and delivers its one object, the trackers take one event, and the
 // node view decides one port again; the proxier is told that one service changed.
@@ -14,30 +14,20 @@ import type { CommandRunner } from '../../src/kernel/runner.ts';
 import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import { ManifestsSource } from '../../src/sources/manifests.ts';
 import { ProxyController } from '../../src/sync/controller.ts';
+import { waitFor } from '../support/wait.ts';
+import { makeService, makeSlice } from '../support/builders.ts';
 
 const N = 2000;
 const ip = (base: string, i: number) => `${base}.${(i + 1) >> 8}.${(i + 1) & 255}`;
-const service = (i: number) => ({
-  apiVersion: 'v1', kind: 'Service', metadata: { name: `svc-${i}`, namespace: 'bench' },
-  spec: { type: 'ClusterIP', clusterIP: ip('172.30', i), ports: [{ name: 'http', protocol: 'TCP', port: 80, targetPort: 8080 }] },
-});
-const slice = (i: number, count: number) => ({
-  apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice', addressType: 'IPv4',
-  metadata: { name: `svc-${i}-abc`, namespace: 'bench', labels: { 'kubernetes.io/service-name': `svc-${i}` } },
-  endpoints: Array.from({ length: count }, (_, k) => ({ addresses: [ip(`10.${180 + k}`, i)], conditions: { ready: true } })),
-  ports: [{ name: 'http', protocol: 'TCP', port: 8080 }],
-});
+const service = (i: number) =>
+  makeService('bench', `svc-${i}`, { type: 'ClusterIP', clusterIP: ip('172.30', i), ports: [{ name: 'http', protocol: 'TCP', port: 80, targetPort: 8080 }] });
+const slice = (i: number, count: number) =>
+  makeSlice('bench', `svc-${i}`, {
+    name: `svc-${i}-abc`,
+    endpoints: Array.from({ length: count }, (_, k) => ({ ip: ip(`10.${180 + k}`, i), ready: true })),
+    ports: [{ name: 'http', port: 8080 }],
+  });
 const docs = (objs: unknown[]) => objs.map((o) => `---\n${JSON.stringify(o)}\n`).join('');
-
-async function until<T>(what: string, f: () => T | undefined, timeoutMs = 60_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (let i = 0; i < 100_000 && Date.now() < deadline; i++) {
-    const v = f();
-    if (v !== undefined) return v;
-    await new Promise((r) => setTimeout(r, 10));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
 
 test(`one slice file rewritten among ${N} Services: O(1) work from the write to Proxier.sync`, { timeout: 180_000 }, async () => {
   const dir = mkdtempSync(join(tmpdir(), 'kproxy-path-'));
@@ -68,7 +58,7 @@ test(`one slice file rewritten among ${N} Services: O(1) work from the write to 
   ctrl.onChange(() => void events++);
   try {
     await ctrl.start();
-    await until('the first sync', () => (ctrl.history.some((r) => r.ok) ? true : undefined));
+    await waitFor('the first sync', () => ctrl.history.some((r) => r.ok), 60_000);
     assert.equal(calls[0].full, true);
     assert.equal(calls[0].input.view!.ports.size, N);
     assert.equal(events, 2 * N, 'the first load: every object once');
@@ -81,7 +71,7 @@ test(`one slice file rewritten among ${N} Services: O(1) work from the write to 
       const tmp = join(dir, `.tmp-${i}`);
       writeFileSync(tmp, docs([slice(i, 3 + round)]));
       renameSync(tmp, join(dir, `hot-${i}.yaml`));
-      const call = await until(`the sync of change ${round + 1}`, () => calls[before.calls]);
+      const call = await waitFor(`the sync of change ${round + 1}`, () => calls[before.calls], 60_000);
       await ctrl.loop.idle(30_000);
       const what = `change ${round + 1} (svc-${i})`;
       assert.equal(call.full, false, what);

@@ -12,7 +12,8 @@ import { silentLogger } from '../../src/log.ts';
 import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import type { CommandRunner } from '../../src/kernel/runner.ts';
 import { TestApiServer, tempDir } from '../support/apiserver.ts';
-import { slice, svc, waitFor } from '../sources/k8s-fixtures.ts';
+import { slice, svc } from '../sources/k8s-fixtures.ts';
+import { waitFor } from '../support/wait.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 test('a slice update from the API server with a trigger time is observed once its sync succeeds', async () => {
@@ -34,14 +35,14 @@ test('a slice update from the API server with a trigger time is observed once it
   const startedAt = Date.now();
   try {
     await ctrl.start();
-    await waitFor(() => ctrl.history.some((r) => r.ok), 'first sync', 20_000);
+    await waitFor('first sync', () => ctrl.history.some((r) => r.ok), 20_000);
     // a trigger time after kproxy started, 0.8 s before the update reaches it
     await new Promise((r) => setTimeout(r, Math.max(0, startedAt + 1000 - Date.now())));
     const triggered = new Date(Date.now() - 800).toISOString();
     const updated = slice('web-1', 'web', ['10.180.0.2']);
     updated.metadata!.annotations = { 'endpoints.kubernetes.io/last-change-trigger-time': triggered };
     server.update('endpointslices', updated);
-    await waitFor(() => ctrl.history.some((r) => r.families?.[0]?.networkProgrammingSeconds), 'the programming sync', 20_000);
+    await waitFor('the programming sync', () => ctrl.history.some((r) => r.families?.[0]?.networkProgrammingSeconds), 20_000);
     const text = await metrics.registry.metrics();
     assert.match(text, /^kubeproxy_network_programming_duration_seconds_count\{ip_family="IPv4"\} 1$/m);
     const sum = Number(/^kubeproxy_network_programming_duration_seconds_sum\{ip_family="IPv4"\} (\S+)$/m.exec(text)?.[1]);

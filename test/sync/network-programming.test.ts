@@ -1,4 +1,4 @@
-// network_programming_duration_seconds (issue 9, item 5) as upstream's EndpointsChangeTracker
+// network_programming_duration_seconds as upstream's EndpointsChangeTracker
 // measures it: the EndpointSlice's endpoints.kubernetes.io/last-change-trigger-time survives
 // validation, is kept per pending change, dropped when the change turns out a no-op or the
 // slice is deleted, ignored when older than the tracker, and observed when the sync that
@@ -14,6 +14,7 @@ import { ProxyController } from '../../src/sync/controller.ts';
 import type { ModeModule, Proxier } from '../../src/modes/types.ts';
 import type { Source, SourceHandler } from '../../src/sources/types.ts';
 import type { CommandRunner } from '../../src/kernel/runner.ts';
+import { waitFor } from '../support/wait.ts';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 const ANN = 'endpoints.kubernetes.io/last-change-trigger-time';
@@ -104,21 +105,13 @@ test('controller: latencies are observed when the programming sync succeeds, kep
     h.onEndpointSlice(null, slice('10.180.0.1', new Date(T - 60_000).toISOString()));
     h.onSynced();
     const okSyncs = () => ctrl.history.filter((r) => r.ok);
-    await new Promise<void>((resolve, reject) => {
-      const deadline = Date.now() + 20_000;
-      const poll = () => (okSyncs().length >= 1 ? resolve() : Date.now() > deadline ? reject(new Error('no sync')) : setTimeout(poll, 10));
-      poll();
-    });
+    await waitFor('the first sync', () => okSyncs().length >= 1, 20_000);
     assert.equal(okSyncs()[0].families![0].networkProgrammingSeconds, undefined);
 
     fail = true;
     now = T + 10_000;
     h.onEndpointSlice(slice('10.180.0.1'), slice('10.180.0.2', new Date(T + 7_000).toISOString(), 'web-1'));
-    await new Promise<void>((resolve, reject) => {
-      const deadline = Date.now() + 20_000;
-      const poll = () => (okSyncs().length >= 2 ? resolve() : Date.now() > deadline ? reject(new Error('no retry')) : setTimeout(poll, 10));
-      poll();
-    });
+    await waitFor('the retry', () => okSyncs().length >= 2, 20_000);
     const failed = ctrl.history.find((r) => !r.ok)!;
     assert.equal(failed.families![0].networkProgrammingSeconds, undefined, 'nothing programmed by the failed sync');
     assert.equal(failed.families![0].errorCode, 'KPROXY_IPTABLES_RESTORE_FAILED');

@@ -1,6 +1,6 @@
-// The periodic sync every syncPeriod is a partial one (issue 9, item 6): with nothing changed
-// it writes nothing to the kernel in the iptables and nftables modes, so a large cluster is no
-// longer rewritten every 30 s. The proxiers against the stateful fake iptables and a fake nft.
+// The periodic sync every syncPeriod is a partial one: with nothing changed it writes nothing
+// to the kernel in the iptables and nftables modes, so a large cluster is not rewritten every
+// 30 s. The proxiers against the stateful fake iptables and a fake nft.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
@@ -11,19 +11,15 @@ import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { IptablesProxier } from '../../src/modes/iptables/proxier.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
+import { makeSlice, nodePortService, numberedSlice } from '../support/builders.ts';
 
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
 
 function state(n: number) {
   const tracker = new ProxyStateTracker(4, NODE.nodeName);
   for (let i = 0; i < n; i++) {
-    tracker.services.update(null, { metadata: { namespace: 'ns', name: `svc${i}` }, spec: { type: 'NodePort', clusterIP: `172.30.0.${i + 1}`, ports: [{ name: 'http', protocol: 'TCP', port: 80, nodePort: 30000 + i }] } });
-    tracker.endpoints.update(null, {
-      metadata: { namespace: 'ns', name: `svc${i}-x`, labels: { 'kubernetes.io/service-name': `svc${i}` } },
-      addressType: 'IPv4',
-      endpoints: [{ addresses: [`10.180.${i}.1`], conditions: { ready: true }, nodeName: 'node-b' }],
-      ports: [{ name: 'http', port: 8080, protocol: 'TCP' }],
-    });
+    tracker.services.update(null, nodePortService(i));
+    tracker.endpoints.update(null, numberedSlice(i, 1, 'node-b'));
   }
   return { tracker, changed: tracker.apply() };
 }
@@ -46,7 +42,7 @@ test('iptables: a periodic partial sync with no change runs no iptables-restore'
   }
   assert.equal(restores(), after, 'no restore for periodic syncs without changes');
   // a change is still written by the next partial sync
-  tracker.endpoints.update(null, { metadata: { namespace: 'ns', name: 'svc3-y', labels: { 'kubernetes.io/service-name': 'svc3' } }, addressType: 'IPv4', endpoints: [{ addresses: ['10.180.3.2'], conditions: { ready: true } }], ports: [{ name: 'http', port: 8080, protocol: 'TCP' }] });
+  tracker.endpoints.update(null, makeSlice('ns', 'svc3', { name: 'svc3-y', endpoints: [{ ip: '10.180.3.2', ready: true }], ports: [{ name: 'http', port: 8080 }] }));
   const stats = await proxier.sync(input, tracker.apply(), false);
   assert.equal(restores(), after + 1);
   assert.ok(stats.rulesWritten > 0);

@@ -10,7 +10,8 @@ import { newCounters } from '../../src/modes/userspace/dataplane/tcp.ts';
 import { UdpForwarder } from '../../src/modes/userspace/dataplane/udp.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, startUdpBackend, tcpExchange, udpExchange } from '../support/backends.ts';
-import { TCP_PATHS, tcpForwarder, waitFor } from './helpers.ts';
+import { TCP_PATHS, tcpForwarder } from './helpers.ts';
+import { waitFor } from '../support/wait.ts';
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -50,7 +51,7 @@ for (const path of TCP_PATHS) test(`TCP on ${path}: the admit hook sees each cli
     s.on('close', () => resolve(`closed ${got}`));
   });
   assert.match(refused, /^(closed|error) $/, 'a refused client gets no byte from a backend');
-  await waitFor(() => counters.denied === 1, 5000, 'denied counted');
+  await waitFor('denied counted', () => counters.denied === 1, 5000);
   assert.deepEqual(seen, ['127.0.21.100:true', '127.0.21.101:true']);
   assert.equal(backend.connections, 1);
   assert.equal(counters.accepted, 1);
@@ -79,7 +80,7 @@ test('UDP: the admit hook runs per new session; refused datagrams are dropped an
   const replies: string[] = [];
   sock.on('message', (m) => replies.push(m.toString()));
   for (let i = 0; i < 3; i++) sock.send(`m${i}`, port, '127.0.21.10');
-  await waitFor(() => replies.length === 3, 5000, 'three replies');
+  await waitFor('three replies', () => replies.length === 3, 5000);
   assert.deepEqual(replies.sort(), ['u1:m0', 'u1:m1', 'u1:m2']);
   assert.equal(calls, 1);
 

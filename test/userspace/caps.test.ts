@@ -14,7 +14,8 @@ import { newBudget, newCounters } from '../../src/modes/userspace/dataplane/tcp.
 import { UdpForwarder, UdpSessionBudget } from '../../src/modes/userspace/dataplane/udp.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, startUdpBackend, tcpExchange } from '../support/backends.ts';
-import { TCP_PATHS, firstLine, openFds, planInput, refusingRunner, sleep, slice, svc, testConfig, waitFor } from './helpers.ts';
+import { TCP_PATHS, firstLine, openFds, planInput, refusingRunner, slice, svc, testConfig } from './helpers.ts';
+import { sleep, waitFor } from '../support/wait.ts';
 
 const BP = 20000 + ((process.pid + 13) % 20000);
 const VIP = '127.0.24.10';
@@ -58,14 +59,14 @@ for (const tcpPath of TCP_PATHS) test(`maxConnections (TCP on ${tcpPath}): the c
 
   // Room again once one closes.
   held.pop()!.destroy();
-  await waitFor(() => c().active === 2, 5000, 'the closed connection released');
+  await waitFor('the closed connection released', () => c().active === 2, 5000);
   const again = await tcpExchange(VIP, 80, 'hi');
   assert.equal(again.id, 'b1');
 
   for (const s of held) s.destroy();
-  await waitFor(() => c().active === 0, 5000, 'every connection closed');
+  await waitFor('every connection closed', () => c().active === 0, 5000);
   // Client sockets of this process were counted in the baseline's absence: back to it, or below.
-  await waitFor(() => openFds() <= baseline, 5000, `fds back to baseline ${baseline} (now ${openFds()})`);
+  await waitFor(`fds back to baseline ${baseline} (now ${openFds()})`, () => openFds() <= baseline, 5000);
 });
 
 for (const tcpPath of TCP_PATHS) test(`idleTimeout (TCP on ${tcpPath}) closes a connection silent both ways and counts it; a connection with traffic stays`, async () => {
@@ -84,7 +85,7 @@ for (const tcpPath of TCP_PATHS) test(`idleTimeout (TCP on ${tcpPath}) closes a 
     busy.write('.');
     await sleep(100);
   }
-  await waitFor(() => idleClosed, 10_000, 'the idle connection closed');
+  await waitFor('the idle connection closed', () => idleClosed, 10_000);
   assert.ok(Date.now() - t0 >= 300, 'not before its timeout');
   assert.equal(busyClosed, false, 'the connection with traffic stays open');
   const c = p.counters().find((x) => x.servicePort.startsWith('ns/web'))!;
@@ -146,15 +147,15 @@ test('UDP: one client cannot take every session; beyond its bound it is refused,
   // The flooder: 6 source ports, i.e. 6 sessions wanted; at most 4 are granted.
   const flood = await Promise.all(Array.from({ length: 6 }, () => clientSocket('127.0.24.100')));
   for (const s of flood) s.send('x', port, VIP);
-  await waitFor(() => counters.accepted + counters.refused === 6, 5000, 'the flood handled');
+  await waitFor('the flood handled', () => counters.accepted + counters.refused === 6, 5000);
   assert.equal(budget.sessionsOf('127.0.24.100'), 4);
   assert.equal(counters.refused, 2);
-  await waitFor(() => replies.get('127.0.24.100') === 4, 5000, 'the 4 granted sessions answered');
+  await waitFor('the 4 granted sessions answered', () => replies.get('127.0.24.100') === 4, 5000);
 
   // Two more clients: the total (6) fills up; the third newcomer takes a session from the
   // biggest holder instead of being refused.
   for (const ip of ['127.0.24.101', '127.0.24.102', '127.0.24.103']) (await clientSocket(ip)).send('y', port, VIP);
-  await waitFor(() => ['127.0.24.101', '127.0.24.102', '127.0.24.103'].every((ip) => replies.get(ip) === 1), 5000, 'every other client answered');
+  await waitFor('every other client answered', () => ['127.0.24.101', '127.0.24.102', '127.0.24.103'].every((ip) => replies.get(ip) === 1), 5000);
   assert.equal(budget.total, 6);
   assert.equal(budget.sessionsOf('127.0.24.100'), 3, 'the flooder gave up its oldest session');
   assert.equal(fwd.sessionCount, 6);

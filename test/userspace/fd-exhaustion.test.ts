@@ -9,7 +9,8 @@ import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import type { ChildProcess } from 'node:child_process';
-import { Netns, repoRoot, uniqueName, waitFor } from '../support/netns.ts';
+import { Netns, repoRoot, uniqueName } from '../support/netns.ts';
+import { waitFor } from '../support/wait.ts';
 
 const FD_LIMIT = 160;
 const dir = mkdtempSync(join(tmpdir(), 'kp-us-fd-'));

@@ -9,6 +9,7 @@ import type { CommandRunner } from '../../src/kernel/runner.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { createTcpForwarder, type AnyTcpForwarder } from '../../src/modes/userspace/dataplane/tcp-raw.ts';
 import type { TcpForwarderOptions } from '../../src/modes/userspace/dataplane/tcp.ts';
+import { clientIPAffinity, lbStatus, makeService, makeSlice } from '../support/builders.ts';
 
 export const NODE = 'node-a';
 
@@ -25,23 +26,16 @@ export interface SvcOpts {
 }
 
 export function svc(name: string, o: SvcOpts, namespace = 'ns'): K8sService {
-  return {
-    apiVersion: 'v1',
-    kind: 'Service',
-    metadata: { name, namespace },
-    spec: {
-      type: o.type ?? 'ClusterIP',
-      clusterIP: o.clusterIP,
-      ports: o.ports.map((p) => ({ name: p.name ?? '', port: p.port, protocol: p.protocol ?? 'TCP', nodePort: p.nodePort })),
-      externalIPs: o.externalIPs,
-      sessionAffinity: o.affinitySeconds ? 'ClientIP' : 'None',
-      sessionAffinityConfig: o.affinitySeconds ? { clientIP: { timeoutSeconds: o.affinitySeconds } } : undefined,
-      externalTrafficPolicy: o.externalTrafficPolicy,
-      internalTrafficPolicy: o.internalTrafficPolicy,
-      loadBalancerSourceRanges: o.sourceRanges,
-    },
-    status: o.lbIPs ? { loadBalancer: { ingress: o.lbIPs.map((ip) => ({ ip })) } } : undefined,
-  };
+  return makeService(namespace, name, {
+    type: o.type ?? 'ClusterIP',
+    clusterIP: o.clusterIP,
+    ports: o.ports.map((p) => ({ name: p.name ?? '', port: p.port, protocol: p.protocol ?? 'TCP', nodePort: p.nodePort })),
+    externalIPs: o.externalIPs,
+    ...(o.affinitySeconds ? clientIPAffinity(o.affinitySeconds) : { sessionAffinity: 'None' }),
+    externalTrafficPolicy: o.externalTrafficPolicy,
+    internalTrafficPolicy: o.internalTrafficPolicy,
+    loadBalancerSourceRanges: o.sourceRanges,
+  }, o.lbIPs ? lbStatus(...o.lbIPs) : undefined);
 }
 
 export interface EpOpts {
@@ -56,14 +50,11 @@ export function slice(
   ports: { name?: string; port: number; protocol?: 'TCP' | 'UDP' }[],
   namespace = 'ns',
 ): K8sEndpointSlice {
-  return {
-    apiVersion: 'discovery.k8s.io/v1',
-    kind: 'EndpointSlice',
-    metadata: { name: `${service}-abc`, namespace, labels: { 'kubernetes.io/service-name': service } },
-    addressType: 'IPv4',
-    endpoints: endpoints.map((e) => ({ addresses: [e.ip], nodeName: e.node ?? NODE, conditions: { ready: e.ready ?? true } })),
-    ports: ports.map((p) => ({ name: p.name ?? '', port: p.port, protocol: p.protocol ?? 'TCP' })),
-  } as K8sEndpointSlice;
+  return makeSlice(namespace, service, {
+    name: `${service}-abc`,
+    endpoints: endpoints.map((e) => ({ ip: e.ip, node: e.node ?? NODE, ready: e.ready ?? true })),
+    ports: ports.map((p) => ({ name: p.name ?? '', port: p.port, protocol: p.protocol })),
+  });
 }
 
 /** A runner for proxiers that must not run any command (no REDIRECT rules: redirect: false). */
@@ -83,21 +74,6 @@ export function planInput(objects: Array<K8sService | K8sEndpointSlice>, opts: {
     config: opts.config ?? testConfig(),
     node: { nodeName: NODE, nodeIPs: opts.nodeIPs ?? ['192.168.0.2'], nodeLabels: {}, family: 4 },
   };
-}
-
-/** Resolves after ms. */
-export function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
-}
-
-/** Polls `cond` every 20ms until true or timeoutMs. */
-export async function waitFor(cond: () => boolean | Promise<boolean>, timeoutMs: number, what: string): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (let i = 0; i < 10_000 && Date.now() < deadline; i++) {
-    if (await cond()) return;
-    await sleep(20);
-  }
-  throw new Error(`timed out after ${timeoutMs}ms waiting for ${what}`);
 }
 
 /** Open fds of a process (this one by default), from /proc. */

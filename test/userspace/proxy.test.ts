@@ -14,7 +14,8 @@ import type { CommandRunner } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, startUdpBackend, tcpExchange, udpExchange, type Backend } from '../support/backends.ts';
 import { rawStats } from '../../src/modes/userspace/dataplane/tcp-raw.ts';
-import { TCP_PATHS, planInput, sleep, slice, svc, testConfig, waitFor, type SvcOpts, type TcpPathName } from './helpers.ts';
+import { TCP_PATHS, planInput, slice, svc, testConfig, type SvcOpts, type TcpPathName } from './helpers.ts';
+import { sleep, waitFor } from '../support/wait.ts';
 
 const BACKENDS = ['127.0.20.1', '127.0.20.2', '127.0.20.3'];
 /** backend port, per process so parallel runs do not collide */
@@ -266,15 +267,15 @@ for (const path of TCP_PATHS) describe(`userspace proxy on loopback (TCP on ${pa
       send(`k${i}`);
       await sleep(100);
     }
-    await waitFor(() => replies.length === 12, 3000, '12 replies');
+    await waitFor('12 replies', () => replies.length === 12, 3000);
     assert.equal(new Set(replies.map((r) => r.split(':')[0])).size, 1, `one session, one endpoint: ${replies}`);
     assert.equal(p.udpSessions(), 1);
     const peersBefore = backends.reduce((n, b) => n + b.connections, 0);
     assert.equal(peersBefore, 1);
 
-    await waitFor(() => p.udpSessions() === 0, 3000, 'the idle session to close');
+    await waitFor('the idle session to close', () => p.udpSessions() === 0, 3000);
     send('again');
-    await waitFor(() => replies.length === 13, 3000, 'a reply from a new session');
+    await waitFor('a reply from a new session', () => replies.length === 13, 3000);
     assert.equal(backends.reduce((n, b) => n + b.connections, 0), 2, 'a new upstream socket after the timeout');
     assert.notEqual(replies[12].split(':')[0], replies[0].split(':')[0], 'the new session is balanced anew');
   });

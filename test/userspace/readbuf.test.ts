@@ -15,6 +15,7 @@ import { POOL_MAX, READ_SIZE, readBufferStats, sharedRead } from '../../src/mode
 import { newCounters } from '../../src/modes/userspace/dataplane/tcp.ts';
 import { RAW_POOL_MAX, rawStats } from '../../src/modes/userspace/dataplane/tcp-raw.ts';
 import { TCP_PATHS, tcpForwarder } from './helpers.ts';
+import { waitFor } from '../support/wait.ts';
 import { silentLogger } from '../../src/log.ts';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
@@ -106,9 +107,7 @@ for (const path of TCP_PATHS) test(`TCP on ${path}: many connections at once, ea
     else assert.equal(rawStats().accepted - rawBefore.accepted, payloads.length);
     assert.equal(counters.accepted, payloads.length);
     assert.equal(counters.failed, 0);
-    const deadline = Date.now() + 10_000;
-    while (counters.active > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-    assert.equal(counters.active, 0);
+    await waitFor('every pair closed', () => counters.active === 0, 10_000);
     const pooled = path === 'net' ? readBufferStats().pooled : rawStats().pooled;
     const max = path === 'net' ? POOL_MAX : RAW_POOL_MAX;
     assert.ok(pooled <= max, `free list ${pooled} > ${max}`);

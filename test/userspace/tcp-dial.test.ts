@@ -11,7 +11,7 @@ import net from 'node:net';
 import { RoundRobinBalancer } from '../../src/modes/userspace/dataplane/balancer.ts';
 import { TcpForwarder, newCounters } from '../../src/modes/userspace/dataplane/tcp.ts';
 import { createLogger } from '../../src/log.ts';
-import { waitFor } from './helpers.ts';
+import { waitFor } from '../support/wait.ts';
 
 const PYTHON = existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
 
@@ -30,7 +30,7 @@ async function blackhole(): Promise<{ port: number; proc: ChildProcess; fillers:
   ].join('\n')], { stdio: ['ignore', 'pipe', 'inherit'] });
   let out = '';
   proc.stdout!.on('data', (b: Buffer) => (out += b.toString()));
-  await waitFor(() => /\d+\n/.test(out), 10_000, 'the blackhole listener');
+  await waitFor('the blackhole listener', () => /\d+\n/.test(out), 10_000);
   const port = Number(out.trim());
   // Fill the accept queue: connect until one connection does not complete (at most 8).
   const fillers: net.Socket[] = [];
@@ -93,7 +93,7 @@ test('dial timeout: a blackholed endpoint times out (sweep) and the dial moves o
       lines.some((l) => l.includes(`dial 127.0.0.1:${hole.port} timed out after 300ms`)),
       'the timeout was logged as a timed-out dial',
     );
-    await waitFor(() => fwd.dialsPending === 0, 5000, 'no dial pending');
+    await waitFor('no dial pending', () => fwd.dialsPending === 0, 5000);
   } finally {
     client.destroy();
     fwd.destroy();
@@ -128,7 +128,7 @@ test('dial timeout: with only a blackholed endpoint the client is reset once eve
     assert.ok(Date.now() - t0 >= 230, 'after the dial timeout, not at once');
     assert.equal(counters.failed, 1);
     assert.equal(counters.retries, 1, 'the one endpoint timed out once; the retry found none left');
-    await waitFor(() => fwd.dialsPending === 0, 5000, 'no dial pending');
+    await waitFor('no dial pending', () => fwd.dialsPending === 0, 5000);
   } finally {
     client.destroy();
     fwd.destroy();
@@ -158,7 +158,7 @@ test('an idle spliced pair keeps no timer and at most one listener per event on 
       c.on('error', () => {});
       clients.push(c);
     }
-    await waitFor(() => counters.active === 20, 10_000, '20 spliced pairs');
+    await waitFor('20 spliced pairs', () => counters.active === 20, 10_000);
     // One byte each way through every pair: the read path has run too.
     for (const c of clients) {
       const got = new Promise<void>((r) => c.once('data', () => r()));
@@ -181,7 +181,7 @@ test('an idle spliced pair keeps no timer and at most one listener per event on 
     assert.equal(fwd.openClients, 20);
     // With no dial pending the dial sweep stops (it would wake the process every 100 ms).
     const timers = fwd as unknown as { dialSweep: NodeJS.Timeout | null; sweep: NodeJS.Timeout | null };
-    await waitFor(() => timers.dialSweep === null, 5000, 'the dial sweep to stop');
+    await waitFor('the dial sweep to stop', () => timers.dialSweep === null, 5000);
     assert.notEqual(timers.sweep, null, 'the idle sweep runs while pairs are open');
   } finally {
     for (const c of clients) c.destroy();

@@ -8,16 +8,8 @@ import net from 'node:net';
 import { RoundRobinBalancer } from '../../src/modes/userspace/dataplane/balancer.ts';
 import { newCounters } from '../../src/modes/userspace/dataplane/tcp.ts';
 import { TCP_PATHS, tcpForwarder } from './helpers.ts';
+import { waitFor } from '../support/wait.ts';
 import { silentLogger } from '../../src/log.ts';
-
-async function waitFor(cond: () => boolean, ms: number, what: string): Promise<void> {
-  const deadline = Date.now() + ms;
-  for (let i = 0; i < 10_000 && Date.now() < deadline; i++) {
-    if (cond()) return;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  assert.fail(`timed out waiting for ${what}`);
-}
 
 /** A backend that echoes what it reads and also writes 'tick' every 50 ms to sockets that asked ("T"). */
 async function backend(): Promise<{ server: net.Server; port: number; timers: Set<NodeJS.Timeout> }> {
@@ -77,13 +69,13 @@ for (const path of TCP_PATHS) test(`idle sweep (TCP on ${path}): silent pairs cl
     assert.equal(counters.idleClosed, 0);
     // A timeout set on the running listener applies to the open pairs.
     fwd.idleTimeoutMs = 300;
-    await waitFor(() => silentClosed, 10_000, 'the silent pair to be closed');
+    await waitFor('the silent pair to be closed', () => silentClosed, 10_000);
     assert.equal(counters.idleClosed, 1);
     // The one-way pair saw bytes all along: still open well after the timeout.
     await new Promise((r) => setTimeout(r, 800));
     assert.equal(oneWayClosed, false, 'traffic one way keeps the pair');
     assert.equal(counters.idleClosed, 1);
-    await waitFor(() => counters.active === 1, 5000, 'one pair left active');
+    await waitFor('one pair left active', () => counters.active === 1, 5000);
   } finally {
     for (const s of sockets) s.destroy();
     fwd.destroy();

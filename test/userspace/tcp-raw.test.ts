@@ -17,7 +17,8 @@ import { RoundRobinBalancer } from '../../src/modes/userspace/dataplane/balancer
 import { TcpForwarder, newCounters } from '../../src/modes/userspace/dataplane/tcp.ts';
 import { RAW_POOL_MAX, RawTcpForwarder, createTcpForwarder, rawStats, rawSupport, tcpPathChoice, type BindingLoader } from '../../src/modes/userspace/dataplane/tcp-raw.ts';
 import { silentLogger } from '../../src/log.ts';
-import { TCP_PATHS, openFds, tcpForwarder, waitFor } from './helpers.ts';
+import { TCP_PATHS, openFds, tcpForwarder } from './helpers.ts';
+import { waitFor } from '../support/wait.ts';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 const realLoad: BindingLoader = (n) => (process as unknown as { binding(n: string): unknown }).binding(n);
@@ -143,8 +144,8 @@ test('raw: a slow reader makes writes queue; every byte arrives in order, reader
   assert.ok(after.asyncWrites > before.asyncWrites, 'some writes were queued');
   assert.ok(after.pauses > before.pauses, 'some readers were stopped for back-pressure');
   assert.ok(after.pooled <= RAW_POOL_MAX, `free list ${after.pooled} > ${RAW_POOL_MAX}`);
-  await waitFor(() => counters.active === 0 && fwd.openClients === 0, 10_000, 'every pair closed');
-  await waitFor(() => openFds() <= baseline, 10_000, `fds back to baseline ${baseline} (now ${openFds()})`);
+  await waitFor('every pair closed', () => counters.active === 0 && fwd.openClients === 0, 10_000);
+  await waitFor(`fds back to baseline ${baseline} (now ${openFds()})`, () => openFds() <= baseline, 10_000);
   assert.equal(counters.accepted, payloads.length);
   assert.equal(counters.failed, 0);
 });
@@ -170,10 +171,10 @@ test('raw: the upstream\'s FIN first: the client still sends, the backend still 
   assert.equal(got, 'hello\n');
   // Half-open: our write side is still open through the proxy.
   c.write('after your FIN');
-  await waitFor(() => received === 'after your FIN', 5000, 'the backend to receive after its FIN');
+  await waitFor('the backend to receive after its FIN', () => received === 'after your FIN', 5000);
   assert.equal(counters.active, 1, 'the pair stays while one direction is open');
   c.end();
-  await waitFor(() => backendSawEnd && counters.active === 0, 5000, 'both directions shut, the pair closed');
+  await waitFor('both directions shut, the pair closed', () => backendSawEnd && counters.active === 0, 5000);
 });
 
 /**

@@ -6,7 +6,8 @@ import assert from 'node:assert/strict';
 import { UserspaceProxier } from '../../src/modes/userspace/proxier.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend, tcpExchange, type Backend } from '../support/backends.ts';
-import { TCP_PATHS, planInput, refusingRunner, slice, svc, testConfig, waitFor, type TcpPathName } from './helpers.ts';
+import { TCP_PATHS, planInput, refusingRunner, slice, svc, testConfig, type TcpPathName } from './helpers.ts';
+import { waitFor } from '../support/wait.ts';
 
 const BACKENDS = ['127.0.22.1', '127.0.22.2', '127.0.22.3'];
 const BP = 20000 + ((process.pid + 7) % 20000);
@@ -61,14 +62,14 @@ test('with 2 workers, every connection of a client reaches its one endpoint, whi
     for (const c of clients) for (const id of await burst('127.0.22.10', c, 20)) chosen.get(c)!.add(id);
     rounds++;
   } while ((p.workerStats()[0]?.accepted ?? 0) === 0 && rounds < 20 && Date.now() < deadline);
-  await waitFor(() => (p.workerStats()[0]?.accepted ?? 0) > 0, 5000, 'the worker reports accepted connections');
+  await waitFor('the worker reports accepted connections', () => (p.workerStats()[0]?.accepted ?? 0) > 0, 5000);
   for (const [c, ids] of chosen) assert.equal(ids.size, 1, `client ${c} reached ${[...ids].join(', ')}`);
   // Round robin over new clients still spreads them: six clients, three endpoints.
   const used = new Set([...chosen.values()].map((s) => [...s][0]));
   assert.ok(used.size >= 2, `clients spread over ${[...used].join(', ')}`);
   // The main process counts the worker's connections with its own.
   const total = p.counters().find((c) => c.servicePort.includes('sticky'))!;
-  await waitFor(() => p.counters().find((c) => c.servicePort.includes('sticky'))!.accepted === rounds * clients.length * 20, 5000, 'all connections counted');
+  await waitFor('all connections counted', () => p.counters().find((c) => c.servicePort.includes('sticky'))!.accepted === rounds * clients.length * 20, 5000);
   assert.ok(total.failed === 0);
 });
 

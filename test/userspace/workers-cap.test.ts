@@ -14,7 +14,8 @@ import { UdpSessionBudget } from '../../src/modes/userspace/dataplane/udp.ts';
 import { CapLease, CapOwner, leaseBatch } from '../../src/modes/userspace/dataplane/worker-cap.ts';
 import { silentLogger } from '../../src/log.ts';
 import { startTcpBackend } from '../support/backends.ts';
-import { firstLine, openFds, planInput, refusingRunner, slice, svc, testConfig, waitFor } from './helpers.ts';
+import { firstLine, openFds, planInput, refusingRunner, slice, svc, testConfig } from './helpers.ts';
+import { waitFor } from '../support/wait.ts';
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -172,21 +173,21 @@ test('3 processes, maxConnections 24: the 25th concurrent connection is refused 
     assert.match(await firstLine(beyond), /^(closed |error )/, `round ${rounds}: the ${K + 1}th refused`);
     assert.ok(Date.now() - t0 < 5000, 'refused at once, not left to time out');
     // each earlier round also served one connection after a close
-    await waitFor(() => c().refused === rounds && c().accepted === rounds * K + rounds - 1, 5000, `round ${rounds}: counted once (accepted ${c().accepted}, refused ${c().refused})`);
+    await waitFor(`round ${rounds}: counted once (accepted ${c().accepted}, refused ${c().refused})`, () => c().refused === rounds && c().accepted === rounds * K + rounds - 1, 5000);
     // Room again once one closes, in whichever process takes the next connection.
     held.pop()!.destroy();
-    await waitFor(() => c().active === K - 1, 5000, 'the closed connection released');
+    await waitFor('the closed connection released', () => c().active === K - 1, 5000);
     const again = net.connect({ host: VIP, port: 80 });
     held.push(again);
     assert.equal(await firstLine(again), 'b1', 'served again once one closed');
     for (const s of held) s.destroy();
-    await waitFor(() => c().active === 0, 5000, 'every connection closed');
+    await waitFor('every connection closed', () => c().active === 0, 5000);
     if (rounds === 1) fdBase = new Map<number | 'self', number>([['self', openFds()], ...pids.map((pid) => [pid, openFds(pid)] as [number, number])]);
   } while ((rounds < 3 || p.workerStats().every((w) => w.accepted === 0)) && rounds < 10 && Date.now() < deadline);
-  await waitFor(() => p.workerStats().some((w) => w.accepted > 0), 5000, 'a worker accepted connections');
+  await waitFor('a worker accepted connections', () => p.workerStats().some((w) => w.accepted > 0), 5000);
   assert.deepEqual(p.workerStats().map((w) => w.pid), pids, 'no worker died');
   assert.deepEqual(p.workerHealth(), { restarts: 0, forkErrors: 0 });
   for (const [pid, base] of fdBase) {
-    await waitFor(() => openFds(pid) <= base, 5000, `fds of ${pid} back to baseline ${base} (now ${openFds(pid)})`);
+    await waitFor(`fds of ${pid} back to baseline ${base} (now ${openFds(pid)})`, () => openFds(pid) <= base, 5000);
   }
 });

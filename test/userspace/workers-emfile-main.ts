@@ -7,8 +7,8 @@ import { openSync, closeSync } from 'node:fs';
 import { resolveConfig } from '../../src/config/config.ts';
 import { WorkerPool } from '../../src/modes/userspace/dataplane/workers.ts';
 import { silentLogger } from '../../src/log.ts';
+import { sleep, waitFor } from '../support/wait.ts';
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const held: number[] = [];
 for (let i = 0; i < 100_000; i++) {
   try {
@@ -23,8 +23,8 @@ await sleep(700);
 const during = pool.health();
 const taken = held.length;
 for (const fd of held.splice(0)) closeSync(fd);
-const deadline = Date.now() + 30_000;
-while (Date.now() < deadline && !(pool.stats()[0]?.pid > 0)) await sleep(100);
+// a worker that never comes up is reported as pid 0, for the test to assert on
+await waitFor('the worker to start', () => pool.stats()[0]?.pid > 0, 30_000).catch(() => undefined);
 const pid = pool.stats()[0]?.pid ?? 0;
 process.stdout.write(`${JSON.stringify({ held: taken, during, after: pool.health(), pid })}\n`);
 await pool.stop();

@@ -13,7 +13,8 @@ import { forkNode, spawnError } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { Metrics } from '../../src/server/servers.ts';
 import { startTcpBackend, tcpExchange } from '../support/backends.ts';
-import { planInput, refusingRunner, slice, svc, testConfig, waitFor } from './helpers.ts';
+import { planInput, refusingRunner, slice, svc, testConfig } from './helpers.ts';
+import { waitFor } from '../support/wait.ts';
 
 const BACKENDS = ['127.0.26.1', '127.0.26.2', '127.0.26.3'];
 const BP = 20000 + ((process.pid + 19) % 20000);
@@ -62,10 +63,10 @@ test('a killed worker is started again: it serves the listeners again and Client
 
   // Every connection so far counted (workers report every half second), then one worker killed.
   const accepted = () => p.counters().find((c) => c.servicePort.includes('sticky'))!.accepted;
-  await waitFor(() => accepted() === clients.length * 10, 5000, 'the first connections counted');
+  await waitFor('the first connections counted', () => accepted() === clients.length * 10, 5000);
   const [victim, other] = p.workerStats().map((w) => w.pid);
   process.kill(victim, 'SIGKILL');
-  await waitFor(() => p.workerStats().length === 2 && !p.workerStats().some((w) => w.pid === victim), 15_000, 'the killed worker replaced');
+  await waitFor('the killed worker replaced', () => p.workerStats().length === 2 && !p.workerStats().some((w) => w.pid === victim), 15_000);
   const fresh = p.workerStats().find((w) => w.pid !== other)!.pid;
   assert.ok(alive(fresh));
   assert.deepEqual(p.workerHealth(), { restarts: 1, forkErrors: 0 });
@@ -87,13 +88,13 @@ test('a killed worker is started again: it serves the listeners again and Client
     }
     rounds++;
   } while (freshAccepted() === 0 && rounds < 20 && Date.now() < deadline);
-  await waitFor(() => freshAccepted() > 0, 5000, 'the restarted worker serves the listener');
+  await waitFor('the restarted worker serves the listener', () => freshAccepted() > 0, 5000);
   // The killed worker's connections still count: the totals never go down.
-  await waitFor(() => accepted() === clients.length * 10 * (rounds + 1), 5000, `every connection counted once (${accepted()})`);
+  await waitFor(`every connection counted once (${accepted()})`, () => accepted() === clients.length * 10 * (rounds + 1), 5000);
 
   // stop() ends every worker's process group.
   await p.stop();
-  await waitFor(() => !alive(fresh) && !alive(other), 10_000, 'the workers gone after stop');
+  await waitFor('the workers gone after stop', () => !alive(fresh) && !alive(other), 10_000);
 });
 
 test('a fork the host refuses is counted and retried with back-off, never thrown', async () => {
@@ -119,7 +120,7 @@ test('a fork the host refuses is counted and retried with back-off, never thrown
   cleanups.push(() => pool.stop());
   assert.equal(pool.stats().length, 0, 'no process before the first listener');
   void pool.ensureStarted();
-  await waitFor(() => pool.stats().length === 1 && pool.stats()[0].pid > 0 && alive(pool.stats()[0].pid), 15_000, 'the worker up on the third try');
+  await waitFor('the worker up on the third try', () => pool.stats().length === 1 && pool.stats()[0].pid > 0 && alive(pool.stats()[0].pid), 15_000);
   assert.equal(calls, 3);
   assert.deepEqual(pool.health(), { restarts: 2, forkErrors: 2 });
   // 50 ms, then doubled: timers fire late on a busy machine, never (much) early.
@@ -128,7 +129,7 @@ test('a fork the host refuses is counted and retried with back-off, never thrown
   assert.ok(warnings.filter((w) => w.startsWith('KPROXY_EXEC_SPAWN_FAILED')).length >= 1, warnings.join('\n'));
   const pid = pool.stats()[0].pid;
   await pool.stop();
-  await waitFor(() => !alive(pid), 10_000, 'the worker gone after stop');
+  await waitFor('the worker gone after stop', () => !alive(pid), 10_000);
 });
 
 test('a proxier without TCP listeners (e.g. the IPv6 one of a node without IPv6 Services) forks no worker', async () => {

@@ -3,7 +3,7 @@
 // literally (no NewProxier adjustments); absent keys get the fake's defaults. Pure.
 import type { CaseConfig } from '../../conformance/case.ts';
 import { canonicalIP, parseCIDR } from '../../core/ip.ts';
-import { formatMark as masqueradeMark } from '../../core/nodeview.ts';
+import { masqueradeMark } from '../../config/config.ts';
 import {
   NFACCT_CT_STATE_INVALID_DROPPED, NFACCT_LOCALHOST_NODEPORTS_ACCEPTED, cidrDetector, detectorArgs, nodePortAddressing,
   type IptablesOptions, type LocalDetector,

@@ -1,5 +1,5 @@
-// The dispatch edits of the restart form in bounded restores (kproxy, not upstream; issue 10:
-// a first sync must not hold the xtables lock or the nf_tables commit for tens of seconds).
+// The dispatch edits of the restart form in bounded restores (kproxy, not upstream: a first
+// sync must not hold the xtables lock or the nf_tables commit for tens of seconds).
 // plan.ts restartPayloads edits the dispatch chains (nat KUBE-SERVICES / KUBE-NODEPORTS and
 // the filter chains) in place: `-D` of the installed rules no longer wanted, `-I` of the
 // missing ones. After many Services changed, or over rules an older version wrote with other

@@ -52,9 +52,9 @@ export interface PlanRequest {
   /**
    * The restart form only: lines per restore of the dispatch edits (dispatch-chunks.ts), each
    * Service's edits in one restore. Unset: dispatchBudget (chunkLines, up to twice it for a
-   * large ruleset). 0: every dispatch edit in one restore
-   * (the form before round rsb; what legacy, whose every commit replaces the whole table, does
-   * through chunkLines 0; kept settable for the comparison in bench/iptables-restart.ts).
+   * large ruleset). 0: every dispatch edit in one restore (what legacy, whose every commit
+   * replaces the whole table, does through chunkLines 0; bench/iptables-restart.ts compares
+   * the two forms).
    */
   dispatchChunkLines?: number;
   /**
@@ -1009,15 +1009,10 @@ function writeServiceToEndpointRules(
 /**
  * Lines per restore of a restart's dispatch edits by default (kproxy, not upstream; 0: one
  * restore): the chunk size, or a quarter of the planned nat dispatch rules (KUBE-SERVICES and
- * KUBE-NODEPORTS) when that is more, up to twice the chunk size. Every dispatch restore pays
- * a floor that grows with the ruleset whatever its lines (nf_tables validates every chain the
- * base chains reach on each commit that adds a jump, and iptables-nft reads the edited
- * chains: 0.33 s at 10,000 Services, 0.66 s at 20,000; bench/iptables-restore-floor.ts), so
- * a fixed budget makes the restores' total grow as N²; this one keeps a rewrite of every
- * dispatch rule at about 8 restores up to 20,000 Services (40,001 dispatch rules: 10,000
- * lines per restore, 9 restores, the longest 1.1–1.9 s in three runs, where round rsb's
- * 5,000 lines took 17 restores, the longest 1.2–1.7 s; docs/benchmarks.md, round rsp).
- * Above that the budget stays at twice the chunk size (not measured further).
+ * KUBE-NODEPORTS) when that is more, up to twice the chunk size. Every dispatch restore pays a
+ * floor that grows with the ruleset, so a fixed budget would make the restores' total grow as
+ * N²; this one keeps a rewrite of every dispatch rule at about 8 restores up to 20,000
+ * Services (figures: docs/benchmarks.md, "Where the chunked dispatch edits' time goes").
  */
 export function dispatchBudget(chunkLines: number, dispatchRules: number): number {
   if (!chunkLines) return 0;

@@ -183,8 +183,7 @@ export interface IptablesProxierDeps {
   /**
    * lines per restore of a restart's dispatch edits (plan.ts restartPayloads,
    * dispatch-chunks.ts); default: plan.ts dispatchBudget (the chunk size, up to twice it for a
-   * large ruleset). 0: one dispatch restore (the form before
-   * round rsb, for bench/iptables-restart.ts's comparison)
+   * large ruleset). 0: one dispatch restore (bench/iptables-restart.ts compares the two forms)
    */
   dispatchChunkLines?: number;
 }
@@ -213,8 +212,8 @@ export class IptablesProxier implements Proxier {
 
   /**
    * One sync. When iptables-restore refuses a line written by a Service, that Service is left
-   * out and the sync retried at once (a bounded number of times), so the others converge
-   * now; a refused fixed rule fails the sync as before.
+   * out and the sync retried at once (a bounded number of times), so the others converge in
+   * this sync; a refused fixed rule fails the sync.
    */
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     const fs = this.familyState(input.node.family);

@@ -1,6 +1,6 @@
-// The upstream conformance cases through the sharded table shape (issue 10: "if the table shape
-// must differ from upstream's, the packet semantics stay upstream's: every upstream flow case
-// still passes"). The cases' golden TEXT is upstream's single `kube-proxy` table (K = 1); here
+// The upstream conformance cases through the sharded table shape: where the table shape
+// differs from upstream's, the packet semantics stay upstream's, so every upstream flow case
+// still passes. The cases' golden TEXT is upstream's single `kube-proxy` table (K = 1); here
 // their FLOWS are traced through K tables `kube-proxy-0..K-1` (shards.ts planShards) for every
 // K asked, each K under several spreads of the Services over the tables, so that every Service
 // sits in every table position at least once (a cross-table fault shows only in some orders):

@@ -51,7 +51,7 @@ export interface PreviousValues {
 export interface IncrementalPlan {
   /**
    * The table. On a partial plan it is the previous table changed in place (copying 10^5
-   * map entries per sync cost more than the planning saved), so a caller that needs the
+   * map entries per sync costs more than the planning saves), so a caller that needs the
    * previous state keeps `previous`, not the old object.
    */
   desired: Ruleset;

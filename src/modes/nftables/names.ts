@@ -13,7 +13,7 @@ export const CHAIN_NAME_BASE_LENGTH_MAX = NAME_LENGTH_MAX - CHAIN_NAME_PREFIX_LE
 
 export const TABLE = 'kube-proxy';
 
-/** The table of shard n when the Services are spread over several tables (issue 10): `kube-proxy-<n>`. */
+/** The table of shard n when the Services are spread over several tables: `kube-proxy-<n>`. */
 export function shardTable(n: number): string {
   return `${TABLE}-${n}`;
 }

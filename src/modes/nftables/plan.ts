@@ -218,7 +218,7 @@ function setupTable(rs: Ruleset, o: NftPlanOptions): void {
 /**
  * The chain that picks an endpoint. Upstream writes an anonymous map per chain
  * (`numgen random mod N vmap { 0 : goto A , 1 : goto B }`), and creating 10,000 anonymous
- * maps took the kernel 150 s; here it is one rule per endpoint, as iptables' statistic
+ * maps take the kernel 150 s; here it is one rule per endpoint, as iptables' statistic
  * rules: the same uniform choice among the same endpoint chains (selection.ts).
  */
 function writeServiceToEndpointRules(rs: Ruleset, o: NftPlanOptions, sp: ServicePort, chain: string, eps: Endpoint[]): void {

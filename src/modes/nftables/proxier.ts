@@ -247,7 +247,7 @@ export class NftProxier implements Proxier {
   /**
    * One sync. When nft refuses the transaction at lines written by Services, those Services
    * are left out and the sync is retried at once (a bounded number of times), so the others
-   * converge now; an error in the fixed part of the table fails the sync as before.
+   * converge in this sync; an error in the fixed part of the table fails the sync.
    */
   async sync(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     this.exclusions.startSync(changed, full);

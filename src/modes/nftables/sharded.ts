@@ -1,4 +1,4 @@
-// The nftables mode's Proxier at scale (issue 10): the Services spread over K tables, each a
+// The nftables mode's Proxier at scale: the Services spread over K tables, each a
 // complete copy of upstream's `kube-proxy` table holding only its Services. The kernel
 // validates the whole TABLE on every commit that adds a jump, goto or dnat, so a one-Service
 // change into one of K tables validates ~1/K of the graph (docs/benchmarks.md, "Sharding the

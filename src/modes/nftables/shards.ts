@@ -1,4 +1,4 @@
-// How the nftables mode spreads the Services over several tables at scale (issue 10): the
+// How the nftables mode spreads the Services over several tables at scale: the
 // number of tables K for N Services (with hysteresis), their names, a Service's table
 // (names.ts shardOf) and the planned tables of a state. Pure; the proxier that applies them
 // is src/modes/nftables/sharded.ts.
@@ -77,7 +77,7 @@ export function splitState(
 /**
  * The tables' states kept across syncs (K > 1): what splitState gives, updated per changed
  * Service instead of cut out of the whole state on every sync (at 50,000 Services that walk,
- * and the Service count, were most of kproxy's own time for a one-Service change). Each
+ * and the Service count, would be most of kproxy's own time for a one-Service change). Each
  * table's maps are updated in place; a Service's ports and endpoint lists are the state's
  * own objects, so the planners' caches hold. Pure.
  */

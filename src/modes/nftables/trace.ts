@@ -1,8 +1,8 @@
 // The nftables tracer: walks the first packet of a new connection through a kube-proxy
 // table (rendered, or read back from `nft list`), as upstream's test tracer does
 // (pkg/proxy/nftables/helpers_test.go): filter prerouting, nat prerouting, apply the first
-// DNAT, then filter forward and filter input. Several tables (the shards `kube-proxy-<n>`,
-// issue 10) are walked together: at each hook every table's base chains in priority order,
+// DNAT, then filter forward and filter input. Several tables (the shards `kube-proxy-<n>`)
+// are walked together: at each hook every table's base chains in priority order,
 // ties as the kernel runs them: the chain registered last first (nf_hook_entries_grow inserts
 // a hook before those of equal priority; a table's base chains are registered when it is
 // created, so the tables are given in creation order: `nft list` order, and for the mode's

@@ -119,8 +119,8 @@ const ACCEPT_ERROR_LOG_MS = 10_000;
 
 /**
  * The streams' high-water mark: above the 64 KB a read returns, so a chunk the kernel takes
- * at once does not report back-pressure (with Node's 16 KB default every full read paused
- * the reader and resumed it on 'drain', a round of stream bookkeeping per chunk). It costs
+ * at once does not report back-pressure (with Node's 16 KB default every full read would
+ * pause the reader and resume it on 'drain', a round of stream bookkeeping per chunk). It costs
  * nothing while idle: only a peer that does not keep up makes a direction buffer up to it.
  */
 const HIGH_WATER_MARK = 128 * 1024;
