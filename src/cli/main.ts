@@ -8,7 +8,8 @@ import { stringify as toYAML } from 'yaml';
 import { resolveConfig, ConfigError, KUBE_PROXY_COMPAT, type ConfigFlags, type ProxyConfig, type ModeName } from '../config/config.ts';
 import { loadConfigFile } from '../config/load.ts';
 import { KproxyError, kproxyError } from '../errors.ts';
-import { helpText, parseFlags, proxyInvocation, type ProxyInvocation } from './flags.ts';
+import { checkAllocationFlags, helpText, parseFlags, proxyInvocation, type ProxyInvocation } from './flags.ts';
+import { allocatorConfig, type AllocatorConfig } from '../sources/service-alloc.ts';
 import pkg from '../../package.json' with { type: 'json' };
 import { runCommand } from './run.ts';
 import { renderCommand } from './render.ts';
@@ -37,6 +38,10 @@ export interface CommonOptions {
   userspaceMaxConnections?: string;
   userspaceIdleTimeout?: string;
   cleanup?: boolean;
+  /** the manifests source's allocations: kube-apiserver's --service-cluster-ip-range and --service-node-port-range, and the state file */
+  serviceClusterIpRange?: string;
+  serviceNodePortRange?: string;
+  manifestsState?: string;
   nodeIp?: string;
   logLevel?: string;
   /** `kproxy [flags]` / `kproxy run [flags]`: the configuration resolved with upstream's precedence */
@@ -67,6 +72,12 @@ export function effectiveConfig(o: CommonOptions): ProxyConfig {
   return resolveConfig(raw, flags, (w) => process.stderr.write(`kproxy: warning: ${w}\n`));
 }
 
+/** The ranges the manifests source allocates from (the flags, else kube-apiserver's defaults); throws ConfigError. */
+export function allocationConfig(o: CommonOptions): AllocatorConfig {
+  checkAllocationFlags(o.serviceClusterIpRange, o.serviceNodePortRange);
+  return allocatorConfig(o.serviceClusterIpRange, o.serviceNodePortRange);
+}
+
 /** Node name as upstream: --hostname-override, then NODE_NAME, then the hostname, lower-cased. */
 export function resolveNodeName(cfg: ProxyConfig): string {
   return (cfg.hostnameOverride || process.env.NODE_NAME || hostname()).trim().toLowerCase();
@@ -76,7 +87,10 @@ function addProxyFlags(cmd: Command): Command {
   return cmd
     .option('--config <file>', 'KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) YAML')
     .addOption(new Option('--mode <mode>', 'proxy mode').choices(['userspace', 'iptables', 'ipvs', 'nftables']).argParser((v) => v))
-    .option('--manifests <dir>', 'watch a directory of Service / EndpointSlice YAML instead of a cluster')
+    .option('--manifests <dir>', 'a directory of Kubernetes manifests (Services, EndpointSlices; other kinds are ignored) instead of a cluster')
+    .option('--service-cluster-ip-range <cidrs>', 'with --manifests: the CIDR(s) Services without spec.clusterIP get cluster IPs from (kube-apiserver\'s flag; default 10.0.0.0/24)')
+    .option('--service-node-port-range <range>', 'with --manifests: the range node ports are allocated from (kube-apiserver\'s flag; default 30000-32767)')
+    .option('--manifests-state <file>', 'with --manifests: the state file of the allocations, read and never written here (default: where kproxy run keeps it)')
     .option('--kubeconfig <file>', 'kubeconfig of the cluster to watch')
     .option('--hostname-override <name>', 'node name to use instead of the hostname')
     .option('--cluster-cidr <cidrs>', 'pod CIDR(s): traffic from outside is masqueraded')
@@ -146,7 +160,16 @@ async function proxyMain(args: string[]): Promise<void> {
     process.stderr.write(`kproxy: Wrote configuration file=${JSON.stringify(inv.writeConfigTo)}\n`);
     return;
   }
-  await runCommand({ config: inv.configFile, manifests: inv.manifests, logLevel: inv.logLevel, cleanup: inv.cleanup, invocation: inv });
+  await runCommand({
+    config: inv.configFile,
+    manifests: inv.manifests,
+    serviceClusterIpRange: inv.serviceClusterIPRange,
+    serviceNodePortRange: inv.serviceNodePortRange,
+    manifestsState: inv.manifestsState,
+    logLevel: inv.logLevel,
+    cleanup: inv.cleanup,
+    invocation: inv,
+  });
 }
 
 const COMMANDS = ['run', 'render', 'trace', 'cleanup', 'status', 'conformance', 'demo', 'help'];

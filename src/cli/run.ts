@@ -1,5 +1,6 @@
 import type { CommonOptions } from './main.ts';
-import { effectiveConfig, resolveNodeName } from './main.ts';
+import { allocationConfig, effectiveConfig, resolveNodeName } from './main.ts';
+import { defaultStatePath } from '../sources/allocation-state.ts';
 import { createLogger } from '../log.ts';
 import { hostRunner } from '../exec/runner.ts';
 import { modes } from '../proxy/registry.ts';
@@ -19,7 +20,10 @@ import { applyStartSettings, conntrackCleaner } from '../exec/conntrack.ts';
 import { watchConfigFile, CONFIG_CHANGED_MESSAGE } from './config-watch.ts';
 
 export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {
-  if (o.manifests) return new ManifestsSource({ dir: o.manifests, nodeName, log: log.child({ source: 'manifests' }) });
+  if (o.manifests) {
+    const statePath = o.manifestsState ?? defaultStatePath(o.manifests);
+    return new ManifestsSource({ dir: o.manifests, nodeName, log: log.child({ source: 'manifests' }), allocation: allocationConfig(o), statePath });
+  }
   const master = o.invocation?.master;
   if (cfg.kubeconfig || master || process.env.KUBERNETES_SERVICE_HOST) {
     // Loaded only when needed: @kubernetes/client-node is ~1000 modules, seconds of start-up

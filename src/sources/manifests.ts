@@ -613,6 +613,11 @@ export class ManifestsSource implements Source {
       this.allocator = this.newAllocator(state);
       if (state) this.opts.log.info({ file: this.opts.statePath, services: Object.keys(state.services).length }, 'manifests state file read');
     }
+    const cfg = this.allocator.config;
+    this.opts.log.info(
+      { serviceClusterIPRange: cfg.ipRanges.map((r) => r.cidr).join(','), serviceNodePortRange: cfg.nodePorts.text, stateFile: this.opts.statePath ?? null },
+      'Services without cluster IPs or node ports get them as kube-apiserver allocates them',
+    );
     await this.scan();
     if (this.stopped) return; // stopped while the first scan ran
     handler.onSynced();
@@ -892,19 +897,21 @@ export class ManifestsSource implements Source {
       if (this.dirty !== 'all') this.dirty.add(f);
       this.rescan = true;
     }
-    // The Services of this batch, allocated together (each object parsed once here, and not
-    // kept); then the state file's holdings of Services that no longer exist are released.
+    // The state file's holdings of Services that no longer exist are released first (they
+    // were deleted while kproxy was down); then the Services of this batch are allocated
+    // together, each object parsed once here and not kept. `render` does the same, in the
+    // same order (src/cli/state.ts).
     const outcomes = new Map<string, Outcome>();
-    function* serviceChanges(): Generator<[string, K8sService | null]> {
-      for (const [key, old] of deletes) if (old.kind === 'Service') yield [serviceName(key), null];
-      for (const [key, , v] of updates) if (v.kind === 'Service') yield [serviceName(key), (restoreObject(v) as K8sService | undefined) ?? null];
-    }
-    for (const o of this.allocator.apply(serviceChanges())) outcomes.set(`Service/${o.key}`, o);
     if (complete && this.allocator.hasDormant) {
       const present = new Set<string>();
       for (const key of this.definers.keys()) if (key.startsWith('Service/')) present.add(serviceName(key));
       for (const o of this.allocator.forgetAbsent(present)) outcomes.set(`Service/${o.key}`, o);
     }
+    function* serviceChanges(): Generator<[string, K8sService | null]> {
+      for (const [key, old] of deletes) if (old.kind === 'Service') yield [serviceName(key), null];
+      for (const [key, , v] of updates) if (v.kind === 'Service') yield [serviceName(key), (restoreObject(v) as K8sService | undefined) ?? null];
+    }
+    for (const o of this.allocator.apply(serviceChanges())) outcomes.set(`Service/${o.key}`, o);
     /** Services a freed address or port let in: not in this batch, delivered as adds */
     const inBatch = new Set(updates.map(([k]) => k));
     const admitted = [...outcomes.keys()].filter((key) => outcomes.get(key)!.patch && !inBatch.has(key) && this.current.has(key));

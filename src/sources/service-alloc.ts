@@ -267,6 +267,8 @@ interface Plan {
 
 const FAMILY_NAME: Record<IPFamily, string> = { 4: 'IPv4', 6: 'IPv6' };
 const isPort = (v: unknown): v is number => typeof v === 'number' && Number.isInteger(v) && v >= 1 && v <= 65535;
+/** a held node port is kept while the range could have handed it out */
+const inPortRange = (v: unknown, cfg: AllocatorConfig): v is number => isPort(v) && v >= cfg.nodePorts.base && v < cfg.nodePorts.base + cfg.nodePorts.size;
 
 /** "namespace/name" of a Service whose metadata the manifests source has checked */
 export function serviceKey(svc: K8sService): string {
@@ -292,14 +294,14 @@ function plan(key: string, svc: K8sService, prior: Holding | undefined, cfg: All
       if (port.nodePort !== undefined && port.nodePort !== null && port.nodePort !== 0 && !isPort(port.nodePort)) return; // validation refuses it
       const given = isPort(port.nodePort) ? port.nodePort : undefined;
       const held = prior?.nodePorts?.[name];
-      p.ports.push({ index, name, port: port.port, explicit: given, prior: isPort(held) ? held : undefined, allocate });
+      p.ports.push({ index, name, port: port.port, explicit: given, prior: inPortRange(held, cfg) ? held : undefined, allocate });
     });
   }
   // apiservice.NeedsHealthCheck
   if (type === 'LoadBalancer' && spec.externalTrafficPolicy === 'Local') {
     const hc = spec.healthCheckNodePort;
     if (hc === undefined || hc === null || hc === 0 || isPort(hc)) {
-      p.hc = { explicit: isPort(hc) ? hc : undefined, prior: isPort(prior?.healthCheckNodePort) ? prior.healthCheckNodePort : undefined };
+      p.hc = { explicit: isPort(hc) ? hc : undefined, prior: inPortRange(prior?.healthCheckNodePort, cfg) ? prior.healthCheckNodePort : undefined };
     }
   }
   return p;
@@ -347,7 +349,10 @@ function planIPs(p: Plan, spec: Spec, prior: Holding | undefined, cfg: Allocator
       p.refusal = { field: `spec.ipFamilies[${i}]`, reason: `${FAMILY_NAME[family]} not configured on this cluster (see --service-cluster-ip-range)` };
       return;
     }
-    const held = p.priorIPs.find((ip) => ipFamily(ip) === family);
+    // a held address is kept while the range could have handed it out (not after a change of
+    // --service-cluster-ip-range, nor an address the manifest used to give outside the range)
+    const r = cfg.ipRanges.find((x) => x.family === family)!;
+    const held = p.priorIPs.find((ip) => ipFamily(ip) === family && ipToBigInt(ip) > r.first && ipToBigInt(ip) <= r.last);
     slots.push({ family, prior: held });
   }
   p.ips = slots;
