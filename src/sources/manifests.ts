@@ -911,7 +911,15 @@ export class ManifestsSource implements Source {
       for (const [key, old] of deletes) if (old.kind === 'Service') yield [serviceName(key), null];
       for (const [key, , v] of updates) if (v.kind === 'Service') yield [serviceName(key), (restoreObject(v) as K8sService | undefined) ?? null];
     }
-    for (const o of this.allocator.apply(serviceChanges())) outcomes.set(`Service/${o.key}`, o);
+    const steps = this.allocator.applySteps(serviceChanges());
+    for (;;) {
+      const r = steps.next();
+      if (r.done) {
+        for (const o of r.value) outcomes.set(`Service/${o.key}`, o);
+        break;
+      }
+      await this.slice.maybeYield();
+    }
     /** Services a freed address or port let in: not in this batch, delivered as adds */
     const inBatch = new Set(updates.map(([k]) => k));
     const admitted = [...outcomes.keys()].filter((key) => outcomes.get(key)!.patch && !inBatch.has(key) && this.current.has(key));

@@ -360,6 +360,14 @@ function planIPs(p: Plan, spec: Spec, prior: Holding | undefined, cfg: Allocator
 
 // ---- the allocator ---------------------------------------------------------------------------
 
+/** Runs a step generator to its end. */
+function drive<T>(steps: Generator<void, T, undefined>): T {
+  for (;;) {
+    const r = steps.next();
+    if (r.done) return r.value;
+  }
+}
+
 /** 64 bits of sha256(key, slot): the first candidate of a dynamic allocation. */
 function candidateBits(key: string, slot: string, word = 0): bigint {
   return createHash('sha256').update(`${key}\u0000${slot}`).digest().readBigUInt64BE(word * 8);
@@ -471,6 +479,15 @@ export class ServiceAllocator {
    * Each object is read once, when the iterable yields it, and not kept.
    */
   apply(changes: Iterable<[key: string, svc: K8sService | null]>): Outcome[] {
+    return drive(this.applySteps(changes));
+  }
+
+  /**
+   * apply() one step at a time: it yields after each Service it reads (reading is the costly
+   * part: a big batch is 10,000 objects), so a caller can give the event loop a turn between
+   * steps. Nothing else may change the allocator until the generator is done.
+   */
+  *applySteps(changes: Iterable<[key: string, svc: K8sService | null]>): Generator<void, Outcome[], undefined> {
     const plans = new Map<string, Plan | null>();
     const priors: Holding[] = [];
     for (const [key, svc] of changes) {
@@ -481,11 +498,12 @@ export class ServiceAllocator {
       // a key given twice: the later change wins, with the prior of the first
       const first = plans.has(key) ? plans.get(key)?.prior : prior;
       plans.set(key, svc === null ? null : plan(key, svc, first, this.config));
+      yield;
     }
     const keys = [...plans.keys()].sort();
     const outcomes = new Map<string, Outcome>();
     for (const key of keys) if (plans.get(key) === null) outcomes.set(key, { key, patch: null });
-    for (const o of this.run(keys.map((k) => plans.get(k)).filter((p): p is Plan => !!p))) outcomes.set(o.key, o);
+    for (const o of yield* this.runSteps(keys.map((k) => plans.get(k)).filter((p): p is Plan => !!p))) outcomes.set(o.key, o);
     if (priors.some((h) => !this.stillHeld(h))) for (const o of this.retry()) outcomes.set(o.key, o);
     return [...outcomes.values()];
   }
@@ -525,11 +543,11 @@ export class ServiceAllocator {
       this.refused.delete(key);
       plans.push(plan(key, svc, undefined, this.config));
     }
-    return this.run(plans).filter((o) => o.patch !== null);
+    return drive(this.runSteps(plans)).filter((o) => o.patch !== null);
   }
 
-  /** The three steps over a batch of plans: keep what was held, claim what is given, allocate the rest. */
-  private run(plans: Plan[]): Outcome[] {
+  /** The three steps over a batch of plans: keep what was held, claim what is given, allocate the rest; yields after each plan of each step. */
+  private *runSteps(plans: Plan[]): Generator<void, Outcome[], undefined> {
     const refuse = (p: Plan, r: Refusal) => {
       p.refusal = r;
       this.unclaim(p);
@@ -548,9 +566,11 @@ export class ServiceAllocator {
       for (const s of p.ips ?? []) if (kept(s) && free(p, 'ip', s.prior!)) this.take(p, 'ip', s, s.prior!);
       for (const s of p.ports) if (kept(s) && free(p, 'port', s.prior!)) this.take(p, 'port', s, s.prior!);
       if (p.hc && kept(p.hc) && free(p, 'port', p.hc.prior!)) this.take(p, 'port', p.hc, p.hc.prior!);
+      yield;
     }
     // 2. what the manifest asks for: refused when another Service holds it (ErrAllocated)
     for (const p of live()) {
+      yield;
       const asked = p.ips ? p.ips.filter((s) => s.explicit !== undefined && s.value === undefined).map((s) => s.explicit!) : p.heldIPs;
       for (const ip of asked) {
         if (!free(p, 'ip', ip)) {
@@ -580,6 +600,7 @@ export class ServiceAllocator {
     }
     // 3. the rest, from the ranges
     for (const p of live()) {
+      yield;
       for (const s of p.ips ?? []) {
         if (s.value !== undefined) continue;
         const ip = this.nextIP(p.key, s.family);
@@ -609,7 +630,12 @@ export class ServiceAllocator {
       }
       this.take(p, 'port', p.hc, hc, true);
     }
-    return plans.map((p) => this.finish(p));
+    const out: Outcome[] = [];
+    for (const p of plans) {
+      out.push(this.finish(p));
+      yield;
+    }
+    return out;
   }
 
   /** Marks v as p's in the index (the caller checked that nobody else holds it). */
