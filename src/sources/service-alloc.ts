@@ -26,7 +26,10 @@
 // addresses outside the configured ranges are kept: manifests written for another cluster still
 // work); explicit node ports outside the node port range are kept; an edit may change a
 // clusterIP (the API server calls it immutable). Collisions are refused as the API server
-// refuses them: an address or port already held by another Service.
+// refuses them: an address or port already held by another Service. A value a Service held
+// and its manifest no longer gives is kept (patchAllocatedValues) while the range could have
+// handed it out: a value from outside the ranges (given by an older manifest, or held before
+// the ranges changed) is replaced by an allocated one.
 //
 // Determinism: the first candidate of a dynamic allocation comes from a hash of the Service's
 // namespace/name and the slot (family, port name), then the band is probed upward. The same
@@ -269,11 +272,6 @@ const FAMILY_NAME: Record<IPFamily, string> = { 4: 'IPv4', 6: 'IPv6' };
 const isPort = (v: unknown): v is number => typeof v === 'number' && Number.isInteger(v) && v >= 1 && v <= 65535;
 /** a held node port is kept while the range could have handed it out */
 const inPortRange = (v: unknown, cfg: AllocatorConfig): v is number => isPort(v) && v >= cfg.nodePorts.base && v < cfg.nodePorts.base + cfg.nodePorts.size;
-
-/** "namespace/name" of a Service whose metadata the manifests source has checked */
-export function serviceKey(svc: K8sService): string {
-  return `${svc.metadata?.namespace || 'default'}/${svc.metadata?.name ?? ''}`;
-}
 
 function plan(key: string, svc: K8sService, prior: Holding | undefined, cfg: AllocatorConfig): Plan {
   const priorIPs = (prior?.clusterIPs ?? []).map((ip) => canonicalIP(ip)).filter((ip): ip is string => !!ip);
