@@ -153,3 +153,32 @@ test('bad ranges are usage errors (exit 2), as kube-apiserver refuses its flags'
   assert.equal(p.code, 2);
   assert.match(p.stderr, /--service-node-port-range: invalid argument "32767-30000": end port cannot be less than start port/);
 });
+
+test('render refuses a Service asking for a held address as run does: without state the first by name holds it, with state its holder', { timeout: 180_000 }, async () => {
+  const d = mkdtempSync(join(tmpdir(), 'kpt-render-collide-'));
+  try {
+    const svcText = (name: string) => `apiVersion: v1\nkind: Service\nmetadata: {name: ${name}, namespace: shop}\nspec: {clusterIP: 10.96.0.50, ports: [{name: p, port: 80}]}\n`;
+    writeFileSync(join(d, 'svc.yaml'), svcText('a-first') + '---\n' + svcText('b-second'));
+    const held = join(d, '..', `${d.split('/').pop()}-state.json`);
+    const base = ['render', '--mode', 'iptables', '--manifests', d, ...RANGES, '--node-ip', '192.168.0.2'];
+    const fresh = await kproxy([...base, '--manifests-state', join(d, 'none.json')]);
+    assert.equal(fresh.code, 0, fresh.stderr);
+    // no endpoints: the address rejects, in the holder's name
+    assert.match(fresh.stdout, /"shop\/a-first:p has no endpoints" .*-d 10\.96\.0\.50 --dport 80 -j REJECT/);
+    assert.doesNotMatch(fresh.stdout, /shop\/b-second/);
+    assert.match(fresh.stderr, /^kproxy: warning: Service shop\/b-second: spec\.clusterIPs: failed to allocate IP 10\.96\.0\.50: provided IP is already allocated \(held by Service shop\/a-first\); skipped$/m);
+    assert.match(fresh.stderr, /^kproxy: skipped 0 files, 1 object: Service shop\/b-second$/m);
+    try {
+      writeFileSync(held, JSON.stringify({ kind: 'KproxyServiceAllocations', version: 1, services: { 'shop/b-second': { clusterIPs: ['10.96.0.50'] } } }));
+      const withState = await kproxy([...base, '--manifests-state', held]);
+      assert.equal(withState.code, 0, withState.stderr);
+      assert.match(withState.stdout, /"shop\/b-second:p has no endpoints" .*-d 10\.96\.0\.50 --dport 80 -j REJECT/, 'the holder run recorded keeps it');
+      assert.doesNotMatch(withState.stdout, /shop\/a-first/);
+      assert.match(withState.stderr, /Service shop\/a-first: spec\.clusterIPs: failed to allocate IP 10\.96\.0\.50: provided IP is already allocated \(held by Service shop\/b-second\)/);
+    } finally {
+      rmSync(held, { force: true });
+    }
+  } finally {
+    rmSync(d, { recursive: true, force: true });
+  }
+});
