@@ -280,7 +280,7 @@ function plan(key: string, svc: K8sService, prior: Holding | undefined, cfg: All
   if (typeof spec !== 'object' || spec === null || Array.isArray(spec)) return p;
   const type = spec.type ?? 'ClusterIP';
   if (type === 'ExternalName') return p; // allocClusterIPs: ExternalName gets nothing
-  planIPs(p, spec, prior, cfg);
+  planIPs(p, spec, cfg);
   if (p.refusal) return p;
   // needsNodePort: NodePort and LoadBalancer; shouldAllocateNodePorts: not a LoadBalancer with
   // allocateLoadBalancerNodePorts false (given node ports are still respected)
@@ -306,7 +306,7 @@ function plan(key: string, svc: K8sService, prior: Holding | undefined, cfg: All
 }
 
 /** initIPFamilyFields, for a create: which families the Service gets, and which of them need an address. */
-function planIPs(p: Plan, spec: Spec, prior: Holding | undefined, cfg: AllocatorConfig): void {
+function planIPs(p: Plan, spec: Spec, cfg: AllocatorConfig): void {
   const given = Array.isArray(spec.clusterIPs) && spec.clusterIPs.length > 0 ? spec.clusterIPs : typeof spec.clusterIP === 'string' && spec.clusterIP !== '' ? [spec.clusterIP] : [];
   if (given[0] === 'None' || spec.clusterIP === 'None') return; // headless: no address
   if (!given.every((ip) => typeof ip === 'string' && canonicalIP(ip))) return; // validation refuses it
@@ -651,7 +651,7 @@ export class ServiceAllocator {
   private take<T extends string | number>(p: Plan, what: 'ip' | 'port', s: Slot<T>, v: T, allocated = false): void {
     this.claim(p, what, v);
     s.value = v;
-    // a value the manifest does not give is kproxy's, whether allocated now or held from before
+    // a value the manifest does not give is kproxy's, whether allocated in this batch or held from an earlier one
     s.allocated = allocated || s.explicit === undefined;
   }
 
@@ -681,7 +681,7 @@ export class ServiceAllocator {
     return v === null ? null : Number(v);
   }
 
-  /** The Service to deliver (with its values filled in), and what it holds now. */
+  /** The outcome of a plan, and the holding it leaves. */
   private finish(p: Plan): Outcome {
     if (p.refusal) {
       this.unclaim(p);
