@@ -15,6 +15,7 @@
 import { ConfigError, parseDuration, resolveConfig, type ConfigFlags, type ConfigWarn, type ProxyConfig, type RawConfig } from '../config/config.ts';
 import { canonicalIP } from '../core/ip.ts';
 import { kproxyError } from '../errors.ts';
+import { DEFAULT_SERVICE_CLUSTER_IP_RANGE, DEFAULT_SERVICE_NODE_PORT_RANGE, parseServiceClusterIPRange, parseServiceNodePortRange } from '../sources/service-alloc.ts';
 
 type FlagType = 'string' | 'bool' | 'int32' | 'float32' | 'duration' | 'strings' | 'ip' | 'ipport' | 'mapStringBool' | 'version' | 'level';
 
@@ -109,7 +110,10 @@ export const FLAGS: FlagSpec[] = [
   S('log-text-split-stream', 'bool', 'logging', '[Alpha] In text format, write error messages to stderr and info messages to stdout.', { note: 'ignored; kproxy writes every log line to stdout' }),
   // kproxy's own
   S('mode', 'string', 'always', 'kproxy: the proxy mode (userspace, iptables, ipvs, nftables); unlike --proxy-mode it also overrides --config', { kproxy: true }),
-  S('manifests', 'string', 'always', 'kproxy: watch a directory of Service / EndpointSlice YAML instead of a cluster', { kproxy: true }),
+  S('manifests', 'string', 'always', 'kproxy: watch a directory of Kubernetes manifests (Services, EndpointSlices; other kinds are ignored) instead of a cluster', { kproxy: true }),
+  S('service-cluster-ip-range', 'string', 'always', 'kproxy: with --manifests, the CIDR (or two of different families, comma-separated, for dual-stack) that Services without spec.clusterIP get their cluster IPs from, as kube-apiserver\'s flag', { kproxy: true, dflt: DEFAULT_SERVICE_CLUSTER_IP_RANGE }),
+  S('service-node-port-range', 'string', 'always', 'kproxy: with --manifests, the port range (min-max, min+size or one port) NodePort and LoadBalancer Services get node ports and health check node ports from, as kube-apiserver\'s flag', { kproxy: true, dflt: DEFAULT_SERVICE_NODE_PORT_RANGE }),
+  S('manifests-state', 'string', 'always', 'kproxy: with --manifests, the JSON file that keeps the allocated cluster IPs and node ports across restarts (default: manifests-<dir>-<hash>.json in /var/lib/kproxy, else $XDG_STATE_HOME/kproxy or ~/.local/state/kproxy)', { kproxy: true }),
   S('userspace-workers', 'string', 'config', 'kproxy: userspace mode: processes accepting TCP connections (userspace.workers, default 1)', { kproxy: true }),
   S('userspace-max-connections', 'string', 'config', 'kproxy: userspace mode: open client connections at most (userspace.maxConnections, default 0: from the fd limit)', { kproxy: true }),
   S('userspace-idle-timeout', 'string', 'config', 'kproxy: userspace mode: close a TCP connection idle this long (userspace.idleTimeout, default 24h, 0 = never)', { kproxy: true }),
@@ -258,6 +262,10 @@ export interface ProxyInvocation {
   cleanup: boolean;
   initOnly: boolean;
   manifests?: string;
+  /** --service-cluster-ip-range, --service-node-port-range, --manifests-state (the manifests source's allocations) */
+  serviceClusterIPRange?: string;
+  serviceNodePortRange?: string;
+  manifestsState?: string;
   /** --master: the API server URL, over the kubeconfig's (applies with or without --config) */
   master?: string;
   /** pino level: --log-level, else from -v / logging.verbosity */
@@ -400,6 +408,12 @@ export function proxyInvocation(p: ParsedFlags, fileRaw: RawConfig | undefined):
     flags.hostnameOverride = host.trim().toLowerCase();
   }
   const cfg = resolveConfig(raw, flags, warn);
+  checkAllocationFlags(get<string>(p, 'service-cluster-ip-range'), get<string>(p, 'service-node-port-range'));
+  if (!get<string>(p, 'manifests')) {
+    for (const n of ['service-cluster-ip-range', 'service-node-port-range', 'manifests-state']) {
+      if (p.values.has(n)) warn(`--${n}: applies to --manifests only (a cluster's API server allocates for its Services); ignored`);
+    }
+  }
   const logLevel = get<string>(p, 'log-level') ?? levelForVerbosity(cfg.logging.verbosity);
   const formatGiven = typeof raw.logging === 'object' && raw.logging !== null && !!raw.logging.format;
   return {
@@ -410,10 +424,27 @@ export function proxyInvocation(p: ParsedFlags, fileRaw: RawConfig | undefined):
     cleanup: get<boolean>(p, 'cleanup') ?? false,
     initOnly: get<boolean>(p, 'init-only') ?? false,
     manifests: get<string>(p, 'manifests'),
+    serviceClusterIPRange: get<string>(p, 'service-cluster-ip-range'),
+    serviceNodePortRange: get<string>(p, 'service-node-port-range'),
+    manifestsState: get<string>(p, 'manifests-state') || undefined,
     master: get<string>(p, 'master') || undefined,
     logLevel,
     logFormat: formatGiven ? cfg.logging.format : 'json',
   };
+}
+
+/** The manifests source's ranges, checked as kube-apiserver checks its flags: throws ConfigError (exit 2) before anything touches the host. */
+export function checkAllocationFlags(ipRange: string | undefined, nodePortRange: string | undefined): void {
+  try {
+    if (ipRange !== undefined) parseServiceClusterIPRange(ipRange);
+  } catch (e) {
+    throw new ConfigError('--service-cluster-ip-range', `invalid argument ${JSON.stringify(ipRange)}: ${(e as Error).message}`);
+  }
+  try {
+    if (nodePortRange !== undefined) parseServiceNodePortRange(nodePortRange);
+  } catch (e) {
+    throw new ConfigError('--service-node-port-range', `invalid argument ${JSON.stringify(nodePortRange)}: ${(e as Error).message}`);
+  }
 }
 
 /** `kproxy --help`: the commands, then every flag with upstream's help text. */

@@ -22,7 +22,10 @@ function addProxyFlags(cmd: Command): Command {
   return cmd
     .option('--config <file>', 'KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) YAML')
     .addOption(new Option('--mode <mode>', 'proxy mode').choices(['userspace', 'iptables', 'ipvs', 'nftables']).argParser((v) => v))
-    .option('--manifests <dir>', 'watch a directory of Service / EndpointSlice YAML instead of a cluster')
+    .option('--manifests <dir>', 'a directory of Kubernetes manifests (Services, EndpointSlices; other kinds are ignored) instead of a cluster')
+    .option('--service-cluster-ip-range <cidrs>', 'with --manifests: the CIDR(s) Services without spec.clusterIP get cluster IPs from (kube-apiserver\'s flag; default 10.0.0.0/24)')
+    .option('--service-node-port-range <range>', 'with --manifests: the range node ports are allocated from (kube-apiserver\'s flag; default 30000-32767)')
+    .option('--manifests-state <file>', 'with --manifests: the state file of the allocations, read and never written here (default: where kproxy run keeps it)')
     .option('--kubeconfig <file>', 'kubeconfig of the cluster to watch')
     .option('--hostname-override <name>', 'node name to use instead of the hostname')
     .option('--cluster-cidr <cidrs>', 'pod CIDR(s): traffic from outside is masqueraded')
@@ -92,7 +95,16 @@ async function proxyMain(args: string[]): Promise<void> {
     process.stderr.write(`kproxy: Wrote configuration file=${JSON.stringify(inv.writeConfigTo)}\n`);
     return;
   }
-  await runCommand({ config: inv.configFile, manifests: inv.manifests, logLevel: inv.logLevel, cleanup: inv.cleanup, invocation: inv });
+  await runCommand({
+    config: inv.configFile,
+    manifests: inv.manifests,
+    serviceClusterIpRange: inv.serviceClusterIPRange,
+    serviceNodePortRange: inv.serviceNodePortRange,
+    manifestsState: inv.manifestsState,
+    logLevel: inv.logLevel,
+    cleanup: inv.cleanup,
+    invocation: inv,
+  });
 }
 
 const COMMANDS = ['run', 'render', 'trace', 'cleanup', 'status', 'conformance', 'demo', 'help'];

@@ -3,7 +3,8 @@
 import { hostname } from 'node:os';
 import { resolveConfig, type ConfigFlags, type ProxyConfig } from '../config/config.ts';
 import { loadConfigFile } from '../config/load.ts';
-import type { ProxyInvocation } from './flags.ts';
+import { checkAllocationFlags, type ProxyInvocation } from './flags.ts';
+import { allocatorConfig, type AllocatorConfig } from '../sources/service-alloc.ts';
 
 export interface CommonOptions {
   config?: string;
@@ -24,6 +25,10 @@ export interface CommonOptions {
   userspaceMaxConnections?: string;
   userspaceIdleTimeout?: string;
   cleanup?: boolean;
+  /** the manifests source's allocations: kube-apiserver's --service-cluster-ip-range and --service-node-port-range, and the state file */
+  serviceClusterIpRange?: string;
+  serviceNodePortRange?: string;
+  manifestsState?: string;
   nodeIp?: string;
   logLevel?: string;
   /** `kproxy [flags]` / `kproxy run [flags]`: the configuration resolved with upstream's precedence */
@@ -52,6 +57,12 @@ export function effectiveConfig(o: CommonOptions): ProxyConfig {
   };
   // render/trace: warnings (an unknown field, a field that does not apply) go to stderr; stdout stays the payload
   return resolveConfig(raw, flags, (w) => process.stderr.write(`kproxy: warning: ${w}\n`));
+}
+
+/** The ranges the manifests source allocates from (the flags, else kube-apiserver's defaults); throws ConfigError. */
+export function allocationConfig(o: CommonOptions): AllocatorConfig {
+  checkAllocationFlags(o.serviceClusterIpRange, o.serviceNodePortRange);
+  return allocatorConfig(o.serviceClusterIpRange, o.serviceNodePortRange);
 }
 
 /** Node name as upstream: --hostname-override, then NODE_NAME, then the hostname, lower-cased. */

@@ -1,4 +1,5 @@
-import { type CommonOptions, effectiveConfig, resolveNodeName } from './options.ts';
+import { type CommonOptions, allocationConfig, effectiveConfig, resolveNodeName } from './options.ts';
+import { defaultStatePath } from '../sources/allocation-state.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { hostRunner } from '../kernel/runner.ts';
 import { modes } from '../modes/registry.ts';
@@ -17,7 +18,10 @@ import { applyStartSettings, conntrackCleaner } from '../kernel/conntrack.ts';
 import { watchConfigFile, CONFIG_CHANGED_MESSAGE } from './config-watch.ts';
 
 export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {
-  if (o.manifests) return new ManifestsSource({ dir: o.manifests, nodeName, log: log.child({ source: 'manifests' }) });
+  if (o.manifests) {
+    const statePath = o.manifestsState ?? defaultStatePath(o.manifests);
+    return new ManifestsSource({ dir: o.manifests, nodeName, log: log.child({ source: 'manifests' }), allocation: allocationConfig(o), statePath });
+  }
   const master = o.invocation?.master;
   if (cfg.kubeconfig || master || process.env.KUBERNETES_SERVICE_HOST) {
     // Loaded only when needed: @kubernetes/client-node is ~1000 modules, seconds of start-up

@@ -1,14 +1,25 @@
 // Builds a planned state once from a manifests directory (render, trace). It reads the
 // directory exactly as `run` does (readManifestDir): a broken file is skipped with a warning
 // naming file:line, the good files' objects are kept, and one summary line lists what was
-// skipped. Warnings go to stderr so stdout stays the pure payload.
+// skipped. Services get their cluster IPs and node ports as `run` gives them: from the state
+// file `run` keeps (read, never written), the rest allocated the same deterministic way.
+// Warnings go to stderr so stdout stays the pure payload.
 import { ProxyStateTracker } from '../core/tracker.ts';
 import { mergeManifestObjects, readManifestDir, type ManifestObjects } from '../sources/manifests.ts';
+import { ServiceAllocator, allocatorConfig, applyPatch, type AllocatorConfig } from '../sources/service-alloc.ts';
+import { findStatePath, readStateFile } from '../sources/allocation-state.ts';
+import type { K8sService } from '../core/api.ts';
 import type { ProxyConfig } from '../config/config.ts';
 import type { PlanInput } from '../core/nodeview.ts';
 import { validateOptionsForMode } from '../core/validate.ts';
 import { discoverNodeIPs } from '../sync/controller.ts';
 import { canonicalIP, ipFamily } from '../core/ip.ts';
+
+/** How render and trace allocate: the ranges (default kube-apiserver's), and the state file (default: where `run` keeps it; null: none). */
+export interface ManifestsAllocation {
+  config?: AllocatorConfig;
+  statePath?: string | null;
+}
 
 /** One family's planned state from a manifests directory (trace picks the family from --to). */
 export async function planFromManifests(
@@ -18,8 +29,9 @@ export async function planFromManifests(
   nodeIPsFlag?: string,
   stderr: (s: string) => void = (s) => process.stderr.write(s),
   family: 4 | 6 = 4,
+  alloc: ManifestsAllocation = {},
 ): Promise<PlanInput> {
-  return (await plansFromManifests(dir, cfg, nodeName, nodeIPsFlag, stderr, [family]))[0];
+  return (await plansFromManifests(dir, cfg, nodeName, nodeIPsFlag, stderr, [family], alloc))[0];
 }
 
 /**
@@ -35,6 +47,7 @@ export async function plansFromManifests(
   nodeIPsFlag?: string,
   stderr: (s: string) => void = (s) => process.stderr.write(s),
   families?: Array<4 | 6>,
+  alloc: ManifestsAllocation = {},
 ): Promise<PlanInput[]> {
   const skippedFiles: string[] = [];
   const skippedObjects = new Set<string>();
@@ -53,6 +66,10 @@ export async function plansFromManifests(
   for (const f of read) {
     if (f.objects) {
       good.push([f.name, f.objects]);
+      for (const w of f.notes?.warnings ?? []) {
+        skippedObjects.add(`${f.name}:${w.line}`);
+        stderr(`kproxy: warning: ${w.message}\n`);
+      }
       continue;
     }
     skippedFiles.push(f.error && f.error.line > 0 ? `${f.name}:${f.error.line}` : f.name);
@@ -63,8 +80,15 @@ export async function plansFromManifests(
     const more = d.keys.length > 3 ? ` and ${d.keys.length - 3} more` : '';
     stderr(`kproxy: warning: ${d.keys.slice(0, 3).join(', ')}${more} defined in both ${d.loser} and ${d.winner}; ${d.winner} wins\n`);
   }
-  for (const { kind, obj } of objects.values()) {
-    if (kind === 'Service') for (const x of trackers) x.t.services.update(null, obj);
+  const services = allocate(objects, dir, alloc, skippedFiles.length === 0, (key, why) => {
+    skippedObjects.add(`Service ${key}`);
+    stderr(`kproxy: warning: Service ${key}: ${why}; skipped\n`);
+  }, stderr);
+  for (const [key, { kind, obj }] of objects) {
+    if (kind === 'Service') {
+      const svc = services.get(key.slice('Service/'.length));
+      if (svc) for (const x of trackers) x.t.services.update(null, svc);
+    }
     else if (kind === 'EndpointSlice') for (const x of trackers) x.t.endpoints.update(null, obj);
     else if (obj.metadata?.name === nodeName) labels = t.boundary.node(obj)?.metadata?.labels ?? {};
   }
@@ -82,4 +106,34 @@ export async function plansFromManifests(
   return trackers
     .filter((x) => chosen.includes(x.family))
     .map((x) => ({ state: x.t.state, config: cfg, node: { nodeName, nodeIPs: nodeIPs(x.family), nodeLabels: labels, family: x.family } }));
+}
+
+/**
+ * The Services as `run` delivers them, by "namespace/name": the state file's holdings first
+ * (those of Services no longer in the directory released when no file is broken, as `run`'s
+ * first complete scan does), then one batch of every Service. A refused one is left out.
+ */
+function allocate(
+  objects: Map<string, { kind: string; obj: unknown }>,
+  dir: string,
+  alloc: ManifestsAllocation,
+  complete: boolean,
+  refused: (key: string, why: string) => void,
+  stderr: (s: string) => void,
+): Map<string, K8sService> {
+  const raw = new Map<string, K8sService>();
+  for (const [key, { kind, obj }] of objects) if (kind === 'Service') raw.set(key.slice('Service/'.length), obj as K8sService);
+  const statePath = alloc.statePath === undefined ? findStatePath(dir) : alloc.statePath;
+  const { state, problem } = statePath ? readStateFile(statePath) : {};
+  if (problem) stderr(`kproxy: warning: ${problem}\n`);
+  const allocator = new ServiceAllocator(alloc.config ?? allocatorConfig(), state, (key) => raw.get(key));
+  const outcomes = [...(complete ? allocator.forgetAbsent(new Set(raw.keys())) : []), ...allocator.apply(raw)];
+  const out = new Map<string, K8sService>();
+  for (const o of outcomes) {
+    const svc = raw.get(o.key);
+    if (o.patch && svc) out.set(o.key, applyPatch(svc, o.patch));
+    else out.delete(o.key);
+  }
+  for (const r of allocator.report().refused) refused(r.service, `${r.field}: ${r.reason}`);
+  return out;
 }

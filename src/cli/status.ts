@@ -1,7 +1,7 @@
 // Asks a running kproxy for its health and last syncs. The details come from the local
 // metrics/debug server (/debug/health, /debug/diff); the public /healthz says only
 // healthy or not, and is asked only when the debug server does not answer.
-import { sanitizeDetail } from '../server/servers.ts';
+import { sanitizeDetail, type AllocationSummary } from '../server/servers.ts';
 import { kproxyError } from '../errors.ts';
 
 async function getJSON(url: string): Promise<{ code: number; body: unknown }> {
@@ -20,6 +20,25 @@ interface Report {
   lastError?: string;
   source?: { connected?: boolean; lastContact?: string | null; problem?: string };
   reasons?: unknown[];
+  allocations?: AllocationSummary;
+}
+
+/** The manifests source's allocations: which Services got which values, which were refused. */
+export function allocationLines(a: AllocationSummary): string[] {
+  const ranges = `${(Array.isArray(a.serviceClusterIPRange) ? a.serviceClusterIPRange : []).map(show).join(',')}, node ports ${show(a.serviceNodePortRange)}`;
+  const lines = [`allocations:  ${a.allocatedServices} Service(s) got values from ${ranges}; ${a.refusedServices} refused`];
+  for (const s of Array.isArray(a.allocated) ? a.allocated : []) {
+    const parts = [
+      ...(s.clusterIPs?.length ? [`clusterIPs ${s.clusterIPs.map(show).join(',')}`] : []),
+      ...Object.entries(s.nodePorts ?? {}).map(([name, port]) => `nodePort ${name ? show(name) : '(unnamed)'}=${show(port)}`),
+      ...(s.healthCheckNodePort !== undefined ? [`healthCheckNodePort ${show(s.healthCheckNodePort)}`] : []),
+    ];
+    lines.push(`  ${show(s.service)}: ${parts.join(', ')}`);
+  }
+  if (a.allocatedServices > (a.allocated?.length ?? 0)) lines.push(`  ... and ${a.allocatedServices - a.allocated.length} more (/debug/state)`);
+  for (const r of Array.isArray(a.refused) ? a.refused : []) lines.push(`  REFUSED ${show(r.service)}: ${show(r.field)}: ${show(r.reason)}`);
+  if (a.refusedServices > (a.refused?.length ?? 0)) lines.push(`  ... and ${a.refusedServices - a.refused.length} more refused (/debug/state)`);
+  return lines;
 }
 
 /** Text from another process goes to the terminal only sanitized and bounded. */
@@ -60,6 +79,7 @@ export async function statusCommand(o: { healthzAddress: string; metricsAddress:
       `sync errors:  ${h.syncFailures}${h.lastError ? ` (last: ${show(h.lastError)})` : ''}`,
       `source:       ${h.source?.connected ? 'connected' : 'DISCONNECTED'}, last contact ${show(h.source?.lastContact ?? 'never')}${h.source?.problem ? `, ${show(h.source.problem)}` : ''}`,
       ...(Array.isArray(h.reasons) ? h.reasons.slice(0, 10) : []).map((r) => `problem:      ${show(r)}`),
+      ...(h.allocations && typeof h.allocations === 'object' ? allocationLines(h.allocations) : []),
     );
     try {
       const d = await getJSON(`http://${o.metricsAddress}/debug/diff`);

@@ -1,4 +1,4 @@
-import { type CommonOptions, effectiveConfig, resolveNodeName } from './options.ts';
+import { type CommonOptions, allocationConfig, effectiveConfig, resolveNodeName } from './options.ts';
 import { modes } from '../modes/registry.ts';
 import { planFromManifests } from './state.ts';
 import { hostRunner } from '../kernel/runner.ts';
@@ -57,7 +57,8 @@ export async function traceCommand(o: TraceOptions): Promise<void> {
   // The packet's family picks the family's rules: ip6tables, the ip6 table, IPv6 virtual servers.
   const family = ipFamily(ip) === 6 ? 6 : 4;
   if (ipFamily(from) !== family) throw kproxyError('KPROXY_TRACE_INPUT', `--from ${from} and --to ${ip} are of different IP families; give two IPv4 or two IPv6 addresses`);
-  const input = o.live ? undefined : await planFromManifests(o.manifests!, cfg, resolveNodeName(cfg), o.nodeIp, undefined, family);
+  const alloc = { config: allocationConfig(o), statePath: o.manifestsState };
+  const input = o.live ? undefined : await planFromManifests(o.manifests!, cfg, resolveNodeName(cfg), o.nodeIp, undefined, family, alloc);
   const r = await mode.trace({ from, to: ip, port, protocol, input, live: !!o.live }, { runner: hostRunner });
   if (o.json) process.stdout.write(traceJson(r) + '\n');
   else process.stdout.write(formatTrace(r, `${protocol.toLowerCase()} ${from} -> ${joinHostPort(ip, port)} (mode ${cfg.mode}${o.live ? ', live' : ''})`));

@@ -5,6 +5,7 @@ import client from 'prom-client';
 import type { FamilySyncRecord, ProxyController, SyncRecord } from '../sync/controller.ts';
 import type { ObjectKind } from '../core/api.ts';
 import type { Source } from '../sources/types.ts';
+import type { AllocationReport } from '../sources/service-alloc.ts';
 import type { Logger } from '../log.ts';
 import type { UserspaceProxier } from '../modes/userspace/proxier.ts';
 import { TO_BE_DELETED_TAINT, type HealthVerdict } from '../sync/health.ts';
@@ -64,6 +65,32 @@ export interface HealthReport {
   families?: string[];
   /** families not served although the node has addresses of them (KPROXY_FAMILY_UNAVAILABLE) */
   unavailableFamilies?: Array<{ family: string; error: string }>;
+  /** the manifests source's allocations: counts, and the first few of each (all in /debug/state) */
+  allocations?: AllocationSummary;
+}
+
+/** What `kproxy status` shows of the manifests source's allocations. */
+export interface AllocationSummary {
+  serviceClusterIPRange: string[];
+  serviceNodePortRange: string;
+  allocatedServices: number;
+  refusedServices: number;
+  allocated: AllocationReport['allocated'];
+  refused: AllocationReport['refused'];
+}
+
+/** At most this many Services of each list in /debug/health (status prints them); /debug/state has all. */
+export const ALLOCATIONS_SHOWN = 20;
+
+export function allocationSummary(r: AllocationReport): AllocationSummary {
+  return {
+    serviceClusterIPRange: r.serviceClusterIPRange,
+    serviceNodePortRange: r.serviceNodePortRange,
+    allocatedServices: r.allocated.length,
+    refusedServices: r.refused.length,
+    allocated: r.allocated.slice(0, ALLOCATIONS_SHOWN),
+    refused: r.refused.slice(0, ALLOCATIONS_SHOWN).map((x) => ({ ...x, reason: sanitizeDetail(x.reason) })),
+  };
 }
 
 /**
@@ -107,6 +134,7 @@ export function healthReport(ctrl: ProxyController, source: Source, mode: string
     ...(ctrl.unavailableFamilies.length
       ? { unavailableFamilies: ctrl.unavailableFamilies.map((u) => ({ family: `IPv${u.family}`, error: sanitizeDetail(u.error) })) }
       : {}),
+    ...(source.allocations ? { allocations: allocationSummary(source.allocations()) } : {}),
   };
 }
 
@@ -462,7 +490,9 @@ export async function startServers(deps: ServerDeps, healthzAddr: string, metric
       // under "families", IPv4 first.
       const s = deps.ctrl.tracker.state;
       const families = deps.ctrl.stateByFamily().map((f) => ({ family: `IPv${f.family}`, services: Object.fromEntries(f.state.services), endpoints: Object.fromEntries(f.state.endpoints) }));
-      return json(res, 200, { services: Object.fromEntries(s.services), endpoints: Object.fromEntries(s.endpoints), families });
+      // the manifests source: which Services got which allocated cluster IPs and node ports, which were refused
+      const allocations = deps.source.allocations?.();
+      return json(res, 200, { services: Object.fromEntries(s.services), endpoints: Object.fromEntries(s.endpoints), families, ...(allocations ? { allocations } : {}) });
     }
     // The detailed health report stays on this local server: paths, errors, staleness.
     if (url.startsWith('/debug/health')) return json(res, 200, healthReport(deps.ctrl, deps.source, deps.mode));

@@ -19,7 +19,9 @@ import { hash } from 'node:crypto';
 import type { K8sEndpointSlice, K8sService } from '../core/api.ts';
 import type { Logger } from '../log.ts';
 import type { K8sNode, Source, SourceHandler, SourceHealth } from './types.ts';
-import { KproxyError } from '../errors.ts';
+import { KproxyError, coded } from '../errors.ts';
+import { ServiceAllocator, allocatorConfig, applyPatch, type AllocationReport, type AllocatorConfig, type Outcome } from './service-alloc.ts';
+import { StateFileWriter, readStateFile, stateFileContent } from './allocation-state.ts';
 
 type Obj = K8sService | K8sEndpointSlice | K8sNode;
 type Kind = 'Service' | 'EndpointSlice' | 'Node';
@@ -53,18 +55,38 @@ const FILE_RE = /\.(ya?ml|json)$/;
 export const MAX_MANIFEST_FILE_BYTES = 64 * 1024 * 1024;
 
 /**
+ * What a file holds besides its objects: the kinds kproxy does not use (ignored; logged at
+ * debug level), and the objects skipped with a warning naming file:line (a misspelt core kind,
+ * a document without a kind). Neither is a reason to refuse the file.
+ */
+export interface ManifestNotes {
+  /** "apiVersion kind" of each kind ignored, once */
+  ignored: Set<string>;
+  warnings: ManifestError[];
+}
+
+export interface ParsedManifest {
+  objects: ManifestObjects;
+  notes: ManifestNotes;
+}
+
+const emptyNotes = (): ManifestNotes => ({ ignored: new Set(), warnings: [] });
+
+/**
  * Parses one file into objects keyed "Kind/ns/name", one document per step, so callers can
- * yield between steps; returns the objects. Throws ManifestError naming file:line.
+ * yield between steps; returns the objects and the notes. Throws ManifestError naming
+ * file:line when the file as a whole cannot be used.
  *
  * Two parsers: js-yaml is several times faster than the yaml package (10,000 Services: about
  * 0.5 s against 3-6 s here) but tells no line numbers, so it only ever decides the good case.
- * Whenever it fails or finds a problem, the yaml package parses the file again: it decides,
- * and names the line. Both use the YAML 1.2 core schema, so they read good files alike.
+ * Whenever it fails or finds a problem (also one that only skips an object: its warning names
+ * the line), the yaml package parses the file again: it decides, and names the line. Both use
+ * the YAML 1.2 core schema, so they read good files alike.
  */
-function* parseSteps(file: string, text: string): Generator<void, ManifestObjects, undefined> {
-  const fast: ManifestObjects = new Map();
+function* parseSteps(file: string, text: string): Generator<void, ParsedManifest, undefined> {
+  const fast: ParsedManifest = { objects: new Map(), notes: emptyNotes() };
   if (yield* fastSteps(text, fast)) return fast;
-  const exact: ManifestObjects = new Map();
+  const exact: ParsedManifest = { objects: new Map(), notes: emptyNotes() };
   yield* exactSteps(file, text, exact);
   return exact;
 }
@@ -74,19 +96,25 @@ const ANCHOR_RE = /(?:^|[\s[{,:-])&[^\s]/;
 /** A document marker: at the start of a line, it ends any document (YAML 1.2, c-forbidden). */
 const DOC_MARKER_RE = /^---(?=[ \t\r\n]|$)/gm;
 
+/** Thrown by the fast parser where a warning needs a line number: the exact parser takes over. */
+const NEEDS_LINES = new Error('needs the exact parser');
+
 /** Parses document by document with js-yaml; false when the exact parser must decide. */
-function* fastSteps(text: string, out: ManifestObjects): Generator<void, boolean, undefined> {
+function* fastSteps(text: string, out: ParsedManifest): Generator<void, boolean, undefined> {
   if (ANCHOR_RE.test(text)) return false;
+  const warn = () => {
+    throw NEEDS_LINES;
+  };
   try {
     let start = 0;
     for (const m of text.matchAll(DOC_MARKER_RE)) {
       if (m.index > start) {
-        addValue('', loadYaml(text.slice(start, m.index), { schema: CORE_SCHEMA }), () => 0, out);
+        addValue('', loadYaml(text.slice(start, m.index), { schema: CORE_SCHEMA }), () => 0, out, warn);
         yield;
       }
       start = m.index;
     }
-    addValue('', loadYaml(text.slice(start), { schema: CORE_SCHEMA }), () => 0, out);
+    addValue('', loadYaml(text.slice(start), { schema: CORE_SCHEMA }), () => 0, out, warn);
     return true;
   } catch {
     return false;
@@ -94,7 +122,7 @@ function* fastSteps(text: string, out: ManifestObjects): Generator<void, boolean
 }
 
 /** Parses with the yaml package: every error with its line. */
-function* exactSteps(file: string, text: string, out: ManifestObjects): Generator<void, void, undefined> {
+function* exactSteps(file: string, text: string, out: ParsedManifest): Generator<void, void, undefined> {
   const lines = new LineCounter();
   const lineOf = (offset: number) => Math.max(1, lines.linePos(Math.max(0, offset)).line);
   const composer = new Composer();
@@ -114,7 +142,7 @@ function* exactSteps(file: string, text: string, out: ManifestObjects): Generato
   }
 }
 
-function addDocument(file: string, doc: Document.Parsed, lineOf: (offset: number) => number, out: ManifestObjects): void {
+function addDocument(file: string, doc: Document.Parsed, lineOf: (offset: number) => number, out: ParsedManifest): void {
   if (doc.errors.length) {
     const e = doc.errors[0];
     throw new ManifestError(file, lineOf(e.pos[0]), e.message.split('\n')[0]);
@@ -135,29 +163,88 @@ function addDocument(file: string, doc: Document.Parsed, lineOf: (offset: number
   } catch (e) {
     throw new ManifestError(file, lineOf(doc.range[0]), (e as Error).message);
   }
-  addValue(file, value, lineOfItem, out);
+  addValue(file, value, lineOfItem, out, (line, reason) => out.notes.warnings.push(new ManifestError(file, line, reason)));
 }
 
-/** Checks one document's value (an object or a List of them) and adds its objects. lineOfItem(-1) is the document's line. */
-function addValue(file: string, value: unknown, lineOfItem: (i: number) => number, out: ManifestObjects): void {
-  if (value === null || value === undefined) return;
-  const kindOf = (v: unknown) => (typeof v === 'object' && v !== null ? (v as { kind?: unknown }).kind : undefined);
-  const listKind = kindOf(value);
-  const isList = typeof listKind === 'string' && listKind.endsWith('List');
-  const rawItems = isList ? (value as { items?: unknown }).items : [value];
-  if (rawItems !== undefined && rawItems !== null && !Array.isArray(rawItems)) {
-    throw new ManifestError(file, lineOfItem(-1), `${String(listKind)}.items must be a list`);
+/**
+ * The kinds of the core API group's v1 (k8s.io/api/core/v1 register.go addKnownTypes) and the
+ * meta kinds every group version has (metav1.AddToGroupVersion): `apiVersion: v1` with any other
+ * kind is a misspelt kind, not another project's.
+ */
+const CORE_V1_KINDS = new Set([
+  'Pod', 'PodList', 'PodStatusResult', 'PodTemplate', 'PodTemplateList', 'ReplicationController', 'ReplicationControllerList',
+  'Service', 'ServiceProxyOptions', 'ServiceList', 'Endpoints', 'EndpointsList', 'Node', 'NodeConfigSource', 'NodeList',
+  'NodeProxyOptions', 'Binding', 'Event', 'EventList', 'List', 'LimitRange', 'LimitRangeList', 'ResourceQuota',
+  'ResourceQuotaList', 'Namespace', 'NamespaceList', 'Secret', 'SecretList', 'ServiceAccount', 'ServiceAccountList',
+  'PersistentVolume', 'PersistentVolumeList', 'PersistentVolumeClaim', 'PersistentVolumeClaimList', 'PodAttachOptions',
+  'PodLogOptions', 'PodExecOptions', 'PodPortForwardOptions', 'PodProxyOptions', 'ComponentStatus', 'ComponentStatusList',
+  'SerializedReference', 'RangeAllocation', 'ConfigMap', 'ConfigMapList', 'EphemeralContainers',
+  'Status', 'WatchEvent', 'ListOptions', 'GetOptions', 'CreateOptions', 'UpdateOptions', 'PatchOptions', 'DeleteOptions',
+]);
+/** discovery.k8s.io's kinds (k8s.io/api/discovery/v1 register.go) */
+const DISCOVERY_KINDS = new Set(['EndpointSlice', 'EndpointSliceList']);
+
+type Classified = Kind | { ignore: string } | { warn: string };
+
+/**
+ * What kproxy does with an object of this apiVersion and kind: take it (Service and Node of the
+ * core group, discovery.k8s.io's EndpointSlice; no apiVersion is taken as theirs), ignore it
+ * (every other group's kinds, the core kinds kproxy does not use), or skip it with a warning (a
+ * kind the core or discovery group does not have: misspelt).
+ */
+function classify(apiVersion: unknown, kind: string): Classified {
+  const av = typeof apiVersion === 'string' ? apiVersion : '';
+  const group = av.includes('/') ? av.slice(0, av.lastIndexOf('/')) : '';
+  const ignore = { ignore: `${av || '(no apiVersion)'} ${kind}` };
+  if (av === '') return kind === 'Service' || kind === 'EndpointSlice' || kind === 'Node' ? kind : ignore;
+  if (av === 'v1') {
+    if (kind === 'Service' || kind === 'Node') return kind;
+    if (CORE_V1_KINDS.has(kind)) return ignore;
+    return { warn: `apiVersion v1 has no kind ${JSON.stringify(kind)} (misspelt?${DISCOVERY_KINDS.has(kind) ? ' EndpointSlice is discovery.k8s.io/v1' : ''}); object skipped` };
   }
-  for (const [i, item] of (rawItems ?? []).entries()) {
-    const line = lineOfItem(i);
+  if (group === 'discovery.k8s.io') {
+    if (kind === 'EndpointSlice') return kind;
+    return { warn: `apiVersion ${av} has no kind ${JSON.stringify(kind)} (misspelt?); object skipped` };
+  }
+  return ignore;
+}
+
+/**
+ * Checks one document's value (an object or a List of them) and adds its objects.
+ * lineOfItem(-1) is the document's line; warn() reports an object skipped (file:line).
+ */
+function addValue(file: string, value: unknown, lineOfItem: (i: number) => number, out: ParsedManifest, warn: (line: number, reason: string) => void): void {
+  if (value === null || value === undefined) return;
+  const field = (v: unknown, f: string) => (typeof v === 'object' && v !== null ? (v as Record<string, unknown>)[f] : undefined);
+  const listKind = field(value, 'kind');
+  const rawItems = field(value, 'items');
+  const isList = typeof listKind === 'string' && listKind.endsWith('List') && !Array.isArray(value);
+  if (isList && !Array.isArray(rawItems) && rawItems !== undefined && rawItems !== null) {
+    const av = field(value, 'apiVersion');
+    // another group's *List kind is that group's business; a core List must hold a list
+    if (av === undefined || av === 'v1') throw new ManifestError(file, lineOfItem(-1), `${String(listKind)}.items must be a list`);
+    out.notes.ignored.add(`${String(av)} ${listKind}`);
+    return;
+  }
+  const items = isList ? ((rawItems as unknown[] | null | undefined) ?? []) : [value];
+  for (const [i, item] of items.entries()) {
     if (typeof item !== 'object' || item === null || Array.isArray(item)) {
-      throw new ManifestError(file, line, 'a document must be a Kubernetes object');
+      // not a manifest at all (a scalar, a binary file): the file is refused
+      throw new ManifestError(file, lineOfItem(i), 'a document must be a Kubernetes object');
     }
-    const o = item as { apiVersion?: string; kind?: unknown; metadata?: unknown };
-    const kind = o.kind;
-    if (kind !== 'Service' && kind !== 'EndpointSlice' && kind !== 'Node') {
-      throw new ManifestError(file, line, `unsupported kind ${JSON.stringify(kind)} (want Service, EndpointSlice or Node)`);
+    const o = item as { apiVersion?: unknown; kind?: unknown; metadata?: unknown };
+    if (typeof o.kind !== 'string' || o.kind === '') {
+      warn(lineOfItem(i), o.kind === undefined || o.kind === null || o.kind === '' ? 'object without kind; skipped' : `kind must be a string, got ${JSON.stringify(o.kind)}; object skipped`);
+      continue;
     }
+    const c = classify(o.apiVersion, o.kind);
+    if (typeof c === 'object') {
+      if ('warn' in c) warn(lineOfItem(i), c.warn);
+      else out.notes.ignored.add(c.ignore);
+      continue;
+    }
+    const kind = c;
+    const line = lineOfItem(i);
     const meta = o.metadata as { name?: unknown; namespace?: unknown } | undefined;
     if (typeof meta !== 'object' || meta === null || Array.isArray(meta)) throw new ManifestError(file, line, `${kind} without metadata.name`);
     if (typeof meta.name !== 'string' || !meta.name) throw new ManifestError(file, line, `${kind} without metadata.name`);
@@ -166,13 +253,13 @@ function addValue(file: string, value: unknown, lineOfItem: (i: number) => numbe
     }
     if (kind !== 'Node') meta.namespace = meta.namespace || 'default';
     const key = `${kind}/${(meta.namespace as string | undefined) ?? ''}/${meta.name}`;
-    if (out.has(key)) throw new ManifestError(file, line, `duplicate ${key}`);
-    out.set(key, { kind, obj: item as Obj });
+    if (out.objects.has(key)) throw new ManifestError(file, line, `duplicate ${key}`);
+    out.objects.set(key, { kind, obj: item as Obj });
   }
 }
 
-/** Parses one manifest file into objects keyed "Kind/ns/name". Throws ManifestError. Blocks: use parseManifestText for big input. */
-export function parseManifestFile(file: string, text: string): ManifestObjects {
+/** Parses one manifest file into its objects and notes. Throws ManifestError. Blocks: use parseManifestText for big input. */
+export function parseManifest(file: string, text: string): ParsedManifest {
   const steps = parseSteps(file, text);
   for (;;) {
     const r = steps.next();
@@ -180,9 +267,14 @@ export function parseManifestFile(file: string, text: string): ManifestObjects {
   }
 }
 
-/** parseManifestFile with the exact parser only: for tests that both parsers read files alike. */
-export function parseManifestFileExact(file: string, text: string): ManifestObjects {
-  const out: ManifestObjects = new Map();
+/** Parses one manifest file into objects keyed "Kind/ns/name". Throws ManifestError. Blocks: use parseManifestText for big input. */
+export function parseManifestFile(file: string, text: string): ManifestObjects {
+  return parseManifest(file, text).objects;
+}
+
+/** parseManifest with the exact parser only: for tests that both parsers read files alike. */
+export function parseManifestFileExact(file: string, text: string): ParsedManifest {
+  const out: ParsedManifest = { objects: new Map(), notes: emptyNotes() };
   for (const _ of exactSteps(file, text, out));
   return out;
 }
@@ -191,7 +283,7 @@ export function parseManifestFileExact(file: string, text: string): ManifestObje
  * As parseManifestFile, but gives the event loop a turn whenever a slice of parsing has run
  * for sliceMs, so health checks and timers keep answering while a big file loads.
  */
-export async function parseManifestText(file: string, text: string, sliceMs = 10): Promise<ManifestObjects> {
+export async function parseManifestText(file: string, text: string, sliceMs = 10): Promise<ParsedManifest> {
   const steps = parseSteps(file, text);
   let sliceStart = performance.now();
   for (;;) {
@@ -211,6 +303,8 @@ export interface ManifestFile {
   /** changes whenever the file's content may have changed */
   sig: string;
   objects?: ManifestObjects;
+  /** what was ignored or skipped in a good file */
+  notes?: ManifestNotes;
   error?: ManifestError;
   /** the file could not be read (EMFILE, EIO, ...): read it again at the next scan */
   unreadable?: boolean;
@@ -293,7 +387,8 @@ export async function readManifestDir(dir: string, opts: ReadManifestDirOptions 
       continue;
     }
     try {
-      read.push({ name, path, sig, objects: await parseManifestText(path, text, opts.sliceMs) });
+      const parsed = await parseManifestText(path, text, opts.sliceMs);
+      read.push({ name, path, sig, objects: parsed.objects, notes: parsed.notes });
     } catch (e) {
       const err = e instanceof ManifestError ? e : new ManifestError(path, 0, (e as Error).message);
       read.push({ name, path, sig, error: err });
@@ -361,7 +456,14 @@ export interface ManifestsSourceOptions {
   log: Logger;
   /** how often to rescan in addition to fs.watch events (editors replace files in ways watch misses) */
   pollMs?: number;
+  /** the ranges Services get cluster IPs and node ports from (default: kube-apiserver's defaults) */
+  allocation?: AllocatorConfig;
+  /** the state file of the allocations: read at start, written when they change; none: not kept */
+  statePath?: string;
 }
+
+/** "Service/ns/name" → "ns/name" (the allocator's keys) */
+const serviceName = (key: string) => key.slice('Service/'.length);
 
 /**
  * How the source remembers an object between scans: a digest of its JSON text, not the object
@@ -470,12 +572,52 @@ export class ManifestsSource implements Source {
   private readonly slice = new TimeSlicer(10);
   /** per-poll warnings (duplicates, an unreadable directory) are logged once per change of the situation */
   private readonly once = new WarnOnce();
+  /** what the API server would allocate: cluster IPs, node ports (src/sources/service-alloc.ts) */
+  private allocator: ServiceAllocator;
+  private readonly stateWriter: StateFileWriter | null;
+  /** the state file is kept once it existed or something was allocated (no file for manifests that give every value) */
+  private persist = false;
+  private savedVersion = -1;
+  private saveTimer: NodeJS.Timeout | null = null;
+  /** "Service/ns/name" of the Services the handler has (a refused one is not among them) */
+  private readonly delivered = new Set<string>();
+  /** "apiVersion kind" of the kinds ignored so far (each logged once, at debug level) */
+  private readonly ignoredKinds = new Set<string>();
 
-  constructor(private readonly opts: ManifestsSourceOptions) {}
+  constructor(private readonly opts: ManifestsSourceOptions) {
+    this.allocator = this.newAllocator();
+    this.stateWriter = opts.statePath ? new StateFileWriter(opts.statePath, opts.log) : null;
+  }
+
+  private newAllocator(state?: ConstructorParameters<typeof ServiceAllocator>[1]): ServiceAllocator {
+    // a refused Service is tried again from its kept text (dropText keeps the text of refused Services)
+    const load = (name: string) => {
+      const v = this.current.get(`Service/${name}`);
+      return v ? (restoreObject(v) as K8sService | undefined) : undefined;
+    };
+    return new ServiceAllocator(this.opts.allocation ?? allocatorConfig(), state, load);
+  }
+
+  /** Which Services got which allocated values, and which were refused. */
+  allocations(): AllocationReport {
+    return this.allocator.report();
+  }
 
   async start(handler: SourceHandler): Promise<void> {
     this.handler = handler;
     this.stopped = false;
+    if (this.opts.statePath) {
+      const { state, problem } = readStateFile(this.opts.statePath);
+      if (problem) this.opts.log.warn({ file: this.opts.statePath }, problem);
+      this.persist = !!state || !!problem;
+      this.allocator = this.newAllocator(state);
+      if (state) this.opts.log.info({ file: this.opts.statePath, services: Object.keys(state.services).length }, 'manifests state file read');
+    }
+    const cfg = this.allocator.config;
+    this.opts.log.info(
+      { serviceClusterIPRange: cfg.ipRanges.map((r) => r.cidr).join(','), serviceNodePortRange: cfg.nodePorts.text, stateFile: this.opts.statePath ?? null },
+      'Services without cluster IPs or node ports get them as kube-apiserver allocates them',
+    );
     await this.scan();
     if (this.stopped) return; // stopped while the first scan ran
     handler.onSynced();
@@ -496,6 +638,53 @@ export class ManifestsSource implements Source {
     if (this.debounce) clearTimeout(this.debounce);
     this.handler = null;
     await this.scanning;
+    if (this.saveTimer) {
+      clearTimeout(this.saveTimer);
+      this.saveTimer = null;
+      this.saveState();
+    }
+    await this.stateWriter?.flush();
+  }
+
+  /**
+   * Writes the state file soon after the allocations changed: a burst of changes is one write,
+   * and the holdings are serialised only then (O(Services) per write, not per change).
+   */
+  private scheduleSave(): void {
+    if (!this.stateWriter || this.saveTimer || this.allocator.version === this.savedVersion) return;
+    if (!this.persist && !this.allocator.matters) return;
+    this.saveTimer = setTimeout(() => {
+      this.saveTimer = null;
+      this.saveState();
+    }, 100);
+    this.saveTimer.unref();
+  }
+
+  private saveState(): void {
+    if (!this.stateWriter || this.allocator.version === this.savedVersion) return;
+    if (!this.persist && !this.allocator.matters) return;
+    this.persist = true;
+    this.savedVersion = this.allocator.version;
+    this.stateWriter.save(stateFileContent(this.opts.dir, this.allocator.config, this.allocator.snapshot()));
+  }
+
+  /** Logs what a good file ignored (each kind once, debug) and skipped (warnings naming file:line, once per content). */
+  private reportNotes(f: ManifestFile): void {
+    for (const k of f.notes?.ignored ?? []) {
+      if (this.ignoredKinds.has(k)) continue;
+      const kind = JSON.parse(JSON.stringify(k)) as string; // a fresh string: the parsed one may keep the file's text alive
+      this.ignoredKinds.add(kind);
+      this.opts.log.debug({ kind, file: f.path }, 'kind not used by kproxy; its objects are ignored');
+    }
+    const warnings = f.notes?.warnings ?? [];
+    if (!warnings.length) {
+      this.once.forget(`skip:${f.name}`);
+      return;
+    }
+    this.once.report(`skip:${f.name}`, f.sig, () => {
+      for (const w of warnings.slice(0, 10)) this.opts.log.warn({ file: f.path, line: w.line, err: w.message }, 'manifest object skipped; the rest of the file is used');
+      if (warnings.length > 10) this.opts.log.warn({ file: f.path, more: warnings.length - 10 }, 'more manifest objects skipped in this file');
+    });
   }
 
   /**
@@ -603,6 +792,7 @@ export class ManifestsSource implements Source {
       if (before && !changed.has(f)) changed.set(f, before.objects);
       this.files.delete(f);
       this.broken.delete(f);
+      this.once.forget(`skip:${f}`);
     }
     for (const f of result.read) {
       if (f.objects) {
@@ -616,6 +806,7 @@ export class ManifestsSource implements Source {
         }
         this.files.set(f.name, { sig: f.sig, objects: stored });
         if (this.broken.delete(f.name)) this.opts.log.info({ file: f.path }, 'manifest file is valid again');
+        this.reportNotes(f);
       } else {
         // logged once per content: an unchanged broken file is not read again
         // A file that could not be read (out of fds, I/O error) is read again at the next scan
@@ -627,17 +818,22 @@ export class ManifestsSource implements Source {
         if (!again) this.opts.log.error({ file: f.path, err: e.message }, 'broken manifest file; its last good content stays in force');
       }
     }
-    await this.publish(changed);
+    // A complete listing with no broken file tells which Services exist: the state file's
+    // holdings of the others (deleted while kproxy was down) are released.
+    await this.publish(changed, !only && this.broken.size === 0);
+    this.scheduleSave();
   }
 
   /**
    * Tells the handler what changed: only the objects of the files that changed are looked
-   * at (their definitions before and after, and which file wins each). Yields to the event
+   * at (their definitions before and after, and which file wins each). Services go through the
+   * allocator first, as one batch, and are delivered with the values it filled in; one it
+   * refuses is reported and counted as invalid, and acts as a delete. Yields to the event
    * loop every few ms (the handler validates each object: 20,000 of them take seconds on a
    * loaded node), so health and timers keep answering; a stop meanwhile ends the delivery.
+   * `complete`: the scan listed the whole directory and no file is broken.
    */
-  private async publish(changed: Map<string, Map<string, StoredObject> | undefined>): Promise<void> {
-    if (changed.size === 0) return;
+  private async publish(changed: Map<string, Map<string, StoredObject> | undefined>, complete = false): Promise<void> {
     // Which files define each key, and the keys to look at: those of the changed files.
     const affected: string[] = [];
     const seenKey = new Set<string>();
@@ -664,20 +860,9 @@ export class ManifestsSource implements Source {
       }
     }
     this.work.objectsConsidered += affected.length;
-    this.reportDuplicates();
+    if (changed.size) this.reportDuplicates();
     const h = this.handler;
     if (!h) return;
-    // one object the handler cannot take must not keep the others from being delivered
-    const deliver = (key: string, kind: Kind, oldObj: Obj | null, newObj: Obj | null) => {
-      this.work.delivered++;
-      try {
-        if (kind === 'Service') h.onService(oldObj as K8sService | null, newObj as K8sService | null);
-        else if (kind === 'EndpointSlice') h.onEndpointSlice(oldObj as K8sEndpointSlice | null, newObj as K8sEndpointSlice | null);
-        else if ((newObj ?? oldObj)?.metadata?.name === this.opts.nodeName) h.onNode?.(newObj as K8sNode | null);
-      } catch (e) {
-        this.opts.log.error({ key, err: (e as Error).message }, 'object could not be applied; skipped');
-      }
-    };
     // What is delivered counts as told at once: a stop in the middle leaves nothing to redo.
     const deletes: Array<[string, StoredObject]> = [];
     const updates: Array<[string, StoredObject | undefined, StoredObject]> = [];
@@ -712,22 +897,94 @@ export class ManifestsSource implements Source {
       if (this.dirty !== 'all') this.dirty.add(f);
       this.rescan = true;
     }
+    // The state file's holdings of Services that no longer exist are released first (they
+    // were deleted while kproxy was down); then the Services of this batch are allocated
+    // together, each object parsed once here and not kept. `render` does the same, in the
+    // same order (src/cli/state.ts).
+    const outcomes = new Map<string, Outcome>();
+    if (complete && this.allocator.hasDormant) {
+      const present = new Set<string>();
+      for (const key of this.definers.keys()) if (key.startsWith('Service/')) present.add(serviceName(key));
+      for (const o of this.allocator.forgetAbsent(present)) outcomes.set(`Service/${o.key}`, o);
+    }
+    function* serviceChanges(): Generator<[string, K8sService | null]> {
+      for (const [key, old] of deletes) if (old.kind === 'Service') yield [serviceName(key), null];
+      for (const [key, , v] of updates) if (v.kind === 'Service') yield [serviceName(key), (restoreObject(v) as K8sService | undefined) ?? null];
+    }
+    const steps = this.allocator.applySteps(serviceChanges());
+    for (;;) {
+      const r = steps.next();
+      if (r.done) {
+        for (const o of r.value) outcomes.set(`Service/${o.key}`, o);
+        break;
+      }
+      await this.slice.maybeYield();
+    }
+    /** Services a freed address or port let in: not in this batch, delivered as adds */
+    const inBatch = new Set(updates.map(([k]) => k));
+    const admitted = [...outcomes.keys()].filter((key) => outcomes.get(key)!.patch && !inBatch.has(key) && this.current.has(key));
+    // one object the handler cannot take must not keep the others from being delivered
+    const deliver = (key: string, kind: Kind, oldObj: Obj | null, newObj: Obj | null) => {
+      this.work.delivered++;
+      try {
+        if (kind === 'Service') h.onService(oldObj as K8sService | null, newObj as K8sService | null);
+        else if (kind === 'EndpointSlice') h.onEndpointSlice(oldObj as K8sEndpointSlice | null, newObj as K8sEndpointSlice | null);
+        else if ((newObj ?? oldObj)?.metadata?.name === this.opts.nodeName) h.onNode?.(newObj as K8sNode | null);
+      } catch (e) {
+        this.opts.log.error({ key, err: (e as Error).message }, 'object could not be applied; skipped');
+      }
+    };
+    /** A Service as the allocator says: delivered with its values, or refused (reported; the handler's copy removed). */
+    const deliverService = (key: string, v: StoredObject) => {
+      const o = outcomes.get(key);
+      const had = this.delivered.has(key);
+      const oldObj = had ? identityObject(key, 'Service') : null;
+      if (o?.patch) {
+        this.once.forget(`refused:${key}`);
+        this.delivered.add(key);
+        deliver(key, 'Service', oldObj, applyPatch(restoreObject(v) as K8sService, o.patch));
+        return;
+      }
+      const r = o?.refusal ?? { field: 'spec', reason: 'not allocated' };
+      this.once.report(`refused:${key}`, `${r.field}: ${r.reason}`, () =>
+        this.opts.log.warn({ object: serviceName(key), field: r.field }, coded('KPROXY_SERVICE_ALLOCATION', `Service ${serviceName(key)} refused: ${r.field}: ${r.reason}; skipped`)),
+      );
+      try {
+        h.onInvalid?.('Service', serviceName(key));
+      } catch {
+        /* counting must not stop the delivery */
+      }
+      if (had) {
+        this.delivered.delete(key);
+        deliver(key, 'Service', oldObj, null);
+      }
+    };
     // Delivered objects are parsed again from their JSON text, not the YAML parser's objects:
     // those hold slices of the file's text, and the trackers keep strings of every slice.
-    // Only winners drop their text: an overridden object keeps it, as it may win again.
+    // Only winners drop their text: an overridden object keeps it, as it may win again, and so
+    // does a refused Service (it is tried again whenever an address or port is freed).
     const dropText = () => {
-      for (const key of affected) {
+      for (const key of [...affected, ...admitted]) {
         const v = this.current.get(key);
-        if (v) v.text = undefined;
+        if (v && !(v.kind === 'Service' && this.allocator.isRefused(serviceName(key)))) v.text = undefined;
       }
     };
     try {
       for (const [key, old] of deletes) {
+        if (old.kind === 'Service') {
+          this.once.forget(`refused:${key}`);
+          if (!this.delivered.delete(key)) continue; // refused: the handler does not have it
+        }
         deliver(key, old.kind, old.obj ?? identityObject(key, old.kind), null);
         if ((await this.slice.maybeYield()) && this.handler !== h) return;
       }
       for (const [key, old, v] of updates) {
-        deliver(key, v.kind, old ? (old.obj ?? identityObject(key, old.kind)) : null, restoreObject(v)!);
+        if (v.kind === 'Service') deliverService(key, v);
+        else deliver(key, v.kind, old ? (old.obj ?? identityObject(key, old.kind)) : null, restoreObject(v)!);
+        if ((await this.slice.maybeYield()) && this.handler !== h) return;
+      }
+      for (const key of admitted) {
+        deliverService(key, this.current.get(key)!);
         if ((await this.slice.maybeYield()) && this.handler !== h) return;
       }
     } finally {

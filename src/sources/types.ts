@@ -5,7 +5,8 @@
 // keeps only a digest of each object between scans (memory) and hands over its identity.
 // The trackers use the old object for its identity only. It calls onSynced once both Services and
 // EndpointSlices have been listed completely; nothing is written to the kernel before that.
-import type { K8sEndpointSlice, K8sService } from '../core/api.ts';
+import type { K8sEndpointSlice, K8sService, ObjectKind } from '../core/api.ts';
+import type { AllocationReport } from './service-alloc.ts';
 
 export interface K8sNode {
   metadata?: { name?: string; labels?: Record<string, string> };
@@ -17,6 +18,13 @@ export interface SourceHandler {
   onEndpointSlice(oldObj: K8sEndpointSlice | null, newObj: K8sEndpointSlice | null): void;
   onNode?(node: K8sNode | null): void;
   onSynced(): void;
+  /**
+   * An object the source itself refused and skipped, as the API server would have refused it
+   * (the manifests source: a cluster IP or node port already held by another Service); the
+   * source has logged why. Counted with the objects the trackers refuse
+   * (kproxy_invalid_objects_total).
+   */
+  onInvalid?(kind: ObjectKind, object: string): void;
 }
 
 export interface SourceHealth {
@@ -33,4 +41,6 @@ export interface Source {
   start(handler: SourceHandler): Promise<void>;
   stop(): Promise<void>;
   health(): SourceHealth;
+  /** the manifests source: which Services got which allocated values, and which were refused */
+  allocations?(): AllocationReport;
 }

@@ -218,9 +218,7 @@ export class ProxyController {
         {
           ...validateOptionsForMode(opts.mode.name),
           onInvalid: (kind) => {
-            if (!primary(family)) return;
-            this.invalidCounts[kind]++;
-            for (const l of this.invalidListeners) l(kind, opts.sourceName ?? 'unknown');
+            if (primary(family)) this.countInvalid(kind);
           },
         },
       ),
@@ -263,6 +261,12 @@ export class ProxyController {
   /** Called for every object skipped as invalid, with its kind and the source's name. */
   onInvalid(fn: (kind: ObjectKind, source: string) => void): void {
     this.invalidListeners.push(fn);
+  }
+
+  /** One object skipped as invalid: by a tracker's validation, or by the source itself. */
+  private countInvalid(kind: ObjectKind): void {
+    this.invalidCounts[kind]++;
+    for (const l of this.invalidListeners) l(kind, this.opts.sourceName ?? 'unknown');
   }
 
   get isSynced(): boolean {
@@ -399,6 +403,8 @@ export class ProxyController {
           this.queueSync(true);
         }
       },
+      // the source refused the object as the API server would have (it logged why)
+      onInvalid: (kind) => this.countInvalid(kind),
       onSynced: () => {
         if (this.synced) return;
         this.synced = true;

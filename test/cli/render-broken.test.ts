@@ -1,7 +1,7 @@
-// Item 11 of issue 12: `kproxy render` and `kproxy trace` aborted on any broken file while
-// `run` skipped it. Now they read the directory as `run` does: broken files are skipped with a
-// warning naming file:line on stderr, the good files' objects are kept, one summary line lists
-// what was skipped, stdout stays the pure payload, and the exit code is 0.
+// `kproxy render` and `kproxy trace` read the directory as `run` does: broken files are
+// skipped with a warning naming file:line on stderr, the good files' objects are kept, kinds
+// kproxy does not use are ignored, a misspelt core kind skips that object alone, one summary
+// line lists what was skipped, stdout stays the pure payload, and the exit code is 0.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
@@ -36,10 +36,10 @@ before(() => {
   );
   // broken YAML on line 5
   writeFileSync(join(dir, 'b-broken.yaml'), 'apiVersion: v1\nkind: Service\nmetadata:\n  name: bad\n  labels: {x: [1, 2}\n');
-  // a good Service, then a kind kproxy does not take on line 8
+  // a good Service, a kind kproxy does not use on line 8 (ignored), a misspelt kind on line 12 (that object skipped)
   writeFileSync(
     join(dir, 'c-wrong-kind.yaml'),
-    'apiVersion: v1\nkind: Service\nmetadata: {name: other}\nspec: {clusterIP: 172.30.0.42, ports: [{port: 80}]}\n---\napiVersion: apps/v1\n# a deployment\nkind: Deployment\nmetadata: {name: d}\n',
+    'apiVersion: v1\nkind: Service\nmetadata: {name: other}\nspec: {clusterIP: 172.30.0.42, ports: [{port: 80}]}\n---\napiVersion: apps/v1\n# a deployment\nkind: Deployment\nmetadata: {name: d}\n---\napiVersion: v1\nkind: Servise\nmetadata: {name: typo}\n',
   );
   writeFileSync(join(dir, 'd-binary.yaml'), Buffer.from([0x7f, 0x45, 0x4c, 0x46, 2, 1, 1, 0, 0, 0xff, 0xfe, 10, 0x80, 0x81, 0, 10]));
   writeFileSync(join(dir, 'e-empty.yaml'), '');
@@ -62,12 +62,13 @@ function kproxy(args: string[]): Promise<{ code: number; stdout: string; stderr:
 
 function assertSkipReport(stderr: string): void {
   assert.ok(stderr.includes(`${join(dir, 'b-broken.yaml')}:5:`), `b-broken.yaml:5 named in:\n${stderr}`);
-  assert.ok(stderr.includes(`${join(dir, 'c-wrong-kind.yaml')}:8: unsupported kind "Deployment"`), `c-wrong-kind.yaml:8 named in:\n${stderr}`);
+  assert.ok(stderr.includes(`${join(dir, 'c-wrong-kind.yaml')}:12: apiVersion v1 has no kind "Servise"`), `c-wrong-kind.yaml:12 named in:\n${stderr}`);
+  assert.doesNotMatch(stderr, /Deployment/, 'another group\'s kind is no warning');
   assert.ok(stderr.includes(`${join(dir, 'd-binary.yaml')}:`), `d-binary.yaml named in:\n${stderr}`);
   assert.doesNotMatch(stderr, /e-empty\.yaml/, 'an empty file is not a problem');
   const summary = stderr.split('\n').filter((l) => l.startsWith('kproxy: skipped '));
   assert.equal(summary.length, 1, `one summary line in:\n${stderr}`);
-  assert.match(summary[0], /^kproxy: skipped 3 files, 0 objects: b-broken\.yaml:5, c-wrong-kind\.yaml:8, d-binary\.yaml(:\d+)?$/);
+  assert.match(summary[0], /^kproxy: skipped 2 files, 1 object: b-broken\.yaml:5, d-binary\.yaml(:\d+)?, c-wrong-kind\.yaml:12$/);
 }
 
 test('render skips broken files, keeps the good ones, names file:line on stderr, exits 0', { timeout: 180_000 }, async () => {
@@ -78,7 +79,7 @@ test('render skips broken files, keeps the good ones, names file:line on stderr,
   assert.match(r.stdout, /--comment shop\/good:http -m tcp -p tcp -j DNAT --to-destination 10\.180\.0\.1:8080/);
   assert.match(r.stdout, /shop\/second:dns/, 'the good JSON file is kept');
   assert.doesNotMatch(r.stdout, /kproxy:|warning/, 'nothing but the payload on stdout');
-  assert.doesNotMatch(r.stdout, /172\.30\.0\.42/, 'the file with an unsupported kind is skipped whole, as `run` skips it');
+  assert.match(r.stdout, /-d 172\.30\.0\.42 --dport 80 /, 'the file with other kinds keeps its Service, as `run` keeps it');
   assertSkipReport(r.stderr);
 });
 

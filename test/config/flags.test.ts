@@ -281,6 +281,25 @@ test('--cleanup, --init-only, --write-config-to, --manifests are passed on', () 
   assert.deepEqual([r.cleanup, r.initOnly, r.writeConfigTo, r.manifests], [true, true, '/tmp/x.yaml', '/m']);
 });
 
+test("the manifests source's allocation flags: kube-apiserver's names and syntax, checked before anything runs, warned about without --manifests", () => {
+  const r = inv('--manifests=/m', '--service-cluster-ip-range=10.96.0.0/12,fd00:96::/108', '--service-node-port-range=20000+999', '--manifests-state=/s.json');
+  assert.deepEqual([r.serviceClusterIPRange, r.serviceNodePortRange, r.manifestsState], ['10.96.0.0/12,fd00:96::/108', '20000+999', '/s.json']);
+  assert.deepEqual(r.warnings, []);
+  refused(['--manifests=/m', '--service-cluster-ip-range=10.0.0.0/24,10.1.0.0/24'], 'KPROXY_CONFIG_INVALID', '--service-cluster-ip-range', 'must be of different IP family');
+  refused(['--manifests=/m', '--service-cluster-ip-range=fd00::/56'], 'KPROXY_CONFIG_INVALID', 'shortest allowed prefix length for service CIDR is 64');
+  assert.equal(inv('--manifests=/m', '--service-node-port-range=30000').serviceNodePortRange, '30000', 'one port is a range of one');
+  refused(['--service-node-port-range=1-70000'], 'KPROXY_CONFIG_INVALID', '--service-node-port-range', 'cannot be greater than 65535');
+  const without = inv('--service-cluster-ip-range=10.0.0.0/24', '--manifests-state=/s.json');
+  assert.deepEqual(without.warnings, [
+    "--service-cluster-ip-range: applies to --manifests only (a cluster's API server allocates for its Services); ignored",
+    "--manifests-state: applies to --manifests only (a cluster's API server allocates for its Services); ignored",
+  ]);
+  const help = helpText();
+  assert.match(help, /--service-cluster-ip-range string +kproxy: with --manifests, .* \(default 10\.0\.0\.0\/24\)/);
+  assert.match(help, /--service-node-port-range string +kproxy: .* \(default 30000-32767\)/);
+  assert.match(help, /--manifests-state string +kproxy: /);
+});
+
 test('with --config, the file wins over config flags (warned), but not over --hostname-override, -v, --mode', () => {
   const dir = mkdtempSync(join(tmpdir(), 'kpt-flags-'));
   try {

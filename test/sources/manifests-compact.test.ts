@@ -12,11 +12,12 @@ import { silentLogger } from '../../src/log.ts';
 import { identityObject, ManifestsSource, restoreObject, storeObject } from '../../src/sources/manifests.ts';
 import type { SourceHandler } from '../../src/sources/types.ts';
 
+// each Service its own cluster IP: two Services with one address are refused as the API server refuses them
 const svc = (name: string, port: string) => `---
 apiVersion: v1
 kind: Service
 metadata: {name: ${name}, namespace: default, labels: {a: "1"}}
-spec: {type: ClusterIP, clusterIP: 172.30.0.10, ports: [{name: http, protocol: TCP, port: ${port}, targetPort: 8080}]}
+spec: {type: ClusterIP, clusterIP: 172.30.0.${10 + [...name].reduce((n, c) => n + c.charCodeAt(0), 0) % 200}, ports: [{name: http, protocol: TCP, port: ${port}, targetPort: 8080}]}
 `;
 
 function recorder() {
@@ -122,7 +123,7 @@ test('delivering many objects to a slow handler gives timers a turn', async () =
   try {
     const n = 200;
     let text = '';
-    for (let i = 0; i < n; i++) text += svc(`s${i}`, '80').replace('172.30.0.10', `172.30.${i >> 8}.${(i & 255) + 1}`);
+    for (let i = 0; i < n; i++) text += svc(`s${i}`, '80').replace(/clusterIP: [0-9.]+/, `clusterIP: 172.30.${i >> 8}.${(i & 255) + 1}`);
     write(dir, 'many.yaml', text);
     let delivered = 0;
     let deliveredAtFirstTick = -1;

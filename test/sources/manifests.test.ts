@@ -1,6 +1,7 @@
 // Unit tests for src/sources/manifests.ts on a real temporary directory: initial adds then
 // onSynced, edits as (old, new), deletes, broken files reported with file and line while their
-// last good content stays in force, List kinds, unsupported kinds; linear parsing that yields
+// last good content stays in force, List kinds, other kinds ignored and misspelt ones skipped with
+// a warning naming their line; linear parsing that yields
 // to the event loop; per-poll warnings logged once per change; the shared directory reader.
 import { test, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
@@ -11,7 +12,7 @@ import { join } from 'node:path';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import fc from 'fast-check';
-import { ManifestsSource, ManifestError, parseManifestFile, parseManifestFileExact, readManifestDir } from '../../src/sources/manifests.ts';
+import { ManifestsSource, ManifestError, parseManifest, parseManifestFile, parseManifestFileExact, readManifestDir } from '../../src/sources/manifests.ts';
 import { bigManifest } from '../support/big-manifest.ts';
 import type { SourceHandler, K8sNode } from '../../src/sources/types.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
@@ -230,11 +231,12 @@ test('a broken file is reported with file and line; its last good content stays,
 
 test('a file that is broken from the start delivers nothing and does not block the rest', async () => {
   const dir = tempDir();
-  writeFileSync(join(dir, 'a.yaml'), 'kind: ConfigMap\nmetadata: {name: x}\n');
+  writeFileSync(join(dir, 'a.yaml'), service('svc0', '172.30.0.40') + '---\nkind: Service\nmetadata: {}\n');
   writeFileSync(join(dir, 'b.yaml'), service('svc1', '172.30.0.41'));
   const { events, lines } = await startSource(dir);
   assert.deepEqual(events.map((x) => (x.type === 'service' ? x.new : x.type)), ['default/svc1', 'synced']);
-  assert.ok(lines.some((l) => l.level === 50 && String(l.err).includes('a.yaml:1:') && String(l.err).includes('ConfigMap')));
+  const line = service('svc0', '172.30.0.40').split('\n').length + 1;
+  assert.ok(lines.some((l) => l.level === 50 && String(l.err).includes(`a.yaml:${line}:`) && String(l.err).includes('without metadata.name')));
 });
 
 test('a List kind works', () => {
@@ -272,21 +274,40 @@ function manifestError(fn: () => unknown): ManifestError {
   assert.fail('expected a ManifestError');
 }
 
-test('unsupported kinds are rejected with the line number', () => {
-  const text = service('svc1', '172.30.0.41') + '---\n# a config map\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\n';
-  const e = manifestError(() => parseManifestFile('/m/mixed.yaml', text));
-  const kindLine = text.split('\n').indexOf('kind: ConfigMap') + 1;
-  assert.equal(e.file, '/m/mixed.yaml');
-  assert.equal(e.line, kindLine);
-  assert.match(e.message, new RegExp(`^KPROXY_MANIFEST_INVALID: /m/mixed\\.yaml:${kindLine}: unsupported kind "ConfigMap"`));
+test('other kinds are ignored; a misspelt core kind skips that object alone, with a warning naming its line', () => {
+  const text = [
+    service('svc1', '172.30.0.41'),
+    '---\n# a config map\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\n',
+    '---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec: {replicas: 1}\n',
+    '---\napiVersion: v1\nkind: Servce\nmetadata: {name: typo}\nspec: {ports: [{port: 80}]}\n',
+    '---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlices\nmetadata: {name: typo2}\n',
+    '---\napiVersion: serving.knative.dev/v1\nkind: Service\nmetadata: {name: knative}\n',
+    '---\nmetadata: {name: no-kind}\n',
+    '---\n' + service('svc2', '172.30.0.42'),
+  ].join('');
+  const lines = text.split('\n');
+  const { objects, notes } = parseManifest('/m/mixed.yaml', text);
+  assert.deepEqual([...objects.keys()], ['Service/default/svc1', 'Service/default/svc2'], "another group's kind named Service is not a v1 Service");
+  assert.deepEqual([...notes.ignored].sort(), ['apps/v1 Deployment', 'serving.knative.dev/v1 Service', 'v1 ConfigMap']);
+  assert.deepEqual(
+    notes.warnings.map((w) => [w.file, w.line, w.code]),
+    [
+      ['/m/mixed.yaml', lines.indexOf('kind: Servce') + 1, 'KPROXY_MANIFEST_INVALID'],
+      ['/m/mixed.yaml', lines.indexOf('kind: EndpointSlices') + 1, 'KPROXY_MANIFEST_INVALID'],
+      ['/m/mixed.yaml', lines.indexOf('metadata: {name: no-kind}') + 1, 'KPROXY_MANIFEST_INVALID'],
+    ],
+  );
+  assert.match(notes.warnings[0].message, /apiVersion v1 has no kind "Servce" \(misspelt\?\); object skipped/);
+  assert.match(notes.warnings[2].message, /object without kind; skipped/);
 
-  const list = 'apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: a}\n- apiVersion: v1\n  kind: Secret\n  metadata: {name: b}\n';
-  const le = manifestError(() => parseManifestFile('l.yaml', list));
-  assert.equal(le.line, 8, 'the line of the offending List item');
-  assert.match(le.message, /"Secret"/);
-
-  const noKind = manifestError(() => parseManifestFile('k.yaml', 'apiVersion: v1\nmetadata: {name: a}\n'));
-  assert.equal(noKind.line, 1);
+  // a List of mixed kinds: each item on its own
+  const list = 'apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: a}\n- apiVersion: v1\n  kind: Secret\n  metadata: {name: b}\n- apiVersion: rbac.authorization.k8s.io/v1\n  kind: Role\n  metadata: {name: r}\n- apiVersion: v1\n  kind: Sevice\n  metadata: {name: c}\n';
+  const l = parseManifest('l.yaml', list);
+  assert.deepEqual([...l.objects.keys()], ['Service/default/a']);
+  assert.deepEqual([...l.notes.ignored].sort(), ['rbac.authorization.k8s.io/v1 Role', 'v1 Secret']);
+  assert.deepEqual(l.notes.warnings.map((w) => w.line), [14], 'the line of the misspelt List item');
+  // another group's List whose items is not a list is that group's business
+  assert.equal(parseManifest('o.yaml', 'apiVersion: example.com/v1\nkind: CheckList\nitems: {a: 1}\n').objects.size, 0);
 });
 
 test('YAML syntax errors, non-objects, missing names and duplicates are rejected with a line', () => {
@@ -304,9 +325,9 @@ test('YAML syntax errors, non-objects, missing names and duplicates are rejected
 });
 
 test('wrong types in the envelope (kind, items, metadata) are ManifestErrors with a line, not crashes', () => {
-  const kindNumber = manifestError(() => parseManifestFile('k.yaml', 'apiVersion: v1\nkind: 5\nmetadata: {name: a}\n'));
-  assert.equal(kindNumber.line, 2);
-  assert.match(kindNumber.message, /unsupported kind 5/);
+  const kindNumber = parseManifest('k.yaml', 'apiVersion: v1\nkind: 5\nmetadata: {name: a}\n').notes.warnings;
+  assert.deepEqual(kindNumber.map((w) => w.line), [2], 'a kind that is not a string skips that object');
+  assert.match(kindNumber[0].message, /kind must be a string, got 5/);
   const items = manifestError(() => parseManifestFile('i.yaml', 'apiVersion: v1\nkind: List\nitems: 5\n'));
   assert.match(items.message, /items must be a list/);
   const meta = manifestError(() => parseManifestFile('m.yaml', 'apiVersion: v1\nkind: Service\nmetadata: "s"\n'));
@@ -326,17 +347,13 @@ test('wrong types in the envelope (kind, items, metadata) are ManifestErrors wit
 // (the quadratic parser measured 100x already at 20 times the size). Both parsers are
 // measured: good files take the fast one, a file with a problem the exact one (for its line).
 test('parsing is linear in the file size, and line numbers are right at the end of a big file', { timeout: 300_000 }, () => {
-  const lastDoc = '---\n# the last document\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: last}\n';
+  const lastDoc = '---\n# the last document\napiVersion: v1\nkind: ConfigMapp\nmetadata: {name: last}\n';
   const bigGood = bigManifest(5000);
   assert.ok(bigGood.length >= 4_000_000, `big is ${bigGood.length} bytes`);
-  let lastError: unknown;
+  let lastWarnings: ManifestError[] = [];
   const timeOf = (text: string) => {
     const t0 = performance.now();
-    try {
-      parseManifestFile('/m/big.yaml', text);
-    } catch (e) {
-      lastError = e;
-    }
+    lastWarnings = parseManifest('/m/big.yaml', text).notes.warnings;
     return performance.now() - t0;
   };
   for (const [what, small, big] of [
@@ -348,10 +365,8 @@ test('parsing is linear in the file size, and line numbers are right at the end 
     const bigMs = timeOf(big);
     assert.ok(bigMs <= 160 * smallMs, `${what}: 4 MB took ${bigMs.toFixed(0)} ms, 100 KB ${smallMs.toFixed(1)} ms: ${(bigMs / smallMs).toFixed(0)}x for 40x the size`);
   }
-  const e = manifestError(() => {
-    throw lastError;
-  });
-  assert.equal(e.line, (bigGood + lastDoc).split('\n').indexOf('kind: ConfigMap') + 1);
+  assert.equal(lastWarnings.length, 1);
+  assert.equal(lastWarnings[0].line, (bigGood + lastDoc).split('\n').indexOf('kind: ConfigMapp') + 1);
 });
 
 // A big file must not block the event loop for the whole parse: health checks have to answer
@@ -461,11 +476,11 @@ test('readManifestDir: good files keep their objects, broken ones carry file:lin
 
 test('health() names broken files and lines, relative to the directory, without internal signatures, bounded', async () => {
   const dir = tempDir();
-  writeFileSync(join(dir, 'a.yaml'), 'kind: ConfigMap\nmetadata: {name: x}\n');
+  writeFileSync(join(dir, 'a.yaml'), 'kind: Service\nmetadata: {}\n');
   const { src } = await startSource(dir);
   const problem = src.health().problem ?? '';
-  assert.equal(problem, 'a.yaml:1: unsupported kind "ConfigMap" (want Service, EndpointSlice or Node)');
-  for (let i = 0; i < 12; i++) writeFileSync(join(dir, `b${String(i).padStart(2, '0')}.yaml`), `kind: Secret\nmetadata: {name: "${'x'.repeat(500)}"}\n`);
+  assert.equal(problem, 'a.yaml:1: Service without metadata.name');
+  for (let i = 0; i < 12; i++) writeFileSync(join(dir, `b${String(i).padStart(2, '0')}.yaml`), `kind: Service\nmetadata: {name: "${'x'.repeat(500)}", namespace: 5}\n`);
   await waitFor(() => /more broken files/.test(src.health().problem ?? ''), 'the new broken files');
   const many = src.health().problem ?? '';
   assert.match(many, /; and 3 more broken files$/);
@@ -506,7 +521,7 @@ test('the fast and the exact parser read good files alike', () => {
   };
   for (const [name, text] of Object.entries(files)) {
     const fast = parseManifestFile(name, text);
-    const exact = parseManifestFileExact(name, text);
+    const exact = parseManifestFileExact(name, text).objects;
     assert.ok(fast.size > 0, `${name}: some objects`);
     assert.deepEqual(fast, exact, `${name}: both parsers agree`);
   }
