@@ -257,8 +257,9 @@ const protocol = z.enum(['TCP', 'UDP', 'SCTP', '']);
 const servicePort = z.object({
   name: opt(str((s) => (s === '' ? null : dns1123Label(s)))),
   protocol: opt(protocol),
+  // ValidatePortNumOrName for port (a number) and targetPort (a number, 0 meaning not set
+  // before defaulting, or an IANA_SVC_NAME); validateServicePort's nodePort 0 (not set) to 65535
   port: int(1, 65535),
-  // a number (0: not set) or the name of a container port
   targetPort: opt(
     z.any().superRefine((v: unknown, ctx) => {
       const bad =
@@ -268,7 +269,6 @@ const servicePort = z.object({
       if (bad) ctx.addIssue({ code: z.ZodIssueCode.custom, message: bad });
     }),
   ),
-  // 0 means "not set", as in the API
   nodePort: opt(int(0, 65535)),
   appProtocol: opt(z.string()),
 });
@@ -287,6 +287,13 @@ const serviceSchema = z.object({
     namespace: str(dns1123Label),
     labels: opt(labels),
   }),
+  // ValidateService: type in supportedServiceType; clusterIPs and ipFamilies at most 2, families
+  // IPv4 or IPv6 (validateServiceClusterIPsRelatedFields, validateIPFamilies); sessionAffinity in
+  // supportedSessionAffinityType and timeoutSeconds 1..86400 (validateClientIPAffinityConfig);
+  // the traffic policies (validateServiceExternalTrafficPolicy,
+  // validateServiceInternalTrafficFieldsValue); ingress ipMode VIP or Proxy
+  // (ValidateLoadBalancerStatus). An empty enum value is what an unset field defaults to.
+  // trafficDistribution and externalName are not read as upstream checks them: any string.
   spec: opt(
     z.object({
       type: opt(z.enum(['ClusterIP', 'NodePort', 'LoadBalancer', 'ExternalName', ''])),
