@@ -293,7 +293,8 @@ const serviceSchema = z.object({
   // the traffic policies (validateServiceExternalTrafficPolicy,
   // validateServiceInternalTrafficFieldsValue); ingress ipMode VIP or Proxy
   // (ValidateLoadBalancerStatus). An empty enum value is what an unset field defaults to.
-  // trafficDistribution and externalName are not read as upstream checks them: any string.
+  // trafficDistribution (each value upstream allows is far under its 253-character bound) and
+  // externalName are checked no further: kproxy needs no more.
   spec: opt(
     z.object({
       type: opt(z.enum(['ClusterIP', 'NodePort', 'LoadBalancer', 'ExternalName', ''])),
