@@ -7,7 +7,7 @@
 // alive by the traffic, would stay on A). Also: kproxy's oom_score_adj and a conntrack sysctl
 // of its config applied in the node namespace. The config raises oom_score_adj (321) rather
 // than the default -999: lowering it needs CAP_SYS_RESOURCE, which a test host may lack (the
-// default's skip-with-one-warning is covered by test/exec/conntrack.test.ts).
+// default's skip-with-one-warning is covered by test/kernel/conntrack.test.ts).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, mkdirSync, writeFileSync, rmSync, renameSync } from 'node:fs';

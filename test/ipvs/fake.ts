@@ -30,7 +30,7 @@ interface FakeSet {
 
 /**
  * What the kernel refuses in an ipset entry, with the real ipset 7.17 messages (checked with
- * the real binary in test/ipvs/ipset-kernel.test.ts): written out here rather than borrowed
+ * the real binary in test/kernel/ipset/ipset-kernel.test.ts): written out here rather than borrowed
  * from the planner, so that the fake can catch the planner getting it wrong.
  */
 function kernelRefusal(type: string, entry: string): string | null {

@@ -5,14 +5,14 @@
 // restore keeps every good entry around refused ones, and that whole plans restore cleanly.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { hostRunner, type CommandRunner } from '../../src/kernel/runner.ts';
-import { IPSetExec } from '../../src/kernel/ipset/exec.ts';
-import { createLine, entryRefusal, formatIPSets, normalizeEntry, type IPSetType } from '../../src/kernel/ipset/model.ts';
-import { plan } from '../../src/modes/ipvs/planner.ts';
-import { skippedVIPs } from '../../src/core/vip.ts';
-import { Netns, sh } from '../support/netns.ts';
-import { FakeHost } from './fake.ts';
-import { ep, input, svc } from './support.ts';
+import { hostRunner, type CommandRunner } from '../../../src/kernel/runner.ts';
+import { IPSetExec } from '../../../src/kernel/ipset/exec.ts';
+import { createLine, entryRefusal, formatIPSets, normalizeEntry, type IPSetType } from '../../../src/kernel/ipset/model.ts';
+import { plan } from '../../../src/modes/ipvs/planner.ts';
+import { skippedVIPs } from '../../../src/core/vip.ts';
+import { Netns, sh } from '../../support/netns.ts';
+import { FakeHost } from '../../ipvs/fake.ts';
+import { ep, input, svc } from '../../ipvs/support.ts';
 
 const NS = `kpd2-ipset-${process.pid}`;
 
