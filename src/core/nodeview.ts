@@ -66,6 +66,9 @@ export interface FirewallView {
   nodeInRanges: boolean;
 }
 
+/** What a frontend's traffic meets: the endpoints of its policy, or a verdict. */
+export type FrontendVerdict = 'forward' | 'reject' | 'drop';
+
 /** What one service port does on this node. */
 export interface PortView {
   /** the tracker's ServicePort (identity kept for caches) */
@@ -91,6 +94,14 @@ export interface PortView {
   hasInternalEndpoints: boolean;
   /** the same for external traffic (NodePort, LB IP, external IP) and externalTrafficPolicy */
   hasExternalEndpoints: boolean;
+  /**
+   * What internal traffic meets: its endpoints, or upstream's verdicts (iptables and nftables
+   * proxiers): with no endpoint at all every frontend REJECTs; with endpoints, a Local policy
+   * without node-local ones DROPs ("has no local endpoints").
+   */
+  internalVerdict: FrontendVerdict;
+  /** the same for external traffic */
+  externalVerdict: FrontendVerdict;
   /** which chain internal traffic goes to: the cluster-wide or the node-local endpoints */
   internalPolicy: 'cluster' | 'local';
   externalPolicy: 'cluster' | 'local';
@@ -259,6 +270,8 @@ function computePortView(source: ServicePort, endpoints: Endpoint[], node: PortF
     hasAnyEndpoints: hasAny,
     hasInternalEndpoints: hasInternal,
     hasExternalEndpoints: hasExternal,
+    internalVerdict: !hasAny ? 'reject' : hasInternal ? 'forward' : 'drop',
+    externalVerdict: !hasAny ? 'reject' : hasExternal ? 'forward' : 'drop',
     internalPolicy: sp.internalPolicyLocal ? 'local' : 'cluster',
     externalPolicy: sp.externalPolicyLocal ? 'local' : 'cluster',
     usesClusterPath,

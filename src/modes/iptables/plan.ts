@@ -14,7 +14,7 @@
 // sync without visiting the other services' rules at all (O(changed), see there).
 import { hash } from 'node:crypto';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
-import { NO_ENDPOINTS, portOf, type PortView } from '../../core/nodeview.ts';
+import { NO_ENDPOINTS, portOf, type FrontendVerdict, type PortView } from '../../core/nodeview.ts';
 import {
   KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_POSTROUTING,
   KUBE_PROXY_FIREWALL, KUBE_SERVICES, endpointChainName, isServiceChainName, probability, serviceChains,
@@ -242,16 +242,12 @@ function renderService(v: PortView, ctx: RenderContext): ServiceBlock {
   const usesFWChain = v.usesFirewallPath;
   const lbChain = usesFWChain ? names.fw : ext;
 
-  let internalFilter = '';
-  let externalFilter = '';
-  if (!hasEndpoints) {
-    internalFilter = externalFilter = `"${svcName} has no endpoints"`;
-  } else {
-    if (!hasInternalEndpoints) internalFilter = `"${svcName} has no local endpoints"`;
-    if (!hasExternalEndpoints) externalFilter = `"${svcName} has no local endpoints"`;
-  }
-  const internalTarget = hasEndpoints ? 'DROP' : 'REJECT';
-  const externalTarget = internalTarget;
+  // The view's verdicts as filter rules: a comment saying why, and the target.
+  const filterComment = (v: FrontendVerdict) => (v === 'reject' ? `"${svcName} has no endpoints"` : v === 'drop' ? `"${svcName} has no local endpoints"` : '');
+  const internalFilter = filterComment(v.internalVerdict);
+  const externalFilter = filterComment(v.externalVerdict);
+  const internalTarget = v.internalVerdict === 'reject' ? 'REJECT' : 'DROP';
+  const externalTarget = v.externalVerdict === 'reject' ? 'REJECT' : 'DROP';
   const proto = `-m ${protocol} -p ${protocol}`;
   const port = sp.port;
 

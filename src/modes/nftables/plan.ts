@@ -7,7 +7,7 @@
 // per-endpoint dynamic sets. Pure.
 import { isLoopback } from '../../core/ip.ts';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
-import { NO_ENDPOINTS, portFactsOf, portOf, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings, type PlanInput, type PortFacts, type PortView } from '../../core/nodeview.ts';
+import { NO_ENDPOINTS, portFactsOf, portOf, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings, type PlanInput, type PortFacts, type PortView, type FrontendVerdict } from '../../core/nodeview.ts';
 import { affinitySetName, endpointChainName, flatString, nftComment, serviceChainNames, TABLE } from './names.ts';
 import type { SkippedVIP } from '../../core/vip.ts';
 import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftRule, type NftSet, type Ruleset } from './ruleset.ts';
@@ -253,15 +253,10 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, cat: PortView): void {
   // short-circuit rules for pod and node traffic.
   const usesExternalChain = cat.usesExternalPath;
 
-  let internalVerdict = '';
-  let externalVerdict = '';
-  if (!hasEndpoints) {
-    internalVerdict = `goto ${C.reject}`;
-    externalVerdict = `goto ${C.reject}`;
-  } else {
-    if (!hasInternal) internalVerdict = 'drop';
-    if (!hasExternal) externalVerdict = 'drop';
-  }
+  // The view's verdicts as nft verdicts ('' where traffic goes to its endpoints).
+  const verdict = (v: FrontendVerdict) => (v === 'reject' ? `goto ${C.reject}` : v === 'drop' ? 'drop' : '');
+  const internalVerdict = verdict(cat.internalVerdict);
+  const externalVerdict = verdict(cat.externalVerdict);
   // Within nft's 128-byte limit: one long name must not fail the whole transaction.
   const comment = nftComment(sp.key);
 

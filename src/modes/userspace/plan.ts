@@ -320,15 +320,14 @@ function planNodePort(b: Builder, v: PortView, protocol: 'TCP' | 'UDP', d: Front
 
 /** The node view's decisions for one service port, as frontend decisions. */
 function decide(v: PortView): { internal: FrontendDecision; external: FrontendDecision; lb: FrontendDecision } {
-  // upstream: with no endpoint at all every frontend REJECTs: here a listener with no
-  // endpoint, which resets. With endpoints, a Local policy without local ones DROPs.
+  // The view's REJECT is here a listener with no endpoint, which resets; its DROP no listener.
   const internal: FrontendDecision = {
-    policy: !v.hasAnyEndpoints || v.hasInternalEndpoints ? v.internalPolicy : null,
+    policy: v.internalVerdict === 'drop' ? null : v.internalPolicy,
     shortCircuit: false,
     allowedSources: null,
   };
   const external: FrontendDecision = {
-    policy: !v.hasAnyEndpoints || v.hasExternalEndpoints ? v.externalPolicy : null,
+    policy: v.externalVerdict === 'drop' ? null : v.externalPolicy,
     shortCircuit: v.shortCircuitToCluster,
     allowedSources: null,
   };
