@@ -1,5 +1,5 @@
 // ipvsadm (and the iptables calls of the ipvs mode): spawn through the CommandRunner, parse
-// with the pure parsers of src/modes/ipvs/ipvs-model.ts.
+// with the pure parsers of src/kernel/ipvs/model.ts.
 import { ExecError, runChecked, type CommandRunner } from '../runner.ts';
 import { parseListing, parseRules, serviceFlag, type IpvsTable } from './model.ts';
 import { joinHostPort } from '../../core/ip.ts';
