@@ -11,13 +11,15 @@ import assert from 'node:assert/strict';
 import { spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { Netns, repoRoot, uniqueName, vethPair, waitFor } from '../support/netns.ts';
 import { GOOD, goodManifests, hostileCorpus } from '../support/hostile.ts';
 
 const FILES = Number(process.env.KPROXY_FUZZ_FILES ?? 2000);
 const SEED = Number(process.env.KPROXY_FUZZ_SEED ?? 12);
 const dir = mkdtempSync(join(tmpdir(), 'kp-hostile-'));
+// the allocations of Services without a clusterIP: kept here, never in the host's /var/lib/kproxy
+const state = join(mkdtempSync(join(tmpdir(), 'kp-hostile-state-')), 'allocations.json');
 const tag = uniqueName('kpfz');
 const node = new Netns(`${tag}-n`);
 const pods = new Netns(`${tag}-p`);
@@ -47,10 +49,11 @@ before(async () => {
 after(async () => {
   for (const ns of [node, pods]) await ns.destroy();
   rmSync(dir, { recursive: true, force: true });
+  rmSync(dirname(state), { recursive: true, force: true });
 });
 
 function render(mode: string): { code: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(process.execPath, [join(repoRoot, 'bin/kproxy.js'), 'render', '--mode', mode, '--manifests', dir, '--hostname-override', 'fuzz-node', '--node-ip', '10.180.250.254'], {
+  const r = spawnSync(process.execPath, [join(repoRoot, 'bin/kproxy.js'), 'render', '--mode', mode, '--manifests', dir, '--manifests-state', state, '--hostname-override', 'fuzz-node', '--node-ip', '10.180.250.254'], {
     encoding: 'utf8',
     timeout: 180_000,
     maxBuffer: 512 * 1024 * 1024,
@@ -151,7 +154,7 @@ for (const mode of ['iptables', 'nftables', 'userspace']) {
     writeGood();
     let log = '';
     const kp: ChildProcess = node.kproxy(
-      ['run', '--mode', mode, '--manifests', dir, '--hostname-override', 'fuzz-node', '--healthz-bind-address', '127.0.0.1:10256', '--metrics-bind-address', '127.0.0.1:10249'],
+      ['run', '--mode', mode, '--manifests', dir, '--manifests-state', state, '--hostname-override', 'fuzz-node', '--healthz-bind-address', '127.0.0.1:10256', '--metrics-bind-address', '127.0.0.1:10249'],
       (s) => {
         log = (log + s).slice(-20_000);
       },
