@@ -94,7 +94,6 @@ export interface NodeObject {
 // Length is checked before any pattern, so no pattern ever runs on a long string.
 
 const DNS1123_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
-const DNS1035_LABEL = /^[a-z]([-a-z0-9]*[a-z0-9])?$/;
 const DNS1123_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
 const LABEL_VALUE = /^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$/;
 const QUALIFIED_NAME_PART = /^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$/;
@@ -106,12 +105,6 @@ export const dns1123Label: Check = (s) =>
   : s.length > 63 ? 'must be no more than 63 characters'
   : DNS1123_LABEL.test(s) ? null
   : "must be a DNS-1123 label: lower case alphanumerics or '-', starting and ending with an alphanumeric";
-
-export const dns1035Label: Check = (s) =>
-  s.length === 0 ? 'must not be empty'
-  : s.length > 63 ? 'must be no more than 63 characters'
-  : DNS1035_LABEL.test(s) ? null
-  : "must be a DNS-1035 label: lower case alphanumerics or '-', starting with a letter and ending with an alphanumeric";
 
 export const dns1123Subdomain: Check = (s) =>
   s.length === 0 ? 'must not be empty'
