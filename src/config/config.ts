@@ -304,7 +304,7 @@ export interface ProxyConfig {
   masqueradeAll: boolean;
   masqueradeBit: number;
   localhostNodePorts: boolean;
-  /** canonical CIDRs and "primary"; empty = upstream's per-mode default */
+  /** canonical CIDRs and the keywords (NODE_PORT_KEYWORDS); empty = upstream's per-mode default */
   nodePortAddresses: string[];
   /** upstream detectLocalMode: how traffic from local pods is recognised */
   detectLocalMode: DetectLocalMode;
@@ -577,6 +577,12 @@ function notApplicableWarnings(raw: RawConfig, mode: ModeName, warn: ConfigWarn)
 }
 
 /**
+ * `--nodeport-addresses` keywords (kubernetes#138427): "primary" the Node's primary IP of each
+ * family, "localhost" the loopback address of each family, "all" every address.
+ */
+export const NODE_PORT_KEYWORDS = ['primary', 'localhost', 'all'] as const;
+
+/**
  * Applies upstream's defaults and the flags, validates, and returns the effective config.
  * `warn` receives a line per unknown field and per field that does not apply here.
  */
@@ -610,16 +616,14 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
   const npaList = flags.nodeportAddresses !== undefined
     ? flags.nodeportAddresses.split(',').map((s) => s.trim()).filter(Boolean)
     : raw.nodePortAddresses ?? [];
-  // upstream validateKubeProxyNodePortAddress: "primary" alone, or CIDRs
+  // upstream validateKubeProxyNodePortAddress: CIDRs and the keywords "primary", "localhost"
+  // and "all", in any combination (kubernetes#138427, KEP-6032; before it, "primary" alone)
   const nodePortAddresses = npaList.map((c, i) => {
-    if (c === 'primary') {
-      if (npaList.length !== 1) throw new ConfigError(`nodePortAddresses[${i}]`, `"primary": can't use both 'primary' and CIDRs`);
-      return c;
-    }
+    if ((NODE_PORT_KEYWORDS as readonly string[]).includes(c)) return c;
     const p = parseCIDR(c);
-    if (!p) throw new ConfigError(`nodePortAddresses[${i}]`, `invalid CIDR ${JSON.stringify(c)} (want a CIDR or "primary")`);
+    if (!p) throw new ConfigError(`nodePortAddresses[${i}]`, `invalid CIDR ${JSON.stringify(c)} (want a CIDR or one of ${NODE_PORT_KEYWORDS.map((k) => `"${k}"`).join(', ')})`);
     return p.text;
-  });
+  }).filter((c, i, all) => all.indexOf(c) === i);
 
   // Periods: upstream converts the mode's section into the effective period (iptables for
   // iptables and userspace, ipvs, nftables); kproxy's top-level periods win when given.

@@ -23,6 +23,12 @@ export interface NodeContext {
   podCIDRs?: string[];
   /** the Node object's status.addresses (the primary node IP: nodePortAddresses "primary") */
   addresses?: Array<{ type: string; address: string }>;
+  /**
+   * Every address of this host, loopback included, probed once by the controller
+   * (src/kernel/links.ts hostAddresses): the NodePort CIDRs select among them (upstream
+   * GetNodeIPs). Absent (a render, a test): the node IPs and loopback.
+   */
+  hostIPs?: string[];
 }
 
 export interface PlanInput {
@@ -64,6 +70,8 @@ export interface FirewallView {
    * (upstream iptables/nftables proxier: "allowFromNode").
    */
   nodeInRanges: boolean;
+  /** the sources an LB IP accepts: the ranges, and the LB IPs themselves when the node is in them */
+  allowedSources: string[];
 }
 
 /** What a frontend's traffic meets: the endpoints of its policy, or a verdict. */
@@ -102,6 +110,15 @@ export interface PortView {
   internalVerdict: FrontendVerdict;
   /** the same for external traffic */
   externalVerdict: FrontendVerdict;
+  /**
+   * The endpoints a mode with one endpoint list per frontend (IPVS real servers) balances
+   * internal traffic over: with a Local policy the node-local ones, or the cluster-wide ones
+   * when there is none, so local pods still reach the Service (upstream ipvs syncEndpoint,
+   * kubernetes#97081); otherwise the cluster-wide ones.
+   */
+  internalBackends: Endpoint[];
+  /** the same for external traffic */
+  externalBackends: Endpoint[];
   /** which chain internal traffic goes to: the cluster-wide or the node-local endpoints */
   internalPolicy: 'cluster' | 'local';
   externalPolicy: 'cluster' | 'local';
@@ -252,11 +269,13 @@ function computePortView(source: ServicePort, endpoints: Endpoint[], node: PortF
   // upstream servicePortInfo keeps only the source ranges of the service port's family.
   const ranges = sp.loadBalancerSourceRanges.filter((c) => parseCIDR(c)?.family === sp.family);
   if (sp.loadBalancerVIPs.length > 0 && ranges.length > 0) {
+    const nodeInRanges = node.primaryNodeIP !== null && ranges.some((c) => cidrContains(c, node.primaryNodeIP!));
     firewall = {
       sourceRanges: ranges,
       // kubernetes#132722: a /0 source range allows all sources.
       allowAll: ranges.some((c) => parseCIDR(c)?.prefix === 0),
-      nodeInRanges: node.primaryNodeIP !== null && ranges.some((c) => cidrContains(c, node.primaryNodeIP!)),
+      nodeInRanges,
+      allowedSources: [...ranges, ...(nodeInRanges ? sp.loadBalancerVIPs.map((ip) => `${ip}/${sp.family === 6 ? 128 : 32}`) : [])],
     };
   }
   return {
@@ -272,6 +291,8 @@ function computePortView(source: ServicePort, endpoints: Endpoint[], node: PortF
     hasExternalEndpoints: hasExternal,
     internalVerdict: !hasAny ? 'reject' : hasInternal ? 'forward' : 'drop',
     externalVerdict: !hasAny ? 'reject' : hasExternal ? 'forward' : 'drop',
+    internalBackends: sp.internalPolicyLocal && cat.localEndpoints.length ? cat.localEndpoints : cat.clusterEndpoints,
+    externalBackends: sp.externalPolicyLocal && cat.localEndpoints.length ? cat.localEndpoints : cat.clusterEndpoints,
     internalPolicy: sp.internalPolicyLocal ? 'local' : 'cluster',
     externalPolicy: sp.externalPolicyLocal ? 'local' : 'cluster',
     usesClusterPath,
@@ -325,18 +346,20 @@ export function effectiveNodePortAddresses(config: ProxyConfig, mode: ModeName):
 
 /**
  * upstream NewNodePortAddresses + GetNodeIPs (pkg/proxy/util/nodeport_addresses.go): CIDRs
- * of the other family are ignored; "primary" stands for the primary node IP's host CIDR
- * and mixes with CIDRs; none left, or a /0, means "all local addresses"; otherwise the local
+ * of the other family are ignored; "primary" stands for the primary node IP's host CIDR,
+ * "localhost" for the family's loopback address, "all" for every address, mixed with CIDRs; none left, or a /0, means "all local addresses"; otherwise the local
  * addresses inside the CIDRs (loopback only when a CIDR contains it).
  */
 export function resolveNodePortAddresses(family: 4 | 6, list: string[], localIPs: string[], primary: string | null): NodePortAddresses {
   const cidrs: string[] = [];
+  const host = family === 6 ? 128 : 32;
   for (const c of list) {
-    if (c === 'primary') {
-      if (primary) cidrs.push(`${primary}/${family === 6 ? 128 : 32}`);
-      continue;
-    }
-    const p = parseCIDR(c);
+    // the keywords stand for their CIDRs of the family (upstream NewNodePortAddresses, kubernetes#138427)
+    const cidr = c === 'primary' ? (primary ? `${primary}/${host}` : null)
+      : c === 'localhost' ? (family === 6 ? '::1/128' : '127.0.0.1/32')
+      : c === 'all' ? (family === 6 ? '::/0' : '0.0.0.0/0')
+      : c;
+    const p = cidr ? parseCIDR(cidr) : null;
     if (p && p.family === family && !cidrs.includes(p.text)) cidrs.push(p.text);
   }
   const parsed = cidrs.map((c) => parseCIDR(c)!);
@@ -351,6 +374,44 @@ export function resolveNodePortAddresses(family: 4 | 6, list: string[], localIPs
     }
   }
   return { matchAll: false, ips, cidrs };
+}
+
+/**
+ * The addresses a mode accepts NodePorts on: 'all' (every local address, as the mode's
+ * "destination is local" match) or a list of node addresses.
+ */
+export type NodePortIPs = string[] | 'all';
+
+/**
+ * Where each mode accepts NodePorts, decided here once from the resolved addresses:
+ * - iptables: every local address, or the resolved ones; loopback only for IPv4 with
+ *   localhostNodePorts (upstream iptables proxier: route_localnet, "localhostNodePorts");
+ *   with 'all' the mode's catch-all rule leaves loopback out itself unless allowed;
+ * - nftables: the same, never loopback (upstream nftables proxier: NodePorts on localhost
+ *   are not supported);
+ * - ipvs: a virtual server per address, so 'all' is every node IP; never loopback
+ *   (upstream ipvs proxier);
+ * - userspace: the addresses it can bind, 'all' being every node IP.
+ */
+export function nodePortIPsFor(mode: ModeName, family: 4 | 6, n: NodePortAddresses, nodeIPs: string[], localhostNodePorts: boolean): NodePortIPs {
+  const ofFamily = (list: string[]) => [...new Set(list.filter((ip) => ipFamily(ip) === family))];
+  switch (mode) {
+    case 'iptables':
+      if (n.matchAll) return 'all';
+      return ofFamily(n.ips.filter((ip) => !isLoopback(ip) || (family === 4 && localhostNodePorts)));
+    case 'nftables':
+      if (n.matchAll) return 'all';
+      return ofFamily(n.ips.filter((ip) => !isLoopback(ip)));
+    case 'ipvs':
+      return ofFamily(nodePortAddressList(n, nodeIPs).filter((ip) => !isLoopback(ip)));
+    default:
+      return nodePortAddressList(n, nodeIPs);
+  }
+}
+
+/** The NodePort addresses as a list: every node IP when they match all (modes that bind or create per address). */
+export function nodePortAddressList(n: NodePortAddresses, nodeIPs: string[]): string[] {
+  return n.matchAll ? nodeIPs : n.ips;
 }
 
 /** upstream ContainsIPv4Loopback: do the NodePort addresses include 127.0.0.1? */
@@ -396,6 +457,8 @@ export interface NodeSettings {
   /** the Node object's primary IP of the family, else the host's first; null when none */
   primaryNodeIP: string | null;
   nodePorts: NodePortAddresses;
+  /** the addresses this mode accepts NodePorts on (nodePortIPsFor) */
+  nodePortIPs: NodePortIPs;
   localDetector: LocalDetectorSpec | null;
   /** the literal mark text, e.g. "0x00004000" */
   masqueradeMark: string;
@@ -407,12 +470,13 @@ export interface NodeSettings {
 }
 
 /** Resolves the node-wide settings of a live node (or a dry-run render) for its family. */
-export function nodeSettings(config: ProxyConfig, node: NodeContext, localIPs?: string[]): NodeSettings {
+export function nodeSettings(config: ProxyConfig, node: NodeContext): NodeSettings {
   const family = node.family;
   const primary = primaryNodeIP(node);
   const nodeIPs = node.nodeIPs.map((a) => canonicalIP(a)).filter((a): a is string => !!a && ipFamily(a) === family);
-  const locals = localIPs ?? [...nodeIPs, family === 4 ? '127.0.0.1' : '::1'];
+  const locals = node.hostIPs ?? [...nodeIPs, family === 4 ? '127.0.0.1' : '::1'];
   const nodePorts = resolveNodePortAddresses(family, effectiveNodePortAddresses(config, config.mode), locals, primary);
+  const localhostNodePorts = family === 4 && config.localhostNodePorts && nodePortsIncludeIPv4Loopback(nodePorts);
   return {
     family,
     nodeName: node.nodeName,
@@ -420,12 +484,13 @@ export function nodeSettings(config: ProxyConfig, node: NodeContext, localIPs?: 
     nodeIPs,
     primaryNodeIP: primary,
     nodePorts,
+    nodePortIPs: nodePortIPsFor(config.mode, family, nodePorts, nodeIPs, localhostNodePorts),
     localDetector: resolveDetector(config, node),
     masqueradeMark: masqueradeMark(config.masqueradeBit),
     masqueradeAll: config.masqueradeAll,
     // upstream NewProxier (iptables): localhost NodePorts only for IPv4 and only when the
     // NodePort addresses include loopback ("localhostNodePorts ... ContainsIPv4Loopback").
-    localhostNodePorts: family === 4 && config.localhostNodePorts && nodePortsIncludeIPv4Loopback(nodePorts),
+    localhostNodePorts,
     loopbackVIPs: config.mode === 'userspace',
   };
 }
@@ -483,7 +548,7 @@ export function buildViewFrom(state: ProxyState, s: NodeSettings, previous?: Nod
 }
 
 const SETTINGS_KEYS: Array<keyof NodeSettings> = [
-  'family', 'nodeName', 'nodeLabels', 'nodeIPs', 'primaryNodeIP', 'nodePorts', 'localDetector', 'masqueradeMark', 'masqueradeAll', 'localhostNodePorts', 'loopbackVIPs',
+  'family', 'nodeName', 'nodeLabels', 'nodeIPs', 'primaryNodeIP', 'nodePorts', 'nodePortIPs', 'localDetector', 'masqueradeMark', 'masqueradeAll', 'localhostNodePorts', 'loopbackVIPs',
 ];
 
 function sameSettings(a: NodeSettings, b: NodeSettings): boolean {
@@ -604,6 +669,15 @@ const EMPTY = NO_ENDPOINTS;
 /** The node view of one sync and family: computed once, rendered by every mode. */
 export function buildNodeView(input: PlanInput, previous?: NodeView, changes?: ViewChanges): NodeView {
   return buildViewFrom(input.state, nodeSettings(input.config, input.node), previous, changes);
+}
+
+/**
+ * The view's ports in key order (the order planners write them in): all of them, or those
+ * of the given Services ("ns/name"), found through servicePorts without a scan.
+ */
+export function portsInOrder(view: NodeView, services?: Iterable<string>): PortView[] {
+  const keys = services ? [...services].flatMap((svc) => view.servicePorts.get(svc) ?? []) : [...view.ports.keys()];
+  return keys.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0)).map((k) => view.ports.get(k)!);
 }
 
 /** The node-wide settings of an input: the controller's view's, or resolved now (cheap: no ports). */

@@ -4,6 +4,17 @@ import { canonicalIP } from '../core/ip.ts';
 
 const TIMEOUT_MS = 15_000;
 
+/** The addresses in `ip -o addr show` output: one line per address, `N: dev    inet[6] ip/len ...`. */
+function addressesOf(text: string): Array<{ dev: string; ip: string }> {
+  const out: Array<{ dev: string; ip: string }> = [];
+  for (const line of text.split('\n')) {
+    const m = /^\d+:\s+([^\s:@]+)[^\n]*?\sinet6?\s+([0-9a-fA-F:.]+)\/\d+/.exec(line);
+    const ip = m ? canonicalIP(m[2]) : null;
+    if (ip) out.push({ dev: m![1], ip });
+  }
+  return out;
+}
+
 export class Links {
   constructor(private readonly runner: CommandRunner) {}
 
@@ -26,12 +37,24 @@ export class Links {
   async addresses(dev: string): Promise<string[]> {
     const r = await this.runner.run('ip', ['-o', 'addr', 'show', 'dev', dev], { timeoutMs: TIMEOUT_MS });
     if (r.code !== 0) return [];
-    const out: string[] = [];
-    for (const line of r.stdout.split('\n')) {
-      const m = /\sinet6?\s+([0-9a-fA-F:.]+)\/\d+/.exec(line);
-      const ip = m ? canonicalIP(m[1]) : null;
-      if (ip) out.push(ip);
+    return addressesOf(r.stdout).map((a) => a.ip);
+  }
+
+  /**
+   * Every address of this host (loopback and link-local included), except those on the
+   * devices named in `excludeDevices` (the ipvs mode's kube-ipvs0 holds Service VIPs, not
+   * node addresses: upstream GetNodeIPs skips it). Null when `ip` cannot be run or fails.
+   */
+  async hostAddresses(excludeDevices: readonly string[] = []): Promise<string[] | null> {
+    let r;
+    try {
+      r = await this.runner.run('ip', ['-o', 'addr', 'show'], { timeoutMs: TIMEOUT_MS });
+    } catch {
+      return null;
     }
+    if (r.code !== 0) return null;
+    const out: string[] = [];
+    for (const a of addressesOf(r.stdout)) if (!excludeDevices.includes(a.dev) && !out.includes(a.ip)) out.push(a.ip);
     return out;
   }
 

@@ -1,7 +1,7 @@
 // Wires one proxy together: source → change trackers → sync loop → mode proxier. It is the
 // only place that knows all of them; each stays testable on its own.
 import { networkInterfaces } from 'node:os';
-import type { ProxyConfig, ModeName } from '../config/config.ts';
+import { NODE_PORT_KEYWORDS, type ProxyConfig, type ModeName } from '../config/config.ts';
 import { ProxyStateTracker } from '../core/tracker.ts';
 import { canonicalIP, ipFamily } from '../core/ip.ts';
 import { validateOptionsForMode } from '../core/validate.ts';
@@ -12,6 +12,7 @@ import type { ModeModule, Proxier, SyncStats } from '../modes/types.ts';
 import { type NodeContext, type PlanInput, buildNodeView, revertView, type NodeView } from '../core/nodeview.ts';
 import { coded, kproxyError } from '../errors.ts';
 import { IptablesExecutor } from '../kernel/iptables/exec.ts';
+import { Links } from '../kernel/links.ts';
 import { chainsFromSave } from '../kernel/iptables/save.ts';
 import type { K8sNode, Source } from '../sources/types.ts';
 import { SyncLoop } from './loop.ts';
@@ -141,7 +142,7 @@ export function chooseFamilies(config: ProxyConfig, nodeIPs: (family: 4 | 6) => 
   const has = (f: 4 | 6) =>
     nodeIPs(f).some((ip) => ipFamily(ip) === f) ||
     config.clusterCIDRs.some(isFamilyCIDR(f)) ||
-    config.nodePortAddresses.filter((c) => c !== 'primary').some(isFamilyCIDR(f));
+    config.nodePortAddresses.filter((c) => !isNodePortKeyword(c)).some(isFamilyCIDR(f));
   const bind = canonicalIP(config.bindAddress);
   let primary: 4 | 6;
   if (bind && bind !== '0.0.0.0' && bind !== '::') primary = ipFamily(bind) === 6 ? 6 : 4;
@@ -149,6 +150,10 @@ export function chooseFamilies(config: ProxyConfig, nodeIPs: (family: 4 | 6) => 
   else primary = !has(4) && has(6) ? 6 : 4;
   const secondary: 4 | 6 = primary === 4 ? 6 : 4;
   return has(secondary) ? [primary, secondary] : [primary];
+}
+
+function isNodePortKeyword(c: string): boolean {
+  return (NODE_PORT_KEYWORDS as readonly string[]).includes(c);
 }
 
 /** This node's addresses of a family, as the kernel sees them (kube-ipvs0 and loopback excluded). */
@@ -174,6 +179,8 @@ export class ProxyController {
   private nodeLabels: Record<string, string> = {};
   /** the Node's spec.podCIDRs and status.addresses: the node view's NodeCIDR detector and primary IP */
   private nodeFacts: { podCIDRs: string[]; addresses: Array<{ type: string; address: string }> } = { podCIDRs: [], addresses: [] };
+  /** every address of this host (kube-ipvs0 left out), probed once at start; null: not probed */
+  private hostIPs: string[] | null = null;
   private synced = false;
   readonly history: SyncRecord[] = [];
   readonly startedAt = Date.now();
@@ -312,7 +319,18 @@ export class ProxyController {
       family,
       podCIDRs: this.nodeFacts.podCIDRs,
       addresses: this.nodeFacts.addresses,
+      // the node IPs are host addresses too (given by the caller, they may be a test's)
+      ...(this.hostIPs ? { hostIPs: [...new Set([...this.hostIPs, ...this.nodeIPsOf(family)])] } : {}),
     };
+  }
+
+  /**
+   * The host's addresses, once: only nodePortAddresses CIDRs select among them (upstream
+   * GetNodeIPs), so without a CIDR nothing is probed.
+   */
+  private async probeHostIPs(): Promise<void> {
+    if (!this.opts.config.nodePortAddresses.some((c) => !isNodePortKeyword(c))) return;
+    this.hostIPs = await new Links(this.opts.runner).hostAddresses(['kube-ipvs0']);
   }
 
   /**
@@ -376,6 +394,7 @@ export class ProxyController {
   async start(): Promise<void> {
     const { log } = this.opts;
     if (!this.opts.skipCleanup) await this.cleanupOtherModes();
+    await this.probeHostIPs();
     await this.createProxiers();
     log.info({ families: this.families.map((f) => `IPv${f.family}`) }, 'IP families served');
     await this.opts.source.start({

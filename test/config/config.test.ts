@@ -304,11 +304,12 @@ test('detectLocalMode: invalid combinations are refused naming the field', () =>
   assert.deepEqual(resolveConfig({ detectLocalMode: 'ClusterCIDR' }).clusterCIDRs, []);
 });
 
-test('nodePortAddresses: "primary" alone or CIDRs, as upstream; a bad entry names its index', () => {
+test('nodePortAddresses: CIDRs and the keywords primary, localhost and all in any combination (kubernetes#138427); a bad entry names its index', () => {
   assert.deepEqual(resolveConfig({ nodePortAddresses: ['primary'] }).nodePortAddresses, ['primary']);
   assert.deepEqual(resolveConfig({}, { nodeportAddresses: '10.0.0.0/8,192.168.0.0/16' }).nodePortAddresses, ['10.0.0.0/8', '192.168.0.0/16']);
-  throwsConfig(() => resolveConfig({ nodePortAddresses: ['primary', '10.0.0.0/8'] }), 'nodePortAddresses[0]', "can't use both 'primary' and CIDRs");
-  throwsConfig(() => resolveConfig({ nodePortAddresses: ['10.0.0.0/8', 'primary'] }), 'nodePortAddresses[1]', "can't use both 'primary' and CIDRs");
+  assert.deepEqual(resolveConfig({ nodePortAddresses: ['primary', '10.0.0.0/8'] }).nodePortAddresses, ['primary', '10.0.0.0/8']);
+  assert.deepEqual(resolveConfig({}, { nodeportAddresses: 'localhost,primary,all' }).nodePortAddresses, ['localhost', 'primary', 'all']);
+  throwsConfig(() => resolveConfig({ nodePortAddresses: ['primary', 'Localhost'] }), 'nodePortAddresses[1]', 'Localhost');
   throwsConfig(() => resolveConfig({ nodePortAddresses: ['10.0.0.0/8', 'nope'] }), 'nodePortAddresses[1]', 'nope');
 });
 

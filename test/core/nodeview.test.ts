@@ -118,6 +118,21 @@ test('nodePortAddresses: CIDRs, primary, primary mixed with CIDRs, /0, other fam
   assert.deepEqual(resolveNodePortAddresses(4, ['127.0.0.0/8'], locals, null).ips, ['127.0.0.1']);
 });
 
+test('nodePortAddresses keywords (kubernetes#138427): localhost is the family\'s loopback address, all every address', () => {
+  const locals = ['192.168.0.2', '10.1.0.5', '127.0.0.1', '::1', 'fd00::2'];
+  assert.deepEqual(resolveNodePortAddresses(4, ['primary', 'localhost'], locals, '192.168.0.2'), { matchAll: false, ips: ['192.168.0.2', '127.0.0.1'], cidrs: ['192.168.0.2/32', '127.0.0.1/32'] });
+  assert.deepEqual(resolveNodePortAddresses(6, ['primary', 'localhost'], locals, 'fd00::2').ips, ['fd00::2', '::1']);
+  assert.equal(resolveNodePortAddresses(4, ['primary', 'all'], locals, '192.168.0.2').matchAll, true);
+  assert.equal(resolveNodePortAddresses(6, ['10.0.0.0/8', 'all'], locals, null).matchAll, true);
+  // the iptables mode serves 127.0.0.1 (route_localnet) when localhost is asked for; nftables and ipvs never serve loopback
+  const cfg = (mode: string) => resolveConfig({ mode, nodePortAddresses: ['primary', 'localhost'] } as never);
+  const node: NodeContext = { nodeName: NODE, nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4, addresses: [{ type: 'InternalIP', address: '192.168.0.2' }] };
+  assert.deepEqual(nodeSettings(cfg('iptables'), node).nodePortIPs, ['192.168.0.2', '127.0.0.1']);
+  assert.equal(nodeSettings(cfg('iptables'), node).localhostNodePorts, true);
+  assert.deepEqual(nodeSettings(cfg('nftables'), node).nodePortIPs, ['192.168.0.2']);
+  assert.deepEqual(nodeSettings(cfg('ipvs'), node).nodePortIPs, ['192.168.0.2']);
+});
+
 test('nodePortAddresses default per mode: all addresses for iptables and ipvs, the primary IP for nftables (v1.31+)', () => {
   const st = stateOf([]);
   const n = { addresses: [{ type: 'InternalIP', address: '192.168.0.2' }], nodeIPs: ['192.168.0.2', '10.1.0.5'] };

@@ -92,6 +92,7 @@ export function caseOptions(cfg: CaseConfig): IptablesOptions {
   const localIPs = ifIPs.length ? ifIPs : caseLocalIPs(cfg);
   const nf = nfacctOf(pick(cfg, 'nfacctCounters', 'nfAcctCounters', 'nfAcctCounter'));
   const nodeIP = pick(cfg, 'proxierNodeIP', 'nodeIP');
+  const localhostNodePorts = cfg.localhostNodePorts !== false;
   return {
     family,
     node: {
@@ -103,8 +104,8 @@ export function caseOptions(cfg: CaseConfig): IptablesOptions {
     masqueradeMark: typeof cfg.masqueradeMark === 'string' ? cfg.masqueradeMark : typeof cfg.masqueradeBit === 'number' ? masqueradeMark(cfg.masqueradeBit) : '0x4000',
     masqueradeAll: cfg.masqueradeAll === true,
     localDetector: detectorOf(pick(cfg, 'localDetector', 'localTrafficDetector', 'detectLocal'), family, pick(cfg, 'clusterCIDR', 'clusterCIDRs')),
-    localhostNodePorts: cfg.localhostNodePorts !== false,
-    nodePorts: nodePortAddressing(family, Array.isArray(npa) ? npa.map(String) : [], localIPs),
+    localhostNodePorts,
+    nodePorts: nodePortAddressing(family, Array.isArray(npa) ? npa.map(String) : [], localIPs, localhostNodePorts),
     conntrackTCPLiberal: cfg.conntrackTCPLiberal === true,
     hasRandomFully: pick(cfg, 'iptablesHasRandomFully', 'hasRandomFully') === true,
     nfacctCTStateInvalidDropped: nf.invalid,

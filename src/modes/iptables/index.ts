@@ -5,9 +5,10 @@ import { IptablesExecutor, binaries } from '../../kernel/iptables/exec.ts';
 import { KUBE_PROXY_OWNED } from '../../kernel/iptables/ownership.ts';
 import { removeOwnedChains } from '../../kernel/iptables/cleanup.ts';
 import { procSysctl } from '../../kernel/sysctl.ts';
+import { Links } from '../../kernel/links.ts';
 import type { Logger } from '../../log.ts';
 import type { ConformanceAdapter } from '../../conformance/case.ts';
-import { canonicalIP, ipFamily } from '../../core/ip.ts';
+import { ipFamily } from '../../core/ip.ts';
 import type { ModeDeps, ModeModule, Proxier } from '../types.ts';
 import type { TraceRequest, TraceResult } from '../trace-types.ts';
 import type { PlanInput } from '../../core/nodeview.ts';
@@ -63,12 +64,6 @@ async function createProxier(deps: ModeDeps): Promise<Proxier> {
   const family = deps.family ?? 4;
   await requireRestore(deps.runner, family);
   const facts: Partial<Record<4 | 6, RuntimeFacts>> = { [family]: await probeFacts(deps.runner, family) };
-  // nodePortAddresses CIDRs select among the host's own addresses (upstream's GetNodeIPs).
-  const npa = deps.config.nodePortAddresses;
-  if (npa.some((c) => c !== 'primary')) {
-    const localIPs = await localAddresses(deps.runner);
-    for (const f of Object.values(facts)) f.localIPs = localIPs;
-  }
   return new IptablesProxier({ runner: deps.runner, log: deps.log, config: deps.config, facts, sysctl: procSysctl() });
 }
 
@@ -81,18 +76,9 @@ export async function cleanup(runner: CommandRunner, log: Logger): Promise<void>
   await removeOwnedChains(runner, log, KUBE_PROXY_OWNED, 'iptables');
 }
 
+/** The host's addresses for a live trace's "destination is local" (loopback at least). */
 async function localAddresses(runner: CommandRunner): Promise<string[]> {
-  const out = ['127.0.0.1', '::1'];
-  try {
-    const r = await runner.run('ip', ['-o', 'addr', 'show'], { timeoutMs: 10_000 });
-    for (const m of r.stdout.matchAll(/\sinet6?\s+([0-9a-fA-F.:]+)\//g)) {
-      const ip = canonicalIP(m[1]);
-      if (ip && !out.includes(ip)) out.push(ip);
-    }
-  } catch {
-    /* only loopback then */
-  }
-  return out;
+  return [...new Set(['127.0.0.1', '::1', ...((await new Links(runner).hostAddresses()) ?? [])])];
 }
 
 async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promise<TraceResult> {

@@ -2,7 +2,7 @@
 // the proxier learned about the host (runtime), or from an upstream conformance case's
 // config.json (which sets the fake proxier's fields directly). Pure.
 import type { ProxyConfig } from '../../config/config.ts';
-import { nodeSettings, portFactsOf, resolveNodePortAddresses, type LocalDetectorSpec, type NodeSettings, type NodeContext, type PortFacts } from '../../core/nodeview.ts';
+import { nodePortIPsFor, nodeSettings, portFactsOf, resolveNodePortAddresses, type LocalDetectorSpec, type NodePortIPs, type NodeSettings, type NodeContext, type PortFacts } from '../../core/nodeview.ts';
 
 /** upstream's LocalTrafficDetector: match arguments for "from a local pod" and its negation. */
 export interface LocalDetector {
@@ -48,10 +48,15 @@ export function detectorArgs(d: LocalDetectorSpec | null): LocalDetector | null 
   return { ifLocal: ['-i', dev], ifNotLocal: ['!', '-i', dev] };
 }
 
-/** The NodePort addressing of a list of CIDRs (conformance cases set them literally). */
-export function nodePortAddressing(family: 4 | 6, cidrs: string[], localIPs: string[]): NodePortAddressing {
+/** The node view's NodePort addresses as the planner takes them. */
+function addressing(ips: NodePortIPs): NodePortAddressing {
+  return ips === 'all' ? { matchAll: true, ips: [] } : { matchAll: false, ips };
+}
+
+/** The NodePort addressing of a list of CIDRs (conformance cases set them literally), decided as the node view does. */
+export function nodePortAddressing(family: 4 | 6, cidrs: string[], localIPs: string[], localhostNodePorts: boolean): NodePortAddressing {
   const r = resolveNodePortAddresses(family, cidrs, localIPs, null);
-  return { matchAll: r.matchAll, ips: r.ips };
+  return addressing(nodePortIPsFor('iptables', family, r, [], localhostNodePorts));
 }
 
 /** Facts about the host that only the proxier can learn (it probes at start). */
@@ -59,8 +64,6 @@ export interface RuntimeFacts {
   hasRandomFully: boolean;
   conntrackTCPLiberal: boolean;
   nfacctCounters: string[];
-  /** every local address, for nodePortAddresses (defaults to node.nodeIPs + loopback) */
-  localIPs?: string[];
   /** large-cluster mode above this many endpoints (upstream: 1000; tests lower it) */
   largeClusterEndpointsThreshold?: number;
 }
@@ -69,9 +72,8 @@ export const DEFAULT_FACTS: RuntimeFacts = { hasRandomFully: false, conntrackTCP
 
 /** Options for a real run (or a dry-run render) from the effective config. */
 export function optionsFromConfig(config: ProxyConfig, node: NodeContext, facts: RuntimeFacts = DEFAULT_FACTS): IptablesOptions {
-  // Every node-wide decision (NodePort addresses, detector, localhost NodePorts) is the node
-  // view's; the host's own addresses (facts.localIPs) select among the NodePort CIDRs.
-  const s = nodeSettings(config, node, facts.localIPs);
+  // Every node-wide decision (NodePort addresses, detector, localhost NodePorts) is the node view's.
+  const s = nodeSettings(config, node);
   return optionsFromSettings(s, facts);
 }
 
@@ -84,7 +86,7 @@ export function optionsFromSettings(s: NodeSettings, facts: RuntimeFacts = DEFAU
     masqueradeAll: s.masqueradeAll,
     localDetector: detectorArgs(s.localDetector),
     localhostNodePorts: s.localhostNodePorts,
-    nodePorts: { matchAll: s.nodePorts.matchAll, ips: s.nodePorts.ips },
+    nodePorts: addressing(s.nodePortIPs),
     conntrackTCPLiberal: facts.conntrackTCPLiberal,
     hasRandomFully: facts.hasRandomFully,
     nfacctCTStateInvalidDropped: facts.nfacctCounters.includes(NFACCT_CT_STATE_INVALID_DROPPED),

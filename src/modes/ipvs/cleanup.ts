@@ -9,7 +9,7 @@ import { removeOwnedChains } from '../../kernel/iptables/cleanup.ts';
 import { KUBE_PROXY_OWNED } from '../../kernel/iptables/ownership.ts';
 import { IPSetExec } from '../../kernel/ipset/exec.ts';
 import { Links } from '../../kernel/links.ts';
-import { canonicalIP, ipFamily } from '../../core/ip.ts';
+import { ipFamily } from '../../core/ip.ts';
 import { allSetNames, DUMMY_DEVICE } from './names.ts';
 import { ownershipPredicate } from './diff.ts';
 import { vsDeleteLine } from '../../kernel/ipvs/model.ts';
@@ -22,22 +22,6 @@ function missingTool(e: unknown): boolean {
 /** A kernel without IPVS has no virtual server to remove: ipvsadm says it cannot initialise. */
 function ipvsAbsent(e: unknown): boolean {
   return /Can't initialize ipvs|Protocol not available/.test((e as Error).message ?? '');
-}
-
-async function localAddresses(runner: CommandRunner): Promise<string[]> {
-  try {
-    const r = await runner.run('ip', ['-o', 'addr', 'show']);
-    const out: string[] = [];
-    for (const line of r.stdout.split('\n')) {
-      if (line.includes(` ${DUMMY_DEVICE} `) || line.includes(` ${DUMMY_DEVICE}:`)) continue;
-      const m = /\sinet6?\s+([0-9a-fA-F:.]+)\/\d+/.exec(line);
-      const ip = m ? canonicalIP(m[1]) : null;
-      if (ip) out.push(ip);
-    }
-    return out;
-  } catch {
-    return [];
-  }
 }
 
 export async function cleanupIpvs(runner: CommandRunner, log: Logger): Promise<void> {
@@ -55,7 +39,7 @@ export async function cleanupIpvs(runner: CommandRunner, log: Logger): Promise<v
     const ipvsadm = new Ipvsadm(runner);
     const live = await ipvsadm.list();
     const dummy = await links.addresses(DUMMY_DEVICE);
-    const locals = await localAddresses(runner);
+    const locals = (await links.hostAddresses([DUMMY_DEVICE])) ?? [];
     const lines: string[] = [];
     for (const family of [4, 6] as const) {
       const owned = ownershipPredicate({

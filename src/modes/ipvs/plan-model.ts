@@ -1,6 +1,6 @@
 // The shapes of an ipvs plan (the desired IPVS table, ipsets, kube-ipvs0 addresses and
 // iptables text), of one service port's part of it, and the plan's node-level parts. Pure.
-import type { NodeSettings, PlanInput, PortFacts } from '../../core/nodeview.ts';
+import type { NodeView, PlanInput } from '../../core/nodeview.ts';
 import type { IPSetTable } from '../../kernel/ipset/model.ts';
 import type { IpvsTable, VirtualServerState } from '../../kernel/ipvs/model.ts';
 import { plannedSysctls, type IPVSSysctl } from './sysctls.ts';
@@ -69,9 +69,8 @@ export interface PortFragment {
 export interface PlanContext {
   input: PlanInput;
   family: 4 | 6;
-  view: NodeSettings;
-  /** the node facts every port's decisions are taken with (src/core/nodeview.ts portOf) */
-  facts: PortFacts;
+  /** the node view of the sync: its ports are what the planner renders */
+  view: NodeView;
   npIPs: string[];
   nodeIPSet: Set<string>;
   masq: IpvsPlan['masq'];

@@ -2,8 +2,8 @@
 // ipsets and iptables rules, as upstream's syncProxyRules decides them (one virtual server
 // per ClusterIP, ExternalIP, LB ingress IP and node IP × NodePort; NAT real servers with
 // weight 1; persistence for ClientIP affinity). Pure: no I/O.
-import { canonicalIP, ipFamily, isLoopback } from '../../core/ip.ts';
-import { NO_ENDPOINTS, portFactsOf, portOf, settingsOf, type NodeSettings, type PortView, type PlanInput } from '../../core/nodeview.ts';
+import { canonicalIP, ipFamily } from '../../core/ip.ts';
+import { portsInOrder, settingsOf, viewOf, type NodeSettings, type PortView, type PlanInput } from '../../core/nodeview.ts';
 import type { Endpoint, ServicePort } from '../../core/model.ts';
 import { SET_INFO, setName, type SetKey } from './names.ts';
 import { entryRefusal, normalizeEntry } from '../../kernel/ipset/model.ts';
@@ -11,31 +11,26 @@ import { PlanState } from './plan-state.ts';
 import type { IpvsPlan, LBNoNodeAccess, PlanContext, PortFragment } from './plan-model.ts';
 import { realServerKey, virtualServerKey, type RealServer, type VirtualServer } from '../../kernel/ipvs/model.ts';
 
-/**
- * node IPs NodePort virtual servers are created on: the node view's NodePort addresses
- * (every node IP when they match all), never loopback (upstream ipvs: NodePorts on
- * loopback are not supported).
- */
+/** node IPs NodePort virtual servers are created on: the node view's (nodePortIPsFor) */
 export function nodePortIPs(input: PlanInput): string[] {
   return nodePortIPsOfView(settingsOf(input));
 }
 
 function nodePortIPsOfView(view: NodeSettings): string[] {
-  const out = view.nodePorts.matchAll ? view.nodeIPs : view.nodePorts.ips;
-  return [...new Set(out.filter((ip) => ipFamily(ip) === view.family && !isLoopback(ip)))];
+  return view.nodePortIPs === 'all' ? view.nodeIPs : view.nodePortIPs;
 }
 
 
 export function planContext(input: PlanInput): PlanContext {
   const family = input.node.family;
-  const view = settingsOf(input);
+  const view = viewOf(input);
   const npIPs = nodePortIPsOfView(view);
   const nodeIPSet = new Set(input.node.nodeIPs.map((ip) => canonicalIP(ip) ?? ip));
   const masq = masqOf(view);
   const key = JSON.stringify([
     family, npIPs, [...nodeIPSet], view.nodeName, view.nodeLabels, view.primaryNodeIP ?? null, input.config.ipvs.scheduler, masq,
   ]);
-  return { input, family, view, facts: portFactsOf(view), npIPs, nodeIPSet, masq, key };
+  return { input, family, view, npIPs, nodeIPSet, masq, key };
 }
 
 class FragmentBuilder {
@@ -90,17 +85,8 @@ class FragmentBuilder {
 
 const SET_INFO_BY_KEY = new Map(SET_INFO.map((i) => [i.key, i]));
 
-/** upstream's syncEndpoint choice: local endpoints when the policy is Local and any exist */
-function pickEndpoints(cat: PortView, onlyLocal: boolean): Endpoint[] {
-  if (onlyLocal) return cat.localEndpoints.length ? cat.localEndpoints : cat.clusterEndpoints;
-  return cat.clusterEndpoints;
-}
-
-/** The fragment of one service port (already made safe: safeServicePort), or null when it plans nothing. */
-export function planPort(ctx: PlanContext, source: ServicePort): PortFragment | null {
-  // The port as the node view decides it, without the VIPs no virtual server may have
-  // (src/core/vip.ts).
-  const cat = portOf(ctx.facts, source, ctx.input.state.endpoints.get(source.key) ?? NO_ENDPOINTS);
+/** The fragment of one service port as the node view decides it, or null when it plans nothing. */
+export function planPort(ctx: PlanContext, cat: PortView): PortFragment | null {
   if (!cat.sp.clusterIP) return null;
   const b = new FragmentBuilder(ctx.family, cat.sp);
   planServicePort(b, cat, ctx.input.config, ctx.npIPs, ctx.nodeIPSet);
@@ -130,14 +116,14 @@ function planServicePort(b: FragmentBuilder, cat: PortView, config: PlanInput['c
 
   if (b.usableVIP(sp.clusterIP, sp.key, 'clusterIP')) {
     b.add('clusterIP', `${sp.clusterIP},${proto}:${sp.port}`, sp.key);
-    b.virtualServer(vsFor(sp.clusterIP, sp.port), pickEndpoints(cat, sp.internalPolicyLocal), sp.key, true);
+    b.virtualServer(vsFor(sp.clusterIP, sp.port), cat.internalBackends, sp.key, true);
   }
 
   for (const ip of sp.externalIPs) {
     if (ipFamily(ip) !== b.family || !b.usableVIP(ip, sp.key, 'externalIP')) continue;
     b.add(sp.externalPolicyLocal ? 'externalIPLocal' : 'externalIP', `${ip},${proto}:${sp.port}`, sp.key);
     // an address that already lives on another interface must not be bound to kube-ipvs0
-    b.virtualServer(vsFor(ip, sp.port), pickEndpoints(cat, sp.externalPolicyLocal), sp.key, !nodeIPSet.has(ip));
+    b.virtualServer(vsFor(ip, sp.port), cat.externalBackends, sp.key, !nodeIPSet.has(ip));
   }
 
   // A /0 source range allows every source (the view's allowAll, kubernetes#132722), exactly
@@ -156,7 +142,7 @@ function planServicePort(b: FragmentBuilder, cat: PortView, config: PlanInput['c
       if (fw!.nodeInRanges) b.add('loadBalancerSourceIP', `${entry},${ip}`, sp.key);
       else b.lbNoNodeAccess.push({ ip, port: sp.port, protocol: proto });
     }
-    b.virtualServer(vsFor(ip, sp.port), pickEndpoints(cat, sp.externalPolicyLocal), sp.key, !nodeIPSet.has(ip));
+    b.virtualServer(vsFor(ip, sp.port), cat.externalBackends, sp.key, !nodeIPSet.has(ip));
   }
 
   if (sp.nodePort && npIPs.length) {
@@ -172,25 +158,18 @@ function planServicePort(b: FragmentBuilder, cat: PortView, config: PlanInput['c
       if (sp.externalPolicyLocal) b.add(local, e, sp.key);
     }
     for (const ip of npIPs) {
-      b.virtualServer(vsFor(ip, sp.nodePort), pickEndpoints(cat, sp.externalPolicyLocal), sp.key, false);
+      b.virtualServer(vsFor(ip, sp.nodePort), cat.externalBackends, sp.key, false);
     }
   }
 
   if (cat.healthCheckNodePort) b.add('healthCheckNodePort', `${cat.healthCheckNodePort}`, sp.key);
 }
 
-/** The ports of a sync's family, sorted by key (the plan's order). */
-export function familyPorts(input: PlanInput, family: 4 | 6, only?: (sp: ServicePort) => boolean): ServicePort[] {
-  const out: ServicePort[] = [];
-  for (const sp of input.state.services.values()) if (sp.family === family && (!only || only(sp))) out.push(sp);
-  return out.sort((a, b2) => (a.key < b2.key ? -1 : a.key > b2.key ? 1 : 0));
-}
-
 /** Every fragment of a state, in the plan's order. */
 export function planFragments(ctx: PlanContext): PortFragment[] {
   const out: PortFragment[] = [];
-  for (const sp of familyPorts(ctx.input, ctx.family)) {
-    const f = planPort(ctx, sp);
+  for (const v of portsInOrder(ctx.view)) {
+    const f = planPort(ctx, v);
     if (f) out.push(f);
   }
   return out;

@@ -13,7 +13,7 @@ import { SkippedVIPReporter } from '../skipped-vips.ts';
 import { release } from 'node:os';
 import type { Logger } from '../../log.ts';
 import type { ModeDeps, Proxier, SyncStats } from '../types.ts';
-import type { PlanInput } from '../../core/nodeview.ts';
+import { portsInOrder, type PlanInput } from '../../core/nodeview.ts';
 import type { ServicePort } from '../../core/model.ts';
 import { Ipvsadm } from '../../kernel/ipvs/exec.ts';
 import { IptablesExecutor } from '../../kernel/iptables/exec.ts';
@@ -23,7 +23,7 @@ import { ensureSysctl, procSysctl, type Sysctl } from '../../kernel/sysctl.ts';
 import { ensureModules, type ModuleFS } from '../../kernel/modules.ts';
 import { BASE_MODULES, DUMMY_DEVICE, schedulerModule } from './names.ts';
 import { withMissingJumps } from './iptables-rules.ts';
-import { familyPorts, planContext, planPort } from './planner.ts';
+import { planContext, planPort } from './planner.ts';
 import { type IpvsPlan, type PlanContext, type Rejected } from './plan-model.ts';
 import { PlanState } from './plan-state.ts';
 import { diffIPSets, type IPSetDiff, type IPSetTable } from '../../kernel/ipset/model.ts';
@@ -188,9 +188,9 @@ export class IpvsProxier implements Proxier {
     (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(input);
     this.model = null;
     const st = new PlanState(ctx.family);
-    for (const sp of familyPorts(input, ctx.family)) {
-      const f = planPort(ctx, sp);
-      if (f) st.put(sp.key, f);
+    for (const v of portsInOrder(ctx.view)) {
+      const f = planPort(ctx, v);
+      if (f) st.put(v.sp.key, f);
     }
     st.takeDelta();
     const p = st.toPlan(ctx);
@@ -305,15 +305,15 @@ export class IpvsProxier implements Proxier {
     const st = this.model!;
     const family = ctx.family;
     const isChanged = (sp: ServicePort) => changed.has(sp.serviceKey);
-    const ports = changed.size ? familyPorts(input, family, isChanged) : [];
+    const ports = portsInOrder(ctx.view, changed);
     // only the changed Services can hold a newly skipped VIP (their ports before safeServicePort)
     const raw = changed.size ? [...input.state.services.values()].filter(isChanged) : [];
     (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report({ ...input, state: { ...input.state, services: new Map(raw.map((sp) => [sp.key, sp])) } });
     const planned = new Set<string>();
-    for (const sp of ports) {
-      const f = planPort(ctx, sp);
-      if (f) planned.add(sp.key);
-      st.put(sp.key, f ?? undefined);
+    for (const v of ports) {
+      const f = planPort(ctx, v);
+      if (f) planned.add(v.sp.key);
+      st.put(v.sp.key, f ?? undefined);
     }
     for (const svc of changed) for (const k of [...(st.byService.get(svc) ?? [])]) if (!planned.has(k)) st.put(k, undefined);
     const delta = st.takeDelta();

@@ -17,7 +17,7 @@ import {
   type ConformanceCase,
 } from '../../conformance/case.ts';
 import { isServiceChainName } from './names.ts';
-import { C, nodePortIPsFor, planRuleset, type LocalDetector, type NftPlanOptions } from './plan.ts';
+import { C, caseNodePortIPs, planRuleset, type LocalDetector, type NftPlanOptions } from './plan.ts';
 import { dumpRuleset, type Ruleset } from './ruleset.ts';
 import { expandSelection } from './selection.ts';
 import { parseKubeProxyTable } from './parse.ts';
@@ -116,7 +116,7 @@ export function optionsFromCase(cfg: CaseConfig): NftPlanOptions {
       primaryNodeIP: primary,
       loopbackVIPs: false,
     },
-    nodePortIPs: nodePortIPsFor(npa, family, localAddrs, primary),
+    nodePortIPs: caseNodePortIPs(npa, family, localAddrs, primary),
     localDetector: detectorFrom(cfg, family),
     masqueradeAll: cfg.masqueradeAll === true,
     masqueradeMark: String(cfg.masqueradeMark ?? '0x4000'),

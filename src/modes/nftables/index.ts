@@ -5,7 +5,7 @@
 import type { ConformanceAdapter } from '../../conformance/case.ts';
 import { type CommandRunner, ExecError } from '../../kernel/runner.ts';
 import { NftExecutor } from '../../kernel/nft/exec.ts';
-import { canonicalIP } from '../../core/ip.ts';
+import { Links } from '../../kernel/links.ts';
 import type { Logger } from '../../log.ts';
 import type { ModeDeps, ModeModule, Proxier } from '../types.ts';
 import type { TraceRequest, TraceResult } from '../trace-types.ts';
@@ -73,18 +73,6 @@ export function withoutHandles(text: string): { handle: number; text: string } {
   return { handle: m ? parseInt(m[1], 10) : Number.MAX_SAFE_INTEGER, text: text.replace(/ # handle \d+$/gm, '') };
 }
 
-/** This host's addresses, for "fib ... type local" in a live trace. */
-async function hostAddresses(runner: CommandRunner): Promise<string[]> {
-  const r = await runner.run('ip', ['-j', 'addr', 'show'], { timeoutMs: 10_000 });
-  if (r.code !== 0) return [];
-  try {
-    const links = JSON.parse(r.stdout) as Array<{ addr_info?: Array<{ local?: string }> }>;
-    return links.flatMap((l) => (l.addr_info ?? []).map((a) => canonicalIP(a.local ?? '')).filter((a): a is string => !!a));
-  } catch {
-    return [];
-  }
-}
-
 async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promise<TraceResult> {
   const pkt = { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port };
   if (req.live) {
@@ -102,7 +90,8 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
     const texts = listed.sort((a, b) => a.handle - b.handle).map((x) => x.text);
     if (!texts.length) return { output: '', masq: false, rules: [], notes: [`no ${family} ${TABLE} table on this host`] };
     const text = texts.join('\n');
-    const local = await hostAddresses(deps.runner);
+    // this host's addresses, for "fib ... type local"
+    const local = (await new Links(deps.runner).hostAddresses()) ?? [];
     const r = traceNft(text, pkt, { localIPs: local });
     return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
   }

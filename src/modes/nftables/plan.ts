@@ -5,9 +5,8 @@
 // a chain of `numgen random mod N-k 0 goto` rules (no anonymous map per service: see
 // selection.ts; the one deliberate difference from upstream's table shape), affinity by
 // per-endpoint dynamic sets. Pure.
-import { isLoopback } from '../../core/ip.ts';
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
-import { NO_ENDPOINTS, portFactsOf, portOf, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortAddresses, type NodeSettings, type PlanInput, type PortFacts, type PortView, type FrontendVerdict } from '../../core/nodeview.ts';
+import { NO_ENDPOINTS, nodePortIPsFor, portFactsOf, portOf, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortIPs, type NodeSettings, type PlanInput, type PortFacts, type PortView, type FrontendVerdict } from '../../core/nodeview.ts';
 import { affinitySetName, endpointChainName, flatString, nftComment, serviceChainNames, TABLE } from './names.ts';
 import type { SkippedVIP } from '../../core/vip.ts';
 import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftRule, type NftSet, type Ruleset } from './ruleset.ts';
@@ -496,18 +495,9 @@ export function planRuleset(state: ProxyState, o: NftPlanOptions): Ruleset {
 
 // ---- options from the running configuration ----
 
-/**
- * Node addresses that accept NodePorts, from the node view's resolution: 'all' (every local
- * address but loopback: the nftables mode never serves NodePorts on loopback, as upstream).
- */
-export function nodePortIPsOf(n: NodePortAddresses): string[] | 'all' {
-  if (n.matchAll) return 'all';
-  return n.ips.filter((a) => !isLoopback(a));
-}
-
-/** Node addresses that accept NodePorts for a list of CIDRs (or "primary"): conformance cases. */
-export function nodePortIPsFor(cidrs: string[], family: 4 | 6, localAddrs: string[], primary: string | null): string[] | 'all' {
-  return nodePortIPsOf(resolveNodePortAddresses(family, cidrs, localAddrs, primary));
+/** Node addresses that accept NodePorts for a list of CIDRs (or "primary"): conformance cases, decided as the node view does. */
+export function caseNodePortIPs(cidrs: string[], family: 4 | 6, localAddrs: string[], primary: string | null): NodePortIPs {
+  return nodePortIPsFor('nftables', family, resolveNodePortAddresses(family, cidrs, localAddrs, primary), [], false);
 }
 
 /** Options for a live node: the node view's node-wide settings. */
@@ -519,7 +509,7 @@ export function optionsFromSettings(s: NodeSettings): NftPlanOptions {
   return {
     family: s.family,
     node: portFactsOf(s),
-    nodePortIPs: nodePortIPsOf(s.nodePorts),
+    nodePortIPs: s.nodePortIPs,
     localDetector: s.localDetector,
     masqueradeAll: s.masqueradeAll,
     masqueradeMark: s.masqueradeMark,

@@ -21,7 +21,7 @@
 //   firewalled, as upstream ("for loadbalancers which direct traffic to service NodePort,
 //   the firewall rules will not apply");
 // - SCTP is refused here: Node has no SCTP sockets.
-import { NO_ENDPOINTS, portFactsOf, portOf, settingsOf, type LocalDetectorSpec, type PortFacts, type PortView, type PlanInput } from '../../core/nodeview.ts';
+import { NO_ENDPOINTS, nodePortAddressList, portFactsOf, portOf, settingsOf, type LocalDetectorSpec, type PortFacts, type PortView, type PlanInput } from '../../core/nodeview.ts';
 import { canonicalIP, cidrContains, ipFamily, isLoopback, joinHostPort } from '../../core/ip.ts';
 import type { Endpoint, ServicePort } from '../../core/model.ts';
 import { describeSkippedVIP } from '../../core/vip.ts';
@@ -307,9 +307,9 @@ function planNodePort(b: Builder, v: PortView, protocol: 'TCP' | 'UDP', d: Front
   const f: Frontend = { kind: 'nodePort', ip: null, port: v.sp.nodePort };
   if (b.opts.redirect) return planRedirected(b, v, protocol, f, d);
   // Without iptables a NodePort is a listener on each NodePort address of the view that this
-  // host can bind (every node address when the view matches all); never the wildcard.
+  // host can bind; never the wildcard.
   const view = settingsOf(b.input);
-  const candidates = view.nodePorts.matchAll ? b.input.node.nodeIPs : view.nodePorts.ips;
+  const candidates = nodePortAddressList(view.nodePorts, view.nodeIPs);
   const hosts = [...new Set(candidates.map((a) => canonicalIP(a)).filter((a): a is string => !!a && canBind(b, a)))];
   if (hosts.length === 0) {
     b.plan.notes.push(`${v.sp.key}: ${frontendText(f)} has no NodePort address this host can bind; not served`);
@@ -332,11 +332,7 @@ function decide(v: PortView): { internal: FrontendDecision; external: FrontendDe
     allowedSources: null,
   };
   const fw = v.firewall;
-  let allowed: string[] | null = null;
-  if (fw && !fw.allowAll) {
-    // upstream allowFromNode: an LB IP that is also a local address loops back with itself as source.
-    allowed = [...fw.sourceRanges, ...(fw.nodeInRanges ? v.sp.loadBalancerVIPs.map(hostCIDR) : [])];
-  }
+  const allowed = fw && !fw.allowAll ? fw.allowedSources : null;
   return { internal, external, lb: { ...external, allowedSources: allowed } };
 }
 
