@@ -121,7 +121,7 @@ export function namedCommands(markdown: string): { files: string[]; scripts: str
 
 test('slugs follow GitHub: punctuation and symbols go, spaces become hyphens, repeats get -1', () => {
   assert.equal(slug('Step 2: sharding in the mode'), 'step-2-sharding-in-the-mode');
-  assert.equal(slug('The scale bench (issue 10, `bench/scale.ts`)'), 'the-scale-bench-issue-10-benchscalets');
+  assert.equal(slug('The scale bench (`bench/scale.ts`, 2 modes)'), 'the-scale-bench-benchscalets-2-modes');
   assert.equal(slug('The full run → Goals'), 'the-full-run--goals');
   assert.equal(slug("What cleanup removes (and what it never touches)"), 'what-cleanup-removes-and-what-it-never-touches');
   assert.deepEqual([...anchors('# A\n\n## A\n\n```\n# not a heading\n```\n')], ['a', 'a-1']);
