@@ -1,14 +1,15 @@
-// The catalogue of KPROXY_* codes (src/errors.ts) against the sources, the tests and README:
+// The catalogue of KPROXY_* codes (src/errors.ts) against the sources, the tests and the docs:
 // every code written in src/ is catalogued, every entry is used and has a meaning, every code
-// is exercised by a test (the table below triggers those no other test names), and README's
-// "Error codes" section is the catalogue. `UPDATE_README=1` rewrites that section.
+// is exercised by a test (the table below triggers those no other test names), and
+// docs/troubleshooting.md's "Error codes" section is the catalogue (`npm run docs:gen` writes it).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { ENV_VARS, ERROR_CODES, errorCode, type ErrorCode } from '../src/errors.ts';
+import { ERRORS_BEGIN, ERRORS_END, TROUBLESHOOTING, withErrorCodes } from '../scripts/gen-docs.ts';
 import type { CommandRunner, RunResult } from '../src/kernel/runner.ts';
 import { runChecked } from '../src/kernel/runner.ts';
 import { IPSetExec } from '../src/kernel/ipset/exec.ts';
@@ -242,25 +243,11 @@ test('every catalogued code is exercised by a test', () => {
   assert.deepEqual(untested, [], 'add a trigger to TRIGGERS in test/errors.test.ts or a test that meets the code');
 });
 
-// ---- README ----------------------------------------------------------------------------------
+// ---- docs/troubleshooting.md -----------------------------------------------------------------
 
-const BEGIN = '<!-- error-codes: generated from src/errors.ts by test/errors.test.ts (UPDATE_README=1) -->';
-const END = '<!-- /error-codes -->';
-
-function readmeSection(): string {
-  const rows = Object.entries(ERROR_CODES).map(([c, m]) => `| \`${c}\` | ${m.replace(/\|/g, '\\|')} |`);
-  return [BEGIN, '', '| code | meaning, and what to do |', '|---|---|', ...rows, '', END].join('\n');
-}
-
-test("README's Error codes section is the catalogue", () => {
-  const path = join(root, 'README.md');
-  const text = readFileSync(path, 'utf8');
-  const start = text.indexOf(BEGIN);
-  const end = text.indexOf(END);
-  if (process.env.UPDATE_README && start >= 0 && end > start) {
-    writeFileSync(path, text.slice(0, start) + readmeSection() + text.slice(end + END.length));
-    return;
-  }
-  assert.ok(start >= 0 && end > start, 'README.md needs the generated Error codes section; run with UPDATE_README=1 after adding the markers');
-  assert.equal(text.slice(start, end + END.length), readmeSection(), 'README.md is out of date: run UPDATE_README=1 node --import tsx --test test/errors.test.ts');
+test("docs/troubleshooting.md's Error codes section is the catalogue", () => {
+  const text = readFileSync(TROUBLESHOOTING, 'utf8');
+  assert.ok(text.includes(ERRORS_BEGIN) && text.includes(ERRORS_END), 'docs/troubleshooting.md needs the generated Error codes section between its markers');
+  assert.equal(withErrorCodes(text), text, 'docs/troubleshooting.md is out of date: run npm run docs:gen');
+  for (const code of Object.keys(ERROR_CODES)) assert.ok(text.includes(`| \`${code}\` |`), `${code} has a row`);
 });

@@ -84,12 +84,13 @@ export function formatDuration(ms: number): string {
 
 // ---- decoding: the v1alpha1 fields and their Go types ----
 
-type Kind = 'string' | 'bool' | 'int32' | 'float' | 'duration' | 'strings' | 'boolMap' | 'flushFrequency' | 'any' | Spec;
-interface Spec {
+export type Kind = 'string' | 'bool' | 'int32' | 'float' | 'duration' | 'strings' | 'boolMap' | 'flushFrequency' | 'any' | Spec;
+export interface Spec {
   [field: string]: Kind;
 }
 
-const SPEC: Spec = {
+/** Every field the decoder reads, with its Go type (docs/configuration.md lists them: src/config/fields.ts). */
+export const SPEC: Spec = {
   apiVersion: 'string',
   kind: 'string',
   featureGates: 'boolMap',
