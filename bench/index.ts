@@ -18,7 +18,7 @@
 // benches (one busy core more for them), to keep the whole under 5 minutes; without it, after
 // them. --quick is the sized-down run; without it, the full sizes (50,000 Services on the host,
 // 10,000 in the VM: over an hour here). Outputs: OUT/{scale,ipvs,userspace}-quick.json or
-// OUT/{scale,ipvs,userspace}-full.json, and the plots the report shows. Needs root (network
+// OUT/{scale,ipvs,userspace}-full.json, and the plots the report shows in OUT/quick/ or OUT/full/. Needs root (network
 // namespaces) and the peers of bench/userspace.ts (scripts/setup-system.sh installs them).
 import { spawn } from 'node:child_process';
 import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
@@ -49,13 +49,14 @@ function node(file: string, args: string[]): Promise<number> {
 
 export function benchArgs(bench: Bench, quick: boolean, out: string, work: string): { file: string; args: string[] } {
   const q = quick ? ['--quick'] : [];
+  const plots = join(out, quick ? 'quick' : 'full');
   // --quick: no memory phase (scale.ts's own --quick default; the run phase reports RSS per size)
   const hostPhases = quick ? 'manifests,cold,run,connect' : 'manifests,memory,cold,run,connect';
-  if (bench === 'scale') return { file: 'bench/scale.ts', args: [...q, '--phases', hostPhases, '--out', join(work, 'scale'), '--docs', out] };
-  if (bench === 'ipvs') return { file: 'bench/scale.ts', args: [...q, '--phases', 'ipvs', '--out', join(work, 'ipvs'), '--docs', out] };
+  if (bench === 'scale') return { file: 'bench/scale.ts', args: [...q, '--phases', hostPhases, '--out', join(work, 'scale'), '--docs', plots] };
+  if (bench === 'ipvs') return { file: 'bench/scale.ts', args: [...q, '--phases', 'ipvs', '--out', join(work, 'ipvs'), '--docs', plots] };
   // --quick: the peers the report compares (kproxy's net.Socket path and its workers only in the full run)
-  const sized = quick ? ['--duration', '2', '--repeat', '1', '--idle', '500', '--only', 'direct,naive,nginx,haproxy,kproxy'] : [];
-  return { file: 'bench/userspace.ts', args: [...sized, '--json', join(out, `userspace-${quick ? 'quick' : 'full'}.json`), '--svg', join(out, 'userspace.svg')] };
+  const sized = quick ? ['--duration', '2', '--repeat', '1', '--idle', '2000', '--only', 'direct,naive,nginx,haproxy,kproxy'] : [];
+  return { file: 'bench/userspace.ts', args: [...sized, '--json', join(out, `userspace-${quick ? 'quick' : 'full'}.json`), '--svg', join(plots, 'userspace.svg')] };
 }
 
 /** scale.ts names its JSON by date: the one a bench wrote, kept under a stable name the report links to. */
@@ -83,7 +84,7 @@ async function main(): Promise<void> {
   for (const b of only) if (!(BENCHES as readonly string[]).includes(b)) throw new Error(`KPROXY_BENCH_ARGS: unknown bench ${JSON.stringify(b)} (want some of ${BENCHES.join(', ')})`);
   const quick = values.quick!;
   const out = resolve(repoRoot, values.out!);
-  mkdirSync(out, { recursive: true });
+  mkdirSync(join(out, quick ? 'quick' : 'full'), { recursive: true });
   const work = mkdtempSync(join(tmpdir(), 'kpb-suite-'));
   const t0 = performance.now();
   let failed = 0;

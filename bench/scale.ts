@@ -535,7 +535,7 @@ export function ipvsMarkdown(x: IpvsPhaseResult): string {
   }
   const con = x.connect ?? [];
   if (con.length) {
-    parts.push(`First-packet connect latency in the VM (ms, p10 / p50 / p99, ${o.connectCount} connects per target, each mode in a fresh node namespace; ipvs: over kproxy's first sync, in the namespace where it was timed ("rules loaded in" is that sync); iptables: the iptables mode's rendered rules, flushing iptables-restore, nf_tables backend). Under emulation on a loaded host the p50 is mostly the emulator's scheduling; the p10 is the closest to the path's own cost.\n\n` +
+    parts.push(`First-packet connect latency in the VM (ms, p10 / p50 / p99, ${o.connectCount} connects per target, each mode in a fresh node namespace; ipvs: over kproxy's first sync, in the namespace where it was timed ("rules loaded in" is that sync); iptables: the iptables mode's rules, nf_tables backend). Under emulation on a loaded host the p50 is mostly the emulator's scheduling; the p10 is the closest to the path's own cost.\n\n` +
       table(['mode', 'N', 'first Service', 'last Service', 'pod IP (no Service)', 'rules loaded in', 'errors'],
         con.map((c) => [c.mode, n0(c.n), ...(['first', 'last', 'pod'] as const).map((k) => c.targets[k] ? `${c.targets[k].p10Ms.toFixed(2)} / ${c.targets[k].p50Ms.toFixed(2)} / ${c.targets[k].p99Ms.toFixed(2)}` : '–'), fmtMs(c.loadMs), c.error ?? ''])));
   }
