@@ -4,8 +4,8 @@
 // pause/resume, and each direction's FIN forwarded on its own (allowHalfOpen) so a client
 // that shuts its write side still gets the whole reply.
 //
-// The hot path is kept cheap (bench/userspace-profile.ts; docs/benchmarks.md "Profile of the
-// TCP path": the time goes to the write and connect syscalls, not to JavaScript): each
+// The hot path is kept cheap (a CPU profile of the data path under bench/userspace.ts's loads:
+// the time goes to the write and connect syscalls, not to JavaScript): each
 // direction is a 'data' handler that writes the chunk as it was read (no pipe() machinery,
 // no copy), the socket handlers are shared functions reading their state off the socket (no
 // closures per connection), the dial is synchronous when the picker answers at once (no
