@@ -665,7 +665,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
   });
   const q = values.quick!;
   const d = q
-    ? { sizes: '100,1000', run: '100,1000', connect: '100,1000', stream: '5', timeout: '120', count: '200', changes: '3', ipvs: '100', ipvsConnect: '100', ipvsMem: '1024', ipvsTimeout: '300', ipvsCount: '50', ipvsFullChangeMax: undefined }
+    ? { sizes: '100,1000', run: '100,1000', connect: '100,1000', stream: '5', timeout: '120', count: '100', changes: '3', ipvs: '100', ipvsConnect: '100', ipvsMem: '1024', ipvsTimeout: '300', ipvsCount: '50', ipvsFullChangeMax: undefined }
     : { sizes: '100,1000,5000,10000,20000,50000', run: '100,10000', connect: '100,1000,5000,10000,20000', stream: '30', timeout: '900', count: '300', changes: '5', ipvs: '100,1000,10000', ipvsConnect: '100,1000,5000,10000', ipvsMem: '4096', ipvsTimeout: '2700', ipvsCount: '200', ipvsFullChangeMax: '1000' };
   // --quick leaves out the memory phase (the run phase reports RSS per size) to stay under 5 minutes
   const phases = (values.phases ?? (q ? PHASES.filter((p) => p !== 'memory') : PHASES).join(',')).split(',').map((s) => s.trim()).filter(Boolean);
