@@ -50,12 +50,13 @@ function node(file: string, args: string[]): Promise<number> {
 export function benchArgs(bench: Bench, quick: boolean, out: string, work: string): { file: string; args: string[] } {
   const q = quick ? ['--quick'] : [];
   const plots = join(out, quick ? 'quick' : 'full');
-  // --quick: no memory phase (scale.ts's own --quick default; the run phase reports RSS per size)
-  const hostPhases = quick ? 'manifests,cold,run,connect' : 'manifests,memory,cold,run,connect';
+  // --quick: the phases the report's quick tables show (the run phase reports RSS per size; the
+  // manifests source and the memory breakdown are full-run figures)
+  const hostPhases = quick ? 'cold,run,connect' : 'manifests,memory,cold,run,connect';
   if (bench === 'scale') return { file: 'bench/scale.ts', args: [...q, '--phases', hostPhases, '--out', join(work, 'scale'), '--docs', plots] };
   if (bench === 'ipvs') return { file: 'bench/scale.ts', args: [...q, '--phases', 'ipvs', '--out', join(work, 'ipvs'), '--docs', plots] };
   // --quick: the peers the report compares (kproxy's net.Socket path and its workers only in the full run)
-  const sized = quick ? ['--duration', '2', '--repeat', '1', '--idle', '2000', '--only', 'direct,naive,nginx,haproxy,kproxy'] : [];
+  const sized = quick ? ['--duration', '1', '--repeat', '1', '--idle', '2000', '--only', 'direct,naive,nginx,haproxy,kproxy'] : [];
   return { file: 'bench/userspace.ts', args: [...sized, '--json', join(out, `userspace-${quick ? 'quick' : 'full'}.json`), '--svg', join(plots, 'userspace.svg')] };
 }
 
