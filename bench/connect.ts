@@ -4,15 +4,16 @@
 // Per mode and size, two namespaces: NODE (kproxy's rules; the client runs here, as node or
 // host-network traffic) and SRV (every pod: `local 10.0.0.0/8` on its loopback and one
 // listener on 0.0.0.0:8080), joined by a veth pair that exists only inside them. The rules
-// are what the mode renders for N services × E endpoints (mode.render, exactly kproxy's
-// payload), loaded with a flushing iptables-restore (plus the jump rules from the built-in
-// chains that the proxier would add) or `nft -f`, so the measurement does not depend on the
-// cold-start path (measured on its own). The client times connect() → SYN-ACK, sequentially,
+// are kproxy's for N services × E endpoints: the iptables mode's first full sync (the mode's
+// Proxier, jumps from the built-in chains included), or the nftables mode's rendered
+// transaction applied with `nft -f`. The client times connect() → SYN-ACK, sequentially,
 // round-robin over: the FIRST service's ClusterIP, the LAST one's, and a pod IP directly
 // (non-service traffic, which still walks the service chains in iptables).
 import { spawn, type ChildProcess } from 'node:child_process';
 import { resolve } from 'node:path';
-import { JUMP_RULES, jumpArgs } from '../src/modes/iptables/proxier.ts';
+import type { PlanInput } from '../src/core/nodeview.ts';
+import type { CommandRunner } from '../src/kernel/runner.ts';
+import { silentLogger } from '../src/log.ts';
 import { getMode } from '../src/modes/registry.ts';
 import { LEGACY_IPTABLES, podNetwork, TimedRunner, type Namespaces } from './netns.ts';
 import { killGroup, kubeProxyTables } from './kproxy-run.ts';
@@ -35,23 +36,18 @@ export interface ConnectResult {
 
 const repoRoot = resolve(import.meta.dirname, '..');
 
-function quote(a: string): string {
-  return /[\s"]/.test(a) ? `"${a.replace(/"/g, '\\"')}"` : a;
-}
-
-/** The rendered iptables payload with the built-in chains' jumps added to each table, for a flushing restore. */
-export function withJumps(payload: string): string {
-  const lines = payload.split('\n');
-  const out: string[] = [];
-  let table = '';
-  for (const l of lines) {
-    if (l.startsWith('*')) table = l.slice(1);
-    if (l === 'COMMIT') {
-      for (const j of JUMP_RULES) if (j.table === table) out.push(`-A ${j.src} ${jumpArgs(j).map(quote).join(' ')}`);
-    }
-    out.push(l);
+/**
+ * Loads the iptables mode's rules as kproxy's first full sync does, through the mode's entry
+ * point (its Proxier): the KUBE-* chains and the built-in chains' jumps to them. `runner` runs
+ * every command in the node namespace.
+ */
+export async function loadIptables(runner: CommandRunner, input: PlanInput): Promise<void> {
+  const proxier = await getMode('iptables').createProxier({ config: benchConfig('iptables'), log: silentLogger(), runner });
+  try {
+    await proxier.sync(input, new Set(), true);
+  } finally {
+    await proxier.stop();
   }
-  return out.join('\n');
 }
 
 function spawnIn(ns: string, args: string[], onOut: (s: string) => void): ChildProcess {
@@ -77,20 +73,23 @@ export async function connectPhase(
     procs.push(spawnIn(srv, ['serve', '8080'], (s) => void (serverOut += s)));
 
     const mode = o.variant === 'nftables' ? 'nftables' : 'iptables';
-    const payload = getMode(mode).render(new Workload(o.n, o.endpoints, benchConfig(mode)).input());
-    const runner = new TimedRunner(node, o.variant === 'iptables-legacy' ? LEGACY_IPTABLES : {});
-    let r;
+    const input = new Workload(o.n, o.endpoints, benchConfig(mode)).input();
+    const runner = new TimedRunner(node, o.variant === 'iptables-legacy' ? LEGACY_IPTABLES : {}, 900_000);
     for (let attempt = 0; ; attempt++) {
       const t0 = performance.now();
-      r = mode === 'nftables'
-        ? await runner.run('nft', ['-f', '-'], { input: payload, timeoutMs: 900_000 })
-        : await runner.run('iptables-restore', ['-w', '5'], { input: withJumps(payload), timeoutMs: 900_000 });
+      let err = '';
+      if (mode === 'nftables') {
+        const r = await runner.run('nft', ['-f', '-'], { input: getMode('nftables').render(input) });
+        if (r.code !== 0) err = r.stderr;
+      } else {
+        await loadIptables(runner, input).catch((e: Error) => void (err = e.message || 'failed'));
+      }
       res.loadMs = performance.now() - t0;
+      if (!err) break;
       // another program holding the (host-wide) xtables lock: wait and load again
-      if (r.code === 0 || !xtablesLockBusy(r.stderr) || attempt >= LOCK_RETRIES) break;
+      if (!xtablesLockBusy(err) || attempt >= LOCK_RETRIES) throw new Error(`KPROXY_BENCH_CONNECT: loading the rules failed: ${err.trim().slice(0, 300)}`);
       await new Promise((res) => setTimeout(res, 3000));
     }
-    if (r.code !== 0) throw new Error(`KPROXY_BENCH_CONNECT: loading the rules failed: ${r.stderr.trim().slice(0, 300)}`);
     // what the data path walks: the mode's render is its tables as shipped (sharded from 1,000 Services)
     if (mode === 'nftables') res.tables = await kubeProxyTables(runner);
     if (!(await pollUntil(async () => (serverOut.includes('READY') ? true : undefined), 30_000, 20))) {

@@ -30,7 +30,7 @@ import { plan } from '../src/modes/ipvs/planner.ts';
 import { diffIPSets } from '../src/kernel/ipset/model.ts';
 import { diffIpvs } from '../src/modes/ipvs/diff.ts';
 import { getMode } from '../src/modes/registry.ts';
-import { withJumps } from './connect.ts';
+import { loadIptables } from './connect.ts';
 import { benchConfig, clusterIPOf, endpointIPOf, Workload } from './workload.ts';
 import { percentile } from './stats.ts';
 
@@ -342,14 +342,16 @@ function fmtTargets(t: IpvsConnectSample['targets']): string {
   return (['first', 'last', 'pod'] as const).map((k) => `${k} ${t[k].p10Ms.toFixed(2)}/${t[k].p50Ms.toFixed(2)}/${t[k].p99Ms.toFixed(2)}${t[k].failed ? ` (${t[k].failed} failed)` : ''}`).join(', ');
 }
 
-/** The iptables mode in a fresh node namespace: the rendered rules loaded with a flushing restore, then the client. */
+/** The iptables mode in a fresh node namespace: its first full sync (the mode's Proxier), then the client. */
 async function iptablesConnectAt(n: number, endpoints: number, count: number, timeoutMs: number): Promise<IpvsConnectSample> {
   const s: IpvsConnectSample = { n, mode: 'iptables', loadMs: NaN, targets: {} as IpvsConnectSample['targets'] };
   try {
     await withNamespace(`ciptables${n}`, timeoutMs, async (r) => {
       await wireNode(r);
       const w = new Workload(n, endpoints, benchConfig('iptables'));
-      s.loadMs = await must(r, 'iptables-restore', ['-w', '5'], withJumps(getMode('iptables').render(w.input())));
+      const t0 = performance.now();
+      await loadIptables(r, w.input());
+      s.loadMs = performance.now() - t0;
       s.targets = await measureConnects(r, n, count);
     });
     say(`connect iptables N=${n}: ${fmtTargets(s.targets)} ms (p10/p50/p99; rules in ${(s.loadMs / 1000).toFixed(1)} s)`);

@@ -100,7 +100,7 @@ export interface RunPhaseResult {
   /**
    * 2 s after kproxy's collection after the first sync (its "collected the full sync's
    * garbage" line, at most 10 s waited for): V8 returns the freed pages on a background
-   * thread, so this is the RSS the node keeps (what bench/memory-run.ts reports)
+   * thread, so this is the RSS the node keeps (what the report quotes as "settled")
    */
   memSettled?: MemorySample;
   memAfterStream?: MemorySample;

@@ -1,7 +1,8 @@
-// Network namespaces for the benchmarks (names start with `kpb-`) and a CommandRunner that
-// runs every command inside one, timing each call so a sync's wall time can be split into
+// Network namespaces for the benchmarks (names start with `kpb-`; made by test/support/netns.ts)
+// and a CommandRunner that runs every command inside one, timing each call so a sync's wall time can be split into
 // kproxy's own work and the time spent in iptables-restore / nft.
-import { hostRunner, runChecked, type CommandRunner, type RunOptions, type RunResult } from '../src/kernel/runner.ts';
+import { hostRunner, type CommandRunner, type RunOptions, type RunResult } from '../src/kernel/runner.ts';
+import { Netns, vethPair } from '../test/support/netns.ts';
 
 export const NS_PREFIX = 'kpb-';
 
@@ -63,34 +64,33 @@ export function isWrite(r: ExecRecord): boolean {
   return (r.cmd === 'iptables-restore' || r.cmd === 'ip6tables-restore' || (r.cmd === 'nft' && r.args.includes('-f')));
 }
 
-/** Creates and deletes the namespaces of one run; deleteAll() is safe to call twice. */
+/** Creates and deletes the namespaces of one run (test/support/netns.ts's Netns); deleteAll() is safe to call twice. */
 export class Namespaces {
-  private readonly live = new Set<string>();
+  private readonly live = new Map<string, Netns>();
   private seq = 0;
 
   constructor(private readonly tag = `${process.pid}`) {}
 
   async create(label: string): Promise<string> {
     const name = `${NS_PREFIX}${this.tag}-${label}-${this.seq++}`.slice(0, 60);
-    await runChecked(hostRunner, 'ip', ['netns', 'add', name], { timeoutMs: 10_000 });
-    this.live.add(name);
-    // lo up: the kernel treats 127.0.0.1 as local only then, as on a real node.
-    await runChecked(hostRunner, 'ip', ['-n', name, 'link', 'set', 'lo', 'up'], { timeoutMs: 10_000 });
+    // lo up (Netns.create): the kernel treats 127.0.0.1 as local only then, as on a real node.
+    this.live.set(name, Netns.create(name));
     return name;
   }
 
   async delete(name: string): Promise<void> {
-    if (!this.live.has(name)) return;
+    const ns = this.live.get(name);
+    if (!ns) return;
     this.live.delete(name);
-    await hostRunner.run('ip', ['netns', 'del', name], { timeoutMs: 30_000 });
+    await ns.destroy();
   }
 
   async deleteAll(): Promise<void> {
-    for (const name of [...this.live]) await this.delete(name);
+    for (const name of [...this.live.keys()]) await this.delete(name);
   }
 
   get names(): string[] {
-    return [...this.live];
+    return [...this.live.keys()];
   }
 }
 
@@ -101,12 +101,9 @@ export class Namespaces {
  * OUTPUT hook rewrites it). bench/connect.ts and bench/kproxy-run.ts's packet detection.
  */
 export async function podNetwork(node: string, srv: string): Promise<void> {
-  const ip = (ns: string, ...a: string[]) => runChecked(new TimedRunner(ns), 'ip', a, { timeoutMs: 10_000 });
-  await ip(node, 'link', 'add', 'vn', 'type', 'veth', 'peer', 'name', 'vs', 'netns', srv);
-  await ip(node, 'addr', 'add', '192.168.0.2/24', 'dev', 'vn');
-  await ip(node, 'link', 'set', 'vn', 'up');
-  await ip(node, 'route', 'add', 'default', 'via', '192.168.0.3');
-  await ip(srv, 'addr', 'add', '192.168.0.3/24', 'dev', 'vs');
-  await ip(srv, 'link', 'set', 'vs', 'up');
-  await ip(srv, 'route', 'add', 'local', '10.0.0.0/8', 'dev', 'lo');
+  const n = new Netns(node);
+  const s = new Netns(srv);
+  vethPair(n, 'vn', '192.168.0.2/24', s, 'vs', '192.168.0.3/24');
+  n.exec('ip', ['route', 'add', 'default', 'via', '192.168.0.3']);
+  s.exec('ip', ['route', 'add', 'local', '10.0.0.0/8', 'dev', 'lo']);
 }

@@ -3,11 +3,12 @@
 //
 //   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,memory,cold,run,connect,ipvs]
 //        [--sizes 100,1000,...] [--run-sizes 100,10000] [--connect-sizes 100,1000,...]
-//        [--variants iptables,iptables-legacy,nftables] [--nft-max 60000] [--raw-iptables-max 60000] [--endpoints 5]
+//        [--variants iptables,iptables-legacy,nftables] [--run-variants iptables,nftables] [--nft-max 60000] [--raw-iptables-max 60000] [--endpoints 5]
 //        [--ipvs-sizes 100,1000,10000] [--ipvs-connect-sizes 100,1000,5000,10000] [--ipvs-mem 4096] [--ipvs-timeout 2700]
 //        [--ipvs-full-change-max 1000] [--ipvs-connect-count 200] [--ipvs-parallel] [--ipvs-from FILE]
 //        [--memory-size 10000] [--memory-variant iptables-legacy] [--manifest-services 10000]
-//        [--stream-seconds 30] [--stream-rate 10] [--detect both|packet|kernel] [--timeout 600] [--out bench/out] [--docs docs]
+//        [--stream-seconds 30] [--stream-rate 10] [--detect both|packet|kernel] [--timeout 600] [--out bench/out] [--docs docs/bench]
+//   node --import tsx bench/scale.ts --report docs/bench/scale-full.json [--docs DIR]   # a kept run's tables (and plots) again
 //
 // Phases:
 //   manifests  one file of 10,000 Services (8.7 MB) through the manifests source: load time,
@@ -65,6 +66,8 @@ export interface ScaleOptions {
   runSizes: number[];
   connectSizes: number[];
   variants: ScaleVariant[];
+  /** the run phase's variants (`kproxy run`, the slowest phase), when fewer than --variants (--quick: iptables, nftables) */
+  runVariants?: ScaleVariant[];
   nftMax: number;
   /** the cold phase's raw flushing iptables-restore references only up to this N (the raw restore alone took > 400 s at 50,000 here) */
   rawIptablesMax: number;
@@ -235,6 +238,7 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
       for (const n of o.runSizes) {
         for (const v of o.variants) {
           if (!sizesFor(v, o.runSizes, o, notes).includes(n)) continue;
+          if (o.runVariants && !o.runVariants.includes(v)) continue;
           o.log(`run ${v} N=${n}`);
           const big = n === Math.max(...o.runSizes);
           const r = await runPhase(nss, {
@@ -531,7 +535,7 @@ export function ipvsMarkdown(x: IpvsPhaseResult): string {
   }
   const con = x.connect ?? [];
   if (con.length) {
-    parts.push(`First-packet connect latency in the VM (ms, p10 / p50 / p99, ${o.connectCount} connects per target, each mode in a fresh node namespace; ipvs: over kproxy's first sync, in the namespace where it was timed ("rules loaded in" is that sync); iptables: the iptables mode's rendered rules, flushing iptables-restore, nf_tables backend). Under emulation on a loaded host the p50 is mostly the emulator's scheduling; the p10 is the closest to the path's own cost.\n\n` +
+    parts.push(`First-packet connect latency in the VM (ms, p10 / p50 / p99, ${o.connectCount} connects per target, each mode in a fresh node namespace; ipvs: over kproxy's first sync, in the namespace where it was timed ("rules loaded in" is that sync); iptables: the iptables mode's rules, nf_tables backend). Under emulation on a loaded host the p50 is mostly the emulator's scheduling; the p10 is the closest to the path's own cost.\n\n` +
       table(['mode', 'N', 'first Service', 'last Service', 'pod IP (no Service)', 'rules loaded in', 'errors'],
         con.map((c) => [c.mode, n0(c.n), ...(['first', 'last', 'pod'] as const).map((k) => c.targets[k] ? `${c.targets[k].p10Ms.toFixed(2)} / ${c.targets[k].p50Ms.toFixed(2)} / ${c.targets[k].p99Ms.toFixed(2)}` : '–'), fmtMs(c.loadMs), c.error ?? ''])));
   }
@@ -653,30 +657,32 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
     options: {
       quick: { type: 'boolean', default: false },
       phases: { type: 'string' }, sizes: { type: 'string' }, 'run-sizes': { type: 'string' }, 'connect-sizes': { type: 'string' },
-      variants: { type: 'string' }, 'nft-max': { type: 'string' }, 'raw-iptables-max': { type: 'string' }, 'memory-size': { type: 'string' }, 'memory-variant': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
+      variants: { type: 'string' }, 'run-variants': { type: 'string' }, 'nft-max': { type: 'string' }, 'raw-iptables-max': { type: 'string' }, 'memory-size': { type: 'string' }, 'memory-variant': { type: 'string' }, endpoints: { type: 'string' }, 'manifest-services': { type: 'string' },
       'ipvs-sizes': { type: 'string' }, 'ipvs-connect-sizes': { type: 'string' }, 'ipvs-mem': { type: 'string' }, 'ipvs-timeout': { type: 'string' }, 'ipvs-connect-count': { type: 'string' }, 'ipvs-parallel': { type: 'boolean' }, 'ipvs-from': { type: 'string' }, 'ipvs-full-change-max': { type: 'string' }, 'ipvs-connect-modes': { type: 'string' },
       changes: { type: 'string' }, detect: { type: 'string' }, 'stream-seconds': { type: 'string' }, 'stream-rate': { type: 'string' }, 'connect-count': { type: 'string' },
-      timeout: { type: 'string' }, out: { type: 'string', default: 'bench/out' }, docs: { type: 'string', default: 'docs' }, 'no-docs': { type: 'boolean', default: false },
+      timeout: { type: 'string' }, out: { type: 'string', default: 'bench/out' }, docs: { type: 'string', default: 'docs/bench' }, 'no-docs': { type: 'boolean', default: false },
     },
   });
   const q = values.quick!;
   const d = q
-    ? { sizes: '100,1000', run: '100,1000', connect: '100,1000', stream: '5', timeout: '120', count: '200', changes: '3', ipvs: '100', ipvsConnect: '100', ipvsMem: '1024', ipvsTimeout: '300', ipvsCount: '50', ipvsFullChangeMax: undefined }
+    ? { sizes: '100,1000', run: '100,1000', connect: '100,1000', stream: '5', timeout: '120', count: '100', changes: '3', ipvs: '100', ipvsConnect: '100', ipvsMem: '1024', ipvsTimeout: '300', ipvsCount: '50', ipvsFullChangeMax: undefined }
     : { sizes: '100,1000,5000,10000,20000,50000', run: '100,10000', connect: '100,1000,5000,10000,20000', stream: '30', timeout: '900', count: '300', changes: '5', ipvs: '100,1000,10000', ipvsConnect: '100,1000,5000,10000', ipvsMem: '4096', ipvsTimeout: '2700', ipvsCount: '200', ipvsFullChangeMax: '1000' };
-  const phases = (values.phases ?? PHASES.join(',')).split(',').map((s) => s.trim()).filter(Boolean);
+  // --quick leaves out the memory phase (the run phase reports RSS per size) to stay under 5 minutes
+  const phases = (values.phases ?? (q ? PHASES.filter((p) => p !== 'memory') : PHASES).join(',')).split(',').map((s) => s.trim()).filter(Boolean);
   for (const p of phases) if (!(PHASES as readonly string[]).includes(p)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown phase ${JSON.stringify(p)} (want some of ${PHASES.join(', ')})`);
   const variants = (values.variants ?? ALL_VARIANTS.join(',')).split(',').map((s) => s.trim()).filter(Boolean);
-  for (const v of variants) if (!(ALL_VARIANTS as string[]).includes(v)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown variant ${JSON.stringify(v)} (want some of ${ALL_VARIANTS.join(', ')})`);
+  const runVariants = (values['run-variants'] ?? (q ? 'iptables,nftables' : variants.join(','))).split(',').map((s) => s.trim()).filter(Boolean);
+  for (const v of [...variants, ...runVariants]) if (!(ALL_VARIANTS as string[]).includes(v)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown variant ${JSON.stringify(v)} (want some of ${ALL_VARIANTS.join(', ')})`);
   const one = (flag: string, text: string) => intList(flag, text)[0];
   const memoryVariant = values['memory-variant'] ?? 'iptables-legacy';
   if (!(ALL_VARIANTS as string[]).includes(memoryVariant)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown --memory-variant ${JSON.stringify(memoryVariant)} (want one of ${ALL_VARIANTS.join(', ')})`);
   return {
-    quick: q, phases: phases as Phase[], variants: variants as ScaleVariant[],
+    quick: q, phases: phases as Phase[], variants: variants as ScaleVariant[], runVariants: runVariants as ScaleVariant[],
     sizes: intList('--sizes', values.sizes ?? d.sizes), runSizes: intList('--run-sizes', values['run-sizes'] ?? d.run),
     connectSizes: intList('--connect-sizes', values['connect-sizes'] ?? d.connect),
     nftMax: one('--nft-max', values['nft-max'] ?? '60000'), rawIptablesMax: one('--raw-iptables-max', values['raw-iptables-max'] ?? '60000'), endpoints: one('--endpoints', values.endpoints ?? '5'),
     manifestServices: one('--manifest-services', values['manifest-services'] ?? '10000'),
-    detect: detectArg(values.detect ?? 'both'),
+    detect: detectArg(values.detect ?? (q ? 'packet' : 'both')),
     memorySize: one('--memory-size', values['memory-size'] ?? '10000'), memoryVariant: memoryVariant as ScaleVariant, breakdown: !q, changes: one('--changes', values.changes ?? d.changes),
     streamSeconds: one('--stream-seconds', values['stream-seconds'] ?? d.stream), streamRate: one('--stream-rate', values['stream-rate'] ?? '10'),
     connectCount: one('--connect-count', values['connect-count'] ?? d.count),
@@ -711,7 +717,22 @@ export function writeOutputs(r: ScaleResult, outDir: string, docsDir: string | n
 }
 
 async function main(): Promise<void> {
-  const o = parseScaleArgs(process.argv.slice(2));
+  const argv = process.argv.slice(2);
+  const at = argv.indexOf('--report');
+  if (at >= 0) {
+    // a kept run (docs/bench/scale-*.json) printed again and its plots drawn again, no kernel
+    const file = argv[at + 1];
+    if (!file) throw new ScaleError('KPROXY_BENCH_ARGS: --report wants a JSON file of an earlier run');
+    const r = JSON.parse(readFileSync(file, 'utf8')) as ScaleResult;
+    process.stdout.write(markdown(r));
+    const docs = argv[argv.indexOf('--docs') + 1];
+    if (argv.includes('--docs') && docs) {
+      mkdirSync(docs, { recursive: true });
+      for (const [name, svg] of Object.entries(plots(r))) writeFileSync(join(docs, name), svg);
+    }
+    return;
+  }
+  const o = parseScaleArgs(argv);
   const r = await runScale(o);
   const paths = writeOutputs(r, o.outDir, o.docsDir);
   process.stdout.write(markdown(r));

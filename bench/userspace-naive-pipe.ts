@@ -4,7 +4,7 @@
 // proxy should beat.
 import net from 'node:net';
 
-// SIGTERM exits normally, so that `node --cpu-prof` (bench/userspace-profile.ts) writes its profile.
+// SIGTERM exits normally (a `node --cpu-prof` run writes its profile then).
 process.on('SIGTERM', () => process.exit(0));
 for (const arg of process.argv.slice(2)) {
   const [listen, target] = arg.split('=');

@@ -21,9 +21,9 @@
 // and once per proxy, before the loads: memory and fds per idle connection (--idle N
 // connections held open, RSS and fd deltas of the proxy's process tree / N).
 //
-//   sudo scripts/bench-install.sh          # nginx + stream module, haproxy, iperf3, wrk
+//   sudo scripts/setup-system.sh           # nginx + stream module, haproxy, iperf3, wrk
 //   sudo node --import tsx bench/userspace.ts [--duration 3] [--repeat 3] [--workers 2]
-//        [--idle 5000] [--only direct,naive,...] [--json FILE] [--svg docs/bench-userspace.svg]
+//        [--idle 5000] [--only direct,naive,...] [--json FILE] [--svg docs/bench/userspace.svg]
 //   node --import tsx bench/userspace.ts --report FILE.json [--svg FILE]   # redraw from a run
 import { execFile, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -494,7 +494,7 @@ async function main(): Promise<void> {
   }
   for (const tool of ['nginx', 'haproxy', 'iperf3', 'wrk']) {
     await run('sh', ['-c', `command -v ${tool}`], 5000).catch(() => {
-      throw new Error(`${tool} is not installed; run scripts/bench-install.sh (as root) first`);
+      throw new Error(`${tool} is not installed; run scripts/setup-system.sh (as root) first`);
     });
   }
   const durationS = Number(values.duration);

@@ -47,7 +47,7 @@ export const NAMESPACE = 'bench';
 
 /**
  * Service i: NodePort (ClusterIP + node port 30000 + i) while node ports last, from
- * MAX_NODE_PORT_SERVICES on ClusterIP only (as bench/iptables-scale.ts and nft-scale.ts did), so
+ * MAX_NODE_PORT_SERVICES on ClusterIP only, so
  * sizes up to MAX_SERVICES (50,000 in the full scale run) can be built.
  */
 export function serviceObject(i: number): K8sService {

@@ -74,7 +74,7 @@ test('cleanup removes kube-proxy and every kube-proxy-<n> table of ip and ip6, a
 
 test('a restart over sharded tables (one listing of the names), a live trace and cleanup find the tables by name, never by `nft list tables` or `list ruleset`', async () => {
   // `nft list tables` (nft 1.0.6) reads every table whole first: 31–55 s at 10,000 Services in
-  // 16 tables (bench/nft-table-scan.ts); the probe by name costs the same at any size.
+  // 16 tables (docs/benchmarks.md); the probe by name costs the same at any size.
   const calls: string[][] = [];
   const recording: CommandRunner = { run: (cmd, args, opts) => { calls.push([cmd, ...args]); return runner.run(cmd, args, opts); } };
   const tracker = new ProxyStateTracker(4, 'node-a');

@@ -2,7 +2,7 @@
 //
 // By default Node reads each chunk into a newly malloc'd 64 KB buffer that V8 frees only
 // when it collects, tens of MB at a time; glibc then trims the top of its heap and the next
-// reads fault the pages in again (docs/benchmarks.md "Profile of the TCP path": 99.5 minor
+// reads fault the pages in again (a profile under bench/userspace.ts's loads: 99.5 minor
 // page faults per MB forwarded, the gap to the naive pipe on 1-stream throughput). Here
 // every socket reads into ONE buffer of the process (Node's `onread` option; for accepted
 // sockets, which node:net creates without options, the same fields set on the socket before
