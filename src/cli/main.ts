@@ -147,7 +147,7 @@ export async function main(argv: string[]): Promise<void> {
     .action(async (o) => statusCommand(o).catch(fail));
 
   program.command('conformance').description('run upstream-format conformance cases; ends with "N passed, N failed"')
-    .argument('<dirs...>', 'case directories or directories of cases')
+    .argument('[dirs...]', 'case directories or directories of cases (default: the conformance/ cases of this checkout)')
     .option('--nft-shards <list>', 'also run every flows case and every nftables case through the sharded nftables mode with these table counts, e.g. 2,3')
     .action(async (dirs: string[], o: { nftShards?: string }) => conformanceCommand(dirs, o).catch(fail));
 
