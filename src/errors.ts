@@ -54,7 +54,7 @@ export const ERROR_CODES = {
   KPROXY_SYNC_SERVICE_EXCLUDED: 'the kernel refused the rules of one Service, so that Service was left out of the sync and every other one applied; fix the Service the message names',
   KPROXY_SYSCTL_FAILED: 'a sysctl the mode needs could not be set (run as root with /proc/sys writable); at start, a warning naming the conntrack settings or oom_score_adj the host did not allow, which keep their host values',
   KPROXY_TRACE_BAD_PROTOCOL: 'a traced flow has a protocol other than tcp, udp or sctp',
-  KPROXY_TRACE_INPUT: 'kproxy trace was given a bad --from, --to or --proto, neither --manifests nor --live nor --rules, or --rules files it cannot trace',
+  KPROXY_TRACE_INPUT: 'kproxy trace was given a bad --from, --to or --proto, or neither --manifests nor --live',
   KPROXY_TRACE_NO_INPUT: 'a planned trace needs --manifests DIR (or use --live)',
   KPROXY_TRACE_UNSUPPORTED: 'the chosen mode has no tracer',
   KPROXY_UNCAUGHT_EXCEPTION: 'an exception escaped every handler; it is logged and kproxy goes on unless they come in a storm (KPROXY_ERROR_STORM)',
