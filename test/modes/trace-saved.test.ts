@@ -269,4 +269,11 @@ FWM  258 rr
     'sets.txt line 4: not understood, left out: flush',
   ]);
   assert.throws(() => trace([file('ipset-save.txt')], '10.244.1.5', '10.96.0.10', 53), /ipset save alone/);
+  // IPv6: bracketed addresses, and the family's sets (KUBE-6-*)
+  const v6 = [
+    file('ipvs6.txt', 'TCP  [fd00:10:96::1]:443 rr\n  -> [2001:db8::1]:6443            Masq    1      0          0\n'),
+    file('ipset6.txt', 'create KUBE-6-CLUSTER-IP hash:ip,port family inet6 hashsize 1024 maxelem 65536 comment\nadd KUBE-6-CLUSTER-IP fd00:10:96::1,tcp:443\n'),
+  ];
+  const r6 = trace(v6, 'fd00:10:244::5', 'fd00:10:96::1', 443);
+  assert.deepEqual([r6.output, r6.warnings], ['[2001:db8::1]:6443', []]);
 });
