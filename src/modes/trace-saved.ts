@@ -200,6 +200,9 @@ function traceSavedIptables(req: SavedTraceRequest, family: 4 | 6, files: ReadFi
     throw kproxyError('KPROXY_TRACE_INPUT', `no IPv${family} iptables rules to trace the IPv${family} packet through (${others.join('; ')}); give the ${family === 6 ? 'ip6tables-save' : 'iptables-save'} output, or --family if the family was read wrong`);
   }
   const r = traceIptables(merged, { sourceIP: req.from, destIP: req.to, destPort: req.port, protocol: req.protocol }, { localIPs: localIPs(req) });
+  if ([...used].some((f) => /--match-set KUBE-(6-)?CLUSTER-IP\s/.test(f.text))) {
+    notes.push('these rules match the IPVS mode\'s ipsets (KUBE-CLUSTER-IP): the node runs the IPVS mode; give its ipvsadm -Ln and ipset save output with them to trace the virtual servers');
+  }
   const usesLocal = [...merged.tables.values()].some((t) => [...t.chains.values()].some((c) => c.rules.some((x) => /--(src|dst)-type\s/.test(x.text))));
   return {
     mode: 'iptables',

@@ -269,6 +269,10 @@ FWM  258 rr
     'sets.txt line 4: not understood, left out: flush',
   ]);
   assert.throws(() => trace([file('ipset-save.txt')], '10.244.1.5', '10.96.0.10', 53), /ipset save alone/);
+  // an IPVS node's iptables rules alone: traced as iptables, with the advice to give the rest
+  const alone = trace([file('ipvs-iptables-save.txt')], '10.244.1.5', '10.96.0.10', 53, { protocol: 'UDP' });
+  assert.equal(alone.mode, 'iptables');
+  assert.match(alone.notes.join('\n'), /the node runs the IPVS mode; give its ipvsadm -Ln and ipset save/);
   // IPv6: bracketed addresses, and the family's sets (KUBE-6-*)
   const v6 = [
     file('ipvs6.txt', 'TCP  [fd00:10:96::1]:443 rr\n  -> [2001:db8::1]:6443            Masq    1      0          0\n'),
