@@ -4,10 +4,10 @@
 // kube-proxy-0/1), dumped with `iptables-save` (also `-c`, with counters), `ip6tables-save`,
 // `nft list ruleset` and `nft -a list ruleset` (handles), and a packet is traced through the
 // dump offline. The expected answers come from the Services' layout (which endpoints back
-// which address, which Service has none), not from kproxy's tracer; for iptables also from
+// which address, which Service has none), not from kproxy's tracer; for iptables and nftables also from
 // real traffic: a client namespace connects through the node namespace to backends in two pod
 // namespaces, and the endpoints reached, the peer address they saw (masquerade) and the
-// refusals must be what the trace of the node's `iptables-save -c` says. Every namespace and
+// refusals must be what the trace of the node's `iptables-save -c` / `nft -a list ruleset` says. Every namespace and
 // backend is removed in `after`, also on failure.
 import { after, before, describe, test } from 'node:test';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -152,13 +152,37 @@ const CLIENT = `const net = require('node:net'); const [host, port, n] = process
   s.on('data', (d) => (b += d)); s.on('end', () => { clearTimeout(t); res(b.trim()); });
   s.on('error', (e) => { clearTimeout(t); res('ERR ' + e.code); }); })); })();`;
 
+const PODS = [
+  { name: 'pod1', ip: '10.180.1.1', gw: '10.180.1.254' },
+  { name: 'pod2', ip: '10.180.2.1', gw: '10.180.2.254' },
+];
+const CLIENT_IP = '203.0.113.2';
+let client: Netns | undefined;
+
+/** What `n` connections from the client met: the pods that answered, the peers they saw, or the errors. */
+function connect(to: string, port: number, n: number): string[] {
+  return client!.exec(process.execPath, ['-e', CLIENT, to, String(port), String(n)]).trim().split('\n');
+}
+
+/** The trace of the saved dump against real connections from the client namespace. */
+function agreeWithTraffic(name: string, text: string, flows: Array<readonly [string, number]>): void {
+  for (const [to, port] of flows) {
+    const r = traceSavedRules({ files: [{ name, text }], from: CLIENT_IP, to, port, protocol: 'TCP', nodeIPs: [NODE_IP] });
+    // 20 tries: each of two endpoints unseen with probability 2^-20
+    const met = connect(to, port, 20);
+    if (r.output === 'REJECT') {
+      assert.deepEqual([...new Set(met)], ['ERR ECONNREFUSED'], `${name} ${to}:${port}`);
+      continue;
+    }
+    const byIP = new Map(PODS.map((p) => [p.name, `${p.ip}:8080`]));
+    const reached = [...new Set(met.map((l) => byIP.get(l.split(' ')[0]) ?? l))].sort();
+    assert.deepEqual(reached, r.output.split(', '), `${name} ${to}:${port}: the endpoints real packets reached`);
+    const peers = new Set(met.map((l) => l.split(' ')[1]));
+    assert.equal(r.masq, !peers.has(CLIENT_IP), `${name} ${to}:${port}: masqueraded (peers seen: ${[...peers].join(', ')})`);
+  }
+}
+
 describe('iptables: the answer of the saved dump is what real packets meet', () => {
-  const PODS = [
-    { name: 'pod1', ip: '10.180.1.1', gw: '10.180.1.254' },
-    { name: 'pod2', ip: '10.180.2.1', gw: '10.180.2.254' },
-  ];
-  const CLIENT_IP = '203.0.113.2';
-  let client: Netns;
 
   before(async () => {
     ns.exec('sysctl', ['-qw', 'net.ipv4.ip_forward=1']);
@@ -167,11 +191,12 @@ describe('iptables: the answer of the saved dump is what real packets meet', () 
     ns.exec('ip', ['link', 'set', 'kptd0', 'up']);
     ns.exec('ip', ['route', 'add', 'default', 'dev', 'kptd0']);
     ns.exec('iptables', ['-t', 'nat', '-I', 'POSTROUTING', '-m', 'comment', '--comment', 'kubernetes postrouting rules', '-j', 'KUBE-POSTROUTING']);
-    client = Netns.create(`${NS}-c`);
-    others.push(client);
-    vethPair(client, 'eth0', `${CLIENT_IP}/24`, ns, 'kptc0', '203.0.113.1/24');
+    const c = Netns.create(`${NS}-c`);
+    client = c;
+    others.push(c);
+    vethPair(c, 'eth0', `${CLIENT_IP}/24`, ns, 'kptc0', '203.0.113.1/24');
     ns.exec('ip', ['addr', 'add', `${NODE_IP}/24`, 'dev', 'kptc0']);
-    client.exec('ip', ['route', 'add', 'default', 'via', '203.0.113.1']);
+    c.exec('ip', ['route', 'add', 'default', 'via', '203.0.113.1']);
     for (const [i, p] of PODS.entries()) {
       const pod = Netns.create(`${NS}-p${i + 1}`);
       others.push(pod);
@@ -187,33 +212,17 @@ describe('iptables: the answer of the saved dump is what real packets meet', () 
     writeFileSync(join(dir, 'live-iptables-save.txt'), ns.exec('iptables-save', ['-c']));
   });
 
-  /** What `n` connections from the client met: the pods that answered, the peers they saw, or the errors. */
-  function connect(to: string, port: number, n: number): string[] {
-    return client.exec(process.execPath, ['-e', CLIENT, to, String(port), String(n)]).trim().split('\n');
-  }
-
   test('cluster IP, NodePort and a Service without endpoints: the trace of the dump and the traffic agree', () => {
     const text = execFileSync('cat', [join(dir, 'live-iptables-save.txt')], { encoding: 'utf8' });
-    for (const [to, port] of [['172.30.0.41', 80], [NODE_IP, 30080], ['172.30.0.42', 80]] as const) {
-      const r = traceSavedRules({ files: [{ name: 'live-iptables-save.txt', text }], from: CLIENT_IP, to, port, protocol: 'TCP', nodeIPs: [NODE_IP] });
-      // 20 tries: each of two endpoints unseen with probability 2^-20
-      const met = connect(to, port, 20);
-      if (r.output === 'REJECT') {
-        assert.deepEqual([...new Set(met)], ['ERR ECONNREFUSED'], `${to}:${port}`);
-        continue;
-      }
-      const byIP = new Map(PODS.map((p) => [p.name, `${p.ip}:8080`]));
-      const reached = [...new Set(met.map((l) => byIP.get(l.split(' ')[0]) ?? l))].sort();
-      assert.deepEqual(reached, r.output.split(', '), `${to}:${port}: the endpoints real packets reached`);
-      const peers = new Set(met.map((l) => l.split(' ')[1]));
-      assert.equal(r.masq, !peers.has(CLIENT_IP), `${to}:${port}: masqueraded (peers seen: ${[...peers].join(', ')})`);
-    }
+    agreeWithTraffic('live-iptables-save.txt', text, [['172.30.0.41', 80], [NODE_IP, 30080], ['172.30.0.42', 80]]);
   });
 });
 
 describe('nftables: nft list ruleset of the tables kproxy installs', () => {
   before(() => {
     const payload = kproxy(['render', '--mode', 'nftables', '--manifests', dir, '--node-ip', `${NODE_IP},${NODE_IP6}`]);
+    // the iptables mode's rules (iptables-nft tables) go: one mode at a time, as on a node
+    ns.exec('nft', ['flush', 'ruleset']);
     ns.exec('nft', ['-f', '-'], { input: payload.split('\n').filter((l) => !l.startsWith('# ====')).join('\n') });
     writeFileSync(join(dir, 'ruleset.txt'), ns.exec('nft', ['list', 'ruleset']));
     writeFileSync(join(dir, 'ruleset-a.txt'), ns.exec('nft', ['-a', 'list', 'ruleset']));
@@ -225,6 +234,10 @@ describe('nftables: nft list ruleset of the tables kproxy installs', () => {
     assert.match(listed, /^table ip6 kube-proxy \{ # handle \d+$/m);
     checkFlows(['ruleset.txt'], () => true);
     checkFlows(['ruleset-a.txt'], () => true);
+  });
+
+  test('real traffic meets what the trace of nft list ruleset says', () => {
+    agreeWithTraffic('ruleset-a.txt', execFileSync('cat', [join(dir, 'ruleset-a.txt')], { encoding: 'utf8' }), [['172.30.0.41', 80], [NODE_IP, 30080], ['172.30.0.42', 80]]);
   });
 
   test('the sharded shape: Services spread over kube-proxy-0 and kube-proxy-1, traced together', () => {
