@@ -10,9 +10,8 @@
 // refusals must be what the trace of the node's `iptables-save -c` / `nft -a list ruleset` says. Every namespace and
 // backend is removed in `after`, also on failure.
 import { after, before, describe, test } from 'node:test';
-import { spawn, type ChildProcess } from 'node:child_process';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
