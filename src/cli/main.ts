@@ -128,11 +128,14 @@ export async function main(argv: string[]): Promise<void> {
 
   addProxyFlags(program.command('trace').description('which endpoints a packet reaches, and through which rules'))
     .option('--live', 'trace through the live kernel state instead of the planned one')
+    .option('--rules <file>', 'trace through a node\'s saved rules instead: iptables-save, nft list ruleset, ipvsadm -Ln/-Sn or ipset save output (repeat for several files; docs/trace-rules.md)', (v: string, acc: string[]) => [...acc, v], [] as string[])
+    .option('--rules-format <formats>', 'the format of the --rules files (iptables-save, nft, ipvsadm, ipset): one for all, or a comma-separated list in --rules order; detected from the content when absent')
+    .option('--family <4|6>', 'the IP family of the --rules (detected from the files and the packet when absent)')
     .requiredOption('--from <ip>', 'source IP of the packet')
     .requiredOption('--to <ip:port>', 'destination of the packet: IP:PORT, or [IPv6]:PORT (the family picks the rules traced)')
     .option('--proto <proto>', 'tcp, udp or sctp', 'tcp')
     .option('--json', 'print {"output", "masq", "rules"} as JSON')
-    .option('--node-ip <ips>', 'node IPs to plan with (default: this host\'s)')
+    .option('--node-ip <ips>', 'node IPs to plan with (default: this host\'s); with --rules, the traced node\'s IPs (addrtype LOCAL, fib type local)')
     .action(async (o) => traceCommand(o).catch(fail));
 
   program.command('cleanup').description('remove every mode\'s kernel state (iptables, nftables, IPVS, ipsets, kube-ipvs0, redirects)')
@@ -144,7 +147,7 @@ export async function main(argv: string[]): Promise<void> {
     .action(async (o) => statusCommand(o).catch(fail));
 
   program.command('conformance').description('run upstream-format conformance cases; ends with "N passed, N failed"')
-    .argument('<dirs...>', 'case directories or directories of cases')
+    .argument('[dirs...]', 'case directories or directories of cases (default: the conformance/ cases of this checkout)')
     .option('--nft-shards <list>', 'also run every flows case and every nftables case through the sharded nftables mode with these table counts, e.g. 2,3')
     .action(async (dirs: string[], o: { nftShards?: string }) => conformanceCommand(dirs, o).catch(fail));
 

@@ -47,6 +47,17 @@ export interface ConformanceCase {
   expected?: string;
   flows?: Flow[];
   steps?: CaseStep[];
+  /**
+   * A flows case's static ruleset (`rules.iptables-save` / `rules.nft`), traced instead of
+   * rendering `input.yaml`: the tracer's own test, as upstream's TestTracePacket.
+   */
+  rules?: StaticRules;
+}
+
+export interface StaticRules {
+  file: string;
+  format: 'iptables-save' | 'nft';
+  text: string;
 }
 
 export function readYAMLDocs(text: string, file: string): unknown[] {

@@ -3,7 +3,20 @@
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { K8sEndpointSlice, K8sService } from '../core/api.ts';
-import { readYAMLDocs, type CaseConfig, type CaseEvent, type CaseStep, type ConformanceCase } from './case.ts';
+import { readYAMLDocs, type CaseConfig, type CaseEvent, type CaseStep, type ConformanceCase, type StaticRules } from './case.ts';
+
+/** The static ruleset files of a flows case, by format. */
+const STATIC_RULES: Array<[string, StaticRules['format']]> = [
+  ['rules.iptables-save', 'iptables-save'],
+  ['rules.nft', 'nft'],
+];
+
+function staticRules(dir: string): StaticRules | undefined {
+  const found = STATIC_RULES.filter(([f]) => existsSync(join(dir, f)));
+  if (found.length > 1) throw new Error(`${dir}: both ${found.map(([f]) => f).join(' and ')}; a case holds one static ruleset`);
+  const [hit] = found;
+  return hit && { file: join(dir, hit[0]), format: hit[1], text: readFileSync(join(dir, hit[0]), 'utf8') };
+}
 
 function readObjects(file: string): Array<K8sService | K8sEndpointSlice> {
   return readYAMLDocs(readFileSync(file, 'utf8'), file) as Array<K8sService | K8sEndpointSlice>;
@@ -61,7 +74,8 @@ export function loadCase(dir: string): ConformanceCase {
   }
   const objects = existsSync(join(dir, 'input.yaml')) ? readObjects(join(dir, 'input.yaml')) : [];
   if (existsSync(join(dir, 'flows.json'))) {
-    return { name, dir, kind: 'flows', config, objects, flows: JSON.parse(readFileSync(join(dir, 'flows.json'), 'utf8')) };
+    const rules = staticRules(dir);
+    return { name, dir, kind: 'flows', config, objects, flows: JSON.parse(readFileSync(join(dir, 'flows.json'), 'utf8')), ...(rules ? { rules } : {}) };
   }
   return { name, dir, kind: 'golden', config, objects, expected: readFileSync(join(dir, 'expected.txt'), 'utf8') };
 }

@@ -20,4 +20,6 @@ export interface TraceResult {
   rules: string[];
   /** free-form extra facts (scheduler, affinity, ...) */
   notes?: string[];
+  /** lines of a saved ruleset that could not be read and were left out, each named ("FILE line N: ...") */
+  warnings?: string[];
 }

@@ -12,6 +12,7 @@ import { conformanceAdapters } from '../../src/modes/registry.ts';
 
 const repo = resolve(import.meta.dirname, '../..');
 const shared = resolve(repo, '../shared/conformance');
+const own = resolve(repo, 'conformance');
 
 test('every shared case of a built mode passes', async () => {
   const all = findCases([shared]);
@@ -23,6 +24,48 @@ test('every shared case of a built mode passes', async () => {
   assert.equal(res.failed, 0, lines.join('\n'));
   assert.equal(res.passed, built.length);
   assert.equal(lines.at(-1), `${built.length} passed, 0 failed`);
+});
+
+test("kproxy's own cases (static rulesets of upstream's TestTracePacket tests) pass, and `kproxy conformance` runs them by default", () => {
+  const cases = findCases([own]).map((d) => loadCase(d));
+  const statics = cases.filter((c) => c.rules);
+  assert.deepEqual(statics.map((c) => `${c.name} ${c.rules!.format}`).sort(), [
+    'iptables-TestTracePacket iptables-save',
+    'nftables-TestTracePacketV4 nft',
+    'nftables-TestTracePacketV6 nft',
+  ]);
+  for (const c of statics) assert.deepEqual(c.objects, [], `${c.name}: a static case holds no objects`);
+  const out = execFileSync(process.execPath, [join(repo, 'bin/kproxy.js'), 'conformance'], { encoding: 'utf8' });
+  const lines = out.trim().split('\n');
+  assert.equal(lines.at(-1), `${cases.length} passed, 0 failed`);
+  for (const c of statics) assert.match(lines.find((l) => l.includes(`/${c.name} `)) ?? '', /^PASS .*judged by flows through the static (iptables-save|nft) ruleset/);
+});
+
+test('a static-ruleset case fails on a wrong expectation and on a line its fake would refuse', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kp-conf-'));
+  try {
+    for (const name of ['iptables-TestTracePacket', 'nftables-TestTracePacketV4']) {
+      const src = join(own, 'flows', name);
+      const flows = loadCase(src).flows!;
+      // the expectation of one flow changed: the case fails, naming the flow
+      cpSync(src, join(dir, 'wrong', name), { recursive: true });
+      writeFileSync(join(dir, 'wrong', name, 'flows.json'), JSON.stringify(flows.map((f) => (f.name === 'single endpoint' ? { ...f, output: '10.180.0.9:80' } : f))));
+      // one line of the ruleset garbled: the case fails, naming the line
+      cpSync(src, join(dir, 'garbled', name), { recursive: true });
+      const rulesFile = name.startsWith('iptables') ? 'rules.iptables-save' : 'rules.nft';
+      const text = loadCase(src).rules!.text.split('\n');
+      text.splice(3, 0, 'this is not a rule');
+      writeFileSync(join(dir, 'garbled', name, rulesFile), text.join('\n'));
+    }
+    const wrong = await runConformance([join(dir, 'wrong')], conformanceAdapters);
+    assert.equal(wrong.failed, 2, wrong.lines.join('\n'));
+    assert.equal(wrong.lines.filter((l) => /flow "single endpoint"/.test(l)).length, 2, wrong.lines.join('\n'));
+    const garbled = await runConformance([join(dir, 'garbled')], conformanceAdapters);
+    assert.equal(garbled.failed, 2, garbled.lines.join('\n'));
+    assert.equal(garbled.lines.filter((l) => /line 4: .*this is not a rule/.test(l)).length, 2, garbled.lines.join('\n'));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test('a case for a mode that is not built fails, never passes', async () => {

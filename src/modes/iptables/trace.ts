@@ -9,7 +9,8 @@
 //   the walk goes on: every candidate DNAT is collected;
 // - rules that look at history never match (`recent --rcheck/--update`, `mark`, any
 //   `--ctstate`/`--state`, negated or not), as for a first packet;
-// - a jump to KUBE-MARK-MASQ, or a MARK target setting the masquerade bit, means masq;
+// - a jump to KUBE-MARK-MASQ, or a MARK target setting the masquerade bit, means masq; a jump
+//   to KUBE-MARK-DROP (older kube-proxy versions) means DROP;
 // - after the nat walk the first DNAT's address replaces the destination (the port stays,
 //   as upstream), then filter KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, KUBE-NODEPORTS and
 //   KUBE-PROXY-FIREWALL are walked for ACCEPT / DROP / REJECT;
@@ -56,6 +57,8 @@ export class IptablesTraceError extends KproxyError {
 /** Chains of the filter table that upstream's tracer checks for verdicts, in order. */
 export const FILTER_CHAINS = ['KUBE-SERVICES', 'KUBE-EXTERNAL-SERVICES', 'KUBE-NODEPORTS', 'KUBE-PROXY-FIREWALL'];
 const MARK_MASQ_CHAIN = 'KUBE-MARK-MASQ';
+/** older kube-proxy versions' drop-by-mark chain */
+const MARK_DROP_CHAIN = 'KUBE-MARK-DROP';
 const DEFAULT_MASQ_MARK = 0x4000;
 /** Deeper than any sane ruleset (the kernel allows no loops at all). */
 const MAX_DEPTH = 64;
@@ -245,6 +248,13 @@ function applyTarget(w: Walk, table: string, rule: Rule, p: Pkt, depth: number):
   if (name === MARK_MASQ_CHAIN) {
     w.masq = true;
     return t.kind === 'goto' ? ends('return') : 'continue';
+  }
+  if (name === MARK_DROP_CHAIN) {
+    // Older kube-proxy versions drop by marking (KUBE-MARK-DROP sets 0x8000) and let the filter
+    // table's KUBE-FIREWALL drop marked packets: the mark is the verdict.
+    w.verdicts.push('DROP');
+    w.notes.add(`line ${rule.line}: a jump to ${MARK_DROP_CHAIN} marks the packet, which KUBE-FIREWALL (filter) drops`);
+    return ends('terminal');
   }
   const chain = w.rs.tables.get(table)?.chains.get(name);
   if (chain) {

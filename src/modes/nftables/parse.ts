@@ -212,12 +212,16 @@ function applyCommand(ctx: Tables, line: string, lineNo: number): void {
   }
 }
 
-/** Parses the block form of `nft list`. */
-function parseListing(ctx: Tables, lines: string[]): void {
+/** A line the reader could not use: its 1-based number and why. */
+export type NftWarn = (lineNo: number, why: string) => void;
+
+/** Parses the block form of `nft list`; `warn` hears of every line it does not understand. */
+function parseListing(ctx: Tables, lines: string[], warn: NftWarn = () => {}): void {
   let rs: Ruleset | null = null;
   let chain: NftChain | null = null;
   let set: NftSet | null = null;
   let pendingElements: string | null = null;
+  let pendingFrom = 0;
   for (let i = 0; i < lines.length; i++) {
     const line = lines[i].trim();
     if (line === '' || line.startsWith('#')) continue;
@@ -239,7 +243,8 @@ function parseListing(ctx: Tables, lines: string[]): void {
     } else if (line === '}') {
       if (chain) chain = null;
       else if (set) set = null;
-      else rs = null;
+      else if (rs) rs = null;
+      else warn(i + 1, `"}" closes nothing, left out`);
     } else if (chain) {
       if (/^type\s+\w+\s+hook/.test(line)) applyChainSpec(chain, line.replace(/;?\s*policy \w+;?/, ';').replace(/;?$/, ' ;'));
       else if (/^comment "[^"]*"$/.test(line)) chain.comment = /"([^"]*)"/.exec(line)![1];
@@ -248,12 +253,43 @@ function parseListing(ctx: Tables, lines: string[]): void {
       if (line.startsWith('elements = ')) {
         const body = line.slice('elements = '.length);
         if (balanced(body)) addElements(set, innerBraces(body));
-        else pendingElements = body;
-      } else applySetSpec(set, line.endsWith(';') ? line : `${line} ;`);
+        else {
+          pendingElements = body;
+          pendingFrom = i + 1;
+        }
+      } else if (/^(type|flags|timeout|comment|size|policy|auto-merge|gc-interval|counter)\b/.test(line)) applySetSpec(set, line.endsWith(';') ? line : `${line} ;`);
+      else warn(i + 1, `not understood inside set ${set.name}, left out: ${clipLine(line)}`);
     } else if (rs && (m = /^comment "([^"]*)"$/.exec(line))) {
       rs.comment = m[1];
+    } else if (rs && /^flags\s/.test(line)) {
+      // table flags (dormant, owner): no effect on a trace
+    } else if (rs && /^(chain|set|map|flowtable|counter|quota|limit|ct|secmark|synproxy)\s+\S+\s*\{/.test(line)) {
+      // an object the tracer does not use (a flowtable, a named counter...): skip its block
+      let depth = braceDepth(line);
+      const from = i + 1;
+      while (depth > 0 && i + 1 < lines.length) depth += braceDepth(lines[++i]);
+      if (!/^(flowtable|counter|quota|limit|ct|secmark|synproxy)\s/.test(line)) warn(from, `not understood, block left out: ${clipLine(line)}`);
+    } else {
+      warn(i + 1, `not understood${rs ? ` in table ${rs.family} ${rs.table}` : ' outside a table'}, left out: ${clipLine(line)}`);
     }
   }
+  if (pendingElements !== null) warn(pendingFrom, 'elements never closed with "}", left out');
+  if (chain || set || rs) warn(lines.length, 'the text ends inside a block (a "}" is missing)');
+}
+
+function braceDepth(line: string): number {
+  let d = 0;
+  let q = false;
+  for (const ch of line) {
+    if (ch === '"') q = !q;
+    else if (!q && ch === '{') d++;
+    else if (!q && ch === '}') d--;
+  }
+  return d;
+}
+
+function clipLine(s: string): string {
+  return s.length > 120 ? `${s.slice(0, 117)}...` : s;
 }
 
 function balanced(s: string): boolean {
@@ -282,6 +318,40 @@ export function parseNftText(text: string): Map<string, Ruleset> {
     });
   }
   return ctx.tables;
+}
+
+/** `nft -a` handles (" # handle 12") and a CRLF line end: no effect on what a line means. */
+const HANDLE_SUFFIX = /\s+# handle \d+\s*$/;
+
+/**
+ * Reads nftables text of any origin without ever throwing on a line: `nft list ruleset`
+ * (with `-a` handles, `-s`, counters, comments, other programs' tables), `nft -f` input or a
+ * transaction as upstream's tests write it. A line it cannot use is left out and named in
+ * `warnings` ("line N: why: text"), so that a trace over it never hides it.
+ */
+export function readNftDump(text: string): { tables: Map<string, Ruleset>; warnings: string[] } {
+  const ctx: Tables = { tables: new Map() };
+  const warnings: string[] = [];
+  const warn: NftWarn = (lineNo, why) => {
+    warnings.push(`line ${lineNo}: ${why}`);
+  };
+  const lines = text.split('\n').map((l) => l.replace(/\r$/, '').replace(HANDLE_SUFFIX, ''));
+  const isListing = lines.some((l) => /^\s*table\s+\S+\s+\S+\s*\{\s*$/.test(l));
+  if (isListing) {
+    parseListing(ctx, lines, warn);
+    return { tables: ctx.tables, warnings };
+  }
+  lines.forEach((raw, i) => {
+    const line = raw.trim();
+    if (line === '' || line.startsWith('#') || /^flush ruleset$/.test(line)) return;
+    try {
+      applyCommand(ctx, line, i + 1);
+    } catch (e) {
+      warn(i + 1, `not understood, left out: ${clipLine(line)}`);
+      void e;
+    }
+  });
+  return { tables: ctx.tables, warnings };
 }
 
 /** The kube-proxy table of the given family from the text (or the only table there is). */

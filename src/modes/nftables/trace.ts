@@ -189,14 +189,37 @@ class Tracer {
         return 'next';
       } else if (/^masquerade/.test(rule)) {
         return 'next';
+      } else if ((m = /^ct (?:state|status) (\S+)/.exec(rule))) {
+        // Connection history: a first packet is in state new and has no status yet.
+        if (!m[0].startsWith('ct state') || !m[1].split(',').includes('new')) return 'next';
       } else {
-        this.notes.push(`unmatched rule: ${shown}`);
-        return 'next';
+        // A match the tracer cannot evaluate: the rule may match. It is taken as matching
+        // (its action is followed), as the iptables tracer assumes of an unknown match, and
+        // the note names it, since the answer depends on it.
+        const v = trailingAction(rule);
+        if (v === null) {
+          this.notes.push(`unmatched rule: ${shown}`);
+          return 'next';
+        }
+        this.notes.push(`may match: ${shown}: "${rule.slice(0, v).trim()}" not evaluated, the rule is taken as matching`);
+        rule = rule.slice(v);
+        continue;
       }
       rule = rule.slice(m[0].length);
     }
     return 'next';
   }
+}
+
+/**
+ * Where a rule's action starts (a verdict, a jump, a dnat) after pieces the tracer does not
+ * know, or null when the rule ends in none it knows.
+ */
+function trailingAction(rule: string): number | null {
+  const m = /(?:^|\s)((?:jump|goto) \S+|drop|reject(?: with .*)?|accept|return|(?:meta l4proto (?:tcp|udp|sctp) )?dnat (?:ip6? )?to \S+)$/.exec(rule);
+  if (!m) return null;
+  const at = m.index + m[0].length - m[1].length;
+  return at > 0 ? at : null;
 }
 
 function ruleDisplay(chain: string, rule: string, comment?: string): string {
