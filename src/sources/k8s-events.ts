@@ -56,9 +56,9 @@ export function createNodeEventRecorder(kc: KubeConfig, nodeName: string, log: L
       try {
         await api.createNamespacedEvent({ namespace: body.metadata!.namespace!, body });
       } catch (err) {
-        // client-go's broadcaster logs a failed write and drops the event: an event is advice,
-        // never a reason to stop proxying
-        log.warn({ err: (err as Error).message, reason }, 'Unable to write event');
+        // client-go's broadcaster (tools/events recordEvent) logs a refused write and drops the
+        // event, without retrying: an event is advice, never a reason to stop proxying
+        log.warn({ err: (err as Error).message, reason }, 'Server rejected event (will not retry!)');
       }
     },
   };
