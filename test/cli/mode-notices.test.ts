@@ -153,3 +153,36 @@ test('an API server that refuses the Event: logged, never thrown', async (t) => 
   await rec.eventf('Warning', 'IPVSDeprecation', 'StartKubeProxy', IPVS_MSG);
   assert.ok(lines.some((l) => l.msg === 'Server rejected event (will not retry!)' && l.reason === 'IPVSDeprecation'));
 });
+
+test('kproxy started without a mode, in a namespace of its own: the warning in its log; with --proxy-mode=iptables none', async (t) => {
+  const { Netns, uniqueName, waitFor } = await import('../support/netns.ts');
+  const { mkdtempSync, rmSync, cpSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { join } = await import('node:path');
+  const ns = Netns.create(uniqueName('kpt-modew'));
+  const dir = mkdtempSync(join(tmpdir(), 'kp-modew-'));
+  t.after(async () => {
+    await ns.destroy();
+    rmSync(dir, { recursive: true, force: true });
+  });
+  cpSync(join(import.meta.dirname, '../../examples/manifests'), join(dir, 'm'), { recursive: true });
+  const start = async (extra: string[]) => {
+    let log = '';
+    const p = ns.kproxy(['--manifests', join(dir, 'm'), '--manifests-state', join(dir, 'state.json'), '--hostname-override=node-a',
+      '--healthz-bind-address=127.0.0.1:10256', '--metrics-bind-address=127.0.0.1:10249', ...extra], (s) => (log += s));
+    try {
+      await waitFor('kproxy synced', () => log.includes('"msg":"synced"'), 30_000, 100).catch((e) => assert.fail(`${e.message}\n${log}`));
+    } finally {
+      await ns.kill(p);
+    }
+    return log.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>);
+  };
+  const defaulted = await start([]);
+  const w = defaulted.filter((l) => l.reason === 'ProxyModeDefaulted');
+  assert.equal(w.length, 1, JSON.stringify(defaulted));
+  assert.equal(w[0]!.level, 40);
+  assert.equal(w[0]!.mode, 'iptables');
+  const explicit = await start(['--proxy-mode=iptables']);
+  assert.ok(explicit.some((l) => l.msg === 'synced'));
+  assert.deepEqual(explicit.filter((l) => l.reason === 'ProxyModeDefaulted' || l.level === 40 && /default/i.test(String(l.msg))), []);
+});
