@@ -35,10 +35,16 @@ export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName:
 }
 
 /** The Kubernetes source's event recorder (loaded only with it, as the source is). */
-async function nodeEventRecorder(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<NodeEventRecorder> {
+async function nodeEventRecorder(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<NodeEventRecorder | undefined> {
   const { loadKubeConfig } = await import('../sources/kubernetes.ts');
   const { createNodeEventRecorder } = await import('../sources/k8s-events.ts');
-  return createNodeEventRecorder(loadKubeConfig({ kubeconfig: cfg.kubeconfig || undefined, master: o.invocation?.master }), nodeName, log.child({ component: 'events' }));
+  try {
+    return createNodeEventRecorder(loadKubeConfig({ kubeconfig: cfg.kubeconfig || undefined, master: o.invocation?.master }), nodeName, log.child({ component: 'events' }));
+  } catch (err) {
+    // the source loaded the same configuration a moment ago; events are advice, the log has the warning
+    log.warn({ err: (err as Error).message }, 'no event recorder; notices go to the log only');
+    return undefined;
+  }
 }
 
 export async function runCommand(o: CommonOptions): Promise<void> {
