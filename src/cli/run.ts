@@ -16,6 +16,8 @@ import { availableParallelism } from 'node:os';
 import { procSysctl } from '../kernel/sysctl.ts';
 import { applyStartSettings, conntrackCleaner } from '../kernel/conntrack.ts';
 import { watchConfigFile, CONFIG_CHANGED_MESSAGE } from './config-watch.ts';
+import { announceModeNotices } from './mode-announce.ts';
+import type { NodeEventRecorder } from '../sources/k8s-events.ts';
 
 export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {
   if (o.manifests) {
@@ -30,6 +32,19 @@ export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName:
     return createKubernetesSource({ kubeconfig: cfg.kubeconfig || undefined, master, nodeName, log: log.child({ source: 'kubernetes' }) });
   }
   throw kproxyError('KPROXY_NO_SOURCE', 'nothing to watch; give --manifests DIR (no cluster), --kubeconfig FILE or --master URL, or run in a cluster');
+}
+
+/** The Kubernetes source's event recorder (loaded only with it, as the source is). */
+async function nodeEventRecorder(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<NodeEventRecorder | undefined> {
+  const { loadKubeConfig } = await import('../sources/kubernetes.ts');
+  const { createNodeEventRecorder } = await import('../sources/k8s-events.ts');
+  try {
+    return createNodeEventRecorder(loadKubeConfig({ kubeconfig: cfg.kubeconfig || undefined, master: o.invocation?.master }), nodeName, log.child({ component: 'events' }));
+  } catch (err) {
+    // the source loaded the same configuration a moment ago; events are advice, the log has the warning
+    log.warn({ err: (err as Error).message }, 'no event recorder; notices go to the log only');
+    return undefined;
+  }
 }
 
 export async function runCommand(o: CommonOptions): Promise<void> {
@@ -60,6 +75,9 @@ export async function runCommand(o: CommonOptions): Promise<void> {
   const source = await createSource(o, cfg, nodeName, log);
   const mode = modes[cfg.mode];
   log.info({ mode: cfg.mode, nodeName, source: o.manifests ? `manifests:${o.manifests}` : 'kubernetes' }, 'starting kproxy');
+  // KEP-5495 / KEP-5343: the mode's deprecation and default-change warnings; not awaited, so
+  // that a slow API server never delays the first sync
+  void announceModeNotices(cfg, log, o.manifests ? undefined : await nodeEventRecorder(o, cfg, nodeName, log));
   // upstream server_linux.go: conntrack sysctls and oom_score_adj before anything else. The
   // userspace mode does no NAT through conntrack, so it leaves the host's conntrack settings
   // alone (the standalone demo must not retune a workstation's conntrack table).

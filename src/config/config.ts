@@ -294,6 +294,11 @@ export function parseConfigText(text: string, source = 'config'): RawConfig {
 /** The effective configuration kproxy runs with, every default filled in. */
 export interface ProxyConfig {
   mode: ModeName;
+  /**
+   * true when neither the flags nor the file set the mode and it fell back to iptables
+   * (upstream platformApplyDefaults); what the KEP-5343 warning reports
+   */
+  modeDefaulted?: boolean;
   hostnameOverride: string;
   kubeconfig: string;
   clusterCIDRs: string[];
@@ -701,6 +706,7 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
 
   const cfg: Omit<ProxyConfig, 'v1alpha1'> = {
     mode,
+    modeDefaulted: modeText === '',
     hostnameOverride,
     kubeconfig,
     clusterCIDRs,

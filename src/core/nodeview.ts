@@ -162,7 +162,10 @@ export interface PortView {
 export type StaleFlow =
   /** flows DNATed to an endpoint that left the service (upstream: deleted UDP endpoints) */
   | { kind: 'endpoint'; protocol: 'UDP' | 'SCTP'; serviceIP: string; port: number; endpointIP: string; endpointPort: number }
-  /** flows to a service address whose service went from no endpoints to some (upstream: newly active UDP services) */
+  /**
+   * flows to a service address whose service went from no endpoints to some (upstream: newly
+   * active UDP services), or that has none in the first view (upstream: kubernetes#139629)
+   */
   | { kind: 'service'; protocol: 'UDP' | 'SCTP'; ip: string; port: number }
   | { kind: 'nodePort'; protocol: 'UDP' | 'SCTP'; port: number }
   /**
@@ -544,7 +547,7 @@ export function buildViewFrom(state: ProxyState, s: NodeSettings, previous?: Nod
     const hc = healthCheckOf(list.map((k) => ports.get(k)!));
     if (hc) healthChecks.set(svc, hc);
   }
-  return { ...s, ports, servicePorts, noLocalEndpoints, healthChecks, staleFlows: previous ? staleFlows(previous, ports) : unNATedFlows(ports) };
+  return { ...s, ports, servicePorts, noLocalEndpoints, healthChecks, staleFlows: previous ? staleFlows(previous, ports) : firstViewFlows(ports) };
 }
 
 const SETTINGS_KEYS: Array<keyof NodeSettings> = [
@@ -748,9 +751,26 @@ function unNATedOf(pv: PortView): StaleFlow[] {
   return out;
 }
 
-/** The first view (no previous one): never-DNATed TCP attempts to every port with endpoints. */
-function unNATedFlows(ports: Map<string, PortView>): StaleFlow[] {
+/**
+ * The first view (no previous one, e.g. kproxy just started): never-DNATed TCP attempts to
+ * every port with endpoints, and every flow to a UDP/SCTP port without endpoints. The latter
+ * is upstream's CleanStaleEntries since kubernetes#139629 (kubernetes#139628): a service with
+ * no endpoints is reconciled with an empty endpoint set, not skipped, so a flow DNATed to an
+ * endpoint that left while no kube-proxy was watching (scaled to zero across a restart) is
+ * deleted; otherwise conntrack keeps DNATing it before the reject rule sees the service
+ * address, and a one-way sender refreshes the entry forever. Within a run the change from
+ * some endpoints to none is an `endpoint` flow of staleFlows.
+ */
+function firstViewFlows(ports: Map<string, PortView>): StaleFlow[] {
   const out: StaleFlow[] = [];
-  for (const pv of ports.values()) if (pv.sp.protocol === 'TCP' && pv.hasAnyEndpoints) out.push(...unNATedOf(pv));
+  for (const pv of ports.values()) {
+    const proto = pv.sp.protocol;
+    if (proto === 'TCP') {
+      if (pv.hasAnyEndpoints) out.push(...unNATedOf(pv));
+    } else if (!pv.hasAnyEndpoints) {
+      for (const ip of serviceAddresses(pv.sp)) out.push({ kind: 'service', protocol: proto, ip, port: pv.sp.port });
+      if (pv.sp.nodePort) out.push({ kind: 'nodePort', protocol: proto, port: pv.sp.nodePort });
+    }
+  }
   return out;
 }

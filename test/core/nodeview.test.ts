@@ -229,7 +229,7 @@ test('stale flows: UDP endpoints that left, UDP services that went from no endpo
   const b = ep('10.180.1.2');
   const v1 = buildViewFrom(stateOf([[udp, [a, b]], [tcp, [a, b]]]), settings);
   assert.deepEqual(v1.staleFlows, [{ kind: 'unNATed', protocol: 'TCP', ip: '172.30.0.1', port: 80 }],
-    'no previous view: no UDP flow to clear; never-DNATed TCP attempts to every TCP port with endpoints');
+    'no previous view: no flow of a UDP port with endpoints; never-DNATed TCP attempts to every TCP port with endpoints');
   const v2 = buildViewFrom(stateOf([[udp, [a]], [tcp, [a]]]), settings, v1);
   assert.deepEqual(v2.staleFlows.filter((f) => f.kind === 'endpoint').map((f) => f.kind === 'endpoint' && `${f.serviceIP}:${f.port}->${f.endpointIP}`), [
     '172.30.0.1:80->10.180.1.2',
@@ -257,6 +257,28 @@ test('stale flows: UDP endpoints that left, UDP services that went from no endpo
   ]);
   const v8 = buildViewFrom(stateOf([[udp, [b]], [tcpNP, [a, b]]]), settings, v7);
   assert.deepEqual(v8.staleFlows, [], 'a TCP port that had endpoints already: nothing');
+});
+
+test('stale flows: a UDP service scaled to zero endpoints (kubernetes#139628): its DNATed flows go, within a run and at the first view', () => {
+  const settings = nodeSettings(resolveConfig({}), { nodeName: NODE, nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 });
+  const udp = sp('dns', { protocol: 'UDP', nodePort: 30053 });
+  const tcp = sp('web');
+  const a = ep('10.180.1.1');
+  // within a run: from [a] to none, the flows DNATed to a (ClusterIP and NodePort)
+  const v1 = buildViewFrom(stateOf([[udp, [a]]]), settings);
+  const v2 = buildViewFrom(stateOf([[udp, []]]), settings, v1);
+  assert.deepEqual(v2.staleFlows, [
+    { kind: 'endpoint', protocol: 'UDP', serviceIP: '172.30.0.1', port: 80, endpointIP: '10.180.1.1', endpointPort: 8080 },
+    { kind: 'endpoint', protocol: 'UDP', serviceIP: '', port: 30053, endpointIP: '10.180.1.1', endpointPort: 8080 },
+  ]);
+  // the first view (a start while the service already has none): every flow to its addresses
+  // and NodePort, whatever endpoint it was DNATed to (upstream: an empty endpoint set, not skipped)
+  const first = buildViewFrom(stateOf([[udp, []], [tcp, []]]), settings);
+  assert.deepEqual(first.staleFlows, [
+    { kind: 'service', protocol: 'UDP', ip: '172.30.0.1', port: 80 },
+    { kind: 'nodePort', protocol: 'UDP', port: 30053 },
+  ], 'a TCP port without endpoints has nothing to clear');
+  assert.deepEqual(buildViewFrom(stateOf([[udp, [a]]]), settings).staleFlows, [], 'a UDP service with endpoints at the first view: nothing');
 });
 
 // ---- planners render, they do not decide --------------------------------------------------

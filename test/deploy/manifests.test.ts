@@ -450,6 +450,15 @@ describe('deploy/Dockerfile', () => {
     assert.ok((statSync(join(ROOT, 'bin/kube-proxy')).mode & 0o111) !== 0, 'bin/kube-proxy is executable');
   });
 
+  test('the image\'s iptables commands are bin/iptables-wrapper, which picks the host\'s backend (test/deploy/iptables-wrapper.test.ts)', () => {
+    const link = runs.find((r) => r.includes('/app/bin/iptables-wrapper'));
+    assert.ok(link, 'no RUN links the iptables commands to the wrapper');
+    assert.match(link, /for cmd in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do ln -sf \/app\/bin\/iptables-wrapper "\/usr\/sbin\/\$cmd"; done/);
+    const copyBin = ins.findIndex((i) => i.op === 'COPY' && /^bin\/? /.test(i.args));
+    assert.ok(ins.findIndex((i) => i.op === 'RUN' && i.args === link) > copyBin, 'linked after bin/ is copied');
+    assert.ok((statSync(join(ROOT, 'bin/iptables-wrapper')).mode & 0o111) !== 0, 'bin/iptables-wrapper is executable');
+  });
+
   test('bin/kube-proxy, reached through a symlink as in the image, runs kproxy with its arguments', () => {
     const dir = mkdtempSync(join(tmpdir(), 'kp-link-'));
     try {

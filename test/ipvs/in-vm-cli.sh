@@ -345,6 +345,18 @@ traffic_stops() {
   [ -z "$got" ] || { DETAIL="$CLUSTER_IP:80 still answered by $got after cleanup"; return 1; }
 }
 
+# KEP-5495: the ipvs mode's start logs upstream's deprecation warning (a warn line, level 40);
+# no other mode does
+IPVS_DEPRECATION="The ipvs proxier has been deprecated and will be disabled by default in Kubernetes 1.40"
+ipvs_deprecation_logged() {
+  DETAIL="warning in $(basename "$KP_LOG")"
+  grep -q "\"level\":40.*$IPVS_DEPRECATION" "$KP_LOG" || { DETAIL="no deprecation warning: $(head -c 1200 "$KP_LOG" | tr '\n' ' ')"; return 1; }
+}
+no_ipvs_deprecation_logged() {
+  DETAIL="no ipvs warning in $(basename "$KP_LOG")"
+  ! grep -q "$IPVS_DEPRECATION" "$KP_LOG" || { DETAIL="logged outside ipvs mode"; return 1; }
+}
+
 # run_mode NAME ENTRY DEADLINE all|one: start + traffic (fails too when the start failed)
 run_mode() {
   check "$1-healthz" start_kproxy "$1" "$2" "$3"
@@ -361,11 +373,13 @@ echo "in-vm-cli: pods ready at uptime $(up)s; kproxy entry: $KP"
 write_config iptables rr
 run_mode iptables "$KP" 90 all
 check iptables-rules-in-place iptables_rules_present
+check iptables-no-ipvs-deprecation no_ipvs_deprecation_logged
 stop_kproxy
 
 # 2. ipvs, scheduler rr
 write_config ipvs rr
 run_mode ipvs-rr "$KP" 90 all
+check ipvs-rr-deprecation-warning ipvs_deprecation_logged
 check iptables-to-ipvs-no-svc-sep-chains no_iptables_chains_after_ipvs_start
 check ipvs-rr-ipvsadm ipvs_shows rr
 stop_kproxy

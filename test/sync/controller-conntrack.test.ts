@@ -59,31 +59,34 @@ test('controller: stale flows of each successful sync go to the cleaner; failure
     h.onService(null, svc);
     h.onSynced();
     await waitFor('first sync', () => ctrl.history.some((x) => x.ok), 20_000);
-    assert.equal(cleaned.length, 0, 'no previous view: nothing stale');
+    // no previous view: a UDP service without endpoints has every flow to it cleared, as
+    // upstream's CleanStaleEntries reconciles it with an empty endpoint set (kubernetes#139629)
+    await waitFor('cleaned after the first sync', () => cleaned.length === 1, 20_000);
+    assert.deepEqual(cleaned[0], { family: 4, flows: [{ kind: 'service', protocol: 'UDP', ip: '172.30.0.53', port: 53 }] });
 
     // first endpoint: flows to the ClusterIP are stale (they were rejected while it had none)
     h.onEndpointSlice(null, slice('10.180.0.1'));
-    await waitFor('cleaned after the first endpoint', () => cleaned.length === 1, 20_000);
-    assert.deepEqual(cleaned[0], { family: 4, flows: [{ kind: 'service', protocol: 'UDP', ip: '172.30.0.53', port: 53 }] });
+    await waitFor('cleaned after the first endpoint', () => cleaned.length === 2, 20_000);
+    assert.deepEqual(cleaned[1], { family: 4, flows: [{ kind: 'service', protocol: 'UDP', ip: '172.30.0.53', port: 53 }] });
 
     // a failed sync clears nothing; its retry (relative to the last successful view) does
     failNext = true;
     h.onEndpointSlice(slice('10.180.0.1'), slice('10.180.0.2'));
     await waitFor('the retry synced', () => ctrl.history.filter((x) => x.ok).length >= 3, 20_000);
-    assert.equal(cleaned.length, 2);
+    assert.equal(cleaned.length, 3);
     assert.ok(ctrl.history.some((x) => !x.ok));
-    assert.deepEqual(cleaned[1].flows, [{ kind: 'endpoint', protocol: 'UDP', serviceIP: '172.30.0.53', port: 53, endpointIP: '10.180.0.1', endpointPort: 5353 }]);
+    assert.deepEqual(cleaned[2].flows, [{ kind: 'endpoint', protocol: 'UDP', serviceIP: '172.30.0.53', port: 53, endpointIP: '10.180.0.1', endpointPort: 5353 }]);
     const last = ctrl.history.filter((x) => x.ok).at(-1)!;
     assert.deepEqual(last.families![0].conntrack, { deleted: 1, failed: 0, durationMs: 1 });
 
     // a cleaner that throws does not fail the sync
     cleanerFails = true;
     h.onEndpointSlice(slice('10.180.0.2'), slice('10.180.0.3'));
-    await waitFor('cleaned again', () => cleaned.length === 3, 20_000);
+    await waitFor('cleaned again', () => cleaned.length === 4, 20_000);
     await waitFor('synced ok', () => ctrl.history.at(-1)!.ok, 20_000);
     const text = await metrics.registry.metrics();
-    assert.match(text, /kubeproxy_conntrack_reconciler_deleted_entries_total\{ip_family="IPv4"\} 2/);
-    assert.match(text, /kubeproxy_conntrack_reconciler_sync_duration_seconds_count\{ip_family="IPv4"\} 2/);
+    assert.match(text, /kubeproxy_conntrack_reconciler_deleted_entries_total\{ip_family="IPv4"\} 3/);
+    assert.match(text, /kubeproxy_conntrack_reconciler_sync_duration_seconds_count\{ip_family="IPv4"\} 3/);
   } finally {
     await ctrl.stop();
   }

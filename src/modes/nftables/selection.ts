@@ -14,7 +14,12 @@
 //     goto Z                                (the rest: 1/N)
 //
 // Each endpoint is chosen with probability 1/N, among the same endpoint chains, and there
-// is no map at all. expandSelection() turns such a table back into upstream's shape, which
+// is no map at all. A single endpoint is one plain `goto`, no random draw: upstream too
+// skips the selection for one endpoint (kubernetes PR #140723, its IPv6-safe rule form from
+// #140960), though in upstream's table since 1.36 that is the endpoint's own
+// `meta l4proto tcp dnat to IP:PORT` written in the service chain, its endpoint chains being
+// kept only for session affinity; kproxy keeps an endpoint chain per endpoint (the hairpin
+// masquerade and the DNAT), the shape of the upstream golden text it is compared with. expandSelection() turns such a table back into upstream's shape, which
 // is how kproxy's table is compared with upstream's golden text. Pure.
 import type { NftChain, NftRule, Ruleset } from './ruleset.ts';
 
