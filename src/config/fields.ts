@@ -62,7 +62,7 @@ export const FIELD_DOCS: Record<string, FieldDoc> = {
   'detectLocal.bridgeInterface': { help: 'The pod bridge for `BridgeInterface` (required there; at most 15 characters).' },
   'detectLocal.interfaceNamePrefix': { help: 'The pod interface prefix for `InterfaceNamePrefix` (required there).' },
   clusterCIDR: { help: 'The pod network: one CIDR or a dual-stack pair, comma-separated; used by `detectLocalMode: ClusterCIDR`, and a CIDR of a family makes that family run.' },
-  nodePortAddresses: { help: 'CIDRs, or `primary` alone (the Node\'s first InternalIP of each family), where NodePorts answer; unset: every local address, `primary` in the nftables mode.' },
+  nodePortAddresses: { help: 'Where NodePorts answer: CIDRs and the keywords `primary` (the Node\'s first InternalIP of each family), `localhost` (127.0.0.1, ::1) and `all` (every address), in any combination (kubernetes#138427); unset: every local address, `primary` in the nftables mode.' },
   oomScoreAdj: { help: 'Written to `/proc/self/oom_score_adj` at start (−1000 to 1000); null leaves it.' },
   'conntrack.maxPerCore': { help: '`nf_conntrack_max` = maxPerCore × cores (at least `min`), set at start in the kernel modes; 0 leaves it.' },
   'conntrack.min': { help: 'The floor of `nf_conntrack_max`.' },
