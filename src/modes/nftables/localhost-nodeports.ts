@@ -9,7 +9,7 @@
 // endpoints (externalTrafficPolicy Local: the node-local ones; none, no listener).
 import type { Logger } from '../../log.ts';
 import type { ProxyConfig } from '../../config/config.ts';
-import { portsInOrder, settingsOf, viewOf, type NodeView, type PlanInput } from '../../core/nodeview.ts';
+import { settingsOf, viewOf, type NodeView, type PlanInput } from '../../core/nodeview.ts';
 import type { Proxier, SyncStats } from '../types.ts';
 import { RoundRobinBalancer, type BalancedEndpoint } from '../userspace/dataplane/balancer.ts';
 import { processBudgets } from '../userspace/dataplane/limits.ts';
@@ -38,14 +38,16 @@ export interface LocalhostNodePort {
 export function localhostNodePorts(view: NodeView): LocalhostNodePort[] {
   if (!view.localhostNodePortProxy) return [];
   const out = new Map<string, LocalhostNodePort>();
-  for (const pv of portsInOrder(view)) {
+  // the view's map as it is (no sort per sync: a partial sync of 50,000 ports stays cheap)
+  for (const pv of view.ports.values()) {
     const sp = pv.sp;
     if (sp.nodePort === 0 || sp.protocol !== 'TCP' || pv.externalVerdict !== 'forward') continue;
     const eps = pv.externalPolicy === 'local' ? pv.localEndpoints : pv.clusterEndpoints;
     if (eps.length === 0) continue;
     const key = `TCP/${sp.nodePort}`;
-    // the API server gives each NodePort of a protocol to one Service port; the first in key order keeps it
-    if (out.has(key)) continue;
+    // the API server gives each NodePort of a protocol to one Service port; should two claim one, the first in key order keeps it
+    const held = out.get(key);
+    if (held && held.servicePortKey < sp.key) continue;
     out.set(key, {
       key,
       servicePortKey: sp.key,
