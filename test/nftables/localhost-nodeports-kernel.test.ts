@@ -166,3 +166,95 @@ for (const [why, flags] of offCases) {
     }
   });
 }
+
+// ---- both families: 127.0.0.1 and ::1 ---------------------------------------------------------
+
+const DUAL = `apiVersion: v1
+kind: Service
+metadata: {name: web6, namespace: t}
+spec:
+  type: NodePort
+  clusterIP: 172.30.0.20
+  clusterIPs: [172.30.0.20, "fd00:172:30::20"]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+  ports:
+  - {name: http, port: 80, protocol: TCP, nodePort: 30081}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web6-v4, namespace: t, labels: {kubernetes.io/service-name: web6}}
+addressType: IPv4
+ports:
+- {name: http, port: 8080, protocol: TCP}
+endpoints:
+- addresses: [10.180.0.1]
+  nodeName: node-b
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web6-v6, namespace: t, labels: {kubernetes.io/service-name: web6}}
+addressType: IPv6
+ports:
+- {name: http, port: 8080, protocol: TCP}
+endpoints:
+- addresses: ["fd00:10:180::1"]
+  nodeName: node-b
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+status:
+  addresses: [{type: InternalIP, address: 10.180.0.254}, {type: InternalIP, address: "fd00:10:180::fe"}]
+`;
+
+test('dual-stack nftables --nodeport-addresses=primary,localhost: 127.0.0.1 and ::1 each reach their family\'s endpoint', async (t) => {
+  const tag6 = uniqueName('kpt-lnp6');
+  const n6 = new Netns(`${tag6}-n`);
+  const p6 = new Netns(`${tag6}-p`);
+  const dir6 = mkdtempSync(join(tmpdir(), 'kp-lnp6-'));
+  t.after(async () => {
+    await n6.destroy();
+    await p6.destroy();
+    rmSync(dir6, { recursive: true, force: true });
+  });
+  for (const ns of [n6, p6]) {
+    Netns.create(ns.name);
+    ns.exec('sysctl', ['-qw', 'net.ipv6.conf.all.disable_ipv6=0']);
+    ns.exec('sysctl', ['-qw', 'net.ipv6.conf.default.disable_ipv6=0']);
+  }
+  vethPair(n6, 'pod0', '10.180.0.254/24', p6, 'eth0', '10.180.0.1/24');
+  n6.exec('ip', ['-6', 'addr', 'add', 'fd00:10:180::fe/64', 'dev', 'pod0', 'nodad']);
+  p6.exec('ip', ['-6', 'addr', 'add', 'fd00:10:180::1/64', 'dev', 'eth0', 'nodad']);
+  // one backend per family, each answering its own name
+  for (const [id, spec] of [['pod-v4', 'tcp:10.180.0.1:8080'], ['pod-v6', 'tcp:fd00:10:180::1:8080']]) {
+    let out = '';
+    p6.node('test/support/backend-main.ts', [id, spec], (d) => (out += d));
+    await waitFor(`backend ${id}`, () => out.includes('READY'), 20_000, 50);
+  }
+  writeFileSync(join(dir6, 'web6.yaml'), DUAL);
+  let log = '';
+  n6.kproxy(['run', '--mode', 'nftables', '--manifests', dir6, '--hostname-override', 'node-a', '--cluster-cidr', '10.0.0.0/8,fd00:10::/32',
+    '--healthz-bind-address', '127.0.0.1:10256', '--metrics-bind-address', '127.0.0.1:10249', '--nodeport-addresses=primary,localhost',
+    '--manifests-state', join(dir6, '..', `${tag6}-state.json`)], (s) => (log = (log + s).slice(-20_000)));
+  t.after(() => rmSync(join(dir6, '..', `${tag6}-state.json`), { force: true }));
+  const fail = (e: Error): never => assert.fail(`${e.message}\n${log.slice(-4000)}`);
+  const via = (addr: string) => {
+    try {
+      return n6.exec('socat', ['-T', '3', '-t', '3', '-', `${addr},connect-timeout=3`], { input: '' }).split('\n')[0].trim();
+    } catch (e) {
+      return `error: ${(e as Error).message.slice(0, 200)}`;
+    }
+  };
+  // each family's listener dials its own family's endpoint
+  await waitFor('127.0.0.1:30081 answers from the IPv4 endpoint', () => via('TCP4:127.0.0.1:30081') === 'pod-v4', 30_000, 200).catch(fail);
+  await waitFor('[::1]:30081 answers from the IPv6 endpoint', () => via('TCP6:[::1]:30081') === 'pod-v6', 30_000, 200).catch(fail);
+  const ss = n6.exec('ss', ['-Htln', 'sport = :30081']);
+  assert.match(ss, /127\.0\.0\.1:30081/);
+  assert.match(ss, /\[::1\]:30081/);
+  const metrics = await waitFor('both gauges at 1', () => {
+    const text = n6.exec('curl', ['-sS', '--max-time', '3', 'http://127.0.0.1:10249/metrics'], { allowFail: true });
+    return /^kubeproxy_nftables_localhost_nodeport_listeners\{ip_family="IPv6"\} 1$/m.test(text) && /^kubeproxy_nftables_localhost_nodeport_listeners\{ip_family="IPv4"\} 1$/m.test(text) && text;
+  }, 15_000, 200).catch(fail);
+  assert.ok(metrics);
+});
