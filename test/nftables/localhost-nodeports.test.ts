@@ -118,7 +118,10 @@ const spec = (key: string, nodePort: number, ports: number[], affinitySeconds = 
 test('listener set on 127.0.0.1: forwards, follows endpoint changes, pins with ClientIP affinity, survives a taken port, closes', async (t) => {
   const a = await backend('a');
   const b = await backend('b');
-  const listeners = new LocalhostNodePortListeners({ config: resolveConfig({ mode: 'nftables' }), log: silentLogger(), family: 4 });
+  const log = silentLogger();
+  const warned: string[] = [];
+  log.warn = ((o: { code?: string }) => void warned.push(o.code ?? '')) as never;
+  const listeners = new LocalhostNodePortListeners({ config: resolveConfig({ mode: 'nftables' }), log, family: 4 });
   t.after(() => { listeners.stop(); a.server.close(); b.server.close(); });
   const p1 = await freePort();
   const taken = createServer();
@@ -132,6 +135,11 @@ test('listener set on 127.0.0.1: forwards, follows endpoint changes, pins with C
   assert.equal(listeners.size, 1);
   assert.equal(listeners.creationFailures, 1);
   assert.equal(await ask(p1), 'a');
+  assert.deepEqual(warned, ['KPROXY_LOCALHOST_NODEPORT_BIND']);
+  // retried every sync, logged once while it keeps failing
+  assert.deepEqual((await listeners.reconcile([spec('TCP/1', p1, [a.port]), spec('TCP/2', pTaken, [a.port])])).failed, ['TCP/2']);
+  assert.equal(listeners.creationFailures, 2);
+  assert.deepEqual(warned, ['KPROXY_LOCALHOST_NODEPORT_BIND']);
 
   // endpoints swap under the same listener
   await listeners.reconcile([spec('TCP/1', p1, [b.port])]);
