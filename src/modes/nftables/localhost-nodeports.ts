@@ -149,7 +149,7 @@ export class LocalhostNodePortListeners {
     l.balancer.setEndpoints(spec.endpoints);
   }
 
-  /** listeners open now (the gauge kubeproxy_nftables_localhost_nodeport_listeners) */
+  /** open listeners (the gauge kubeproxy_nftables_localhost_nodeport_listeners) */
   get size(): number {
     return this.live.size;
   }
