@@ -1,13 +1,13 @@
 // The layers of DESIGN.md, checked on every file of src/, type imports included
 // (`npm run depcheck`, and test/layering.test.ts in the test suite). Top to bottom:
 //   cli → sync, server → a mode's host side (modes/<mode>/index, proxier, cleanup, the userspace
-//   data plane; modes/registry) → sources, kernel (the tools' executors) → a mode's planner and
+//   data plane and the nftables mode's localhost NodePort listeners; modes/registry) → sources, kernel (the tools' executors) → a mode's planner and
 //   tracer (pure) → the kernel tools' pure models (kernel/<tool>/model, the iptables text tools)
 //   → core → config → errors, log
 // An import never runs back up, and no two files import each other, however indirectly.
 
 /** A mode's host side: what applies a plan to the kernel, or forwards packets itself. */
-const MODE_HOST = '^src/modes/([^/]+/(index|proxier|sharded|cleanup)\\.ts$|userspace/dataplane/|(registry|types|skipped-vips)\\.ts$)';
+const MODE_HOST = '^src/modes/([^/]+/(index|proxier|sharded|cleanup)\\.ts$|userspace/dataplane/|nftables/localhost-nodeports\\.ts$|(registry|types|skipped-vips)\\.ts$)';
 /** A kernel tool's pure part: its objects and their text forms. */
 const KERNEL_MODEL = '^src/kernel/([^/]+/model|iptables/(tokenize|save|parse))\\.ts$';
 const PURE_PATHS = `^src/(core|modes)/|^src/config/(config|feature-gates)\\.ts$|${KERNEL_MODEL}|^src/errors\\.ts$`;

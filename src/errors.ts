@@ -32,6 +32,7 @@ export const ERROR_CODES = {
   KPROXY_IPVS_LINK_FAILED: 'the kube-ipvs0 dummy device or an address on it could not be set up; run as root with the dummy module available',
   KPROXY_IPVS_MODULE_MISSING: 'a kernel module IPVS mode needs (ip_vs, a scheduler, nf_conntrack) cannot be loaded; load it or choose another --mode',
   KPROXY_IPVS_REFUSED: 'one IPVS entry was left out because the kernel refused it; every other service is applied. Fix the Service the message names',
+  KPROXY_LOCALHOST_NODEPORT_BIND: 'the nftables mode cannot listen on 127.0.0.1 / ::1 for a localhost NodePort (another process holds the port); logged once, counted (kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total) and retried every sync; free the port',
   KPROXY_MANIFEST_DIR: 'the --manifests directory cannot be read; check the path and its permissions',
   KPROXY_MANIFEST_INVALID: 'a manifest file (or one object in it) is invalid; the message names file:line. A broken file\'s last good content stays in force; an object skipped alone (a misspelt kind such as `apiVersion: v1` with `kind: Servce`, a document without kind) leaves the rest of its file in use',
   KPROXY_MANIFEST_STATE: 'the manifests source\'s state file (what each Service was allocated) cannot be read or written; allocations go on (the same directory allocates the same way) but may move at a restart. Give --manifests-state FILE in a writable place, or fix the file\'s permissions',

@@ -578,7 +578,14 @@ function notApplicableWarnings(raw: RawConfig, mode: ModeName, warn: ConfigWarn)
   if (unknown.length) {
     throw new ConfigError('featureGates', `unrecognized feature gate: ${unknown.join(', ')}; remove it or fix its spelling (gates that affect kube-proxy: ${KUBE_PROXY_GATES.join(', ')})`);
   }
-  if (gates.length) warn(`featureGates: ${gates.join(', ')} ignored; kproxy has no feature gates (every feature it has is on)`);
+  const ignored = gates.filter((g) => g !== 'KubeProxyNFTablesLocalhostNodePorts');
+  if (ignored.length) warn(`featureGates: ${ignored.join(', ')} ignored; kproxy has no feature gates (every feature it has is on)`);
+  // the one gate kproxy reads: on unless false (src/core/nodeview.ts localhostNodePortProxyWanted)
+  if (gates.length > ignored.length) {
+    warn(raw.featureGates!.KubeProxyNFTablesLocalhostNodePorts === false
+      ? 'featureGates: KubeProxyNFTablesLocalhostNodePorts=false turns off the nftables mode\'s localhost NodePort proxy; every other feature of kproxy is on'
+      : 'featureGates: KubeProxyNFTablesLocalhostNodePorts=true is kproxy\'s default; the nftables mode serves localhost NodePorts when nodePortAddresses names the loopback address (e.g. primary,localhost), and only =false turns it off');
+  }
   if (raw.udpIdleTimeout !== undefined && ms(raw.udpIdleTimeout) !== 0 && mode !== 'userspace') warn('udpIdleTimeout: used by the userspace mode only; ignored in ' + mode + ' mode');
 }
 

@@ -3,7 +3,9 @@
 // versioned_kube_features.go), the client-go gates it wires into it, and component-base's
 // logging gates; featuregate.SetFromMap refuses any other name with
 // `unrecognized feature gate: NAME`. kproxy refuses the same (KPROXY_CONFIG_INVALID) and
-// accepts a known gate with one warning: kproxy has no gates, every feature it has is on.
+// accepts a known gate with one warning: kproxy has no gates, every feature it has is on;
+// KubeProxyNFTablesLocalhostNodePorts=false alone changes something (src/core/nodeview.ts
+// localhostNodePortProxyWanted).
 //
 // Source of the names: kubernetes/kubernetes pkg/features/kube_features.go (stored commit
 // 0021731de5897e81f1d576a134db15c7c301eeff), plus the gates kube-proxy reads at v1.34 and
@@ -18,6 +20,8 @@ export const KUBE_PROXY_GATES = [
   'KubeProxyDrainingTerminatingNodes', 'LoadBalancerIPMode', 'MultiCIDRServiceAllocator', 'NFTablesProxyMode',
   'PreferSameTrafficDistribution', 'ServiceTrafficDistribution', 'TopologyAwareHints', 'WinDSR', 'WinOverlay',
   'WindowsHostNetwork', 'IPvsNoMasquerade',
+  // alpha in v1.37 (KEP-6032): the nftables mode's userspace proxy for localhost NodePorts
+  'KubeProxyNFTablesLocalhostNodePorts',
 ];
 
 /** component-base (logging, metrics) and client-go gates registered into kube's gate */

@@ -470,6 +470,32 @@ export interface NodeSettings {
   localhostNodePorts: boolean;
   /** loopback Service VIPs are served: the userspace mode binds them itself (the standalone demo's are 127.0.100.x) */
   loopbackVIPs: boolean;
+  /**
+   * nftables: TCP NodePorts are served on the family's loopback address (127.0.0.1 / ::1) by a
+   * userspace proxy beside the ruleset (localhostNodePortProxyWanted, KEP-6032)
+   */
+  localhostNodePortProxy: boolean;
+}
+
+/** The gate of the nftables mode's localhost NodePort proxy (upstream pkg/features, alpha in v1.37). */
+export const LOCALHOST_NODEPORTS_GATE = 'KubeProxyNFTablesLocalhostNodePorts';
+
+/**
+ * Does the nftables mode run its userspace proxy for localhost NodePorts (KEP-6032,
+ * kubernetes#138427)? Upstream's nftables NewProxier creates the LocalNodePortProxy only with
+ * the gate on and an explicit opt-in: the NodePort addresses do not match every address, and
+ * one of the family's CIDRs holds the loopback address itself (127.0.0.1 for IPv4, not just
+ * any 127/8 address, kubernetes#142129 / #142138; ::1 for IPv6), as `--nodeport-addresses=
+ * primary,localhost` gives. kproxy's gates are on unless set to false, so an explicit
+ * `KubeProxyNFTablesLocalhostNodePorts: false` is the only way to turn it off.
+ */
+export function localhostNodePortProxyWanted(mode: ModeName, family: 4 | 6, n: NodePortAddresses, gates: Record<string, boolean>): boolean {
+  if (mode !== 'nftables' || gates[LOCALHOST_NODEPORTS_GATE] === false || n.matchAll) return false;
+  const loopback = family === 6 ? '::1' : '127.0.0.1';
+  return n.cidrs.some((c) => {
+    const p = parseCIDR(c);
+    return !!p && p.family === family && cidrContains(p, loopback);
+  });
 }
 
 /** Resolves the node-wide settings of a live node (or a dry-run render) for its family. */
@@ -495,6 +521,7 @@ export function nodeSettings(config: ProxyConfig, node: NodeContext): NodeSettin
     // NodePort addresses include loopback ("localhostNodePorts ... ContainsIPv4Loopback").
     localhostNodePorts,
     loopbackVIPs: config.mode === 'userspace',
+    localhostNodePortProxy: localhostNodePortProxyWanted(config.mode, family, nodePorts, config.featureGates ?? {}),
   };
 }
 
@@ -551,7 +578,7 @@ export function buildViewFrom(state: ProxyState, s: NodeSettings, previous?: Nod
 }
 
 const SETTINGS_KEYS: Array<keyof NodeSettings> = [
-  'family', 'nodeName', 'nodeLabels', 'nodeIPs', 'primaryNodeIP', 'nodePorts', 'nodePortIPs', 'localDetector', 'masqueradeMark', 'masqueradeAll', 'localhostNodePorts', 'loopbackVIPs',
+  'family', 'nodeName', 'nodeLabels', 'nodeIPs', 'primaryNodeIP', 'nodePorts', 'nodePortIPs', 'localDetector', 'masqueradeMark', 'masqueradeAll', 'localhostNodePorts', 'loopbackVIPs', 'localhostNodePortProxy',
 ];
 
 function sameSettings(a: NodeSettings, b: NodeSettings): boolean {

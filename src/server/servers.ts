@@ -242,6 +242,9 @@ export class Metrics {
   private readonly iptablesLast?: client.Gauge<'ip_family' | 'table'>;
   private readonly nftSyncFailures?: client.Counter<'ip_family'>;
   private readonly nftCleanupFailures?: client.Counter<'ip_family'>;
+  private readonly lnpListeners?: client.Gauge<'ip_family'>;
+  private readonly lnpFailures?: client.Counter<'ip_family'>;
+  private readonly lnpFailuresSeen = new Map<string, number>();
 
   // ---- kproxy's own (kproxy_*) ----
   private readonly failures = new client.Counter({ name: 'kproxy_sync_failures_total', help: 'Syncs that failed (the previous rules stayed in place)', registers: [this.registry] });
@@ -276,6 +279,9 @@ export class Metrics {
     if (this.has('nftables')) {
       this.nftSyncFailures = new client.Counter({ name: 'kubeproxy_sync_proxy_rules_nftables_sync_failures_total', help: 'Cumulative proxy nftables sync failures', labelNames: ['ip_family'], registers });
       this.nftCleanupFailures = new client.Counter({ name: 'kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total', help: 'Cumulative proxy nftables cleanup failures', labelNames: ['ip_family'], registers });
+      // upstream pkg/proxy/metrics (v1.37, alpha, KEP-6032): the localhost NodePort proxy's listeners
+      this.lnpListeners = new client.Gauge({ name: 'kubeproxy_nftables_localhost_nodeport_listeners', help: 'Number of active localhost NodePort proxy listeners', labelNames: ['ip_family'], registers });
+      this.lnpFailures = new client.Counter({ name: 'kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total', help: 'Cumulative localhost NodePort proxy listener creation failures', labelNames: ['ip_family'], registers });
     }
     if (opts.processMetrics !== false) client.collectDefaultMetrics({ register: this.registry });
   }
@@ -426,6 +432,22 @@ export class Metrics {
     this.usWorkersSeen = { restarts, failures };
   }
 
+  /** The nftables mode's localhost NodePort listeners per family (src/modes/nftables/localhost-nodeports.ts). */
+  collectLocalhostNodePorts(families: Array<{ family: 4 | 6; proxier: unknown }>): void {
+    if (!this.lnpListeners || !this.lnpFailures) return;
+    for (const f of families) {
+      const p = f.proxier as { localhostNodePorts?: () => { listeners: number; creationFailures: number } } | null;
+      if (!p || typeof p.localhostNodePorts !== 'function') continue;
+      const { listeners, creationFailures } = p.localhostNodePorts();
+      const ip_family = ipFamilyLabel(f.family);
+      this.lnpListeners.set({ ip_family }, listeners);
+      // the proxier keeps a monotonic total; the counter gets the delta
+      const seen = this.lnpFailuresSeen.get(ip_family) ?? 0;
+      if (creationFailures > seen) this.lnpFailures.inc({ ip_family }, creationFailures - seen);
+      this.lnpFailuresSeen.set(ip_family, creationFailures);
+    }
+  }
+
   /** Service ports the userspace proxiers refuse at plan time (SCTP), summed over the families. */
   collectUserspaceRefusals(proxiers: unknown): void {
     let sctp: number | null = null;
@@ -477,6 +499,7 @@ export async function startServers(deps: ServerDeps, healthzAddr: string, metric
       metrics.collectUserspace(deps.ctrl.families.map((f) => f.proxier));
       metrics.collectUserspaceRefusals(deps.ctrl.families.map((f) => f.proxier));
       metrics.collectUserspaceWorkers(deps.ctrl.families.map((f) => f.proxier));
+      metrics.collectLocalhostNodePorts(deps.ctrl.families);
       res.writeHead(200, { 'content-type': metrics.registry.contentType });
       return res.end(await metrics.registry.metrics());
     }

@@ -1,7 +1,9 @@
 // nftables mode: one private `kube-proxy` table per IP family (from 1,000 Services the
 // Services spread over `kube-proxy-<n>` tables, sharded.ts), written as one `nft -f`
 // transaction per sync. Planner (plan.ts), text (ruleset.ts), tracer (trace.ts) are pure;
-// the proxier (proxier.ts) applies through the nft executor (src/kernel/nft/exec.ts).
+// the proxier (proxier.ts) applies through the nft executor (src/kernel/nft/exec.ts); TCP
+// NodePorts on 127.0.0.1 / ::1 are served by userspace listeners beside it when
+// --nodeport-addresses names the loopback address (localhost-nodeports.ts, KEP-6032).
 import type { ConformanceAdapter } from '../../conformance/case.ts';
 import { type CommandRunner, ExecError } from '../../kernel/runner.ts';
 import { NftExecutor } from '../../kernel/nft/exec.ts';
@@ -14,6 +16,7 @@ import { nftablesConformance } from './conformance.ts';
 import { kubeProxyTableNames, TABLE } from './names.ts';
 import { optionsFromInput } from './plan.ts';
 import { ShardedNftProxier } from './sharded.ts';
+import { NftWithLocalhostNodePorts } from './localhost-nodeports.ts';
 import { dumpRuleset } from './ruleset.ts';
 import { traceNft, traceTables } from './trace.ts';
 import { planShardedRulesets, type ShardOptions } from './shards.ts';
@@ -44,7 +47,10 @@ async function createProxier(deps: ModeDeps): Promise<Proxier> {
     }
   }
   // K = 1 (upstream's single `kube-proxy` table) below 1,000 Services; sharded above (sharded.ts).
-  return new ShardedNftProxier({ runner: deps.runner, log: deps.log });
+  const nft = new ShardedNftProxier({ runner: deps.runner, log: deps.log });
+  // Beside the ruleset, the userspace listeners of localhost NodePorts (localhost-nodeports.ts):
+  // each sync's view says whether there are any (NodeSettings.localhostNodePortProxy).
+  return new NftWithLocalhostNodePorts(nft, { config: deps.config, log: deps.log, family: deps.family ?? 4 });
 }
 
 /** Removes every kube-proxy table of ip and ip6: `kube-proxy` and the shards' `kube-proxy-<n>` (names.ts isKubeProxyTable), nothing else. */
