@@ -19,7 +19,7 @@
 import { loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import { optionsFromConfig } from '../src/modes/iptables/options.ts';
-import { planIptables } from '../src/modes/iptables/plan.ts';
+import { planFull } from '../src/modes/iptables/full.ts';
 import { Namespaces, TimedRunner } from './netns.ts';
 import { fmtMs } from './report.ts';
 import { benchConfig, NODE, Workload } from './workload.ts';
@@ -67,11 +67,11 @@ async function main(): Promise<void> {
   for (const f of forms) {
     const [kind, lines] = f.split(':');
     const t0 = performance.now();
-    if (kind === 'raw' || kind === 'rawj') payloads.set(f, { restores: [planIptables({ state: input.state, opts, full: true }).payload], planMs: performance.now() - t0 });
+    if (kind === 'raw' || kind === 'rawj') payloads.set(f, { restores: [planFull({ state: input.state, opts }).payload], planMs: performance.now() - t0 });
     else {
       // cold: as on an empty node (no service chain installed), the form kproxy's first sync takes
       const installedNatChains = kind === 'cold' || kind === 'coldj' ? new Set<string>() : undefined;
-      const plan = planIptables({ state: input.state, opts, full: true, chunkLines: Number(lines), installedNatChains });
+      const plan = planFull({ state: input.state, opts, chunkLines: Number(lines), installedNatChains });
       const chunks = plan.chunks ?? [plan.payload];
       payloads.set(f, { restores: kind === 'decl1st' ? declarationsFirst(chunks) : chunks, planMs: performance.now() - t0 });
     }

@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { canonicalRule, chainDigest, installedChains } from '../../src/modes/iptables/canonical.ts';
-import { chainEdits } from '../../src/modes/iptables/plan.ts';
+import { chainEdits } from '../../src/modes/iptables/restart.ts';
 
 const SAME: Array<[string, string]> = [
   // generic options first, host prefix length, quotes

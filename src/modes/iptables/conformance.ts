@@ -4,13 +4,13 @@
 import { applyObject, stateOf, trackerFor, type CaseOutcome, type ConformanceAdapter, type ConformanceCase } from '../../conformance/case.ts';
 import { caseLocalIPs, caseOptions } from './case-options.ts';
 import { diffLines, normalizeRestoreText, undeclaredJumps } from './normalize.ts';
-import { planIptables } from './plan.ts';
+import { planFull } from './full.ts';
 import { IptablesSyncState } from './sync-state.ts';
 import { loadTracer } from './tracer-link.ts';
 
 function runGolden(c: ConformanceCase): CaseOutcome {
   const opts = caseOptions(c.config);
-  const plan = planIptables({ state: stateOf(c.config, c.objects), opts, full: true, installedNatChains: new Set() });
+  const plan = planFull({ state: stateOf(c.config, c.objects), opts, installedNatChains: new Set() });
   const jumps = undeclaredJumps(plan.payload);
   const diff = diffLines(normalizeRestoreText(c.expected ?? ''), normalizeRestoreText(plan.payload));
   if (!diff && !jumps.length) return { ok: true };
@@ -21,7 +21,7 @@ function runSteps(c: ConformanceCase): CaseOutcome {
   const opts = caseOptions(c.config);
   const tracker = trackerFor(c.config);
   // Upstream's payloads: every partial sync rewrites KUBE-SERVICES, KUBE-NODEPORTS and the
-  // static chains (the production proxier leaves unchanged chains out; see plan.ts).
+  // static chains (the production proxier leaves unchanged chains out; see partial.ts).
   const sync = new IptablesSyncState({ skipUnchangedChains: false });
   // The fake kernel starts with only built-in chains.
   sync.installedNatChains = new Set();
@@ -51,7 +51,7 @@ function runSteps(c: ConformanceCase): CaseOutcome {
 async function runFlows(c: ConformanceCase): Promise<CaseOutcome> {
   const traceIptables = await loadTracer();
   const opts = caseOptions(c.config);
-  const plan = planIptables({ state: stateOf(c.config, c.objects), opts, full: true, installedNatChains: new Set() });
+  const plan = planFull({ state: stateOf(c.config, c.objects), opts, installedNatChains: new Set() });
   const localIPs = caseLocalIPs(c.config);
   const problems: string[] = [];
   for (const f of c.flows ?? []) {

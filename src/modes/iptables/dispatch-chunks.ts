@@ -1,6 +1,6 @@
 // The dispatch edits of the restart form in bounded restores (kproxy, not upstream: a first
 // sync must not hold the xtables lock or the nf_tables commit for tens of seconds).
-// plan.ts restartPayloads edits the dispatch chains (nat KUBE-SERVICES / KUBE-NODEPORTS and
+// restart.ts edits the dispatch chains (nat KUBE-SERVICES / KUBE-NODEPORTS and
 // the filter chains) in place: `-D` of the installed rules no longer wanted, `-I` of the
 // missing ones. After many Services changed, or over rules an older version wrote with other
 // text (comments, large-cluster mode), that is most of KUBE-SERVICES: 40,000 edit lines at
@@ -21,7 +21,7 @@
 //   which are present). By position, not by spec: iptables-nft finds a `-D` by spec by
 //   converting every rule before it (2,500 `-D` by spec in a 20,000-rule chain: 23 s; by
 //   position: 0.6 s, measured on this machine).
-// Which installed rules are kept, deleted and inserted is chainEdits' choice (plan.ts: the
+// Which installed rules are kept, deleted and inserted is chainEdits' choice (restart.ts: the
 // longest run of installed rules already in planned order is kept). A chain not installed is
 // declared in the first restore and filled by the groups' insertions. Pure.
 import { canonicalRule, type InstalledChain } from './canonical.ts';
