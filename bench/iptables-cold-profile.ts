@@ -1,7 +1,7 @@
 // Where the iptables (nf_tables backend) cold start goes, side by side in one run:
 // the full rendered ruleset of N services applied into fresh kpb-* namespaces as
 //   raw        one flushing `iptables-restore -w 5 --counters` (the reference);
-//   chunks:L   kproxy's chunked full sync form (plan.ts chunkedPayloads, L lines per chunk),
+//   chunks:L   kproxy's chunked full sync form (full.ts chunkedPayloads, L lines per chunk),
 //              each chunk a `--noflush` restore, timed one by one;
 //   decl1st:L  the same chunks, but every chain declared in one first restore and the
 //              later chunks carrying rules only;

@@ -14,7 +14,7 @@
 //             order that turns from one repetition to the next: the dispatch edits in one
 //             restore (`dispatchChunkLines: 0`, the one-restore form, which rewrites the
 //             chains whole), and in the default form (an insertion past the chain's last rule
-//             an `-A`; lines per restore: plan.ts dispatchBudget, 5,000 at 10,000 Services,
+//             an `-A`; lines per restore: restart.ts dispatchBudget, 5,000 at 10,000 Services,
 //             10,000 at 20,000);
 // each timed as: total wall time, number of restores, the longest single restore (how long
 // the xtables lock / the nf_tables commit is held), and the rule lines it wrote (`-A`/`-I`/

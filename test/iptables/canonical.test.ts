@@ -1,5 +1,5 @@
 // Rules compared by meaning (canonical.ts), and the in-place chain edits of the restart form
-// (plan.ts chainEdits): the forms iptables-save prints (seen on this machine's iptables
+// (restart.ts chainEdits): the forms iptables-save prints (seen on this machine's iptables
 // 1.8, nf_tables and legacy) equal the forms kproxy writes, rules that differ do not, and the
 // edits of any installed chain turn it into the planned one.
 import { test } from 'node:test';

@@ -1,4 +1,4 @@
-// Full syncs applied in chunks (plan.ts chunkedPayloads; the nf_tables backend's default):
+// Full syncs applied in chunks (full.ts chunkedPayloads; the nf_tables backend's default):
 // - the kernel after a chunked full sync equals the kernel after a one-payload full sync, in
 //   both families, over 40 seeded random changes where every third sync is a forced full
 //   sync over the previous state (stale chains, changed services) and the rest are partial;
