@@ -78,7 +78,7 @@ export function renderContext(state: ProxyState, opts: IptablesOptions): RenderC
  * Memory (kproxy, not upstream): after a full sync the cached blocks of every service keep
  * only what a partial sync reads for a service it does not write (its KUBE-SERVICES /
  * KUBE-NODEPORTS and filter rules, its chain names, its rule count); the text of its own
- * chains, two thirds of the block and ~50 MiB at 10,000 Services × 5 endpoints, is dropped
+ * chains, two thirds of the block and most of the planner's memory at 10,000 Services, is dropped
  * and rendered again when the service changes or a full sync writes it (docs/benchmarks.md,
  * "Where the memory goes"). Blocks of services not in the state are left alone.
  */

@@ -20,7 +20,7 @@ export interface Plan {
   natRulesWritten: number;
   natRulesTotal: number;
   filterRules: number;
-  /** every per-service nat chain the rules need (installed or written now) */
+  /** every per-service nat chain the rules need (installed, or written by this sync) */
   activeNatChains: Set<string>;
   deletedChains: string[];
   /** every installed service chain that is not active is in deletedChains (installed chains given, stale deletion asked) */

@@ -147,10 +147,9 @@ interface FamilyState {
 /**
  * Lines per restore when a full sync is applied in chunks (full.ts chunkedPayloads): with
  * the nf_tables backend one `--noflush` transaction is quadratic in its size, chunks of a
- * few thousand lines keep it linear. Measured on the bench machine at 10,000 services
- * (docs/benchmarks.md, "iptables at scale"): 5,000 lines per chunk (53 restores) beat 2,000
- * (128 restores: each pays the process start and the chain-cache fetch) and 10,000 (the
- * quadratic cost inside one transaction is back).
+ * few thousand lines keep it linear. 5,000 lines per chunk beats smaller chunks (each restore
+ * pays the process start and the chain-cache fetch) and larger ones (the quadratic cost
+ * inside one transaction is back): docs/benchmarks.md, "iptables at scale".
  */
 export const DEFAULT_CHUNK_LINES = 5_000;
 
@@ -324,8 +323,8 @@ export class IptablesProxier implements Proxier {
    * jumps into KUBE-SERVICES and returns them, for the sync's last restore: while nothing
    * reaches KUBE-SERVICES, a chunk's commit does not make nf_tables validate every service
    * published by the chunks before it (the kernel validates what the base chains reach on
-   * every commit that adds a rule: 0.73x a raw restore without them, 1.30x with them, at
-   * 10,000 Services; docs/benchmarks.md "iptables at scale"). Nothing is reachable before it.
+   * every commit that adds a rule; docs/benchmarks.md "iptables at scale" compares the two).
+   * Nothing is reachable before it.
    */
   private async ensureJumps(fs: FamilyState): Promise<string> {
     const saved = readSave(await fs.exec.saveAll());
