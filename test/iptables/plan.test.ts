@@ -1,5 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { BlockCache } from '../../src/modes/iptables/blocks.ts';
 import { planFull } from '../../src/modes/iptables/full.ts';
 import { planPartial } from '../../src/modes/iptables/partial.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
@@ -173,8 +174,10 @@ function bigState(n: number): ProxyState {
 test('10k services x 5 endpoints: cold render, steady-state full render and a partial sync stay fast', () => {
   const opts = optsFor(tracker());
   const state = bigState(10_000);
+  // the sync state's cache: a steady-state render reuses the blocks of unchanged services
+  const cache = new BlockCache();
   const t0 = performance.now();
-  const plan = planFull({ state, opts });
+  const plan = planFull({ state, opts, cache });
   const coldMs = performance.now() - t0;
   assert.equal(plan.natRulesTotal, 10_000 * 17 + 5);
   // Best of three: the test machine is shared, one slow run says little.
@@ -187,11 +190,11 @@ test('10k services x 5 endpoints: cold render, steady-state full render and a pa
     }
     return ms;
   };
-  const fullMs = best(() => planFull({ state, opts }));
+  const fullMs = best(() => planFull({ state, opts, cache }));
   // One service changed: the tracker replaced its objects.
   const key = [...state.services.keys()][42];
   state.endpoints.set(key, state.endpoints.get(key)!.slice(1));
-  const partialMs = best(() => planPartial({ state, opts, changed: new Set([state.services.get(key)!.serviceKey]), installedNatChains: plan.activeNatChains }));
+  const partialMs = best(() => planPartial({ state, opts, changed: new Set([state.services.get(key)!.serviceKey]), installedNatChains: plan.activeNatChains, cache }));
   console.log(`# 10k x 5: cold render ${coldMs.toFixed(0)} ms, full ${fullMs.toFixed(0)} ms, partial ${partialMs.toFixed(0)} ms (${plan.natRulesTotal} nat rules)`);
   // Generous bounds for a loaded 2-core machine; cold includes hashing 60k chain names; steady state reuses unchanged services.
   assert.ok(coldMs < 10_000, `cold render took ${coldMs} ms`);

@@ -251,7 +251,7 @@ test('the fast partial plan: an endpoint change writes no dispatch chain, a new 
   assert.match(next.payload, /^-I KUBE-NODEPORTS 21 .*--dport 30499 -j KUBE-EXT-/m);
   // A refused inserted line names its Service (isolation excludes it and retries at once).
   const inserted = next.payload.split('\n').find((l) => l.startsWith('-I KUBE-SERVICES '))!;
-  assert.equal(ownerOfPayloadLine(t.state, opts, inserted)?.serviceKey, 'nsx/svcx');
+  assert.equal(ownerOfPayloadLine(t.state, opts, inserted, s.blocks)?.serviceKey, 'nsx/svcx');
   // 2 dispatch rules, KUBE-SVC (masquerade, 1 endpoint), KUBE-SEP (2), KUBE-EXT (2)
   assert.equal(next.natRulesTotal, full.natRulesTotal + 8);
   assert.equal(next.natRulesTotal, planFull({ state: t.state, opts }).natRulesTotal);
@@ -260,7 +260,7 @@ test('the fast partial plan: an endpoint change writes no dispatch chain, a new 
   for (let i = 0; i < 201; i++) t.services.update(null, svc(`nsy${i}`, 'svc', { clusterIP: `172.30.10.${i + 1}` }));
   const many = t.apply();
   const applied = (s as unknown as { applied: Parameters<typeof planPartialFast>[0]['applied'] }).applied;
-  assert.equal(planPartialFast({ state: t.state, opts, applied, deferStale: true, deferred: new Set() }), null);
+  assert.equal(planPartialFast({ state: t.state, opts, applied, cache: s.blocks, deferStale: true, deferred: new Set() }), null);
   const rewrite = s.plan(t.state, opts, many, false);
   assert.equal(rewrite.applied.kind, 'replace');
   assert.match(rewrite.payload, /^:KUBE-SERVICES /m);

@@ -1,8 +1,8 @@
 // The rendered service blocks a sync works from (service-block.ts renders one), cached per
-// ServicePort: a block only changes when its ServicePort or endpoint list does (the trackers
-// replace those objects on change) or the settings do, so unchanged services are not rebuilt,
-// and an unchanged service's block is the same object from one sync to the next (what a fast
-// partial sync compares, by identity). Pure: the cache is a memo of renderServiceBlock.
+// ServicePort in a BlockCache that the sync state owns: a block only changes when its
+// ServicePort or endpoint list does (the trackers replace those objects on change) or the
+// settings do, so unchanged services are not rebuilt, and an unchanged service's block is the
+// same object from one sync to the next (what a fast partial sync compares, by identity). Pure.
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
 import { NO_ENDPOINTS, portOf } from '../../core/nodeview.ts';
 import type { IptablesOptions } from './options.ts';
@@ -32,16 +32,42 @@ export interface AppliedBlocks {
   totalEndpoints?: number;
 }
 
-const blockCache = new WeakMap<ServicePort, { eps: Endpoint[]; key: string; block: ServiceBlock }>();
+/** Each service port's last rendered block, by its ServicePort object. */
+export class BlockCache {
+  private readonly blocks = new WeakMap<ServicePort, { eps: Endpoint[]; key: string; block: ServiceBlock }>();
 
-/** The block of a service port; `needChains` false accepts a compacted one (its chains are not written). */
-export function serviceBlock(sp: ServicePort, eps: Endpoint[], ctx: RenderContext, needChains = true): ServiceBlock {
-  const hit = blockCache.get(sp);
-  if (hit && hit.eps === eps && hit.key === ctx.key && !(needChains && hit.block.compact)) return hit.block;
-  // The port as the node view decides it (without the VIPs no rule may hold: src/core/vip.ts).
-  const block = renderServiceBlock(portOf(ctx.opts.node, sp, eps), ctx);
-  blockCache.set(sp, { eps, key: ctx.key, block });
-  return block;
+  /** The block of a service port; `needChains` false accepts a compacted one (its chains are not written). */
+  block(sp: ServicePort, eps: Endpoint[], ctx: RenderContext, needChains = true): ServiceBlock {
+    const hit = this.blocks.get(sp);
+    if (hit && hit.eps === eps && hit.key === ctx.key && !(needChains && hit.block.compact)) return hit.block;
+    // The port as the node view decides it (without the VIPs no rule may hold: src/core/vip.ts).
+    const block = renderServiceBlock(portOf(ctx.opts.node, sp, eps), ctx);
+    this.blocks.set(sp, { eps, key: ctx.key, block });
+    return block;
+  }
+
+  /**
+   * Memory (kproxy, not upstream): after a full sync the cached blocks of every service keep
+   * only what a partial sync reads for a service it does not write (its KUBE-SERVICES /
+   * KUBE-NODEPORTS and filter rules, its chain names, its rule count); the text of its own
+   * chains, two thirds of the block and most of the planner's memory at 10,000 Services, is
+   * dropped and rendered again when the service changes or a full sync writes it
+   * (docs/benchmarks.md, "Where the memory goes"). Blocks of services not in the state are left alone.
+   */
+  compact(state: ProxyState): void {
+    for (const sp of state.services.values()) {
+      const hit = this.blocks.get(sp);
+      if (!hit || hit.block.compact) continue;
+      // In place: the block is also the applied one (AppliedBlocks compares blocks by identity).
+      const b = hit.block;
+      const chains = new Map<string, string>();
+      for (const u of b.units) if (u.declare) chains.set(u.name, unitDigest(u));
+      b.compact = { ruleCount: b.rules.length, chains };
+      b.chains = [];
+      b.rules = [];
+      b.units = [];
+    }
+  }
 }
 
 // The same settings give the same string object, so the block cache's key check (once per
@@ -75,40 +101,17 @@ export function renderContext(state: ProxyState, opts: IptablesOptions): RenderC
 }
 
 /**
- * Memory (kproxy, not upstream): after a full sync the cached blocks of every service keep
- * only what a partial sync reads for a service it does not write (its KUBE-SERVICES /
- * KUBE-NODEPORTS and filter rules, its chain names, its rule count); the text of its own
- * chains, two thirds of the block and most of the planner's memory at 10,000 Services, is dropped
- * and rendered again when the service changes or a full sync writes it (docs/benchmarks.md,
- * "Where the memory goes"). Blocks of services not in the state are left alone.
- */
-export function compactServiceBlocks(state: ProxyState): void {
-  for (const sp of state.services.values()) {
-    const hit = blockCache.get(sp);
-    if (!hit || hit.block.compact) continue;
-    // In place: the block is also the applied one (AppliedBlocks compares blocks by identity).
-    const b = hit.block;
-    const chains = new Map<string, string>();
-    for (const u of b.units) if (u.declare) chains.set(u.name, unitDigest(u));
-    b.compact = { ruleCount: b.rules.length, chains };
-    b.chains = [];
-    b.rules = [];
-    b.units = [];
-  }
-}
-
-/**
  * The service port whose rules or chain declarations include this payload line, or null
  * (the fixed rules, stale chain deletions). Names the Service whose line iptables-restore
  * refused; a linear scan over the (cached) blocks, only run after a failure.
  */
-export function ownerOfPayloadLine(state: ProxyState, opts: IptablesOptions, text: string): ServicePort | null {
+export function ownerOfPayloadLine(state: ProxyState, opts: IptablesOptions, text: string, cache = new BlockCache()): ServicePort | null {
   // A dispatch rule inserted in place (a partial or restart edit) is the block's `-A` line at a position.
   const ins = /^-I (\S+) \d+ (.*)$/.exec(text);
   const line = ins ? `-A ${ins[1]} ${ins[2]}` : text;
   const ctx = renderContext(state, opts);
   for (const sp of state.services.values()) {
-    const b = serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx);
+    const b = cache.block(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx);
     if (b.rules.includes(line) || b.natTop.includes(line) || b.filter.includes(line) || b.chains.includes(line)) return sp;
   }
   return null;

@@ -3,7 +3,7 @@
 // restores of whole services (chunkedPayloads). Pure.
 import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
-import { serviceBlock } from './blocks.ts';
+import { BlockCache } from './blocks.ts';
 import {
   appliedBlocks, collectRuleset, DISPATCH_CHAINS, hasServiceChain, natRulesTotal, routeLocalnet, staleChains,
   unchangedLeftOut, type Plan, type Ruleset,
@@ -22,17 +22,19 @@ export interface FullPlanRequest {
    * each holding whole services (kproxy, not upstream; see chunkedPayloads). Unset or 0: one payload.
    */
   chunkLines?: number;
+  /** the blocks rendered so far (the sync state's); none: rendered afresh */
+  cache?: BlockCache;
 }
 
 /** Every service's blocks, every service's chains written. */
-export function fullRuleset(state: ProxyState, opts: IptablesOptions): Ruleset {
-  return collectRuleset(state, opts, (sp, eps, ctx) => ({ block: serviceBlock(sp, eps, ctx, true), write: true }));
+export function fullRuleset(state: ProxyState, opts: IptablesOptions, cache: BlockCache): Ruleset {
+  return collectRuleset(state, opts, (sp, eps, ctx) => ({ block: cache.block(sp, eps, ctx, true), write: true }));
 }
 
 /** The restore payload(s) of a full sync. */
 export function planFull(req: FullPlanRequest): Plan {
   const { state, opts } = req;
-  const r = fullRuleset(state, opts);
+  const r = fullRuleset(state, opts, req.cache ?? new BlockCache());
   const deletedChains = staleChains(req.installedNatChains, r.active, req.deleteStale !== false);
   const chainDigests = new Map<string, string>();
   const skipped = { n: 0 };

@@ -1,6 +1,6 @@
 // A partial sync in O(changed services) rather than O(all services) (kproxy, not upstream):
 // compares each changed service port's rendered block with the one last applied (by
-// identity: the block cache returns the same object while the ServicePort, its endpoint list
+// identity: the sync state's block cache returns the same object while the ServicePort, its endpoint list
 // and the settings are the same, see blocks.ts) and writes only the changed services' own
 // chains whose content changed (compared with the applied block), declaring only those;
 // deletes the chains that became stale, or defers them (`deferStale`, large-cluster mode)
@@ -17,7 +17,7 @@
 // (`deferred`), so no scan of the 70k installed chains is needed when their deletion comes due. Pure.
 import type { ProxyState, ServicePort } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
-import { EMPTY, ruleCount, sameUnitIn, serviceBlock, settingsKey, type AppliedBlocks, type RenderContext } from './blocks.ts';
+import { EMPTY, ruleCount, sameUnitIn, settingsKey, type AppliedBlocks, type BlockCache, type RenderContext } from './blocks.ts';
 import { routeLocalnet, type Plan } from './plan.ts';
 import type { ServiceBlock } from './service-block.ts';
 import { chainLine, EMPTY_LINES, sameLines, type ChainUnit } from './units.ts';
@@ -26,6 +26,8 @@ export interface FastPlanRequest {
   state: ProxyState;
   opts: IptablesOptions;
   applied: AppliedBlocks;
+  /** the cache the applied blocks came from: an unchanged port's block is the applied object */
+  cache: BlockCache;
   /**
    * The services ("ns/name") changed since `applied` (the trackers' report). With it, only
    * their ports are looked at: every other port's block is the applied one (its ServicePort
@@ -55,7 +57,7 @@ type Touched = [string, ServiceBlock | undefined, ServiceBlock | undefined];
  * most of a change's CPU).
  */
 function touchedPorts(req: FastPlanRequest, ctx: RenderContext): { touched: Touched[]; totalEndpoints: number } {
-  const { state, applied } = req;
+  const { state, applied, cache } = req;
   const touched: Touched[] = [];
   let matched = 0;
   const changed = applied.totalEndpoints !== undefined ? req.changed : undefined;
@@ -68,12 +70,12 @@ function touchedPorts(req: FastPlanRequest, ctx: RenderContext): { touched: Touc
     const eps = state.endpoints.get(sp.key) ?? EMPTY;
     totalEndpoints += eps.length;
     // Unchanged services' blocks are the applied ones, compacted or not: no chains needed.
-    let b = serviceBlock(sp, eps, ctx, false);
+    let b = cache.block(sp, eps, ctx, false);
     const old = applied.blocks.get(sp.key);
     if (old) matched++;
     if (changed && old) totalEndpoints -= old.endpoints;
     if (old !== b) {
-      if (b.compact) b = serviceBlock(sp, eps, ctx, true);
+      if (b.compact) b = cache.block(sp, eps, ctx, true);
       touched.push([sp.key, old, b]);
     }
   }
@@ -235,7 +237,7 @@ export function planPartialFast(req: FastPlanRequest): Plan | null {
   // removed...): a second pass; an endpoint change, the common case, allocates nothing per port.
   const current: Array<[string, ServiceBlock]> = [];
   if (redispatch.length) {
-    for (const sp of state.services.values()) current.push([sp.key, serviceBlock(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx, false)]);
+    for (const sp of state.services.values()) current.push([sp.key, req.cache.block(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx, false)]);
   }
   const edits = dispatchEdits(redispatch, current);
   // Outside large-cluster mode nothing is ever deferred; inside, until the cleanup is due.

@@ -9,7 +9,7 @@
 // common partial sync without visiting the other services at all. Pure.
 import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
-import { serviceBlock, type AppliedBlocks } from './blocks.ts';
+import { BlockCache, type AppliedBlocks } from './blocks.ts';
 import {
   appliedBlocks, collectRuleset, natRulesTotal, routeLocalnet, staleChains, unchangedLeftOut, type Plan,
   type ServiceChoice,
@@ -34,11 +34,14 @@ export interface PartialPlanRequest {
   deleteStale?: boolean;
   /** what the last applied sync rendered; none: upstream's payload */
   last?: LastApplied;
+  /** the blocks rendered so far (the sync state's, which the applied blocks came from); none: rendered afresh */
+  cache?: BlockCache;
 }
 
 /** The restore payload of a partial sync. */
 export function planPartial(req: PartialPlanRequest): Plan {
   const { state, opts, changed, last } = req;
+  const cache = req.cache ?? new BlockCache();
   const r = collectRuleset(state, opts, (sp, eps, ctx): ServiceChoice => {
     // The applied blocks, if rendered with these settings (otherwise every block differs).
     const prev = last && last.blocks.ctx?.key === ctx.key ? last.blocks.blocks.get(sp.key) : undefined;
@@ -46,11 +49,11 @@ export function planPartial(req: PartialPlanRequest): Plan {
     const old = last?.chainDigests ? prev : undefined;
     // A service not written keeps its (possibly compacted) block: its chains are not needed.
     const write = changed.has(sp.serviceKey);
-    const b = serviceBlock(sp, eps, ctx, write);
+    const b = cache.block(sp, eps, ctx, write);
     if (write) return { block: b, write, old };
     // A block rendered differently from the applied one is written too.
     if (!last || prev === b) return { block: b, write: false };
-    return { block: b.compact ? serviceBlock(sp, eps, ctx, true) : b, write: true, old };
+    return { block: b.compact ? cache.block(sp, eps, ctx, true) : b, write: true, old };
   });
   const deletedChains = staleChains(req.installedNatChains, r.active, req.deleteStale !== false);
   const lastDigests = last?.chainDigests;

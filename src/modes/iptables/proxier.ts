@@ -25,7 +25,7 @@ import {
 } from './names.ts';
 import { isServiceChainName } from './names.ts';
 import { optionsFromConfig, type IptablesOptions, type RuntimeFacts, DEFAULT_FACTS } from './options.ts';
-import { compactServiceBlocks, ownerOfPayloadLine } from './blocks.ts';
+import { ownerOfPayloadLine } from './blocks.ts';
 import { planFull } from './full.ts';
 import { IptablesSyncState } from './sync-state.ts';
 import { installedChains } from './canonical.ts';
@@ -236,7 +236,7 @@ export class IptablesProxier implements Proxier {
   private excludeRefused(fs: FamilyState, r: Refusal): boolean {
     if (r.error.line === null || isTransientRefusal(r.error.result?.stderr ?? '')) return false;
     const text = r.payload.split('\n')[r.error.line - 1] ?? '';
-    const sp = ownerOfPayloadLine(r.state, r.opts, text);
+    const sp = ownerOfPayloadLine(r.state, r.opts, text, fs.sync.blocks);
     if (!sp || fs.exclusions.has(sp.serviceKey)) return false;
     const stderr = (r.error.result?.stderr ?? '').split('\n').find((l) => l.trim() && !/^Error occurred at line|^Try `/.test(l)) ?? 'refused';
     const why = stderr.replace(/^\S*restore v[\d.]+ \([^)]*\): /, '').trim();
@@ -295,7 +295,7 @@ export class IptablesProxier implements Proxier {
       fs.sync.commit(plan);
       fs.last = { input, opts };
       // memory: unchanged services' chain text is not kept between syncs (blocks.ts)
-      if (plan.full) compactServiceBlocks(input.state);
+      if (plan.full) fs.sync.blocks.compact(input.state);
       const kind = plan.full ? 'full' : 'partial';
       const diff = `${kind} sync (IPv${family}): ${plan.writtenServices} service ports written, ${plan.natRulesWritten} of ${plan.natRulesTotal} nat rules, ${plan.filterRules} filter rules` +
         (plan.skippedChains ? `, ${plan.skippedChains} unchanged chains left out` : '') +
@@ -344,7 +344,7 @@ export class IptablesProxier implements Proxier {
     for (const [family, fs] of [...this.families].sort((a, b) => a[0] - b[0])) {
       if (!fs.last) continue;
       out.push(`# IPv${family} (${fs.exec.bin.restore})`);
-      out.push(planFull({ state: fs.last.input.state, opts: fs.last.opts }).payload);
+      out.push(planFull({ state: fs.last.input.state, opts: fs.last.opts, cache: fs.sync.blocks }).payload);
     }
     return out.join('\n');
   }

@@ -24,6 +24,7 @@ import type { IptablesOptions } from './options.ts';
 import { serviceChains } from './names.ts';
 import { canonicalRule, chainDigest, type InstalledChain, type InstalledChains } from './canonical.ts';
 import { chunkedDispatchEdits, keptRules, serviceChainKey, STATIC_GROUP, type DispatchChain } from './dispatch-chunks.ts';
+import { BlockCache } from './blocks.ts';
 import { fullRuleset } from './full.ts';
 import { appliedBlocks, DISPATCH_CHAINS, natRulesTotal, routeLocalnet, staleChains, unchangedLeftOut, type Plan, type Ruleset } from './plan.ts';
 import { chainLine, type ChainUnit } from './units.ts';
@@ -46,6 +47,8 @@ export interface RestartPlanRequest {
    * the two forms).
    */
   dispatchChunkLines?: number;
+  /** the blocks rendered so far (the sync state's); none: rendered afresh */
+  cache?: BlockCache;
 }
 
 /**
@@ -275,7 +278,7 @@ function oneDispatchRestore(w: Restores, o: RestartInput, dispatch: ChainUnit[])
 /** The restores of a full sync over installed rules. */
 export function planRestart(req: RestartPlanRequest): Plan {
   const { state, opts } = req;
-  const r = fullRuleset(state, opts);
+  const r = fullRuleset(state, opts, req.cache ?? new BlockCache());
   const deleted = staleChains(req.installedNatChains, r.active, req.deleteStale !== false);
   const chainDigests = new Map<string, string>();
   const skipped = { n: 0 };

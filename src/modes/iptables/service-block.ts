@@ -39,7 +39,7 @@ export interface ServiceBlock {
   /** how many endpoints it was rendered with (a fast partial sync's endpoint count) */
   endpoints: number;
   /**
-   * The block cache (blocks.ts compactServiceBlocks) dropped `chains`, `rules` and `units`
+   * The block cache (blocks.ts BlockCache.compact) dropped `chains`, `rules` and `units`
    * (the text of the service's own chains, needed only when they are written): a write
    * renders the block again.
    */

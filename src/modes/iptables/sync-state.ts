@@ -9,7 +9,7 @@
 // the stale chains whose deletion large-cluster mode defers, deleted when the cleanup is due.
 import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
-import type { AppliedBlocks } from './blocks.ts';
+import { BlockCache, type AppliedBlocks } from './blocks.ts';
 import type { InstalledChains } from './canonical.ts';
 import { hasServiceChain, type Plan } from './plan.ts';
 import { planFull } from './full.ts';
@@ -40,6 +40,8 @@ export class IptablesSyncState {
    * plan() only, then dropped.
    */
   installed: InstalledChains | null = null;
+  /** every service port's last rendered block: the applied blocks are among them */
+  readonly blocks = new BlockCache();
   /** installed stale service chains whose deletion is deferred (large-cluster mode) */
   private deferred: ReadonlySet<string> = new Set();
 
@@ -59,7 +61,7 @@ export class IptablesSyncState {
     const skipCleanup = nowMs - this.lastCleanupMs <= syncPeriodMs;
     // O(changed) when only changed services' own chains differ (partial-fast.ts).
     if (!doFull && this.applied && this.chainDigests && this.installedNatChains) {
-      const fast = planPartialFast({ state, opts, applied: this.applied, changed, deferStale: skipCleanup, deferred: this.deferred });
+      const fast = planPartialFast({ state, opts, applied: this.applied, cache: this.blocks, changed, deferStale: skipCleanup, deferred: this.deferred });
       if (fast) {
         if (!fast.largeClusterMode || !skipCleanup) this.pendingCleanupMs = nowMs;
         return { ...fast, full: false };
@@ -84,16 +86,16 @@ export class IptablesSyncState {
   private planWhole(state: ProxyState, opts: IptablesOptions, installed: InstalledChains | null, deleteStale: boolean): Plan {
     const installedNatChains = this.installedNatChains ?? undefined;
     if (installed && hasServiceChain(installed.get('nat')?.keys() ?? [])) {
-      return planRestart({ state, opts, installed, installedNatChains, deleteStale, chunkLines: this.chunkLines, dispatchChunkLines: this.dispatchChunkLines });
+      return planRestart({ state, opts, installed, installedNatChains, deleteStale, chunkLines: this.chunkLines, dispatchChunkLines: this.dispatchChunkLines, cache: this.blocks });
     }
-    return planFull({ state, opts, installedNatChains, deleteStale, chunkLines: this.chunkLines });
+    return planFull({ state, opts, installedNatChains, deleteStale, chunkLines: this.chunkLines, cache: this.blocks });
   }
 
   /** A partial sync that visits every service (partial.ts). */
   private planChanged(state: ProxyState, opts: IptablesOptions, changed: Set<string>, deleteStale: boolean): Plan {
     // With skipUnchangedChains, what was last applied: unchanged chains are left out.
     const last = this.skipUnchangedChains ? { blocks: this.applied ?? NO_BLOCKS, chainDigests: this.chainDigests ?? undefined } : undefined;
-    return planPartial({ state, opts, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale, last });
+    return planPartial({ state, opts, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale, last, cache: this.blocks });
   }
 
   private pendingCleanupMs: number | null = null;
