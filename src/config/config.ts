@@ -589,6 +589,34 @@ function notApplicableWarnings(raw: RawConfig, mode: ModeName, warn: ConfigWarn)
   if (raw.udpIdleTimeout !== undefined && ms(raw.udpIdleTimeout) !== 0 && mode !== 'userspace') warn('udpIdleTimeout: used by the userspace mode only; ignored in ' + mode + ' mode');
 }
 
+function modeField(raw: RawConfig, flags: ConfigFlags): ModeName {
+  const modeText = flags.mode ?? raw.mode ?? '';
+  const mode = (modeText === '' ? 'iptables' : modeText) as ModeName;
+  if (!MODES.includes(mode)) {
+    throw new ConfigError('mode', `unknown mode ${JSON.stringify(modeText)} (want one of ${MODES.join(', ')}, or blank for iptables)`);
+  }
+  return mode;
+}
+
+/** upstream validates iptables.masqueradeBit always and nftables.masqueradeBit in nftables mode */
+function masqueradeBits(raw: RawConfig, mode: ModeName): { iptBit: number; nftBit: number; masqueradeBit: number } {
+  const iptBit = raw.iptables?.masqueradeBit ?? 14;
+  if (iptBit < 0 || iptBit > 31) throw new ConfigError('iptables.masqueradeBit', `must be within the range [0, 31], got ${iptBit}`);
+  const nftBit = raw.nftables?.masqueradeBit ?? 14;
+  if (mode === 'nftables' && (nftBit < 0 || nftBit > 31)) throw new ConfigError('nftables.masqueradeBit', `must be within the range [0, 31], got ${nftBit}`);
+  return { iptBit, nftBit, masqueradeBit: mode === 'nftables' ? nftBit : iptBit };
+}
+
+/** The IPVS scheduler as given (`text`, what v1alpha1 echoes) and as used. */
+function schedulerField(raw: RawConfig, flags: ConfigFlags): { text: string; scheduler: string } {
+  const text = flags.ipvsScheduler ?? raw.ipvs?.scheduler ?? '';
+  const scheduler = text === '' ? 'rr' : text;
+  if (!(IPVS_SCHEDULERS as readonly string[]).includes(scheduler)) {
+    throw new ConfigError('ipvs.scheduler', `unknown scheduler ${JSON.stringify(text)} (want one of ${IPVS_SCHEDULERS.join(', ')}; blank means rr)`);
+  }
+  return { text, scheduler };
+}
+
 /**
  * `--nodeport-addresses` keywords (kubernetes#138427): "primary" the Node's primary IP of each
  * family, "localhost" the loopback address of each family, "all" every address.
@@ -596,52 +624,28 @@ function notApplicableWarnings(raw: RawConfig, mode: ModeName, warn: ConfigWarn)
 export const NODE_PORT_KEYWORDS = ['primary', 'localhost', 'all'] as const;
 
 /**
- * Applies upstream's defaults and the flags, validates, and returns the effective config.
- * `warn` receives a line per unknown field and per field that does not apply here.
+ * upstream validateKubeProxyNodePortAddress: CIDRs and the keywords "primary", "localhost" and
+ * "all", in any combination (kubernetes#138427, KEP-6032; before it, "primary" alone)
  */
-export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, warn: ConfigWarn = () => {}): ProxyConfig {
-  const raw = decodeObject('', SPEC, input as Record<string, unknown>, warn) as RawConfig;
-
-  const modeText = flags.mode ?? raw.mode ?? '';
-  const mode = (modeText === '' ? 'iptables' : modeText) as ModeName;
-  if (!MODES.includes(mode)) {
-    throw new ConfigError('mode', `unknown mode ${JSON.stringify(modeText)} (want one of ${MODES.join(', ')}, or blank for iptables)`);
-  }
-  notApplicableWarnings(raw, mode, warn);
-
-  // upstream validates iptables.masqueradeBit always and nftables.masqueradeBit in nftables mode
-  const iptBit = raw.iptables?.masqueradeBit ?? 14;
-  if (iptBit < 0 || iptBit > 31) throw new ConfigError('iptables.masqueradeBit', `must be within the range [0, 31], got ${iptBit}`);
-  const nftBit = raw.nftables?.masqueradeBit ?? 14;
-  if (mode === 'nftables' && (nftBit < 0 || nftBit > 31)) throw new ConfigError('nftables.masqueradeBit', `must be within the range [0, 31], got ${nftBit}`);
-  const masqueradeBit = mode === 'nftables' ? nftBit : iptBit;
-  const modeSection = mode === 'nftables' ? raw.nftables : raw.iptables;
-
-  const schedText = flags.ipvsScheduler ?? raw.ipvs?.scheduler ?? '';
-  const scheduler = schedText === '' ? 'rr' : schedText;
-  if (!(IPVS_SCHEDULERS as readonly string[]).includes(scheduler)) {
-    throw new ConfigError('ipvs.scheduler', `unknown scheduler ${JSON.stringify(schedText)} (want one of ${IPVS_SCHEDULERS.join(', ')}; blank means rr)`);
-  }
-  const detectLocal = detectLocalField(raw, flags);
-  const clusterCIDRText = flags.clusterCidr ?? raw.clusterCIDR ?? '';
-  const clusterCIDRs = clusterCIDRField(clusterCIDRText, detectLocal.mode === 'ClusterCIDR' || flags.clusterCidr !== undefined);
-
-  const npaList = flags.nodeportAddresses !== undefined
+function nodePortAddressesField(raw: RawConfig, flags: ConfigFlags): string[] {
+  const list = flags.nodeportAddresses !== undefined
     ? flags.nodeportAddresses.split(',').map((s) => s.trim()).filter(Boolean)
     : raw.nodePortAddresses ?? [];
-  // upstream validateKubeProxyNodePortAddress: CIDRs and the keywords "primary", "localhost"
-  // and "all", in any combination (kubernetes#138427, KEP-6032; before it, "primary" alone)
-  const nodePortAddresses = npaList.map((c, i) => {
+  return list.map((c, i) => {
     if ((NODE_PORT_KEYWORDS as readonly string[]).includes(c)) return c;
     const p = parseCIDR(c);
     if (!p) throw new ConfigError(`nodePortAddresses[${i}]`, `invalid CIDR ${JSON.stringify(c)} (want a CIDR or one of ${NODE_PORT_KEYWORDS.map((k) => `"${k}"`).join(', ')})`);
     return p.text;
   }).filter((c, i, all) => all.indexOf(c) === i);
+}
 
-  // Periods: upstream converts the mode's section into the effective period (iptables for
-  // iptables and userspace, ipvs, nftables); kproxy's top-level periods win when given.
+/**
+ * Periods: upstream converts the mode's section into the effective period (iptables for
+ * iptables and userspace, ipvs, nftables); kproxy's top-level periods win when given.
+ */
+function syncPeriods(raw: RawConfig, mode: ModeName): { sectionName: string; syncPeriodMs: number; minSyncPeriodMs: number } {
   const sectionName = mode === 'ipvs' ? 'ipvs' : mode === 'nftables' ? 'nftables' : 'iptables';
-  const syncSection = mode === 'ipvs' ? raw.ipvs : modeSection;
+  const syncSection = mode === 'ipvs' ? raw.ipvs : mode === 'nftables' ? raw.nftables : raw.iptables;
   const syncField = raw.syncPeriod !== undefined ? 'syncPeriod' : `${sectionName}.syncPeriod`;
   const minSyncField = raw.minSyncPeriod !== undefined ? 'minSyncPeriod' : `${sectionName}.minSyncPeriod`;
   const syncText = raw.syncPeriod ?? syncSection?.syncPeriod;
@@ -652,7 +656,11 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
   if (minSyncPeriodMs > syncPeriodMs) {
     throw new ConfigError(minSyncField, `must not exceed ${syncField} (${formatDuration(minSyncPeriodMs)} > ${formatDuration(syncPeriodMs)})`);
   }
+  return { sectionName, syncPeriodMs, minSyncPeriodMs };
+}
 
+/** bindAddress, and the healthz and metrics servers' addresses. */
+function serverAddresses(raw: RawConfig, flags: ConfigFlags): { bindAddress: string; healthzBindAddress: string; metricsBindAddress: string } {
   const bindText = raw.bindAddress || '0.0.0.0';
   const bindIP = canonicalIP(bindText);
   if (!bindIP) throw new ConfigError('bindAddress', `${JSON.stringify(bindText)} is not a valid textual representation of an IP address`);
@@ -664,9 +672,15 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
     const text = flag ?? file ?? '';
     return hostPortField(field, text === '' ? dflt : appendPortIfNeeded(text, port));
   };
-  const healthzBindAddress = serverAddress('healthzBindAddress', flags.healthzBindAddress, raw.healthzBindAddress, v4 ? '0.0.0.0:10256' : '[::]:10256', 10256);
-  const metricsBindAddress = serverAddress('metricsBindAddress', flags.metricsBindAddress, raw.metricsBindAddress, v4 ? '127.0.0.1:10249' : '[::1]:10249', 10249);
+  return {
+    bindAddress: bindText,
+    healthzBindAddress: serverAddress('healthzBindAddress', flags.healthzBindAddress, raw.healthzBindAddress, v4 ? '0.0.0.0:10256' : '[::]:10256', 10256),
+    metricsBindAddress: serverAddress('metricsBindAddress', flags.metricsBindAddress, raw.metricsBindAddress, v4 ? '127.0.0.1:10249' : '[::1]:10249', 10249),
+  };
+}
 
+/** The process's own settings: OOM score, client connection, config sync period, metrics version, logging. */
+function processFields(raw: RawConfig): { oomScoreAdj: number | null; configSyncPeriodMs: number; showHiddenMetricsForVersion: string; logging: ProxyConfig['logging'] } {
   const oomScoreAdj = raw.oomScoreAdj === undefined ? -999 : raw.oomScoreAdj;
   if (oomScoreAdj !== null && (oomScoreAdj < -1000 || oomScoreAdj > 1000)) {
     throw new ConfigError('oomScoreAdj', `must be within the range [-1000, 1000], got ${oomScoreAdj}`);
@@ -683,78 +697,65 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
   if (format !== 'text' && format !== 'json') throw new ConfigError('logging.format', `unsupported value ${JSON.stringify(format)} (want "text" or "json")`);
   const verbosity = raw.logging?.verbosity ?? 0;
   if (verbosity < 0) throw new ConfigError('logging.verbosity', `must be greater than or equal to 0, got ${verbosity}`);
+  return { oomScoreAdj, configSyncPeriodMs, showHiddenMetricsForVersion: shm, logging: { format, verbosity } };
+}
 
+function ipvsField(raw: RawConfig, mode: ModeName, scheduler: string): ProxyConfig['ipvs'] {
   const ipvsRaw = raw.ipvs ?? {};
-  const ipvsValidated = mode === 'ipvs';
-  const ipvs = {
+  // validated in ipvs mode only, as upstream; elsewhere unused
+  const validated = mode === 'ipvs';
+  const timeout = (field: string, v: string | undefined) => (validated ? nonNegative(field, v) : Math.max(0, ms(v)));
+  return {
     scheduler,
-    // validated in ipvs mode only, as upstream; elsewhere unused
-    excludeCIDRs: ipvsValidated ? cidrList('ipvs.excludeCIDRs', ipvsRaw.excludeCIDRs ?? []) : (ipvsRaw.excludeCIDRs ?? []).flatMap((c) => parseCIDR(c)?.text ?? []),
+    excludeCIDRs: validated ? cidrList('ipvs.excludeCIDRs', ipvsRaw.excludeCIDRs ?? []) : (ipvsRaw.excludeCIDRs ?? []).flatMap((c) => parseCIDR(c)?.text ?? []),
     strictARP: ipvsRaw.strictARP ?? false,
-    tcpTimeoutMs: ipvsValidated ? nonNegative('ipvs.tcpTimeout', ipvsRaw.tcpTimeout) : Math.max(0, ms(ipvsRaw.tcpTimeout)),
-    tcpFinTimeoutMs: ipvsValidated ? nonNegative('ipvs.tcpFinTimeout', ipvsRaw.tcpFinTimeout) : Math.max(0, ms(ipvsRaw.tcpFinTimeout)),
-    udpTimeoutMs: ipvsValidated ? nonNegative('ipvs.udpTimeout', ipvsRaw.udpTimeout) : Math.max(0, ms(ipvsRaw.udpTimeout)),
+    tcpTimeoutMs: timeout('ipvs.tcpTimeout', ipvsRaw.tcpTimeout),
+    tcpFinTimeoutMs: timeout('ipvs.tcpFinTimeout', ipvsRaw.tcpFinTimeout),
+    udpTimeoutMs: timeout('ipvs.udpTimeout', ipvsRaw.udpTimeout),
     syncPeriodMs: period('ipvs.syncPeriod', ipvsRaw.syncPeriod, 30_000, true),
     minSyncPeriodMs: period('ipvs.minSyncPeriod', ipvsRaw.minSyncPeriod, 0, false),
   };
-  const conntrack = conntrackField(raw.conntrack ?? {});
-  const udpIdleTimeoutMs = period('udpIdleTimeout', raw.udpIdleTimeout, 250, true);
-  const localhostNodePorts = raw.iptables?.localhostNodePorts ?? true;
-  const masqueradeAll = flags.masqueradeAll ?? modeSection?.masqueradeAll ?? false;
-  const hostnameOverride = flags.hostnameOverride ?? raw.hostnameOverride ?? '';
-  const kubeconfig = flags.kubeconfig ?? cc.kubeconfig ?? '';
-  const clientConnection = {
-    kubeconfig,
+}
+
+function clientConnectionField(raw: RawConfig, flags: ConfigFlags): ProxyConfig['clientConnection'] {
+  const cc = raw.clientConnection ?? {};
+  return {
+    kubeconfig: flags.kubeconfig ?? cc.kubeconfig ?? '',
     contentType: cc.contentType || 'application/vnd.kubernetes.protobuf',
     acceptContentTypes: cc.acceptContentTypes ?? '',
     qps: cc.qps || 5,
     burst: cc.burst || 10,
   };
+}
 
-  const cfg: Omit<ProxyConfig, 'v1alpha1'> = {
-    mode,
-    modeDefaulted: modeText === '',
-    hostnameOverride,
-    kubeconfig,
-    clusterCIDRs,
-    bindAddress: bindText,
-    healthzBindAddress,
-    metricsBindAddress,
-    bindAddressHardFail: raw.bindAddressHardFail ?? false,
-    masqueradeAll,
-    masqueradeBit,
-    localhostNodePorts,
-    nodePortAddresses,
-    detectLocalMode: detectLocal.mode,
-    detectLocal: { bridgeInterface: detectLocal.bridgeInterface, interfaceNamePrefix: detectLocal.interfaceNamePrefix },
-    syncPeriodMs,
-    minSyncPeriodMs,
-    udpIdleTimeoutMs,
-    configSyncPeriodMs,
-    ipvs,
-    featureGates: raw.featureGates ?? {},
-    clientConnection,
-    logging: { format, verbosity },
-    conntrack,
-    oomScoreAdj,
-    userspace: userspaceField(raw, flags),
-  };
+/** What the v1alpha1 form echoes as given rather than as resolved. */
+interface AsGiven {
+  iptBit: number;
+  nftBit: number;
+  schedulerText: string;
+  sectionName: string;
+  showHiddenMetricsForVersion: string;
+}
 
-  // The same configuration in upstream's v1alpha1 shape, defaults filled as upstream's
-  // SetDefaults + platformApplyDefaults would (what kube-proxy --write-config-to writes).
+/**
+ * The same configuration in upstream's v1alpha1 shape, defaults filled as upstream's
+ * SetDefaults + platformApplyDefaults would (what kube-proxy --write-config-to writes).
+ */
+function v1alpha1Of(raw: RawConfig, cfg: Omit<ProxyConfig, 'v1alpha1'>, given: AsGiven): Record<string, unknown> {
   const d = formatDuration;
-  const section = (name: string) => (sectionName === name ? { syncPeriod: d(syncPeriodMs), minSyncPeriod: d(minSyncPeriodMs) } : null);
+  const { mode, conntrack, ipvs, clientConnection: cc } = cfg;
+  const section = (name: string) => (given.sectionName === name ? { syncPeriod: d(cfg.syncPeriodMs), minSyncPeriod: d(cfg.minSyncPeriodMs) } : null);
   const iptSync = section('iptables') ?? { syncPeriod: d(period('iptables.syncPeriod', raw.iptables?.syncPeriod, 30_000, true)), minSyncPeriod: d(period('iptables.minSyncPeriod', raw.iptables?.minSyncPeriod, 1_000, true)) };
   const nftSync = section('nftables') ?? { syncPeriod: d(period('nftables.syncPeriod', raw.nftables?.syncPeriod, 30_000, true)), minSyncPeriod: d(period('nftables.minSyncPeriod', raw.nftables?.minSyncPeriod, 1_000, true)) };
   const ipvsSync = section('ipvs') ?? { syncPeriod: d(ipvs.syncPeriodMs), minSyncPeriod: d(ipvs.minSyncPeriodMs) };
   const v1alpha1: Record<string, unknown> = {
     apiVersion: API_VERSION,
     kind: KIND,
-    bindAddress: bindText,
+    bindAddress: cfg.bindAddress,
     bindAddressHardFail: cfg.bindAddressHardFail,
-    clientConnection: { acceptContentTypes: clientConnection.acceptContentTypes, burst: clientConnection.burst, contentType: clientConnection.contentType, kubeconfig, qps: clientConnection.qps },
-    clusterCIDR: clusterCIDRs.join(','),
-    configSyncPeriod: d(configSyncPeriodMs),
+    clientConnection: { acceptContentTypes: cc.acceptContentTypes, burst: cc.burst, contentType: cc.contentType, kubeconfig: cc.kubeconfig, qps: cc.qps },
+    clusterCIDR: cfg.clusterCIDRs.join(','),
+    configSyncPeriod: d(cfg.configSyncPeriodMs),
     conntrack: {
       maxPerCore: conntrack.maxPerCore,
       min: conntrack.min,
@@ -764,35 +765,87 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
       udpStreamTimeout: d(conntrack.udpStreamTimeoutSec * 1000),
       udpTimeout: d(conntrack.udpTimeoutSec * 1000),
     },
-    detectLocal: { bridgeInterface: detectLocal.bridgeInterface, interfaceNamePrefix: detectLocal.interfaceNamePrefix },
-    detectLocalMode: detectLocal.mode,
+    detectLocal: { ...cfg.detectLocal },
+    detectLocalMode: cfg.detectLocalMode,
     enableProfiling: raw.enableProfiling ?? false,
     featureGates: cfg.featureGates,
-    healthzBindAddress,
-    hostnameOverride,
-    iptables: { localhostNodePorts, masqueradeAll: mode === 'nftables' ? raw.iptables?.masqueradeAll ?? false : masqueradeAll, masqueradeBit: iptBit, ...iptSync },
+    healthzBindAddress: cfg.healthzBindAddress,
+    hostnameOverride: cfg.hostnameOverride,
+    iptables: { localhostNodePorts: cfg.localhostNodePorts, masqueradeAll: mode === 'nftables' ? raw.iptables?.masqueradeAll ?? false : cfg.masqueradeAll, masqueradeBit: given.iptBit, ...iptSync },
     ipvs: {
       excludeCIDRs: ipvs.excludeCIDRs.length ? ipvs.excludeCIDRs : null,
       ...ipvsSync,
-      scheduler: schedText,
+      scheduler: given.schedulerText,
       strictARP: ipvs.strictARP,
       tcpFinTimeout: d(ipvs.tcpFinTimeoutMs),
       tcpTimeout: d(ipvs.tcpTimeoutMs),
       udpTimeout: d(ipvs.udpTimeoutMs),
     },
-    logging: { flushFrequency: raw.logging?.flushFrequency || '5s', format, options: { json: { infoBufferSize: '0' }, text: { infoBufferSize: '0' } }, verbosity },
-    metricsBindAddress,
+    logging: { flushFrequency: raw.logging?.flushFrequency || '5s', format: cfg.logging.format, options: { json: { infoBufferSize: '0' }, text: { infoBufferSize: '0' } }, verbosity: cfg.logging.verbosity },
+    metricsBindAddress: cfg.metricsBindAddress,
     mode,
-    nftables: { masqueradeAll: mode === 'nftables' ? masqueradeAll : raw.nftables?.masqueradeAll ?? false, masqueradeBit: nftBit, ...nftSync },
-    nodePortAddresses: nodePortAddresses.length ? nodePortAddresses : mode === 'nftables' ? ['primary'] : null,
-    oomScoreAdj,
+    nftables: { masqueradeAll: mode === 'nftables' ? cfg.masqueradeAll : raw.nftables?.masqueradeAll ?? false, masqueradeBit: given.nftBit, ...nftSync },
+    nodePortAddresses: cfg.nodePortAddresses.length ? cfg.nodePortAddresses : mode === 'nftables' ? ['primary'] : null,
+    oomScoreAdj: cfg.oomScoreAdj,
     portRange: raw.portRange ?? '',
-    showHiddenMetricsForVersion: shm,
+    showHiddenMetricsForVersion: given.showHiddenMetricsForVersion,
     winkernel: { enableDSR: raw.winkernel?.enableDSR ?? false, forwardHealthCheckVip: raw.winkernel?.forwardHealthCheckVip ?? false, networkName: raw.winkernel?.networkName ?? '', rootHnsEndpointName: raw.winkernel?.rootHnsEndpointName ?? '', sourceVip: raw.winkernel?.sourceVip ?? '' },
   };
-  if (mode === 'userspace') v1alpha1.udpIdleTimeout = d(udpIdleTimeoutMs);
+  if (mode === 'userspace') v1alpha1.udpIdleTimeout = d(cfg.udpIdleTimeoutMs);
   if (raw.userspace !== undefined) v1alpha1.userspace = raw.userspace;
-  return { ...cfg, v1alpha1 };
+  return v1alpha1;
+}
+
+/**
+ * Applies upstream's defaults and the flags, validates, and returns the effective config.
+ * `warn` receives a line per unknown field and per field that does not apply here. The
+ * fields are checked in a fixed order: the first invalid one is the error reported.
+ */
+export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, warn: ConfigWarn = () => {}): ProxyConfig {
+  const raw = decodeObject('', SPEC, input as Record<string, unknown>, warn) as RawConfig;
+  const mode = modeField(raw, flags);
+  notApplicableWarnings(raw, mode, warn);
+  const bits = masqueradeBits(raw, mode);
+  const sched = schedulerField(raw, flags);
+  const detectLocal = detectLocalField(raw, flags);
+  const clusterCIDRs = clusterCIDRField(flags.clusterCidr ?? raw.clusterCIDR ?? '', detectLocal.mode === 'ClusterCIDR' || flags.clusterCidr !== undefined);
+  const nodePortAddresses = nodePortAddressesField(raw, flags);
+  const periods = syncPeriods(raw, mode);
+  const servers = serverAddresses(raw, flags);
+  const proc = processFields(raw);
+  const ipvs = ipvsField(raw, mode, sched.scheduler);
+  const conntrack = conntrackField(raw.conntrack ?? {});
+  const udpIdleTimeoutMs = period('udpIdleTimeout', raw.udpIdleTimeout, 250, true);
+  const modeSection = mode === 'nftables' ? raw.nftables : raw.iptables;
+  const clientConnection = clientConnectionField(raw, flags);
+  const cfg: Omit<ProxyConfig, 'v1alpha1'> = {
+    mode,
+    modeDefaulted: (flags.mode ?? raw.mode ?? '') === '',
+    hostnameOverride: flags.hostnameOverride ?? raw.hostnameOverride ?? '',
+    kubeconfig: clientConnection.kubeconfig,
+    clusterCIDRs,
+    ...servers,
+    bindAddressHardFail: raw.bindAddressHardFail ?? false,
+    masqueradeAll: flags.masqueradeAll ?? modeSection?.masqueradeAll ?? false,
+    masqueradeBit: bits.masqueradeBit,
+    localhostNodePorts: raw.iptables?.localhostNodePorts ?? true,
+    nodePortAddresses,
+    detectLocalMode: detectLocal.mode,
+    detectLocal: { bridgeInterface: detectLocal.bridgeInterface, interfaceNamePrefix: detectLocal.interfaceNamePrefix },
+    syncPeriodMs: periods.syncPeriodMs,
+    minSyncPeriodMs: periods.minSyncPeriodMs,
+    udpIdleTimeoutMs,
+    configSyncPeriodMs: proc.configSyncPeriodMs,
+    ipvs,
+    featureGates: raw.featureGates ?? {},
+    clientConnection,
+    logging: proc.logging,
+    conntrack,
+    oomScoreAdj: proc.oomScoreAdj,
+    userspace: userspaceField(raw, flags),
+  };
+  const given = { iptBit: bits.iptBit, nftBit: bits.nftBit, schedulerText: sched.text, sectionName: periods.sectionName, showHiddenMetricsForVersion: proc.showHiddenMetricsForVersion };
+  return { ...cfg, v1alpha1: v1alpha1Of(raw, cfg, given) };
 }
 
 /** Upstream prints the mark as %#08x of 1<<bit: "0x00004000" for bit 14. */

@@ -9,7 +9,8 @@ import { join, resolve } from 'node:path';
 import { buildNodeView, buildViewFrom, nodeSettings, portOf, primaryNodeIP, resolveNodePortAddresses, type NodeContext, type PlanInput, type PortFacts } from '../../src/core/nodeview.ts';
 import { resolveConfig, type RawConfig, type ConfigFlags } from '../../src/config/config.ts';
 import type { Endpoint, ProxyState, ServicePort } from '../../src/core/model.ts';
-import { planIptables, SYSCTL_ROUTE_LOCALNET } from '../../src/modes/iptables/plan.ts';
+import { planFull } from '../../src/modes/iptables/full.ts';
+import { SYSCTL_ROUTE_LOCALNET } from '../../src/modes/iptables/plan.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
 import { optionsFromInput } from '../../src/modes/nftables/plan.ts';
 import { port } from '../support/ports.ts';
@@ -166,11 +167,11 @@ test('the detector is rendered in iptables (-i br0 / ! -i veth+) and nftables (i
   const s = sp('det', { nodePort: 30010, externalPolicyLocal: true, loadBalancerVIPs: ['1.2.3.4'] });
   const st = stateOf([[s, [LOCAL, REMOTE]]]);
   const br = input(st, {}, { detectLocalMode: 'BridgeInterface', podBridgeInterface: 'cbr0' });
-  const ipt = planIptables({ state: st, opts: optionsFromConfig(br.config, br.node), full: true }).payload;
+  const ipt = planFull({ state: st, opts: optionsFromConfig(br.config, br.node) }).payload;
   assert.match(ipt, /"pod traffic for ns\/det external destinations" -i cbr0 -j KUBE-SVC-/);
   assert.match(ipt, /cluster IP" -m tcp -p tcp -d 172\.30\.0\.1 --dport 80 ! -i cbr0 -j KUBE-MARK-MASQ/);
   const pre = input(st, {}, { detectLocalMode: 'InterfaceNamePrefix', podInterfaceNamePrefix: 'veth' });
-  const ipt2 = planIptables({ state: st, opts: optionsFromConfig(pre.config, pre.node), full: true }).payload;
+  const ipt2 = planFull({ state: st, opts: optionsFromConfig(pre.config, pre.node) }).payload;
   assert.match(ipt2, /! -i veth\+ -j KUBE-MARK-MASQ/);
   assert.deepEqual(optionsFromInput(pre).localDetector, { kind: 'interface-prefix', prefix: 'veth' });
   const nft = modes.nftables.render(pre);
@@ -205,7 +206,7 @@ test('the iptables plan asks for route_localnet=1 iff localhost NodePorts are in
   const cip = sp('cip');
   const sysctls = (entries: Array<[ServicePort, Endpoint[]]>, raw: RawConfig = {}) => {
     const inp = input(stateOf(entries), raw);
-    return planIptables({ state: inp.state, opts: optionsFromConfig(inp.config, inp.node), full: true }).sysctls;
+    return planFull({ state: inp.state, opts: optionsFromConfig(inp.config, inp.node) }).sysctls;
   };
   assert.deepEqual(sysctls([[np, [REMOTE]]]), [{ name: SYSCTL_ROUTE_LOCALNET, value: '1' }]);
   assert.deepEqual(sysctls([[cip, [REMOTE]]]), [], 'no NodePort service');
@@ -213,7 +214,7 @@ test('the iptables plan asks for route_localnet=1 iff localhost NodePorts are in
   assert.deepEqual(sysctls([[np, [REMOTE]]], { nodePortAddresses: ['192.168.0.0/16'] }), [], 'loopback is not a NodePort address');
   const payload = (raw: RawConfig) => {
     const inp = input(stateOf([[np, [REMOTE]]]), raw);
-    return planIptables({ state: inp.state, opts: optionsFromConfig(inp.config, inp.node), full: true }).payload;
+    return planFull({ state: inp.state, opts: optionsFromConfig(inp.config, inp.node) }).payload;
   };
   assert.match(payload({}), /-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127\.0\.0\.0\/8 ! -s 127\.0\.0\.0\/8/);
   assert.doesNotMatch(payload({ iptables: { localhostNodePorts: false } }), /block incoming localnet/);

@@ -1,12 +1,12 @@
 // Rules compared by meaning (canonical.ts), and the in-place chain edits of the restart form
-// (plan.ts chainEdits): the forms iptables-save prints (seen on this machine's iptables
+// (restart.ts chainEdits): the forms iptables-save prints (seen on this machine's iptables
 // 1.8, nf_tables and legacy) equal the forms kproxy writes, rules that differ do not, and the
 // edits of any installed chain turn it into the planned one.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { canonicalRule, chainDigest, installedChains } from '../../src/modes/iptables/canonical.ts';
-import { chainEdits } from '../../src/modes/iptables/plan.ts';
+import { chainEdits } from '../../src/modes/iptables/restart.ts';
 
 const SAME: Array<[string, string]> = [
   // generic options first, host prefix length, quotes

@@ -1,4 +1,4 @@
-// Full syncs applied in chunks (plan.ts chunkedPayloads; the nf_tables backend's default):
+// Full syncs applied in chunks (full.ts chunkedPayloads; the nf_tables backend's default):
 // - the kernel after a chunked full sync equals the kernel after a one-payload full sync, in
 //   both families, over 40 seeded random changes where every third sync is a forced full
 //   sync over the previous state (stale chains, changed services) and the rest are partial;
@@ -27,7 +27,9 @@ import type { CommandRunner, RunOptions, RunResult } from '../../src/kernel/runn
 import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 import { silentLogger } from '../../src/log.ts';
 import { DEFAULT_FACTS, optionsFromConfig } from '../../src/modes/iptables/options.ts';
-import { dispatchBudget, planIptables } from '../../src/modes/iptables/plan.ts';
+import { planFull } from '../../src/modes/iptables/full.ts';
+import { planPartial } from '../../src/modes/iptables/partial.ts';
+import { dispatchBudget } from '../../src/modes/iptables/restart.ts';
 import { canonicalRule } from '../../src/modes/iptables/canonical.ts';
 import { chunkedDispatchEdits, STATIC_GROUP, type DispatchChain } from '../../src/modes/iptables/dispatch-chunks.ts';
 import { chunkLinesFor, DEFAULT_CHUNK_LINES, IptablesProxier } from '../../src/modes/iptables/proxier.ts';
@@ -261,8 +263,8 @@ function fiftyNodePorts() {
 
 test('chunks hold whole services, about chunkLines lines each, leaf chains first and the dispatch rules last', () => {
   const { t, opts } = fiftyNodePorts();
-  const one = planIptables({ state: t.state, opts, full: true });
-  const plan = planIptables({ state: t.state, opts, full: true, chunkLines: 100 });
+  const one = planFull({ state: t.state, opts });
+  const plan = planFull({ state: t.state, opts, chunkLines: 100 });
   assert.equal(one.chunks, undefined);
   assert.equal(plan.payload, '');
   const chunks = plan.chunks!;
@@ -288,15 +290,15 @@ test('chunks hold whole services, about chunkLines lines each, leaf chains first
   assert.match(chunks.at(-1)!, /^\*filter/);
   assert.match(chunks.at(-1)!, /^:KUBE-SERVICES /m);
   // Small payloads stay one restore.
-  assert.equal(planIptables({ state: t.state, opts, full: true, chunkLines: 100_000 }).chunks, undefined);
+  assert.equal(planFull({ state: t.state, opts, chunkLines: 100_000 }).chunks, undefined);
   // Partial syncs are never chunked.
-  assert.equal(planIptables({ state: t.state, opts, full: false, changed: new Set(['ns1/svc1']), chunkLines: 1 }).chunks, undefined);
+  assert.equal(planPartial({ state: t.state, opts, changed: new Set(['ns1/svc1']) }).chunks, undefined);
 });
 
 test('a cold start (no service chain installed) publishes each chunk\'s services with it; any installed service chain: the classic form', () => {
   const { t, opts } = fiftyNodePorts();
-  const one = planIptables({ state: t.state, opts, full: true });
-  const cold = planIptables({ state: t.state, opts, full: true, chunkLines: 100, installedNatChains: new Set(['KUBE-SERVICES', 'KUBE-MARK-MASQ']) }).chunks!;
+  const one = planFull({ state: t.state, opts });
+  const cold = planFull({ state: t.state, opts, chunkLines: 100, installedNatChains: new Set(['KUBE-SERVICES', 'KUBE-MARK-MASQ']) }).chunks!;
   const body = (s: string) => s.split('\n').filter((l) => l && l !== '*nat' && l !== 'COMMIT').sort();
   assert.deepEqual(body(cold.join('')), body(one.payload));
   assert.match(cold[0], /^\*filter\n/);
@@ -316,11 +318,11 @@ test('a cold start (no service chain installed) publishes each chunk\'s services
   }
   assert.ok(cold.filter((c) => /^-A KUBE-SERVICES /m.test(c)).length >= 8, 'published chunk by chunk');
   // One service chain installed (a restart over old rules): the dispatch chains are replaced at once, last.
-  const warm = planIptables({ state: t.state, opts, full: true, chunkLines: 100, installedNatChains: new Set(['KUBE-SVC-ABCDEFGHIJKLMNOP']) }).chunks!;
+  const warm = planFull({ state: t.state, opts, chunkLines: 100, installedNatChains: new Set(['KUBE-SVC-ABCDEFGHIJKLMNOP']) }).chunks!;
   for (const c of warm.slice(0, -1)) assert.doesNotMatch(c, /^-A KUBE-(SERVICES|NODEPORTS) /m);
   assert.match(warm.at(-1)!, /-X KUBE-SVC-ABCDEFGHIJKLMNOP/);
   // No knowledge of what is installed (the conformance adapter): the classic form.
-  const unknown = planIptables({ state: t.state, opts, full: true, chunkLines: 100 }).chunks!;
+  const unknown = planFull({ state: t.state, opts, chunkLines: 100 }).chunks!;
   for (const c of unknown.slice(0, -1)) assert.doesNotMatch(c, /^-A KUBE-(SERVICES|NODEPORTS) /m);
 });
 

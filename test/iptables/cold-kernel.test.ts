@@ -1,5 +1,5 @@
 // Real kernel (iptables-restore / ip6tables-restore, the machine's default backend): the
-// chunked cold start (plan.ts chunkedPayloads, progressive form: each chunk publishes its own
+// chunked cold start (full.ts chunkedPayloads, cold form: each chunk publishes its own
 // services' dispatch rules, the filter table first, the NodePort catch-all last) leaves
 // kproxy's chains exactly as ONE flushing iptables-restore of the same full ruleset leaves
 // them (rule order within every chain compared), in both families, while another program's
@@ -77,7 +77,7 @@ for (const family of [4, 6] as const) {
     const keys = t.apply();
     const input = planInput(t, config, family, nodeIPs);
     await p.sync(input, keys, true);
-    // The progressive form ran: several chunks, dispatch rules before the last one, filter first.
+    // The cold form ran: several chunks, dispatch rules before the last one, filter first.
     const chunks = runner.restores.filter((r) => /KUBE-SVC-|KUBE-NODEPORTS/.test(r));
     assert.ok(chunks.length >= 4, `${chunks.length} chunks`);
     assert.ok(chunks.slice(0, -1).some((c) => /^-A KUBE-SERVICES .* -j KUBE-SVC-/m.test(c)), 'dispatch rules published with their chunk');

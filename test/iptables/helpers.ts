@@ -61,3 +61,13 @@ export function testConfig(over: Partial<ProxyConfig> = {}): ProxyConfig {
 export function planInput(t: ProxyStateTracker, config: ProxyConfig = testConfig(), family: 4 | 6 = 4, nodeIPs = ['192.168.0.2']): PlanInput {
   return { state: t.state, config, node: { nodeName: 'test-node', nodeIPs, nodeLabels: {}, family } };
 }
+
+/** Two ClusterIP services: ns1/svc1 with one endpoint, ns2/svc2 with two (not applied yet). */
+export function twoServices(): ProxyStateTracker {
+  const t = tracker();
+  t.services.update(null, svc('ns1', 'svc1', { clusterIP: '172.30.0.41' }));
+  t.endpoints.update(null, slice('ns1', 'svc1', 's1', [{ ip: '10.0.1.1' }], [{ port: 80 }]));
+  t.services.update(null, svc('ns2', 'svc2', { clusterIP: '172.30.0.42' }));
+  t.endpoints.update(null, slice('ns2', 'svc2', 's2', [{ ip: '10.0.2.1' }, { ip: '10.0.2.2' }], [{ port: 80 }]));
+  return t;
+}

@@ -12,7 +12,7 @@ import { Writable } from 'node:stream';
 import pino from 'pino';
 import { hostRunner, type CommandRunner } from '../../src/kernel/runner.ts';
 import { DEFAULT_FACTS, optionsFromConfig } from '../../src/modes/iptables/options.ts';
-import { planIptables } from '../../src/modes/iptables/plan.ts';
+import { planFull } from '../../src/modes/iptables/full.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { IptablesProxier } from '../../src/modes/iptables/proxier.ts';
 import { Netns } from '../support/netns.ts';
@@ -49,7 +49,7 @@ test('the payload of a 63+63+15-character Service passes iptables-restore --test
     const ep = endpoint(v6 ? 'fd00:1234:5678:9abc:def0:1234:5678:9abc' : '10.180.0.1', 65535);
     const noEps = port(label63('m'), label63('t'), 'abcdefghijklmno', { family, clusterIP: v6 ? 'fd00:172:30::2' : '172.30.0.2', nodePort: 30082 });
     const opts = optionsFromConfig(config, node(family), DEFAULT_FACTS);
-    const { payload } = planIptables({ state: stateOf([[sp, [ep]], [noEps, []]]), opts, full: true });
+    const { payload } = planFull({ state: stateOf([[sp, [ep]], [noEps, []]]), opts });
     const r = await runner.run(v6 ? 'ip6tables-restore' : 'iptables-restore', ['--test', '--noflush'], { input: payload });
     assert.equal(r.code, 0, `IPv${family}: ${r.stderr}`);
   }

@@ -8,7 +8,7 @@ import { Writable } from 'node:stream';
 import pino from 'pino';
 import type { RunOptions, RunResult } from '../../src/kernel/runner.ts';
 import { optionsFromConfig, DEFAULT_FACTS } from '../../src/modes/iptables/options.ts';
-import { planIptables } from '../../src/modes/iptables/plan.ts';
+import { planFull } from '../../src/modes/iptables/full.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { IptablesProxier } from '../../src/modes/iptables/proxier.ts';
 import { endpoint, label63, port, stateOf } from '../support/ports.ts';
@@ -112,7 +112,7 @@ test('a loopback or other special VIP never gets an iptables rule', () => {
   const opts = optionsFromConfig(config, NODE, DEFAULT_FACTS);
   const lo = port('ns', 'lo', 'http', { clusterIP: '127.0.0.1', externalIPs: ['0.0.0.0', '1.2.3.4'], loadBalancerVIPs: ['224.0.0.1'] });
   const state = stateOf([[lo, []]]);
-  const { payload } = planIptables({ state, opts, full: true });
+  const { payload } = planFull({ state, opts });
   for (const bad of ['127.0.0.1', '0.0.0.0', '224.0.0.1']) assert.ok(!payload.includes(`-d ${bad} `), `${bad}: ${payload}`);
   assert.match(payload, /-d 1\.2\.3\.4 --dport 80 -j REJECT/);
 });
@@ -120,6 +120,6 @@ test('a loopback or other special VIP never gets an iptables rule', () => {
 test('iptables comments stay within the kernel limit (XT_MAX_COMMENT_LEN 256) for the longest valid names', () => {
   const opts = optionsFromConfig(config, NODE, DEFAULT_FACTS);
   const sp = port(label63('n'), label63('s'), 'abcdefghijklmno', { nodePort: 30080, loadBalancerVIPs: ['1.2.3.5'], loadBalancerSourceRanges: ['203.0.113.0/24'], externalPolicyLocal: true, healthCheckNodePort: 30081 });
-  const { payload } = planIptables({ state: stateOf([[sp, [endpoint('fd00:1234:5678:9abc:def0:1234:5678:9abc', 65535)]]]), opts, full: true });
+  const { payload } = planFull({ state: stateOf([[sp, [endpoint('fd00:1234:5678:9abc:def0:1234:5678:9abc', 65535)]]]), opts });
   for (const m of payload.matchAll(/--comment "([^"]*)"/g)) assert.ok(Buffer.byteLength(m[1]) <= 255, m[1]);
 });

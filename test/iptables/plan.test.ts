@@ -1,6 +1,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { planIptables } from '../../src/modes/iptables/plan.ts';
+import { BlockCache } from '../../src/modes/iptables/blocks.ts';
+import { planFull } from '../../src/modes/iptables/full.ts';
+import { planPartial } from '../../src/modes/iptables/partial.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
 import { IptablesSyncState } from '../../src/modes/iptables/sync-state.ts';
 import { undeclaredJumps } from '../../src/modes/iptables/normalize.ts';
@@ -58,7 +60,7 @@ test('partial sync writes only changed services and deletes chains that became s
   assert.equal(lines(p, /^-A KUBE-SVC-.*ns1\/svc1/).length, 0, 'svc1 chain not rewritten');
   assert.deepEqual(second.deletedChains.sort(), [svc2, endpointChainName('ns2/svc2:p80', 'tcp', '10.0.2.1:80'), sep2, sep3gone].sort());
   // Totals: what kproxy believes is installed after the sync.
-  const full = planIptables({ state: t.state, opts, full: true });
+  const full = planFull({ state: t.state, opts });
   assert.equal(second.natRulesTotal, full.natRulesTotal);
   assert.ok(second.natRulesWritten < second.natRulesTotal);
   sync.commit(second);
@@ -89,7 +91,7 @@ test('services without endpoints REJECT; Local without local endpoints DROPs ext
   t.services.update(null, svc('ns2', 'local', { clusterIP: '172.30.0.42', type: 'LoadBalancer', nodePort: 30002, lbIPs: ['1.2.3.4'], etp: 'Local' }));
   t.endpoints.update(null, slice('ns2', 'local', 's', [{ ip: '10.180.0.2', nodeName: 'other' }], [{ port: 80 }]));
   t.apply();
-  const p = planIptables({ state: t.state, opts: optsFor(t), full: true }).payload;
+  const p = planFull({ state: t.state, opts: optsFor(t) }).payload;
   assert.ok(p.includes('-A KUBE-SERVICES -m comment --comment "ns1/none:p80 has no endpoints" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j REJECT'));
   assert.ok(p.includes('-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns1/none:p80 has no endpoints" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 30001 -j REJECT'));
   assert.ok(p.includes('-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns2/local:p80 has no local endpoints" -m tcp -p tcp -d 1.2.3.4 --dport 80 -j DROP'));
@@ -103,7 +105,7 @@ test('IPv6: ip6tables text, no localhost NodePorts, no anti-martian rule, bracke
   t.endpoints.update(null, slice('ns1', 'svc1', 's', [{ ip: 'fd00:10::1' }], [{ port: 80 }], 6));
   t.apply();
   const opts = optsFor(t, { clusterCIDRs: ['fd00:10::/64'] }, 6, ['2001:db8::1']);
-  const p = planIptables({ state: t.state, opts, full: true }).payload;
+  const p = planFull({ state: t.state, opts }).payload;
   assert.ok(p.includes('-m addrtype --dst-type LOCAL ! -d ::1/128 -j KUBE-NODEPORTS'));
   assert.ok(!p.includes('KUBE-FIREWALL'));
   assert.ok(!p.includes('127.0.0.0/8'));
@@ -116,17 +118,17 @@ test('masqueradeAll, no local detector, nodePortAddresses and localhost NodePort
   t.services.update(null, svc('ns1', 'svc1', { clusterIP: '172.30.0.41', type: 'NodePort', nodePort: 3001 }));
   t.endpoints.update(null, slice('ns1', 'svc1', 's', [{ ip: '10.180.0.1' }], [{ port: 80 }]));
   t.apply();
-  const masqAll = planIptables({ state: t.state, opts: optsFor(t, { masqueradeAll: true }), full: true }).payload;
+  const masqAll = planFull({ state: t.state, opts: optsFor(t, { masqueradeAll: true }) }).payload;
   assert.ok(masqAll.includes('-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j KUBE-MARK-MASQ'));
-  const noDetector = planIptables({ state: t.state, opts: optsFor(t, { clusterCIDRs: [] }), full: true }).payload;
+  const noDetector = planFull({ state: t.state, opts: optsFor(t, { clusterCIDRs: [] }) }).payload;
   assert.equal(lines(noDetector, /cluster IP".*KUBE-MARK-MASQ/).length, 0, 'no masquerade rule without a detector');
   const npa = optsFor(t, { nodePortAddresses: ['192.168.0.0/24'], localhostNodePorts: true });
   assert.equal(npa.localhostNodePorts, false, 'loopback not a NodePort address: no localhost NodePorts');
-  const p = planIptables({ state: t.state, opts: npa, full: true }).payload;
+  const p = planFull({ state: t.state, opts: npa }).payload;
   assert.ok(p.includes('-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -d 192.168.0.2 -j KUBE-NODEPORTS'));
   assert.ok(!p.includes('--dst-type LOCAL -j KUBE-NODEPORTS'));
   assert.ok(!p.includes('KUBE-FIREWALL'));
-  const off = planIptables({ state: t.state, opts: optsFor(t, { localhostNodePorts: false }), full: true }).payload;
+  const off = planFull({ state: t.state, opts: optsFor(t, { localhostNodePorts: false }) }).payload;
   assert.ok(off.includes('-m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -j KUBE-NODEPORTS'));
   assert.ok(!off.includes('KUBE-FIREWALL'));
 });
@@ -139,7 +141,7 @@ test('large-cluster mode drops per-endpoint comments past 1000 endpoints', () =>
   t.endpoints.update(null, slice('ns1', 'big', 's', eps.slice(0, 1000), [{ port: 80 }]));
   t.endpoints.update(null, slice('ns1', 'big', 's2', eps.slice(1000), [{ port: 80 }]));
   t.apply();
-  const plan = planIptables({ state: t.state, opts: optsFor(t), full: true });
+  const plan = planFull({ state: t.state, opts: optsFor(t) });
   assert.equal(plan.largeClusterMode, true);
   assert.equal(lines(plan.payload, /^-A KUBE-SEP-.*--comment/).length, 0);
   assert.equal(lines(plan.payload, /^-A KUBE-SVC-.*->/).length, 0);
@@ -151,7 +153,7 @@ test('ClientIP affinity uses recent --rcheck in the service chain and --set in t
   t.services.update(null, svc('ns1', 'aff', { clusterIP: '172.30.0.41', affinitySeconds: 600 }));
   t.endpoints.update(null, slice('ns1', 'aff', 's', [{ ip: '10.180.0.1' }, { ip: '10.180.0.2' }], [{ port: 80 }]));
   t.apply();
-  const p = planIptables({ state: t.state, opts: optsFor(t), full: true }).payload;
+  const p = planFull({ state: t.state, opts: optsFor(t) }).payload;
   assert.equal(lines(p, /--rcheck --seconds 600 --reap/).length, 2);
   assert.equal(lines(p, /-m recent --name KUBE-SEP-\S+ --set -m tcp -p tcp -j DNAT/).length, 2);
 });
@@ -172,8 +174,10 @@ function bigState(n: number): ProxyState {
 test('10k services x 5 endpoints: cold render, steady-state full render and a partial sync stay fast', () => {
   const opts = optsFor(tracker());
   const state = bigState(10_000);
+  // the sync state's cache: a steady-state render reuses the blocks of unchanged services
+  const cache = new BlockCache();
   const t0 = performance.now();
-  const plan = planIptables({ state, opts, full: true });
+  const plan = planFull({ state, opts, cache });
   const coldMs = performance.now() - t0;
   assert.equal(plan.natRulesTotal, 10_000 * 17 + 5);
   // Best of three: the test machine is shared, one slow run says little.
@@ -186,11 +190,11 @@ test('10k services x 5 endpoints: cold render, steady-state full render and a pa
     }
     return ms;
   };
-  const fullMs = best(() => planIptables({ state, opts, full: true }));
+  const fullMs = best(() => planFull({ state, opts, cache }));
   // One service changed: the tracker replaced its objects.
   const key = [...state.services.keys()][42];
   state.endpoints.set(key, state.endpoints.get(key)!.slice(1));
-  const partialMs = best(() => planIptables({ state, opts, full: false, changed: new Set([state.services.get(key)!.serviceKey]), installedNatChains: plan.activeNatChains }));
+  const partialMs = best(() => planPartial({ state, opts, changed: new Set([state.services.get(key)!.serviceKey]), installedNatChains: plan.activeNatChains, cache }));
   console.log(`# 10k x 5: cold render ${coldMs.toFixed(0)} ms, full ${fullMs.toFixed(0)} ms, partial ${partialMs.toFixed(0)} ms (${plan.natRulesTotal} nat rules)`);
   // Generous bounds for a loaded 2-core machine; cold includes hashing 60k chain names; steady state reuses unchanged services.
   assert.ok(coldMs < 10_000, `cold render took ${coldMs} ms`);
@@ -209,8 +213,8 @@ test('a partial sync counts skipped services exactly as a full sync writes them'
   t.apply();
   for (const over of [{}, { masqueradeAll: true }, { clusterCIDRs: [] }]) {
     const opts = optsFor(t, over);
-    const full = planIptables({ state: t.state, opts, full: true });
-    const partial = planIptables({ state: t.state, opts, full: false, changed: new Set() });
+    const full = planFull({ state: t.state, opts });
+    const partial = planPartial({ state: t.state, opts, changed: new Set() });
     assert.equal(partial.natRulesTotal, full.natRulesTotal, JSON.stringify(over));
     assert.deepEqual([...partial.activeNatChains].sort(), [...full.activeNatChains].sort());
     assert.equal(partial.writtenServices, 0);

@@ -1,4 +1,4 @@
-// Real kernel: a kproxy restart over the rules a previous process left (plan.ts restart form:
+// Real kernel: a kproxy restart over the rules a previous process left (restart.ts:
 // chains already as planned are adopted, the rest written in bounded chunks, the dispatch
 // chains edited in place, stale chains deleted last), on the nf_tables backend
 // (iptables-restore) and on legacy (iptables-legacy-restore), both families:

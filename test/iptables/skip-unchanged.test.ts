@@ -11,7 +11,9 @@ import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/modes
 import { silentLogger } from '../../src/log.ts';
 import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
-import { ownerOfPayloadLine, planIptables, planIptablesFast } from '../../src/modes/iptables/plan.ts';
+import { ownerOfPayloadLine } from '../../src/modes/iptables/blocks.ts';
+import { planFull } from '../../src/modes/iptables/full.ts';
+import { planPartialFast } from '../../src/modes/iptables/partial-fast.ts';
 import { IptablesSyncState } from '../../src/modes/iptables/sync-state.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 import { kernelState, rng } from '../support/iptables-state.ts';
@@ -230,7 +232,7 @@ test('the fast partial plan: an endpoint change writes no dispatch chain, a new 
   t.endpoints.update(slices[3], slice('ns3', 'svc3', 's', [{ ip: '10.180.9.99' }], [{ port: 8080 }]));
   const changed = t.apply();
   const partial = s.plan(t.state, opts, changed, false);
-  assert.ok(partial.blockUpdates, 'the fast path planned it');
+  assert.equal(partial.applied.kind, 'update', 'the fast path planned it');
   assert.equal(partial.writtenServices, 1);
   assert.equal(partial.deletedChains.length, 1);
   assert.equal(partial.natRulesTotal, full.natRulesTotal);
@@ -243,23 +245,23 @@ test('the fast partial plan: an endpoint change writes no dispatch chain, a new 
   t.endpoints.update(null, slice('nsx', 'svcx', 's', [{ ip: '10.180.9.200' }], [{ port: 8080 }]));
   const added = t.apply();
   const next = s.plan(t.state, opts, added, false);
-  assert.ok(next.blockUpdates, 'the fast path planned it');
+  assert.equal(next.applied.kind, 'update', 'the fast path planned it');
   assert.doesNotMatch(next.payload, /^:KUBE-(SERVICES|NODEPORTS) /m);
   assert.match(next.payload, /^-I KUBE-SERVICES 21 .*-d 172\.30\.9\.200 .*-j KUBE-SVC-/m);
   assert.match(next.payload, /^-I KUBE-NODEPORTS 21 .*--dport 30499 -j KUBE-EXT-/m);
   // A refused inserted line names its Service (isolation excludes it and retries at once).
   const inserted = next.payload.split('\n').find((l) => l.startsWith('-I KUBE-SERVICES '))!;
-  assert.equal(ownerOfPayloadLine(t.state, opts, inserted)?.serviceKey, 'nsx/svcx');
+  assert.equal(ownerOfPayloadLine(t.state, opts, inserted, s.blocks)?.serviceKey, 'nsx/svcx');
   // 2 dispatch rules, KUBE-SVC (masquerade, 1 endpoint), KUBE-SEP (2), KUBE-EXT (2)
   assert.equal(next.natRulesTotal, full.natRulesTotal + 8);
-  assert.equal(next.natRulesTotal, planIptables({ state: t.state, opts, full: true }).natRulesTotal);
+  assert.equal(next.natRulesTotal, planFull({ state: t.state, opts }).natRulesTotal);
   s.commit(next);
   // Too many services' dispatch rules at once: the full scan rewrites the chains.
   for (let i = 0; i < 201; i++) t.services.update(null, svc(`nsy${i}`, 'svc', { clusterIP: `172.30.10.${i + 1}` }));
   const many = t.apply();
-  const applied = (s as unknown as { applied: Parameters<typeof planIptablesFast>[0]['applied'] }).applied;
-  assert.equal(planIptablesFast({ state: t.state, opts, applied, deferStale: true, deferred: new Set() }), null);
+  const applied = (s as unknown as { applied: Parameters<typeof planPartialFast>[0]['applied'] }).applied;
+  assert.equal(planPartialFast({ state: t.state, opts, applied, cache: s.blocks, deferStale: true, deferred: new Set() }), null);
   const rewrite = s.plan(t.state, opts, many, false);
-  assert.equal(rewrite.blockUpdates, undefined);
+  assert.equal(rewrite.applied.kind, 'replace');
   assert.match(rewrite.payload, /^:KUBE-SERVICES /m);
 });

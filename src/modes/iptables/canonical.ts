@@ -1,6 +1,6 @@
 // Rules compared by meaning, not by text (kproxy, not upstream): a restart reads the rules the
 // previous process left (iptables-save) and leaves alone every chain whose content already is
-// what the plan would write (plan.ts, restart form). iptables-save does not print a rule as
+// what the plan would write (restart.ts). iptables-save does not print a rule as
 // kproxy wrote it: generic options first (`-d 172.30.0.1/32 -p tcp`, where the plan writes
 // `-m tcp -p tcp -d 172.30.0.1`), host addresses with a prefix length, a statistic
 // probability rounded to the kernel's 31-bit fixed point and printed with 11 decimals, a

@@ -4,14 +4,14 @@
 import { applyObject, stateOf, trackerFor, type CaseOutcome, type ConformanceAdapter, type ConformanceCase } from '../../conformance/case.ts';
 import { caseLocalIPs, caseOptions } from './case-options.ts';
 import { diffLines, normalizeRestoreText, undeclaredJumps } from './normalize.ts';
-import { planIptables } from './plan.ts';
+import { planFull } from './full.ts';
 import { IptablesSyncState } from './sync-state.ts';
 import { loadTracer } from './tracer-link.ts';
 import { parseIptablesSave } from '../../kernel/iptables/parse.ts';
 
 function runGolden(c: ConformanceCase): CaseOutcome {
   const opts = caseOptions(c.config);
-  const plan = planIptables({ state: stateOf(c.config, c.objects), opts, full: true, installedNatChains: new Set() });
+  const plan = planFull({ state: stateOf(c.config, c.objects), opts, installedNatChains: new Set() });
   const jumps = undeclaredJumps(plan.payload);
   const diff = diffLines(normalizeRestoreText(c.expected ?? ''), normalizeRestoreText(plan.payload));
   if (!diff && !jumps.length) return { ok: true };
@@ -22,7 +22,7 @@ function runSteps(c: ConformanceCase): CaseOutcome {
   const opts = caseOptions(c.config);
   const tracker = trackerFor(c.config);
   // Upstream's payloads: every partial sync rewrites KUBE-SERVICES, KUBE-NODEPORTS and the
-  // static chains (the production proxier leaves unchanged chains out; see plan.ts).
+  // static chains (the production proxier leaves unchanged chains out; see partial.ts).
   const sync = new IptablesSyncState({ skipUnchangedChains: false });
   // The fake kernel starts with only built-in chains.
   sync.installedNatChains = new Set();
@@ -55,7 +55,7 @@ function runSteps(c: ConformanceCase): CaseOutcome {
  */
 function flowsRuleset(c: ConformanceCase): { text: string; problems: string[] } {
   if (!c.rules) {
-    const plan = planIptables({ state: stateOf(c.config, c.objects), opts: caseOptions(c.config), full: true, installedNatChains: new Set() });
+    const plan = planFull({ state: stateOf(c.config, c.objects), opts: caseOptions(c.config), installedNatChains: new Set() });
     return { text: plan.payload, problems: [] };
   }
   if (c.rules.format !== 'iptables-save') return { text: '', problems: [`${c.rules.file}: an iptables case traces rules.iptables-save, not ${c.rules.format}`] };

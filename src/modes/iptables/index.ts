@@ -14,7 +14,7 @@ import type { TraceRequest, TraceResult } from '../trace-types.ts';
 import type { PlanInput } from '../../core/nodeview.ts';
 import { iptablesConformance } from './conformance.ts';
 import { optionsFromConfig, type RuntimeFacts } from './options.ts';
-import { planIptables } from './plan.ts';
+import { planFull } from './full.ts';
 import { IptablesProxier } from './proxier.ts';
 import { loadTracer } from './tracer-link.ts';
 import { skippedVIPNotes } from '../../core/vip.ts';
@@ -22,7 +22,7 @@ import { kproxyError } from '../../errors.ts';
 
 /** Dry run: the restore payload of a full sync of this state. */
 export function render(input: PlanInput): string {
-  return planIptables({ state: input.state, opts: optionsFromConfig(input.config, input.node), full: true }).payload;
+  return planFull({ state: input.state, opts: optionsFromConfig(input.config, input.node) }).payload;
 }
 
 async function probeFacts(runner: CommandRunner, family: 4 | 6): Promise<RuntimeFacts> {

@@ -7,8 +7,8 @@
 // (skipUnchangedChains; upstream rewrites KUBE-SERVICES and KUBE-NODEPORTS every time), so
 // a one-endpoint change writes a few rules whatever the number of services.
 // A full sync over installed service chains (a restart over the previous process's rules, or
-// a later full sync) compares them with the plan and writes only what differs (plan.ts
-// restartPayloads): a restart over unchanged rules makes no restore at all.
+// a later full sync) compares them with the plan and writes only what differs
+// (restart.ts): a restart over unchanged rules makes no restore at all.
 import { onlyServices, SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../kernel/runner.ts';
 import { ensureSysctl, type Sysctl } from '../../kernel/sysctl.ts';
@@ -25,7 +25,8 @@ import {
 } from './names.ts';
 import { isServiceChainName } from './names.ts';
 import { optionsFromConfig, type IptablesOptions, type RuntimeFacts, DEFAULT_FACTS } from './options.ts';
-import { compactServiceBlocks, ownerOfPayloadLine, planIptables } from './plan.ts';
+import { ownerOfPayloadLine } from './blocks.ts';
+import { planFull } from './full.ts';
 import { IptablesSyncState } from './sync-state.ts';
 import { installedChains } from './canonical.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../isolation.ts';
@@ -144,12 +145,11 @@ interface FamilyState {
 }
 
 /**
- * Lines per restore when a full sync is applied in chunks (plan.ts chunkedPayloads): with
+ * Lines per restore when a full sync is applied in chunks (full.ts chunkedPayloads): with
  * the nf_tables backend one `--noflush` transaction is quadratic in its size, chunks of a
- * few thousand lines keep it linear. Measured on the bench machine at 10,000 services
- * (docs/benchmarks.md, "iptables at scale"): 5,000 lines per chunk (53 restores) beat 2,000
- * (128 restores: each pays the process start and the chain-cache fetch) and 10,000 (the
- * quadratic cost inside one transaction is back).
+ * few thousand lines keep it linear. 5,000 lines per chunk beats smaller chunks (each restore
+ * pays the process start and the chain-cache fetch) and larger ones (the quadratic cost
+ * inside one transaction is back): docs/benchmarks.md, "iptables at scale".
  */
 export const DEFAULT_CHUNK_LINES = 5_000;
 
@@ -181,8 +181,8 @@ export interface IptablesProxierDeps {
   /** lines per chunk of a full sync (0: one restore); default: chunkLinesFor(the probed backend) */
   chunkLines?: number;
   /**
-   * lines per restore of a restart's dispatch edits (plan.ts restartPayloads,
-   * dispatch-chunks.ts); default: plan.ts dispatchBudget (the chunk size, up to twice it for a
+   * lines per restore of a restart's dispatch edits (restart.ts,
+   * dispatch-chunks.ts); default: restart.ts dispatchBudget (the chunk size, up to twice it for a
    * large ruleset). 0: one dispatch restore (bench/iptables-restart.ts compares the two forms)
    */
   dispatchChunkLines?: number;
@@ -236,7 +236,7 @@ export class IptablesProxier implements Proxier {
   private excludeRefused(fs: FamilyState, r: Refusal): boolean {
     if (r.error.line === null || isTransientRefusal(r.error.result?.stderr ?? '')) return false;
     const text = r.payload.split('\n')[r.error.line - 1] ?? '';
-    const sp = ownerOfPayloadLine(r.state, r.opts, text);
+    const sp = ownerOfPayloadLine(r.state, r.opts, text, fs.sync.blocks);
     if (!sp || fs.exclusions.has(sp.serviceKey)) return false;
     const stderr = (r.error.result?.stderr ?? '').split('\n').find((l) => l.trim() && !/^Error occurred at line|^Try `/.test(l)) ?? 'refused';
     const why = stderr.replace(/^\S*restore v[\d.]+ \([^)]*\): /, '').trim();
@@ -294,8 +294,8 @@ export class IptablesProxier implements Proxier {
       }
       fs.sync.commit(plan);
       fs.last = { input, opts };
-      // memory: unchanged services' chain text is not kept between syncs (plan.ts)
-      if (plan.full) compactServiceBlocks(input.state);
+      // memory: unchanged services' chain text is not kept between syncs (blocks.ts)
+      if (plan.full) fs.sync.blocks.compact(input.state);
       const kind = plan.full ? 'full' : 'partial';
       const diff = `${kind} sync (IPv${family}): ${plan.writtenServices} service ports written, ${plan.natRulesWritten} of ${plan.natRulesTotal} nat rules, ${plan.filterRules} filter rules` +
         (plan.skippedChains ? `, ${plan.skippedChains} unchanged chains left out` : '') +
@@ -323,14 +323,14 @@ export class IptablesProxier implements Proxier {
    * jumps into KUBE-SERVICES and returns them, for the sync's last restore: while nothing
    * reaches KUBE-SERVICES, a chunk's commit does not make nf_tables validate every service
    * published by the chunks before it (the kernel validates what the base chains reach on
-   * every commit that adds a rule: 0.73x a raw restore without them, 1.30x with them, at
-   * 10,000 Services; docs/benchmarks.md "iptables at scale"). Nothing is reachable before it.
+   * every commit that adds a rule; docs/benchmarks.md "iptables at scale" compares the two).
+   * Nothing is reachable before it.
    */
   private async ensureJumps(fs: FamilyState): Promise<string> {
     const saved = readSave(await fs.exec.saveAll());
     const installed = new Set(saved.get('nat')?.chains ?? []);
     fs.sync.installedNatChains = installed;
-    // what is installed, for the restart form (plan.ts restartPayloads)
+    // what is installed, for the restart form (restart.ts)
     fs.sync.installed = installedChains(saved);
     let cold = fs.sync.chunkLines > 0;
     for (const c of installed) if (cold && isServiceChainName(c)) cold = false;
@@ -344,7 +344,7 @@ export class IptablesProxier implements Proxier {
     for (const [family, fs] of [...this.families].sort((a, b) => a[0] - b[0])) {
       if (!fs.last) continue;
       out.push(`# IPv${family} (${fs.exec.bin.restore})`);
-      out.push(planIptables({ state: fs.last.input.state, opts: fs.last.opts, full: true }).payload);
+      out.push(planFull({ state: fs.last.input.state, opts: fs.last.opts, cache: fs.sync.blocks }).payload);
     }
     return out.join('\n');
   }

@@ -5,12 +5,17 @@
 // goldens are upstream's payloads) it also keeps what was last applied: each service port's
 // rendered block and a digest of each static and dispatch chain, replaced by a full sync and
 // updated by each partial sync, so partial syncs leave out chains whose content did not
-// change and, when only services' own chains change, plan in O(changed) (see plan.ts); and
+// change and, when only services' own chains change, plan in O(changed) (partial-fast.ts); and
 // the stale chains whose deletion large-cluster mode defers, deleted when the cleanup is due.
 import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
-import { planIptables, planIptablesFast, type AppliedBlocks, type Plan } from './plan.ts';
+import { BlockCache, type AppliedBlocks } from './blocks.ts';
 import type { InstalledChains } from './canonical.ts';
+import { hasServiceChain, type Plan } from './plan.ts';
+import { planFull } from './full.ts';
+import { planPartial } from './partial.ts';
+import { planPartialFast } from './partial-fast.ts';
+import { planRestart } from './restart.ts';
 
 const NO_BLOCKS: AppliedBlocks = { blocks: new Map(), natRulesTotal: 0 };
 
@@ -22,17 +27,21 @@ export class IptablesSyncState {
   /** "table/chain" → digest of the content last applied; null until a full sync */
   chainDigests: Map<string, string> | null = null;
   readonly skipUnchangedChains: boolean;
-  /** full syncs larger than this many nat lines are applied in chunks (0: never; see plan.ts) */
+  /** full syncs larger than this many nat lines are applied in chunks (0: never; see full.ts) */
   chunkLines = 0;
-  /** the restart form's dispatch edits per restore (plan.ts PlanRequest.dispatchChunkLines); undefined: plan.ts dispatchBudget */
+  /** the restart form's dispatch edits per restore (restart.ts); undefined: restart.ts dispatchBudget */
   dispatchChunkLines: number | undefined = undefined;
   /** with skipUnchangedChains: the blocks the last applied sync rendered; null until a full sync */
   private applied: AppliedBlocks | null = null;
   /**
-   * kproxy's chains as the kernel holds them, read by the full sync about to be planned (the
-   * restart form, plan.ts restartPayloads); used by the next plan() only, then dropped
+   * kproxy's chains as the kernel holds them, read by the full sync about to be planned: when
+   * they include a service chain (a restart over the rules a previous process left, or a full
+   * sync over this one's), that sync takes the restart form (restart.ts). Used by the next
+   * plan() only, then dropped.
    */
   installed: InstalledChains | null = null;
+  /** every service port's last rendered block: the applied blocks are among them */
+  readonly blocks = new BlockCache();
   /** installed stale service chains whose deletion is deferred (large-cluster mode) */
   private deferred: ReadonlySet<string> = new Set();
 
@@ -47,38 +56,46 @@ export class IptablesSyncState {
    */
   plan(state: ProxyState, opts: IptablesOptions, changed: Set<string>, full: boolean, nowMs = Date.now(), syncPeriodMs = 0): Plan & { full: boolean } {
     const doFull = full || this.needFullSync;
-    const installed = doFull ? (this.installed ?? undefined) : undefined;
+    const installed = doFull ? this.installed : null;
     this.installed = null;
     const skipCleanup = nowMs - this.lastCleanupMs <= syncPeriodMs;
-    const digests = {
-      recordDigests: this.skipUnchangedChains,
-      lastChainDigests: this.skipUnchangedChains && !doFull ? (this.chainDigests ?? undefined) : undefined,
-      chunkLines: this.chunkLines,
-      dispatchChunkLines: this.dispatchChunkLines,
-      installed,
-      // the plan returns its blocks: the base of the next fast partial sync
-      applied: this.skipUnchangedChains ? (this.applied ?? NO_BLOCKS) : undefined,
-    };
-    // O(changed) when only changed services' own chains differ (plan.ts planIptablesFast).
+    // O(changed) when only changed services' own chains differ (partial-fast.ts).
     if (!doFull && this.applied && this.chainDigests && this.installedNatChains) {
-      const fast = planIptablesFast({ state, opts, applied: this.applied, changed, deferStale: skipCleanup, deferred: this.deferred });
+      const fast = planPartialFast({ state, opts, applied: this.applied, cache: this.blocks, changed, deferStale: skipCleanup, deferred: this.deferred });
       if (fast) {
         if (!fast.largeClusterMode || !skipCleanup) this.pendingCleanupMs = nowMs;
         return { ...fast, full: false };
       }
     }
-    let plan = planIptables({ state, opts, full: doFull, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale: true, ...digests });
+    const strategy = (deleteStale: boolean): Plan => doFull ? this.planWhole(state, opts, installed, deleteStale) : this.planChanged(state, opts, changed, deleteStale);
+    let plan = strategy(true);
     plan.deferredChains = [];
     if (plan.largeClusterMode && skipCleanup) {
       if (plan.deletedChains.length) {
         const deferred = plan.deletedChains;
-        plan = planIptables({ state, opts, full: doFull, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale: false, ...digests });
+        plan = strategy(false);
         plan.deferredChains = deferred;
       }
     } else if (this.installedNatChains) {
       this.pendingCleanupMs = nowMs;
     }
     return { ...plan, full: doFull };
+  }
+
+  /** A full sync: the restart form over installed service chains, else every chain written. */
+  private planWhole(state: ProxyState, opts: IptablesOptions, installed: InstalledChains | null, deleteStale: boolean): Plan {
+    const installedNatChains = this.installedNatChains ?? undefined;
+    if (installed && hasServiceChain(installed.get('nat')?.keys() ?? [])) {
+      return planRestart({ state, opts, installed, installedNatChains, deleteStale, chunkLines: this.chunkLines, dispatchChunkLines: this.dispatchChunkLines, cache: this.blocks });
+    }
+    return planFull({ state, opts, installedNatChains, deleteStale, chunkLines: this.chunkLines, cache: this.blocks });
+  }
+
+  /** A partial sync that visits every service (partial.ts). */
+  private planChanged(state: ProxyState, opts: IptablesOptions, changed: Set<string>, deleteStale: boolean): Plan {
+    // With skipUnchangedChains, what was last applied: unchanged chains are left out.
+    const last = this.skipUnchangedChains ? { blocks: this.applied ?? NO_BLOCKS, chainDigests: this.chainDigests ?? undefined } : undefined;
+    return planPartial({ state, opts, changed, installedNatChains: this.installedNatChains ?? undefined, deleteStale, last, cache: this.blocks });
   }
 
   private pendingCleanupMs: number | null = null;
@@ -91,14 +108,15 @@ export class IptablesSyncState {
       for (const c of plan.deletedChains) d.delete(`nat/${c}`);
       for (const [k, v] of plan.chainDigests) d.set(k, v);
       this.chainDigests = d;
-      if (plan.blocks) this.applied = plan.blocks;
-      else if (plan.blockUpdates && this.applied) {
-        for (const [key, b] of plan.blockUpdates) {
+      const a = plan.applied;
+      if (a.kind === 'replace') this.applied = a.blocks;
+      else if (this.applied) {
+        for (const [key, b] of a.updates) {
           if (b) this.applied.blocks.set(key, b);
           else this.applied.blocks.delete(key);
         }
-        this.applied.natRulesTotal = plan.natRulesTotal;
-        this.applied.totalEndpoints = plan.totalEndpoints;
+        this.applied.natRulesTotal = a.natRulesTotal;
+        this.applied.totalEndpoints = a.totalEndpoints;
       }
     }
     // Stale-chain deletion ran (every installed service chain that is not active was

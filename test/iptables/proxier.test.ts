@@ -1,49 +1,11 @@
-// The executor and the proxier against a fake kernel that rejects what the kernel rejects.
+// The iptables proxier (src/modes/iptables/proxier.ts) against a fake kernel that rejects what
+// the kernel rejects: jumps, partial syncs, failures, a flushed iptables, route_localnet.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { IptablesExecutor, RestoreError, extractLines } from '../../src/kernel/iptables/exec.ts';
-import { chainsFromSave } from '../../src/kernel/iptables/save.ts';
-import { splitRuleArgs } from '../../src/kernel/iptables/tokenize.ts';
 import { IptablesProxier, JUMP_RULES } from '../../src/modes/iptables/proxier.ts';
-import { cleanup, mode } from '../../src/modes/iptables/index.ts';
 import { silentLogger } from '../../src/log.ts';
 import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
-import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
-
-test('a restore that jumps to a missing chain fails atomically, naming the line with context', async () => {
-  const k = new FakeIptables();
-  const exec = new IptablesExecutor(k, 4);
-  await exec.restore('*nat\n:KUBE-A - [0:0]\n-A KUBE-A -j RETURN\nCOMMIT\n');
-  const bad = '*nat\n:KUBE-A - [0:0]\n:KUBE-B - [0:0]\n-A KUBE-A -j KUBE-MISSING\n-A KUBE-B -j RETURN\nCOMMIT\n';
-  await assert.rejects(exec.restore(bad), (e: unknown) => {
-    assert.ok(e instanceof RestoreError);
-    assert.equal(e.line, 4);
-    assert.match(e.message, /^KPROXY_IPTABLES_RESTORE_FAILED: /);
-    assert.match(e.message, />     4: -A KUBE-A -j KUBE-MISSING/);
-    assert.match(e.message, /      3: :KUBE-B - \[0:0\]/, 'lines before');
-    assert.match(e.message, /      5: -A KUBE-B -j RETURN/, 'lines after');
-    return true;
-  });
-  assert.deepEqual(k.rules('nat', 'KUBE-A'), ['-j RETURN'], 'the old rules stay');
-  assert.ok(!k.chains('nat').includes('KUBE-B'), 'nothing of the failed payload is applied');
-  assert.deepEqual(k.calls.at(-1)!.args, ['-w', '5', '--noflush', '--counters']);
-});
-
-test('helpers: context lines, chain names from iptables-save, quoted rule arguments', () => {
-  assert.equal(extractLines('a\nb\nc\nd', 2, 1), '      1: a\n>     2: b\n      3: c');
-  const save = '*filter\n:INPUT ACCEPT [0:0]\n:KUBE-X - [0:0]\nCOMMIT\n*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SVC-A - [0:0]\nCOMMIT\n';
-  assert.deepEqual([...chainsFromSave(save, 'nat')], ['PREROUTING', 'KUBE-SVC-A']);
-  assert.deepEqual(splitRuleArgs('-m comment --comment "a b" -j X'), ['-m', 'comment', '--comment', 'a b', '-j', 'X']);
-});
-
-function world() {
-  const t = tracker();
-  t.services.update(null, svc('ns1', 'svc1', { clusterIP: '172.30.0.41' }));
-  t.endpoints.update(null, slice('ns1', 'svc1', 's1', [{ ip: '10.0.1.1' }], [{ port: 80 }]));
-  t.services.update(null, svc('ns2', 'svc2', { clusterIP: '172.30.0.42' }));
-  t.endpoints.update(null, slice('ns2', 'svc2', 's2', [{ ip: '10.0.2.1' }, { ip: '10.0.2.2' }], [{ port: 80 }]));
-  return t;
-}
+import { planInput, slice, svc, testConfig, twoServices as world } from './helpers.ts';
 
 test('proxier: full sync installs jumps idempotently, partial sync deletes stale chains, failure forces a full sync', async () => {
   const k = new FakeIptables();
@@ -97,44 +59,6 @@ test('proxier: a flushed iptables (canary gone) is noticed and repaired with a f
   assert.match(r.diff ?? '', /^full sync/);
   assert.equal(k.rules('nat', 'PREROUTING').length, 1);
   assert.ok(k.chains('nat').some((c) => c.startsWith('KUBE-SEP-')));
-});
-
-test('cleanup removes every chain of kube-proxy\'s and the jumps into them, and is idempotent', async () => {
-  const k = new FakeIptables();
-  const config = testConfig();
-  const p = new IptablesProxier({ runner: k, log: silentLogger(), config });
-  const t = world();
-  await p.sync(planInput(t, config), t.apply(), true);
-  await k.run('iptables', ['-t', 'nat', '-N', 'OTHER']);
-  await k.run('iptables', ['-t', 'nat', '-N', 'KUBE-KUBELET-CANARY']);
-  await cleanup(k, silentLogger());
-  // KUBE-FIREWALL is the kubelet's chain, which the iptables mode only duplicates: it stays, as upstream
-  const kept = (c: string) => c === 'KUBE-FIREWALL' || c === 'KUBE-KUBELET-CANARY';
-  for (const table of ['nat', 'filter', 'mangle']) {
-    assert.deepEqual(k.chains(table).filter((c) => c.startsWith('KUBE-') && !kept(c)), [], table);
-    for (const c of k.chains(table)) assert.ok(!k.rules(table, c).some((r) => /KUBE-/.test(r.replace(/KUBE-FIREWALL/g, ''))), `${table} ${c}`);
-  }
-  assert.ok(k.chains('nat').includes('OTHER'), 'other chains are left alone');
-  assert.ok(k.chains('nat').includes('KUBE-KUBELET-CANARY'), 'another program\'s KUBE- chain too');
-  await cleanup(k, silentLogger());
-});
-
-test('createProxier reports a missing iptables-restore with KPROXY_EXEC_MISSING', async () => {
-  const { ExecError } = await import('../../src/kernel/runner.ts');
-  const missing = { run: async (cmd: string) => { if (cmd.includes('restore')) throw new ExecError('KPROXY_EXEC_MISSING', `${cmd} not found`); return { code: 0, stdout: '', stderr: '' }; } };
-  await assert.rejects(mode.createProxier({ runner: missing, log: silentLogger(), config: testConfig() }), /KPROXY_EXEC_MISSING: iptables-restore not found; install the iptables package/);
-});
-
-test('render is the full restore payload; planned trace goes through it', async () => {
-  const t = world();
-  t.apply();
-  const input = planInput(t);
-  const text = mode.render(input);
-  assert.match(text, /^\*filter\n/);
-  assert.match(text, /-A KUBE-SERVICES -m comment --comment "ns2\/svc2:p80 cluster IP"/);
-  const r = await mode.trace!({ from: '10.0.9.9', to: '172.30.0.42', port: 80, protocol: 'TCP', input, live: false }, { runner: new FakeIptables() });
-  assert.equal(r.output, '10.0.2.1:80, 10.0.2.2:80');
-  assert.equal(r.masq, false);
 });
 
 test('proxier: route_localnet=1 is set through the sysctl interface when, and only when, localhost NodePorts are in use', async () => {

@@ -1,0 +1,271 @@
+// A partial sync in O(changed services) rather than O(all services) (kproxy, not upstream):
+// compares each changed service port's rendered block with the one last applied (by
+// identity: the sync state's block cache returns the same object while the ServicePort, its endpoint list
+// and the settings are the same, see blocks.ts) and writes only the changed services' own
+// chains whose content changed (compared with the applied block), declaring only those;
+// deletes the chains that became stale, or defers them (`deferStale`, large-cluster mode)
+// and deletes the deferred ones when the cleanup is due. When no changed service's dispatch
+// rules (nat KUBE-SERVICES / KUBE-NODEPORTS, every filter rule) differ, which is the case for
+// an endpoint change, the restore leaves those chains and the filter table alone; when some
+// do (a Service added or removed, a VIP, port or node port changed, endpoints appearing or
+// all going), they are edited in place (dispatchEdits) rather than rewritten.
+//
+// planPartialFast returns null when this shortcut does not apply (the sync state then plans
+// with partial.ts): the render settings changed (large-cluster mode on or off included), or
+// more than MAX_DISPATCH_EDITS services' dispatch rules changed. The kernel ends in the state
+// partial.ts would leave it in, rule order included; the deferred stale chains are known
+// (`deferred`), so no scan of the 70k installed chains is needed when their deletion comes due. Pure.
+import type { ProxyState, ServicePort } from '../../core/model.ts';
+import type { IptablesOptions } from './options.ts';
+import { EMPTY, ruleCount, sameUnitIn, settingsKey, type AppliedBlocks, type BlockCache, type RenderContext } from './blocks.ts';
+import { routeLocalnet, type Plan } from './plan.ts';
+import type { ServiceBlock } from './service-block.ts';
+import { chainLine, EMPTY_LINES, sameLines, type ChainUnit } from './units.ts';
+
+export interface FastPlanRequest {
+  state: ProxyState;
+  opts: IptablesOptions;
+  applied: AppliedBlocks;
+  /** the cache the applied blocks came from: an unchanged port's block is the applied object */
+  cache: BlockCache;
+  /**
+   * The services ("ns/name") changed since `applied` (the trackers' report). With it, only
+   * their ports are looked at: every other port's block is the applied one (its ServicePort
+   * and endpoint list are the same objects). Without it, every port's block is compared.
+   */
+  changed?: ReadonlySet<string>;
+  /**
+   * Large-cluster mode only: true defers the deletion of the chains that became stale (they
+   * stay installed, unreferenced, until the cleanup is due); false deletes them and every
+   * chain in `deferred`.
+   */
+  deferStale: boolean;
+  /** the stale chains earlier syncs left installed (Plan.deferredChains of the last applied plan) */
+  deferred: ReadonlySet<string>;
+}
+
+/** More services whose dispatch rules change than this: partial.ts rewrites the chains. */
+const MAX_DISPATCH_EDITS = 200;
+
+/** A service port whose block differs from the applied one: its key, the applied block, the new one (undefined: gone). */
+type Touched = [string, ServiceBlock | undefined, ServiceBlock | undefined];
+
+/**
+ * The ports whose block is not the applied one, and the endpoints of all blocks after this
+ * sync. With `changed` (and the applied endpoint count), an unchanged port costs one Set
+ * lookup: no map lookups, no block check (at 10,000 services the three lookups per port were
+ * most of a change's CPU).
+ */
+function touchedPorts(req: FastPlanRequest, ctx: RenderContext): { touched: Touched[]; totalEndpoints: number } {
+  const { state, applied, cache } = req;
+  const touched: Touched[] = [];
+  let matched = 0;
+  const changed = applied.totalEndpoints !== undefined ? req.changed : undefined;
+  let totalEndpoints = changed ? applied.totalEndpoints! : 0;
+  for (const sp of state.services.values()) {
+    if (changed && !changed.has(sp.serviceKey)) {
+      matched++;
+      continue;
+    }
+    const eps = state.endpoints.get(sp.key) ?? EMPTY;
+    totalEndpoints += eps.length;
+    // Unchanged services' blocks are the applied ones, compacted or not: no chains needed.
+    let b = cache.block(sp, eps, ctx, false);
+    const old = applied.blocks.get(sp.key);
+    if (old) matched++;
+    if (changed && old) totalEndpoints -= old.endpoints;
+    if (old !== b) {
+      if (b.compact) b = cache.block(sp, eps, ctx, true);
+      touched.push([sp.key, old, b]);
+    }
+  }
+  if (matched < applied.blocks.size) {
+    for (const [key, old] of applied.blocks) {
+      if (state.services.has(key)) continue;
+      touched.push([key, old, undefined]);
+      if (changed) totalEndpoints -= old.endpoints;
+    }
+  }
+  return { touched, totalEndpoints };
+}
+
+// Per block: how many of its dispatch rules each "table/chain" holds.
+const dispatchCounts = new WeakMap<ServiceBlock, Map<string, number>>();
+
+function countsOf(b: ServiceBlock): Map<string, number> {
+  let m = dispatchCounts.get(b);
+  if (m) return m;
+  m = new Map();
+  for (const [table, lines] of [['nat', b.natTop], ['filter', b.filter]] as const) {
+    for (const l of lines) {
+      const k = `${table}/${l.slice(3, l.indexOf(' ', 3))}`;
+      m.set(k, (m.get(k) ?? 0) + 1);
+    }
+  }
+  dispatchCounts.set(b, m);
+  return m;
+}
+
+interface DispatchEditLines {
+  nat: string[];
+  filter: string[];
+  natInserted: number;
+  filterInserted: number;
+  /** the "table/chain"s edited */
+  chains: string[];
+}
+
+/** Rules of the services that sort before `key`, per "table/chain" (their new content). */
+function rulesBefore(key: string, current: Array<[string, ServiceBlock]>): Map<string, number> {
+  const before = new Map<string, number>();
+  for (const [k, other] of current) {
+    if (!(k < key)) continue;
+    for (const [c, n] of countsOf(other)) before.set(c, (before.get(c) ?? 0) + n);
+  }
+  return before;
+}
+
+/**
+ * The restore lines that turn the dispatch chains (nat KUBE-SERVICES / KUBE-NODEPORTS, the
+ * filter chains) from their applied content into what a full sync would write, editing only
+ * the rules of `changed` services: each old rule deleted by its spec (`-D`: a wrong guess
+ * fails the restore loudly, and the next sync is full), each new one inserted (`-I chain
+ * pos`) where the full sync puts it. A chain holds the services' rules in service-port key
+ * order (then, in nat KUBE-SERVICES, the NodePort catch-all), so a service's rules start
+ * after the rules of every service whose key sorts before it. Services are edited in key
+ * order, so when one is inserted all services before it already have their new rules.
+ * Rewriting KUBE-SERVICES whole instead is one 20k-rule transaction at 10k services, which
+ * iptables-nft commits in time quadratic in its size (docs/benchmarks.md).
+ */
+function dispatchEdits(changed: Touched[], current: Array<[string, ServiceBlock]>): DispatchEditLines {
+  const out: DispatchEditLines = { nat: [], filter: [], natInserted: 0, filterInserted: 0, chains: [] };
+  const chains = new Set<string>();
+  const sorted = [...changed].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  for (const [key, old, b] of sorted) {
+    const before = b ? rulesBefore(key, current) : new Map<string, number>();
+    for (const [table, oldLines, newLines] of [['nat', old?.natTop, b?.natTop], ['filter', old?.filter, b?.filter]] as const) {
+      const lines = out[table];
+      for (const l of oldLines ?? EMPTY_LINES) {
+        lines.push(`-D${l.slice(2)}`);
+        chains.add(`${table}/${l.slice(3, l.indexOf(' ', 3))}`);
+      }
+      const next = new Map<string, number>();
+      for (const l of newLines ?? EMPTY_LINES) {
+        const sp = l.indexOf(' ', 3);
+        const chain = l.slice(3, sp);
+        const k = `${table}/${chain}`;
+        const pos = (before.get(k) ?? 0) + (next.get(k) ?? 0) + 1;
+        next.set(k, (next.get(k) ?? 0) + 1);
+        lines.push(`-I ${chain} ${pos}${l.slice(sp)}`);
+        chains.add(k);
+        if (table === 'nat') out.natInserted++;
+        else out.filterInserted++;
+      }
+    }
+  }
+  out.chains = [...chains];
+  return out;
+}
+
+/** The changed services' own chains that differ from their applied blocks, and the chains they use. */
+function changedChains(touched: Touched[]): { units: ChainUnit[]; active: Set<string>; skippedChains: number; writtenServices: number } {
+  const units: ChainUnit[] = [];
+  const active = new Set<string>();
+  let skippedChains = 0;
+  let writtenServices = 0;
+  for (const [, old, b] of touched) {
+    if (!b) continue;
+    writtenServices++;
+    for (const c of b.active) active.add(c);
+    for (const u of b.units) {
+      if (old && u.declare && sameUnitIn(old, u)) {
+        skippedChains++;
+        continue;
+      }
+      units.push(u);
+    }
+  }
+  return { units, active, skippedChains, writtenServices };
+}
+
+/** The chains the touched services used and use no more. */
+function droppedChains(touched: Touched[]): string[] {
+  const stale: string[] = [];
+  for (const [, old, b] of touched) {
+    if (!old) continue;
+    const now = new Set(b?.active ?? EMPTY_LINES);
+    for (const c of old.active) if (!now.has(c)) stale.push(c);
+  }
+  return stale;
+}
+
+/** Chains first, then the dispatch edits that jump to them, then the stale chains' deletion. */
+function fastPayload(edits: DispatchEditLines, units: ChainUnit[], deletedChains: string[]): string {
+  let payload = '';
+  if (edits.filter.length) payload += ['*filter', ...edits.filter, 'COMMIT', ''].join('\n');
+  if (!units.length && !deletedChains.length && !edits.nat.length) return payload;
+  const out: string[] = ['*nat'];
+  for (const u of units) if (u.declare) out.push(chainLine(u.name));
+  for (const c of deletedChains) out.push(chainLine(c));
+  for (const u of units) for (const r of u.rules) out.push(r);
+  for (const l of edits.nat) out.push(l);
+  for (const c of deletedChains) out.push(`-X ${c}`);
+  out.push('COMMIT');
+  return payload + out.join('\n') + '\n';
+}
+
+/** The nat rules the touched services add (negative: remove), dispatch rules included. */
+function natRuleDelta(touched: Touched[]): number {
+  let delta = 0;
+  for (const [, old, b] of touched) delta += ruleCount(b) - ruleCount(old) + (b?.natTop.length ?? 0) - (old?.natTop.length ?? 0);
+  return delta;
+}
+
+/** A partial sync in O(changed services), or null when it does not apply (see the top of this file). */
+export function planPartialFast(req: FastPlanRequest): Plan | null {
+  const { state, opts, applied } = req;
+  // The applied settings, if the options are the same; large-cluster mode is checked after
+  // the scan, which counts the endpoints on the way (one pass over the services, not two).
+  const ctx = applied.ctx;
+  if (!ctx || settingsKey(opts, ctx.largeClusterMode) !== ctx.key) return null;
+  const { touched, totalEndpoints } = touchedPorts(req, ctx);
+  if (totalEndpoints > opts.largeClusterEndpointsThreshold !== ctx.largeClusterMode) return null;
+  const redispatch = touched.filter(([, old, b]) => !sameLines(old?.natTop, b?.natTop) || !sameLines(old?.filter, b?.filter));
+  // Many services' dispatch rules at once (a settings-like change): rewrite the chains whole.
+  if (redispatch.length > MAX_DISPATCH_EDITS) return null;
+  // Every port's block in state order, only when dispatch rules move (a Service added or
+  // removed...): a second pass; an endpoint change, the common case, allocates nothing per port.
+  const current: Array<[string, ServiceBlock]> = [];
+  if (redispatch.length) {
+    for (const sp of state.services.values()) current.push([sp.key, req.cache.block(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx, false)]);
+  }
+  const edits = dispatchEdits(redispatch, current);
+  // Outside large-cluster mode nothing is ever deferred; inside, until the cleanup is due.
+  const defer = ctx.largeClusterMode && req.deferStale;
+  const written = changedChains(touched);
+  // A deferred chain that a changed service uses again is no longer stale.
+  const gone = [...req.deferred, ...droppedChains(touched)].filter((c) => !written.active.has(c));
+  const deletedChains = defer ? [] : gone;
+  let natRulesWritten = edits.natInserted;
+  for (const u of written.units) natRulesWritten += u.rules.length;
+  // The edited dispatch chains' digests are void: a later full-scan sync rewrites them.
+  const chainDigests = new Map<string, string>();
+  for (const c of edits.chains) chainDigests.set(c, '');
+  const natRulesTotal = applied.natRulesTotal + natRuleDelta(touched);
+  return {
+    sysctls: routeLocalnet(opts, state.services.values() as Iterable<ServicePort>),
+    payload: fastPayload(edits, written.units, deletedChains),
+    natRulesWritten,
+    natRulesTotal,
+    filterRules: edits.filterInserted,
+    activeNatChains: written.active,
+    deletedChains,
+    staleDeletion: false,
+    writtenServices: written.writtenServices,
+    largeClusterMode: ctx.largeClusterMode,
+    chainDigests,
+    skippedChains: written.skippedChains,
+    applied: { kind: 'update', updates: touched.map(([key, , b]) => [key, b]), natRulesTotal, totalEndpoints },
+    deferredChains: defer ? gone : [],
+  };
+}

@@ -1,0 +1,61 @@
+// Chains as the restore payload holds them: a declaration (`:chain - [0:0]`, which flushes
+// it) and its `-A` rules. Every planner strategy assembles its payloads from these. Pure.
+import { hash } from 'node:crypto';
+
+export const chainLine = (c: string) => `:${c} - [0:0]`;
+
+/** One chain of the payload: its declaration (flush) and rules; the digest is memoised. */
+export interface ChainUnit {
+  name: string;
+  /** written with a `:name` declaration (false: rules appended to a chain declared elsewhere) */
+  declare: boolean;
+  rules: string[];
+  digest?: string;
+}
+
+export function unitDigest(u: ChainUnit): string {
+  // One-shot hash: a Hash object per chain costs more than the hashing at 70k chains.
+  if (u.digest === undefined) u.digest = hash('sha1', `${u.name}\n${u.rules.join('\n')}`, 'base64');
+  return u.digest;
+}
+
+/** Groups `-A chain ...` lines into units, declared chains first in `declared` order. */
+export function groupByChain(declared: string[], rules: string[]): ChainUnit[] {
+  const units = new Map<string, ChainUnit>();
+  for (const name of declared) units.set(name, { name, declare: true, rules: [] });
+  for (const r of rules) {
+    const name = r.slice(3, r.indexOf(' ', 3));
+    let u = units.get(name);
+    if (!u) units.set(name, (u = { name, declare: false, rules: [] }));
+    u.rules.push(r);
+  }
+  return [...units.values()];
+}
+
+export const EMPTY_LINES: string[] = [];
+
+export function sameLines(a: readonly string[] | undefined, b: readonly string[] | undefined): boolean {
+  const x = a ?? EMPTY_LINES;
+  const y = b ?? EMPTY_LINES;
+  if (x.length !== y.length) return false;
+  for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return false;
+  return true;
+}
+
+/** The rule count of units. */
+export function ruleTotal(units: readonly ChainUnit[]): number {
+  let n = 0;
+  for (const u of units) n += u.rules.length;
+  return n;
+}
+
+/** One table's restore section: declarations, stale chains flushed, rules, stale chains deleted. */
+export function tableSection(table: string, units: readonly ChainUnit[], deleted: readonly string[]): string {
+  const out: string[] = [`*${table}`];
+  for (const u of units) if (u.declare) out.push(chainLine(u.name));
+  for (const c of deleted) out.push(chainLine(c));
+  for (const u of units) for (const r of u.rules) out.push(r);
+  for (const c of deleted) out.push(`-X ${c}`);
+  out.push('COMMIT');
+  return out.join('\n') + '\n';
+}

@@ -1,0 +1,40 @@
+// The per-Service block renderer (src/modes/iptables/service-block.ts): a Service port's
+// chains and jump rules from its node view and the node's options alone.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { portOf } from '../../src/core/nodeview.ts';
+import { renderContext } from '../../src/modes/iptables/blocks.ts';
+import { planFull } from '../../src/modes/iptables/full.ts';
+import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
+import { renderServiceBlock } from '../../src/modes/iptables/service-block.ts';
+import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
+
+function world() {
+  const t = tracker();
+  t.services.update(null, svc('ns1', 'lb', { clusterIP: '172.30.0.41', type: 'LoadBalancer', nodePort: 30041, etp: 'Local', lbIPs: ['1.2.3.4'], sourceRanges: ['203.0.113.0/25'] }));
+  t.endpoints.update(null, slice('ns1', 'lb', 's1', [{ ip: '10.180.0.1', nodeName: 'test-node' }, { ip: '10.180.0.2', nodeName: 'other' }], [{ port: 80 }]));
+  t.services.update(null, svc('ns2', 'other', { clusterIP: '172.30.0.42' }));
+  t.endpoints.update(null, slice('ns2', 'other', 's2', [{ ip: '10.180.1.1' }], [{ port: 80 }]));
+  t.apply();
+  const input = planInput(t, testConfig());
+  return { t, opts: optionsFromConfig(input.config, input.node) };
+}
+
+test('a Service block is rendered from its port view alone, and is that Service\'s part of the full payload', () => {
+  const { t, opts } = world();
+  const sp = [...t.state.services.values()].find((s) => s.serviceKey === 'ns1/lb')!;
+  const block = renderServiceBlock(portOf(opts.node, sp, t.state.endpoints.get(sp.key)!), renderContext(t.state, opts));
+  const payload = planFull({ state: t.state, opts }).payload.split('\n');
+  for (const l of [...block.natTop, ...block.filter, ...block.chains, ...block.rules]) {
+    assert.ok(payload.includes(l), `in the full payload: ${l}`);
+    assert.doesNotMatch(l, /ns2\/other/, 'nothing of another Service');
+  }
+  // eTP Local with source ranges: external, firewall, cluster and local chains, then one KUBE-SEP per endpoint
+  assert.deepEqual(block.active.map((c) => c.replace(/-[A-Z0-9]{16}$/, '')), ['KUBE-EXT', 'KUBE-FW', 'KUBE-SVC', 'KUBE-SVL', 'KUBE-SEP', 'KUBE-SEP']);
+  const [ext, fw, svcChain] = block.active;
+  assert.ok(block.natTop.some((l) => l.startsWith('-A KUBE-SERVICES ') && l.includes('-d 1.2.3.4 ') && l.endsWith(`-j ${fw}`)), 'the LB IP goes through the firewall');
+  assert.ok(block.natTop.some((l) => l.startsWith('-A KUBE-SERVICES ') && l.includes('-d 172.30.0.41 ') && l.endsWith(`-j ${svcChain}`)), 'the cluster IP goes to the cluster-wide endpoints');
+  assert.ok(block.natTop.some((l) => l.startsWith('-A KUBE-NODEPORTS ') && l.includes('--dport 30041 ') && l.endsWith(`-j ${ext}`)), 'the NodePort goes to the external chain');
+  assert.ok(block.filter.some((l) => l.startsWith('-A KUBE-PROXY-FIREWALL ') && l.includes('-d 1.2.3.4 ') && l.endsWith('-j DROP')), 'what the firewall does not accept is dropped');
+  assert.deepEqual(renderServiceBlock(portOf(opts.node, sp, t.state.endpoints.get(sp.key)!), renderContext(t.state, opts)), block, 'the same view renders the same block');
+});
