@@ -96,11 +96,10 @@ function forwardRules(opts: IptablesOptions): string[] {
   return out;
 }
 
-function isLoopbackIP(ip: string): boolean {
-  return ip === '::1' || ip.startsWith('127.');
-}
-
-/** The NodePort catch-all: the last rule of nat KUBE-SERVICES. */
+/**
+ * The NodePort catch-all: the last rule of nat KUBE-SERVICES, on the node view's NodePort
+ * addresses (loopback among them only when localhost NodePorts are served: nodePortIPsFor).
+ */
 function nodePortCatchAll(opts: IptablesOptions): string[] {
   const isIPv6 = opts.family === 6;
   const last = `-A ${KUBE_SERVICES} -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain"`;
@@ -108,12 +107,7 @@ function nodePortCatchAll(opts: IptablesOptions): string[] {
     const dst = isIPv6 ? ' ! -d ::1/128' : opts.localhostNodePorts ? '' : ' ! -d 127.0.0.0/8';
     return [`${last} -m addrtype --dst-type LOCAL${dst} -j ${KUBE_NODEPORTS}`];
   }
-  const out: string[] = [];
-  for (const ip of opts.nodePorts.ips) {
-    if (isLoopbackIP(ip) && (isIPv6 || !opts.localhostNodePorts)) continue;
-    out.push(`${last} -d ${ip} -j ${KUBE_NODEPORTS}`);
-  }
-  return out;
+  return opts.nodePorts.ips.map((ip) => `${last} -d ${ip} -j ${KUBE_NODEPORTS}`);
 }
 
 /** What a strategy decides for one service port: its block, and whether its own chains are written. */
