@@ -39,7 +39,7 @@ import type { K8sService } from '../src/core/api.ts';
 import { silentLogger } from '../src/log.ts';
 import type { PlanInput } from '../src/core/nodeview.ts';
 import { getMode } from '../src/modes/registry.ts';
-import { ShardedNftProxier } from '../src/modes/nftables/sharded.ts';
+import { NftProxier } from '../src/modes/nftables/proxier.ts';
 import { dumpRuleset } from '../src/modes/nftables/ruleset.ts';
 import { optionsFromInput, planRuleset } from '../src/modes/nftables/plan.ts';
 import { expandSelection } from '../src/modes/nftables/selection.ts';
@@ -359,7 +359,7 @@ export async function nftScale(o: ScaleOptions, log: (l: string) => void): Promi
           const runner = new TimedRunner(ns, {}, o.timeoutS * 1000);
           // K forced to 1: this bench's floors and stream columns write into `ip kube-proxy`;
           // the sharded mode (from 1,000 Services) beside one table: bench/nft-sharded.ts
-          const proxier = new ShardedNftProxier({ runner, log: silentLogger(), shards: { threshold: Number.MAX_SAFE_INTEGER } });
+          const proxier = new NftProxier({ runner, log: silentLogger(), shards: { threshold: Number.MAX_SAFE_INTEGER } });
           runner.take();
           const t0 = performance.now();
           await proxier.sync(w.input('nftables'), new Set(), true);

@@ -17,7 +17,7 @@ import { parseArgs } from 'node:util';
 import os from 'node:os';
 import { buildNodeView } from '../src/core/nodeview.ts';
 import { silentLogger } from '../src/log.ts';
-import { ShardedNftProxier } from '../src/modes/nftables/sharded.ts';
+import { NftProxier } from '../src/modes/nftables/proxier.ts';
 import { execMs, isWrite, Namespaces, TimedRunner } from './netns.ts';
 import { ScaleWorkload } from './nft-scale.ts';
 import { fmtMs, median } from './report.ts';
@@ -60,7 +60,7 @@ export async function nftSharded(o: Options, log: (l: string) => void): Promise<
           const ns = await nss.create('ks');
           try {
             const runner = new TimedRunner(ns, {}, o.timeoutS * 1000);
-            const proxier = new ShardedNftProxier({ runner, log: silentLogger(), shards: v.shards });
+            const proxier = new NftProxier({ runner, log: silentLogger(), shards: v.shards });
             // the node view as the controller builds it (planInput): full, then per change
             // incremental (the sharded proxier takes the Service count and each changed
             // Service's ports from it)

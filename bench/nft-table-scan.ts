@@ -16,7 +16,7 @@ import { runChecked } from '../src/kernel/runner.ts';
 import { silentLogger } from '../src/log.ts';
 import { kubeProxyTableNames } from '../src/modes/nftables/names.ts';
 import { mode } from '../src/modes/nftables/index.ts';
-import { ShardedNftProxier } from '../src/modes/nftables/sharded.ts';
+import { NftProxier } from '../src/modes/nftables/proxier.ts';
 import { Namespaces, TimedRunner } from './netns.ts';
 import { fmtMs, median } from './stats.ts';
 import { benchConfig, clusterIPOf, Workload } from './workload.ts';
@@ -75,7 +75,7 @@ async function measure(n: number): Promise<Row> {
     }
     // a restarted kproxy: a new proxier's first full sync over the tables already there
     runner.take();
-    const proxier = new ShardedNftProxier({ runner, log: silentLogger() });
+    const proxier = new NftProxier({ runner, log: silentLogger() });
     const t1 = performance.now();
     await proxier.sync(w.input(), w.serviceKeys, true);
     const restartSyncMs = performance.now() - t1;

@@ -18,7 +18,7 @@ import { optionsFromInput } from '../../src/modes/nftables/plan.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { planShards, serviceCount, ShardStates, splitState } from '../../src/modes/nftables/shards.ts';
 import { shardOf } from '../../src/modes/nftables/names.ts';
-import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { silentLogger } from '../../src/log.ts';
 import { tracker } from '../iptables/helpers.ts';
 import type { ProxyStateTracker } from '../../src/core/tracker.ts';
@@ -131,7 +131,7 @@ test('random changes, reshards included: the incremental view and the tables\' s
     fc.asyncProperty(fc.array(fc.record({ ops: fc.array(op, { minLength: 1, maxLength: 3 }), fail: fc.boolean() }), { minLength: 1, maxLength: 25 }), async (seq) => {
       const t = tracker(4, NODE);
       const runner = new AcceptingRunner();
-      const proxier = new ShardedNftProxier({ runner, log: silentLogger(), shards: SHARDS });
+      const proxier = new NftProxier({ runner, log: silentLogger(), shards: SHARDS });
       let view = buildNodeView(inputOf(t));
       await proxier.sync({ ...inputOf(t), view }, new Set(), true);
       let pending = new Set<string>();
@@ -160,8 +160,8 @@ test('random changes, reshards included: the incremental view and the tables\' s
         // each table the proxier keeps = the table planned from scratch for its share of the state
         const k = proxier.shardCount;
         const want = planShards(t.state, optionsFromInput(inputOf(t)), k).map(dumpRuleset);
-        assert.equal(proxier.shardProxiers().length, want.length);
-        proxier.shardProxiers().forEach((p, i) => assert.equal(p.dump(), want[i], `step ${s}: table ${p.table} (K=${k})`));
+        assert.equal(proxier.tableWriters().length, want.length);
+        proxier.tableWriters().forEach((p, i) => assert.equal(p.dump(), want[i], `step ${s}: table ${p.table} (K=${k})`));
       }
     }),
     { numRuns: 100, seed: 20261204 },

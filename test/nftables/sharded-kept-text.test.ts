@@ -11,7 +11,7 @@ import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { MAX_KEPT_TRANSACTION_CHARS } from '../../src/modes/nftables/proxier.ts';
-import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { nodePortService, numberedSlice } from '../support/builders.ts';
 
 function emptyKernel(applied: string[]): CommandRunner {
@@ -38,14 +38,14 @@ test('a big successful transaction is not kept; a small one is', async () => {
   const shards = { threshold: 100, perTable: 100, maxTables: 4 };
   const big = input(3000);
   const applied: string[] = [];
-  const p = new ShardedNftProxier({ runner: emptyKernel(applied), log: silentLogger(), shards });
+  const p = new NftProxier({ runner: emptyKernel(applied), log: silentLogger(), shards });
   await p.sync(big.input, big.keys, true);
   assert.equal(p.tables().length, 4);
   assert.equal(applied.length, 1, 'one transaction');
   assert.ok(applied[0].length > MAX_KEPT_TRANSACTION_CHARS, `the full sync's text is big (${applied[0].length} chars)`);
   assert.equal(p.lastTransactionText(), '', 'not kept after success');
   const small = input(2);
-  const q = new ShardedNftProxier({ runner: emptyKernel([]), log: silentLogger(), shards });
+  const q = new NftProxier({ runner: emptyKernel([]), log: silentLogger(), shards });
   await q.sync(small.input, small.keys, true);
   assert.match(q.lastTransactionText(), /^add table ip kube-proxy /m, 'a small one is kept');
 });

@@ -1,5 +1,5 @@
 // nftables mode: one private `kube-proxy` table per IP family (from 1,000 Services the
-// Services spread over `kube-proxy-<n>` tables, sharded.ts), written as one `nft -f`
+// Services spread over `kube-proxy-<n>` tables, shards.ts), written as one `nft -f`
 // transaction per sync. Planner (plan.ts), text (ruleset.ts), tracer (trace.ts) are pure;
 // the proxier (proxier.ts) applies through the nft executor (src/kernel/nft/exec.ts).
 import type { ConformanceAdapter } from '../../conformance/case.ts';
@@ -13,7 +13,7 @@ import type { PlanInput } from '../../core/nodeview.ts';
 import { nftablesConformance } from './conformance.ts';
 import { kubeProxyTableNames, TABLE } from './names.ts';
 import { optionsFromInput } from './plan.ts';
-import { ShardedNftProxier } from './sharded.ts';
+import { NftProxier } from './proxier.ts';
 import { dumpRuleset } from './ruleset.ts';
 import { traceNft, traceTables } from './trace.ts';
 import { planShardedRulesets, type ShardOptions } from './shards.ts';
@@ -43,8 +43,8 @@ async function createProxier(deps: ModeDeps): Promise<Proxier> {
       throw new ExecError('KPROXY_EXEC_FAILED', `nft cannot create the ip6 ${TABLE} table: ${r.stderr.trim()}; load nf_tables with IPv6 support (or disable IPv6)`, r);
     }
   }
-  // K = 1 (upstream's single `kube-proxy` table) below 1,000 Services; sharded above (sharded.ts).
-  return new ShardedNftProxier({ runner: deps.runner, log: deps.log });
+  // K = 1 (upstream's single `kube-proxy` table) below 1,000 Services; several above (shards.ts chooseTables).
+  return new NftProxier({ runner: deps.runner, log: deps.log });
 }
 
 /** Removes every kube-proxy table of ip and ip6: `kube-proxy` and the shards' `kube-proxy-<n>` (names.ts isKubeProxyTable), nothing else. */
