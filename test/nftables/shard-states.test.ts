@@ -6,14 +6,14 @@
 //     no-local-endpoint counts, the health checks, the stale flows;
 //   - the sharded proxier's per-table states (ShardStates, updated per changed Service) =
 //     splitState of the whole state, and each table it plans = planShards of the state from
-//     scratch (the mode's tables for that K) (no kernel: a runner that accepts every transaction).
+//     scratch (the mode's tables for that K) (the kernel: the nft fake).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { buildNodeView, revertView, type NodeView, type PlanInput } from '../../src/core/nodeview.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { resolveConfig } from '../../src/config/config.ts';
-import type { CommandRunner, RunOptions, RunResult } from '../../src/kernel/runner.ts';
+import { FakeNft } from '../../src/kernel/nft/fake.ts';
 import { optionsFromInput } from '../../src/modes/nftables/plan.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { planShards, serviceCount, ShardStates, splitState } from '../../src/modes/nftables/shards.ts';
@@ -29,16 +29,6 @@ const config = resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' }
 const inputOf = (t: ProxyStateTracker): PlanInput => ({ state: t.state, config, node: { nodeName: NODE, nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 } });
 const SHARDS = { threshold: 6, perTable: 3, maxTables: 4 };
 const SERVICES = 14;
-
-/** Accepts every command: `nft list table` finds no table, everything else succeeds with no output. */
-class AcceptingRunner implements CommandRunner {
-  transactions = 0;
-  async run(cmd: string, args: string[], _opts?: RunOptions): Promise<RunResult> {
-    if (cmd === 'nft' && args[0] === 'list' && args[1] === 'table') return { code: 1, stdout: '', stderr: 'Error: No such file or directory' };
-    if (cmd === 'nft' && args[0] === '-f') this.transactions++;
-    return { code: 0, stdout: '', stderr: '' };
-  }
-}
 
 interface SvcShape {
   ports: number;
@@ -130,7 +120,7 @@ test('random changes, reshards included: the incremental view and the tables\' s
   await fc.assert(
     fc.asyncProperty(fc.array(fc.record({ ops: fc.array(op, { minLength: 1, maxLength: 3 }), fail: fc.boolean() }), { minLength: 1, maxLength: 25 }), async (seq) => {
       const t = tracker(4, NODE);
-      const runner = new AcceptingRunner();
+      const runner = new FakeNft();
       const proxier = new NftProxier({ runner, log: silentLogger(), shards: SHARDS });
       let view = buildNodeView(inputOf(t));
       await proxier.sync({ ...inputOf(t), view }, new Set(), true);

@@ -95,6 +95,8 @@ export interface FakeNftOptions {
   refuse?: (line: string) => string | null;
   /** report at most this many refused lines per transaction (as iptables-restore, which stops at the first) */
   maxErrors?: number;
+  /** the families the kernel's nf_tables supports (default ip, ip6, inet); another is "Operation not supported" */
+  families?: string[];
 }
 
 export class FakeNft implements CommandRunner {
@@ -152,6 +154,7 @@ export class FakeNft implements CommandRunner {
   private command(t: Map<string, FakeTable>, w: string[]): void {
     const [verb, obj, family, name] = w;
     if (!['add', 'create', 'flush', 'delete'].includes(verb) || !family || !name) throw new Refused(`syntax error, unexpected ${w.slice(0, 2).join(' ')}`);
+    if (!(this.opts.families ?? ['ip', 'ip6', 'inet']).includes(family)) throw new Refused('Could not process rule: Operation not supported');
     if (obj === 'table') return this.tableCommand(t, verb, family, name, w);
     const tb = t.get(`${family} ${name}`);
     if (!tb) throw new Refused(ENOENT);
