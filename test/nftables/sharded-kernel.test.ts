@@ -20,11 +20,10 @@ import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { parseNftText } from '../../src/modes/nftables/parse.ts';
-import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { shardOf } from '../../src/modes/nftables/names.ts';
-import { kubeProxyTables } from '../../src/modes/nftables/trace.ts';
+import { FakeNft } from '../../src/kernel/nft/fake.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
+import { kernelTables } from '../support/nft-retired.ts';
 import { chooseTables, DEFAULT_SHARDS } from '../../src/modes/nftables/shards.ts';
 import { uniqueName } from '../support/netns.ts';
 import { nsRunner, startReadyServer } from './objects.ts';
@@ -163,9 +162,8 @@ async function tables(ns: string): Promise<string[]> {
 }
 
 /** Every table of the namespace: "family name" → sorted dump lines. */
-async function contents(ns: string): Promise<Map<string, string[]>> {
-  const r = await runChecked(nsRunner(ns), 'nft', ['list', 'ruleset'], { timeoutMs: 20_000 });
-  return new Map([...parseNftText(r.stdout)].map(([k, rs]) => [k, dumpRuleset(rs).split('\n').filter(Boolean).sort()]));
+function contents(ns: string): Promise<Map<string, string[]>> {
+  return kernelTables(nsRunner(ns));
 }
 
 before(async () => {
@@ -286,14 +284,16 @@ test('partial syncs write only the changed Services\' tables; after them the ker
   const got = await contents(NS.node);
   assert.deepEqual([...got.keys()].sort(), ['ip kube-proxy-0', 'ip kube-proxy-1', 'ip kube-proxy-2', 'ip kube-proxy-3']);
   assert.deepEqual(tableDiff(got, await contents(NS.fresh)), [], 'the kernel equals a fresh full sync\'s');
-  // the rule dump holds every table, each as a fresh full sync's
-  const dumped = kubeProxyTables(proxier.dump(), 'ip');
-  const freshDump = new Map(kubeProxyTables(fresh.dump(), 'ip').map((rs) => [rs.table, dumpRuleset(rs).split('\n').filter(Boolean).sort()]));
-  assert.deepEqual(dumped.map((rs) => rs.table), ['kube-proxy-0', 'kube-proxy-1', 'kube-proxy-2', 'kube-proxy-3']);
-  for (const rs of dumped) {
-    const lines = dumpRuleset(rs).split('\n').filter(Boolean).sort();
-    assert.ok(lines.some((l) => /-shd\//.test(l)), `dump of ${rs.table} holds Services`);
-    assert.deepEqual(lines, freshDump.get(rs.table), `dump of ${rs.table}`);
+  // the rule dump holds every table, each as a fresh full sync's (both applied to the nft fake)
+  const dumped = new FakeNft();
+  const freshDump = new FakeNft();
+  assert.equal((await dumped.run('nft', ['-f', '-'], { input: proxier.dump() })).code, 0);
+  assert.equal((await freshDump.run('nft', ['-f', '-'], { input: fresh.dump() })).code, 0);
+  assert.deepEqual(dumped.tableNames(), ['ip kube-proxy-0', 'ip kube-proxy-1', 'ip kube-proxy-2', 'ip kube-proxy-3']);
+  for (const t of proxier.tables()) {
+    const lines = (dumped.dump('ip', t) ?? '').split('\n').sort();
+    assert.ok(lines.some((l) => /-shd\//.test(l)), `dump of ${t} holds Services`);
+    assert.deepEqual(lines, (freshDump.dump('ip', t) ?? '').split('\n').sort(), `dump of ${t}`);
   }
   // and a full sync then changes nothing
   await proxier.sync(input, new Set(), true);

@@ -12,12 +12,11 @@ import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { hostRunner, runChecked } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { parseNftText } from '../../src/modes/nftables/parse.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
-import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { fullTransaction } from '../../src/modes/nftables/transaction.ts';
 import { renderOps } from '../../src/kernel/nft/model.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
+import { kernelTables } from '../support/nft-retired.ts';
 import { uniqueName } from '../support/netns.ts';
 import { nsRunner } from './objects.ts';
 import { clientIPAffinity, nodePortService, numberedSlice } from '../support/builders.ts';
@@ -31,9 +30,8 @@ const TWO = { threshold: 1, perTable: 100, maxTables: 2 };
 const TWO_TABLES = ['ip kube-proxy-0', 'ip kube-proxy-1'];
 
 /** Every table of the namespace as "family name" → sorted dump lines. */
-async function tables(ns: string): Promise<Map<string, string[]>> {
-  const r = await runChecked(nsRunner(ns), 'nft', ['list', 'ruleset'], { timeoutMs: 20_000 });
-  return new Map([...parseNftText(r.stdout)].map(([k, rs]) => [k, dumpRuleset(rs).split('\n').filter(Boolean).sort()]));
+function tables(ns: string): Promise<Map<string, string[]>> {
+  return kernelTables(nsRunner(ns));
 }
 
 before(async () => {
