@@ -114,7 +114,8 @@ const SPEC: Spec = {
     tcpFinTimeout: 'duration',
     udpTimeout: 'duration',
   },
-  nftables: { masqueradeBit: 'int32', masqueradeAll: 'bool', syncPeriod: 'duration', minSyncPeriod: 'duration' },
+  // tables (kproxy): "auto" or a number, checked by nftablesTables
+  nftables: { masqueradeBit: 'int32', masqueradeAll: 'bool', syncPeriod: 'duration', minSyncPeriod: 'duration', tables: 'any' },
   winkernel: { networkName: 'string', sourceVip: 'string', enableDSR: 'bool', rootHnsEndpointName: 'string', forwardHealthCheckVip: 'bool' },
   detectLocalMode: 'string',
   detectLocal: { bridgeInterface: 'string', interfaceNamePrefix: 'string' },
@@ -169,7 +170,7 @@ export interface RawConfig {
     tcpFinTimeout?: Duration;
     udpTimeout?: Duration;
   };
-  nftables?: { masqueradeBit?: number | null; masqueradeAll?: boolean; syncPeriod?: Duration; minSyncPeriod?: Duration };
+  nftables?: { masqueradeBit?: number | null; masqueradeAll?: boolean; syncPeriod?: Duration; minSyncPeriod?: Duration; tables?: unknown };
   winkernel?: { networkName?: string; sourceVip?: string; enableDSR?: boolean; rootHnsEndpointName?: string; forwardHealthCheckVip?: boolean };
   detectLocalMode?: string;
   detectLocal?: { bridgeInterface?: string; interfaceNamePrefix?: string };
@@ -323,6 +324,12 @@ export interface ProxyConfig {
     syncPeriodMs: number;
     minSyncPeriodMs: number;
   };
+  /**
+   * kproxy: how many tables the nftables mode spreads the Services over: "auto" (one below
+   * 1,000 Services, more above: src/modes/nftables/shards.ts) or always n (1: upstream's one
+   * `kube-proxy` table)
+   */
+  nftables: { tables: NftablesTables };
   featureGates: Record<string, boolean>;
   clientConnection: { kubeconfig: string; contentType: string; acceptContentTypes: string; qps: number; burst: number };
   /** logging.verbosity (klog's -v) and logging.format */
@@ -576,6 +583,18 @@ function notApplicableWarnings(raw: RawConfig, mode: ModeName, warn: ConfigWarn)
   if (raw.udpIdleTimeout !== undefined && ms(raw.udpIdleTimeout) !== 0 && mode !== 'userspace') warn('udpIdleTimeout: used by the userspace mode only; ignored in ' + mode + ' mode');
 }
 
+export type NftablesTables = 'auto' | number;
+
+/** The most tables `nftables.tables` may ask for: the shard table names kproxy owns and cleans up (src/modes/nftables/names.ts SHARD_TABLE_NAMES). */
+export const NFTABLES_TABLES_MAX = 64;
+
+/** `nftables.tables`: "auto" (the default) or a whole number of tables from 1 to NFTABLES_TABLES_MAX. */
+function nftablesTables(v: unknown): NftablesTables {
+  if (v === undefined || v === null || v === 'auto') return 'auto';
+  if (typeof v === 'number' && Number.isInteger(v) && v >= 1 && v <= NFTABLES_TABLES_MAX) return v;
+  throw new ConfigError('nftables.tables', `want "auto" or a whole number of tables from 1 to ${NFTABLES_TABLES_MAX}, got ${typeName(v)}`);
+}
+
 /**
  * Applies upstream's defaults and the flags, validates, and returns the effective config.
  * `warn` receives a line per unknown field and per field that does not apply here.
@@ -714,6 +733,7 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
     udpIdleTimeoutMs,
     configSyncPeriodMs,
     ipvs,
+    nftables: { tables: nftablesTables(raw.nftables?.tables) },
     featureGates: raw.featureGates ?? {},
     clientConnection,
     logging: { format, verbosity },
@@ -765,7 +785,8 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
     logging: { flushFrequency: raw.logging?.flushFrequency || '5s', format, options: { json: { infoBufferSize: '0' }, text: { infoBufferSize: '0' } }, verbosity },
     metricsBindAddress,
     mode,
-    nftables: { masqueradeAll: mode === 'nftables' ? masqueradeAll : raw.nftables?.masqueradeAll ?? false, masqueradeBit: nftBit, ...nftSync },
+    // tables only when given: upstream's strict decoding refuses a field it does not know
+    nftables: { masqueradeAll: mode === 'nftables' ? masqueradeAll : raw.nftables?.masqueradeAll ?? false, masqueradeBit: nftBit, ...nftSync, ...(raw.nftables?.tables !== undefined ? { tables: cfg.nftables.tables } : {}) },
     nodePortAddresses: nodePortAddresses.length ? nodePortAddresses : mode === 'nftables' ? ['primary'] : null,
     oomScoreAdj,
     portRange: raw.portRange ?? '',

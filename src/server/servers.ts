@@ -242,6 +242,7 @@ export class Metrics {
   private readonly iptablesLast?: client.Gauge<'ip_family' | 'table'>;
   private readonly nftSyncFailures?: client.Counter<'ip_family'>;
   private readonly nftCleanupFailures?: client.Counter<'ip_family'>;
+  private readonly nftTables?: client.Gauge<'ip_family'>;
 
   // ---- kproxy's own (kproxy_*) ----
   private readonly failures = new client.Counter({ name: 'kproxy_sync_failures_total', help: 'Syncs that failed (the previous rules stayed in place)', registers: [this.registry] });
@@ -276,6 +277,7 @@ export class Metrics {
     if (this.has('nftables')) {
       this.nftSyncFailures = new client.Counter({ name: 'kubeproxy_sync_proxy_rules_nftables_sync_failures_total', help: 'Cumulative proxy nftables sync failures', labelNames: ['ip_family'], registers });
       this.nftCleanupFailures = new client.Counter({ name: 'kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total', help: 'Cumulative proxy nftables cleanup failures', labelNames: ['ip_family'], registers });
+      this.nftTables = new client.Gauge({ name: 'kproxy_nftables_tables', help: 'Number of nftables tables the Services are spread over (1: upstream\'s kube-proxy table)', labelNames: ['ip_family'], registers });
     }
     if (opts.processMetrics !== false) client.collectDefaultMetrics({ register: this.registry });
   }
@@ -389,6 +391,7 @@ export class Metrics {
       this.iptablesLast?.set({ ip_family, table }, n.written);
     }
     if (f.stats?.cleanupFailures) this.nftCleanupFailures?.inc(labels, f.stats.cleanupFailures);
+    if (f.stats?.tables !== undefined) this.nftTables?.set(labels, f.stats.tables);
   }
 
   /** every metric name this registry exports (the dashboard test checks its queries against it) */

@@ -29,7 +29,7 @@ export { runShardedCase } from './conformance-sharded.ts';
 /** The table as it would be applied for this state (knftables dump form; valid `nft -f` input). */
 function render(input: PlanInput): string {
   // from 1,000 Services the mode writes several tables (shards.ts): all of them, in order
-  return planShardedRulesets(input.state, optionsFromInput(input)).map(dumpRuleset).join('');
+  return planShardedRulesets(input.state, optionsFromInput(input), { tables: input.config.nftables?.tables }).map(dumpRuleset).join('');
 }
 
 async function createProxier(deps: ModeDeps): Promise<Proxier> {
@@ -44,7 +44,7 @@ async function createProxier(deps: ModeDeps): Promise<Proxier> {
     }
   }
   // K = 1 (upstream's single `kube-proxy` table) below 1,000 Services; several above (shards.ts chooseTables).
-  return new NftProxier({ runner: deps.runner, log: deps.log });
+  return new NftProxier({ runner: deps.runner, log: deps.log, shards: { tables: deps.config.nftables?.tables } });
 }
 
 /** Removes every kube-proxy table of ip and ip6: `kube-proxy` and the shards' `kube-proxy-<n>` (names.ts isKubeProxyTable), nothing else. */
@@ -117,7 +117,7 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
 export function tracePlanned(req: TraceRequest, shards?: ShardOptions): TraceResult & { tables: string[] } {
   if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'a planned trace needs --manifests (or use --live)');
   const pkt = { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port };
-  const tables = planShardedRulesets(req.input.state, optionsFromInput(req.input), shards);
+  const tables = planShardedRulesets(req.input.state, optionsFromInput(req.input), { tables: req.input.config.nftables?.tables, ...shards });
   const r = traceTables(tables, pkt, { localIPs: req.input.node.nodeIPs });
   return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)], tables: tables.map((t) => t.table) };
 }

@@ -115,9 +115,10 @@ export class NftProxier implements Proxier {
     const n = input.view ? input.view.servicePorts.size : serviceCount(input.state, input.node.family);
     const k = chooseTables(n, this.writers.length, this.shardOpts);
     if (k === this.writers.length) return false;
-    if (this.writers.length) {
-      this.reshards++;
-      this.log.info({ services: n, from: this.writers.length, to: k }, `nftables: spreading the Services over ${k} table(s)`);
+    if (this.writers.length) this.reshards++;
+    // once per change of K, and at the start only when the Services are spread over several tables
+    if (k > 1 || this.writers.length > 1) {
+      this.log.info({ family, services: n, from: this.writers.length, tables: k }, `nftables: the ${family} Services are spread over ${k} table(s)`);
     }
     const { runner: _runner, log: _log, shards: _shards, ...retire } = this.opts;
     this.writers = shardTables(k).map((t) => new TableWriter(family, t, this.exec, this.log, retire));
@@ -295,7 +296,7 @@ export class NftProxier implements Proxier {
 
   /** Each written table's bookkeeping, and the sync's statistics. */
   private async commitTables(prepared: Map<number, PreparedSync>, drop: string[]): Promise<SyncStats> {
-    const stats: SyncStats = { rulesWritten: drop.length, rulesTotal: 0 };
+    const stats: SyncStats = { rulesWritten: drop.length, rulesTotal: 0, tables: this.writers.length };
     const diffs: string[] = [];
     for (const [i, x] of prepared) {
       const s = await this.writers[i].commit(x);

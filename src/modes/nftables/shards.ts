@@ -14,23 +14,30 @@ export interface ShardOptions {
   perTable?: number;
   /** at most this many tables (default 16: every new connection walks every table's base chains) */
   maxTables?: number;
+  /** the configuration's nftables.tables: "auto" (this rule) or always that many tables */
+  tables?: 'auto' | number;
 }
 
-export const DEFAULT_SHARDS: Required<ShardOptions> = { threshold: 1000, perTable: 600, maxTables: 16 };
+/** The rule's thresholds, all given, and the configured number of tables, if any. */
+export type ShardRule = Required<Omit<ShardOptions, 'tables'>> & Pick<ShardOptions, 'tables'>;
+
+export const DEFAULT_SHARDS: Required<ShardOptions> = { threshold: 1000, perTable: 600, maxTables: 16, tables: 'auto' };
 
 /** The number of tables for n Services from scratch. */
-function targetTables(n: number, o: Required<ShardOptions>): number {
+function targetTables(n: number, o: ShardRule): number {
   if (n < o.threshold || o.maxTables <= 1) return 1;
   return Math.min(o.maxTables, Math.max(2, Math.ceil(n / o.perTable)));
 }
 
 /**
  * The number of tables K for n Services: the one rule render, trace and the proxier share.
+ * A number in the configuration (nftables.tables) is K whatever n; "auto" is this rule.
  * `current` is K now (0: a fresh start, which gets what render gets). Hysteresis, so K does
  * not flap around a boundary: up to K > 1 at the threshold, back to 1 only below 80 % of it;
  * in between a change only when the target is at least 1.5× or at most half the current K.
  */
-export function chooseTables(n: number, current: number, o: Required<ShardOptions>): number {
+export function chooseTables(n: number, current: number, o: ShardRule): number {
+  if (o.tables !== undefined && o.tables !== 'auto') return o.tables;
   const t = targetTables(n, o);
   if (current <= 1) return t;
   if (n < o.threshold * 0.8 || o.maxTables <= 1) return 1;
