@@ -202,11 +202,17 @@ export class NftProxier implements Proxier {
    * does not parse: each table then lists itself.
    */
   private async liveNamesOf(family: NftFamily, tables: string[]): Promise<Map<string, LiveNames> | null> {
-    let parsed: ReturnType<typeof parseNftText>;
+    let text: string;
     try {
-      parsed = parseNftText(await this.exec.listNames(family));
+      text = await this.exec.listNames(family);
     } catch (e) {
       this.log.warn({ family, err: (e as Error).message }, 'nftables: listing the chain and set names failed; listing each table instead');
+      return null;
+    }
+    let parsed: ReturnType<typeof parseNftText>;
+    try {
+      parsed = parseNftText(text);
+    } catch {
       return null;
     }
     const out = new Map<string, LiveNames>();
