@@ -7,7 +7,7 @@
 // An import never runs back up, and no two files import each other, however indirectly.
 
 /** A mode's host side: what applies a plan to the kernel, or forwards packets itself. */
-const MODE_HOST = '^src/modes/([^/]+/(index|proxier|sharded|cleanup)\\.ts$|userspace/dataplane/|nftables/localhost-nodeports\\.ts$|(registry|types|skipped-vips)\\.ts$)';
+const MODE_HOST = '^src/modes/([^/]+/(index|proxier|table|cleanup)\\.ts$|userspace/dataplane/|nftables/localhost-nodeports\\.ts$|(registry|types|skipped-vips)\\.ts$)';
 /** A kernel tool's pure part: its objects and their text forms. */
 const KERNEL_MODEL = '^src/kernel/([^/]+/model|iptables/(tokenize|save|parse))\\.ts$';
 const PURE_PATHS = `^src/(core|modes)/|^src/config/(config|feature-gates)\\.ts$|${KERNEL_MODEL}|^src/errors\\.ts$`;

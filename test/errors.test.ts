@@ -33,8 +33,7 @@ import { silentLogger, type Logger } from '../src/log.ts';
 import { KubeConfig } from '@kubernetes/client-node';
 import { ResilientInformer, resolveBackoff } from '../src/sources/k8s-informer.ts';
 import { NftProxier } from '../src/modes/nftables/proxier.ts';
-import { parseKubeProxyTable } from '../src/modes/nftables/parse.ts';
-import { dumpRuleset } from '../src/modes/nftables/ruleset.ts';
+import { FakeNft } from '../src/kernel/nft/fake.ts';
 import { planInput, slice, svc, testConfig } from './userspace/helpers.ts';
 
 const root = resolve(import.meta.dirname, '..');
@@ -178,20 +177,8 @@ const TRIGGERS: Partial<Record<ErrorCode, () => Promise<ErrorCode | string | und
     }),
   KPROXY_NFT_STALE_CHAINS: () =>
     loggedCode('KPROXY_NFT_STALE_CHAINS', async (log) => {
-      // nft as a kernel that applies every transaction but the one deleting retired chains
-      const applied: string[] = [];
-      const nft: CommandRunner = {
-        run: async (_cmd, args, opts = {}) => {
-          if (args[0] === '--version') return { code: 0, stdout: 'nftables v1.0.6', stderr: '' };
-          if (args[0] === '-f') {
-            if (/^delete chain/m.test(opts.input ?? '')) return { code: 1, stdout: '', stderr: 'Error: Device or resource busy' };
-            applied.push(opts.input ?? '');
-            return { code: 0, stdout: '', stderr: '' };
-          }
-          if (applied.length === 0) return { code: 1, stdout: '', stderr: 'Error: No such file or directory' };
-          return { code: 0, stdout: dumpRuleset(parseKubeProxyTable(applied.join(''), 'ip')), stderr: '' };
-        },
-      };
+      // the nft fake, refusing (as a busy kernel) only the transaction deleting retired chains
+      const nft = new FakeNft({ refuse: (l) => (l.startsWith('delete chain') ? 'Could not process rule: Device or resource busy' : null) });
       const p = new NftProxier({ runner: nft, log, staleChainDelayMs: 0 });
       const objects = [svc('web', { clusterIP: '172.30.0.41', ports: [{ port: 80 }] }), slice('web', [{ ip: '10.180.0.1' }], [{ port: 8080 }])];
       await p.sync(planInput(objects), new Set(['ns/web']), true);

@@ -115,7 +115,8 @@ export const SPEC: Spec = {
     tcpFinTimeout: 'duration',
     udpTimeout: 'duration',
   },
-  nftables: { masqueradeBit: 'int32', masqueradeAll: 'bool', syncPeriod: 'duration', minSyncPeriod: 'duration' },
+  // tables (kproxy): "auto" or a number, checked by nftablesTables
+  nftables: { masqueradeBit: 'int32', masqueradeAll: 'bool', syncPeriod: 'duration', minSyncPeriod: 'duration', tables: 'any' },
   winkernel: { networkName: 'string', sourceVip: 'string', enableDSR: 'bool', rootHnsEndpointName: 'string', forwardHealthCheckVip: 'bool' },
   detectLocalMode: 'string',
   detectLocal: { bridgeInterface: 'string', interfaceNamePrefix: 'string' },
@@ -170,7 +171,7 @@ export interface RawConfig {
     tcpFinTimeout?: Duration;
     udpTimeout?: Duration;
   };
-  nftables?: { masqueradeBit?: number | null; masqueradeAll?: boolean; syncPeriod?: Duration; minSyncPeriod?: Duration };
+  nftables?: { masqueradeBit?: number | null; masqueradeAll?: boolean; syncPeriod?: Duration; minSyncPeriod?: Duration; tables?: unknown };
   winkernel?: { networkName?: string; sourceVip?: string; enableDSR?: boolean; rootHnsEndpointName?: string; forwardHealthCheckVip?: boolean };
   detectLocalMode?: string;
   detectLocal?: { bridgeInterface?: string; interfaceNamePrefix?: string };
@@ -329,6 +330,12 @@ export interface ProxyConfig {
     syncPeriodMs: number;
     minSyncPeriodMs: number;
   };
+  /**
+   * kproxy: how many tables the nftables mode spreads the Services over: "auto" (one below
+   * 1,000 Services, more above: src/modes/nftables/shards.ts) or always n (1: upstream's one
+   * `kube-proxy` table)
+   */
+  nftables: { tables: NftablesTables };
   featureGates: Record<string, boolean>;
   clientConnection: { kubeconfig: string; contentType: string; acceptContentTypes: string; qps: number; burst: number };
   /** logging.verbosity (klog's -v) and logging.format */
@@ -589,6 +596,18 @@ function notApplicableWarnings(raw: RawConfig, mode: ModeName, warn: ConfigWarn)
   if (raw.udpIdleTimeout !== undefined && ms(raw.udpIdleTimeout) !== 0 && mode !== 'userspace') warn('udpIdleTimeout: used by the userspace mode only; ignored in ' + mode + ' mode');
 }
 
+export type NftablesTables = 'auto' | number;
+
+/** The most tables `nftables.tables` may ask for: the shard table names kproxy owns and cleans up (src/modes/nftables/names.ts SHARD_TABLE_NAMES). */
+export const NFTABLES_TABLES_MAX = 64;
+
+/** `nftables.tables`: "auto" (the default) or a whole number of tables from 1 to NFTABLES_TABLES_MAX. */
+function nftablesTables(v: unknown): NftablesTables {
+  if (v === undefined || v === null || v === 'auto') return 'auto';
+  if (typeof v === 'number' && Number.isInteger(v) && v >= 1 && v <= NFTABLES_TABLES_MAX) return v;
+  throw new ConfigError('nftables.tables', `want "auto" or a whole number of tables from 1 to ${NFTABLES_TABLES_MAX}, got ${typeName(v)}`);
+}
+
 function modeField(raw: RawConfig, flags: ConfigFlags): ModeName {
   const modeText = flags.mode ?? raw.mode ?? '';
   const mode = (modeText === '' ? 'iptables' : modeText) as ModeName;
@@ -784,7 +803,8 @@ function v1alpha1Of(raw: RawConfig, cfg: Omit<ProxyConfig, 'v1alpha1'>, given: A
     logging: { flushFrequency: raw.logging?.flushFrequency || '5s', format: cfg.logging.format, options: { json: { infoBufferSize: '0' }, text: { infoBufferSize: '0' } }, verbosity: cfg.logging.verbosity },
     metricsBindAddress: cfg.metricsBindAddress,
     mode,
-    nftables: { masqueradeAll: mode === 'nftables' ? cfg.masqueradeAll : raw.nftables?.masqueradeAll ?? false, masqueradeBit: given.nftBit, ...nftSync },
+    // tables only when given: upstream's strict decoding refuses a field it does not know
+    nftables: { masqueradeAll: mode === 'nftables' ? cfg.masqueradeAll : raw.nftables?.masqueradeAll ?? false, masqueradeBit: given.nftBit, ...nftSync, ...(raw.nftables?.tables !== undefined ? { tables: cfg.nftables.tables } : {}) },
     nodePortAddresses: cfg.nodePortAddresses.length ? cfg.nodePortAddresses : mode === 'nftables' ? ['primary'] : null,
     oomScoreAdj: cfg.oomScoreAdj,
     portRange: raw.portRange ?? '',
@@ -837,6 +857,7 @@ export function resolveConfig(input: RawConfig = {}, flags: ConfigFlags = {}, wa
     udpIdleTimeoutMs,
     configSyncPeriodMs: proc.configSyncPeriodMs,
     ipvs,
+    nftables: { tables: nftablesTables(raw.nftables?.tables) },
     featureGates: raw.featureGates ?? {},
     clientConnection,
     logging: proc.logging,

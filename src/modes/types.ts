@@ -29,6 +29,8 @@ export interface SyncStats {
   rulesByTable?: Record<string, { total: number; written: number }>;
   /** stale-object deletions that failed in this sync and are retried (nftables: upstream's nftables_cleanup_failures_total) */
   cleanupFailures?: number;
+  /** the nftables mode: how many tables hold the Services (kproxy_nftables_tables) */
+  tables?: number;
 }
 
 export interface Proxier {

@@ -245,6 +245,7 @@ export class Metrics {
   private readonly lnpListeners?: client.Gauge<'ip_family'>;
   private readonly lnpFailures?: client.Counter<'ip_family'>;
   private readonly lnpFailuresSeen = new Map<string, number>();
+  private readonly nftTables?: client.Gauge<'ip_family'>;
 
   // ---- kproxy's own (kproxy_*) ----
   private readonly failures = new client.Counter({ name: 'kproxy_sync_failures_total', help: 'Syncs that failed (the previous rules stayed in place)', registers: [this.registry] });
@@ -282,6 +283,7 @@ export class Metrics {
       // upstream pkg/proxy/metrics (v1.37, alpha, KEP-6032): the localhost NodePort proxy's listeners
       this.lnpListeners = new client.Gauge({ name: 'kubeproxy_nftables_localhost_nodeport_listeners', help: 'Number of active localhost NodePort proxy listeners', labelNames: ['ip_family'], registers });
       this.lnpFailures = new client.Counter({ name: 'kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total', help: 'Cumulative localhost NodePort proxy listener creation failures', labelNames: ['ip_family'], registers });
+      this.nftTables = new client.Gauge({ name: 'kproxy_nftables_tables', help: 'Number of nftables tables the Services are spread over (1: upstream\'s kube-proxy table)', labelNames: ['ip_family'], registers });
     }
     if (opts.processMetrics !== false) client.collectDefaultMetrics({ register: this.registry });
   }
@@ -395,6 +397,7 @@ export class Metrics {
       this.iptablesLast?.set({ ip_family, table }, n.written);
     }
     if (f.stats?.cleanupFailures) this.nftCleanupFailures?.inc(labels, f.stats.cleanupFailures);
+    if (f.stats?.tables !== undefined) this.nftTables?.set(labels, f.stats.tables);
   }
 
   /** every metric name this registry exports (the dashboard test checks its queries against it) */

@@ -3,7 +3,7 @@
 // server accepts) and whose second port is named "8443" (all digits: a valid DNS-1123 label),
 // with a 15-character named targetPort, ClientIP affinity, an external IP and a load-balancer IP
 // with loadBalancerSourceRanges, is programmed by `kproxy run` in the userspace, iptables and
-// nftables modes, and by the nftables mode spread over 2 tables (ShardedNftProxier), inside
+// nftables modes, and by the nftables mode spread over 2 tables (NftProxier), inside
 // namespaces this test creates:
 //   client ns (203.0.113.2) ── veth ── node ns (kproxy; 203.0.113.1, 10.180.0.254) ── veth ── pod ns (10.180.0.1, .2)
 // TCP from the client reaches a pod through the ClusterIP (both ports), the NodePort, the
@@ -26,7 +26,7 @@ import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { silentLogger } from '../../src/log.ts';
-import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { mode as nftMode } from '../../src/modes/nftables/index.ts';
 import { nsRunner } from '../nftables/objects.ts';
 import { DIGIT_PORT_NAME, LONG_NAME, LONG_NS, LONG_PORT_NAME, longNamedService } from '../support/long-names.ts';
@@ -225,7 +225,7 @@ test('nftables mode over 2 tables (sharded): the long-named Service is reachable
     node: { nodeName: 'node-a', nodeIPs: [NODE_IP], nodeLabels: {}, family: 4 as const, addresses: [{ type: 'InternalIP', address: NODE_IP }] },
   };
   const runner = nsRunner(node.name);
-  const px = new ShardedNftProxier({ runner, log: silentLogger(), shards: { threshold: 2, perTable: 1, maxTables: 2 } });
+  const px = new NftProxier({ runner, log: silentLogger(), shards: { threshold: 2, perTable: 1, maxTables: 2 } });
   try {
     await px.sync(input, new Set(), true);
     assert.deepEqual(px.tables(), ['kube-proxy-0', 'kube-proxy-1']);

@@ -104,6 +104,20 @@ test('nftables mode reads its own section', () => {
   assert.equal(c.minSyncPeriodMs, 500);
 });
 
+test('nftables.tables: "auto" by default, or a number of tables; written back only when given', () => {
+  const auto = resolveConfig(parseConfigText(HEAD + 'mode: nftables\n'));
+  assert.equal(auto.nftables.tables, 'auto');
+  assert.equal((auto.v1alpha1.nftables as Record<string, unknown>).tables, undefined, 'upstream decodes no such field');
+  assert.equal(resolveConfig(parseConfigText(HEAD + 'mode: nftables\nnftables:\n  tables: auto\n')).nftables.tables, 'auto');
+  const one = resolveConfig(parseConfigText(HEAD + 'mode: nftables\nnftables:\n  tables: 1\n'));
+  assert.equal(one.nftables.tables, 1);
+  assert.equal((one.v1alpha1.nftables as Record<string, unknown>).tables, 1);
+  assert.equal(resolveConfig(parseConfigText(HEAD + 'nftables:\n  tables: 64\n')).nftables.tables, 64);
+  for (const bad of ['0', '65', '2.5', '"4"', 'many', '-1']) {
+    throwsConfig(() => resolveConfig(parseConfigText(HEAD + `mode: nftables\nnftables:\n  tables: ${bad}\n`)), 'nftables.tables', 'auto');
+  }
+});
+
 test('flags override the file', () => {
   const raw = parseConfigText(
     HEAD +

@@ -16,10 +16,9 @@ import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { hostRunner, runChecked } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
-import { dropLingering } from '../support/nft-retired.ts';
+import { dropFlushedChains, dropLingering, dropRetiredAffinitySets, kernelTable, tableLines } from '../support/nft-retired.ts';
 import { Netns, uniqueName } from '../support/netns.ts';
 import { waitFor } from '../support/wait.ts';
 import { nsRunner } from './objects.ts';
@@ -76,12 +75,9 @@ function slice(f: Fam, i: number): K8sEndpointSlice {
   });
 }
 
-async function table(ns: string, fam: 'ip' | 'ip6'): Promise<ReturnType<typeof parseKubeProxyTable>> {
-  const r = await runChecked(nsRunner(ns), 'nft', ['list', 'table', fam, 'kube-proxy'], { timeoutMs: 20_000 });
-  return parseKubeProxyTable(r.stdout, fam);
-}
-
-const lines = (rs: ReturnType<typeof parseKubeProxyTable>) => dumpRuleset(rs).split('\n').filter(Boolean).sort();
+/** The kernel's kube-proxy table (`nft -j list table`). */
+const table = (ns: string, fam: 'ip' | 'ip6') => kernelTable(nsRunner(ns), fam, 'kube-proxy');
+const lines = tableLines;
 
 before(async () => {
   node = Netns.create(NS.a);

@@ -1,4 +1,4 @@
-// Real kernel: a node namespace runs kproxy's nftables rules (applied by the mode's proxier, ShardedNftProxier with one table here,
+// Real kernel: a node namespace runs kproxy's nftables rules (applied by the mode's proxier, NftProxier with one table here,
 // through `ip netns exec`), pod namespaces run TCP/UDP echo servers that answer with their
 // name and the peer address they saw, and a client namespace (203.0.113.2) connects to
 // ClusterIPs and NodePorts. Everything lives in namespaces named kpt-nft-<pid>-*; all of
@@ -17,7 +17,7 @@ import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { mode } from '../../src/modes/nftables/index.ts';
-import type { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
+import type { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { traceNft } from '../../src/modes/nftables/trace.ts';
 import { nsRunner, startReadyServer } from './objects.ts';
 import { makeService, makeSlice, type ServiceSpec } from '../support/builders.ts';
@@ -141,7 +141,7 @@ const objects: Array<K8sService | K8sEndpointSlice> = [
   endpoints('sticky', both, 8080),
 ];
 
-let proxier: ShardedNftProxier;
+let proxier: NftProxier;
 
 before(async () => {
   writeFileSync(join(dir, 'server.cjs'), SERVER);
@@ -154,7 +154,7 @@ before(async () => {
     else tracker.services.update(null, o as K8sService);
   }
   const changed = tracker.apply();
-  proxier = (await mode.createProxier({ config, log: silentLogger(), runner: nsRunner(NS.node) })) as ShardedNftProxier;
+  proxier = (await mode.createProxier({ config, log: silentLogger(), runner: nsRunner(NS.node) })) as NftProxier;
   const stats = await proxier.sync(input(), changed, true);
   assert.ok(stats.rulesWritten > 0);
 });

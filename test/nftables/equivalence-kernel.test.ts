@@ -11,10 +11,9 @@ import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { hostRunner, runChecked } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
-import { dropLingering, dropRetiredAffinitySets } from '../support/nft-retired.ts';
+import { dropFlushedChains, dropLingering, dropRetiredAffinitySets, kernelTable, tableLines } from '../support/nft-retired.ts';
 import { uniqueName } from '../support/netns.ts';
 import { rng } from '../support/rng.ts';
 import { nsRunner } from './objects.ts';
@@ -64,13 +63,12 @@ function sliceObject(family: 4 | 6, i: number, s: Svc): K8sEndpointSlice {
  * (harmless, deleted later) are checked and left out, exactly those.
  */
 async function table(ns: string, family: 'ip' | 'ip6', proxier?: NftProxier): Promise<string[]> {
-  const r = await runChecked(nsRunner(ns), 'nft', ['list', 'table', family, 'kube-proxy'], { timeoutMs: 20_000 });
-  const rs = parseKubeProxyTable(r.stdout, family);
-  if (proxier) assert.deepEqual(dropLingering(rs, proxier.lingeringElements()), []);
+  const t = await kernelTable(nsRunner(ns), family, 'kube-proxy');
+  if (proxier) assert.deepEqual(dropLingering(t, proxier.lingeringElements()), []);
   // Chains retired by a partial sync are flushed now and deleted a second later.
-  for (const [name, ch] of rs.chains) if (name.includes('/') && ch.rules.length === 0) rs.chains.delete(name);
-  dropRetiredAffinitySets(rs);
-  return dumpRuleset(rs).split('\n').filter(Boolean).sort();
+  dropFlushedChains(t);
+  dropRetiredAffinitySets(t);
+  return tableLines(t);
 }
 
 before(async () => {
@@ -158,10 +156,7 @@ for (const family of [4, 6] as const) {
       // An idle sync deletes the elements and chains the steps left: then not even an empty chain differs.
       await proxier.sync(input, new Set(), false);
       assert.deepEqual(proxier.lingeringElements(), [], 'nothing lingers after the idle sync');
-      const strict = async (ns: string) => {
-        const r = await runChecked(nsRunner(ns), 'nft', ['list', 'table', nftFamily, 'kube-proxy'], { timeoutMs: 20_000 });
-        return dumpRuleset(parseKubeProxyTable(r.stdout, nftFamily)).split('\n').filter(Boolean).sort();
-      };
+      const strict = async (ns: string) => tableLines(await kernelTable(nsRunner(ns), nftFamily, 'kube-proxy'));
       assert.deepEqual(await strict(NS.partial), await strict(NS.full), `after the idle sync, following ${history.join(', ')}`);
       // The sequence covered more than endpoint churn.
       assert.ok(new Set(history.map((h) => h.replace(/^svc\d+ /, ''))).size >= 4, history.join(', '));

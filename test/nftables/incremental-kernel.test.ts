@@ -9,11 +9,10 @@ import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { hostRunner, runChecked } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { mode } from '../../src/modes/nftables/index.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
-import { dropLingering, dropRetiredAffinitySets } from '../support/nft-retired.ts';
+import { dropFlushedChains, dropLingering, dropRetiredAffinitySets, kernelTable, tableLines } from '../support/nft-retired.ts';
 import { nsRunner } from './objects.ts';
 import { clientIPAffinity, nodePortService, numberedSlice } from '../support/builders.ts';
 
@@ -25,13 +24,12 @@ const slice = (i: number, n: number) => numberedSlice(i, n, 'node-b');
 
 /** The kernel's table, sorted lines; `proxier`: leave out exactly its lingering elements (each checked present and harmless). */
 async function table(ns: string, proxier?: NftProxier): Promise<string[]> {
-  const r = await runChecked(nsRunner(ns), 'nft', ['list', 'table', 'ip', 'kube-proxy'], { timeoutMs: 20_000 });
-  const rs = parseKubeProxyTable(r.stdout, 'ip');
-  if (proxier) assert.deepEqual(dropLingering(rs, proxier.lingeringElements()), []);
+  const t = await kernelTable(nsRunner(ns), 'ip', 'kube-proxy');
+  if (proxier) assert.deepEqual(dropLingering(t, proxier.lingeringElements()), []);
   // Chains and affinity sets retired by a partial sync are flushed now and deleted later.
-  for (const [name, ch] of rs.chains) if (name.includes('/') && ch.rules.length === 0) rs.chains.delete(name);
-  dropRetiredAffinitySets(rs);
-  return dumpRuleset(rs).split('\n').filter(Boolean).sort();
+  dropFlushedChains(t);
+  dropRetiredAffinitySets(t);
+  return tableLines(t);
 }
 
 before(async () => {

@@ -3,13 +3,13 @@
 // - a loopback, unspecified, multicast or broadcast address is never a Service VIP;
 // - when nft refuses lines of one Service, that Service is left out, reported, and every
 //   other Service is programmed in the same sync.
-// Unit tests: the "kernel" is a fake nft that refuses marked lines as nft reports them.
+// Unit tests: the "kernel" is the nft fake (src/kernel/nft/fake.ts), refusing marked lines as nft reports them.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { resolveConfig } from '../../src/config/config.ts';
-import type { CommandRunner, RunOptions } from '../../src/kernel/runner.ts';
+import { FakeNft } from '../../src/kernel/nft/fake.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { COMMENT_LENGTH_MAX, nftComment } from '../../src/modes/nftables/names.ts';
 import { optionsFromInput, planPortFragment, planRuleset } from '../../src/modes/nftables/plan.ts';
@@ -80,32 +80,15 @@ test('a loopback, unspecified, multicast or broadcast VIP never reaches a rule; 
   assert.deepEqual(skipped, ['externalIPs 0.0.0.0', 'externalIPs 224.0.0.1', 'loadBalancerVIPs 255.255.255.255', 'loadBalancerVIPs 127.0.0.53']);
 });
 
-/** nft that refuses (as nft reports it) every line containing one of `poison`; at most `perCall` errors per call. */
-class RefusingNft implements CommandRunner {
-  applied: string[] = [];
-  calls = 0;
-  constructor(
-    public poison: string[],
-    private readonly perCall = Infinity,
-  ) {}
-  async run(cmd: string, args: string[], opts: RunOptions = {}) {
-    assert.equal(cmd, 'nft');
-    if (args[0] === '--version') return { code: 0, stdout: 'nftables v1.0.6', stderr: '' };
-    if (args[0] === 'list') return { code: 1, stdout: '', stderr: 'Error: No such file or directory' };
-    if (args[0] === '-f') {
-      this.calls++;
-      const text = opts.input ?? '';
-      const errs: string[] = [];
-      text.split('\n').forEach((l, i) => {
-        const bad = this.poison.find((p) => l.includes(p));
-        if (bad && errs.length < this.perCall * 3) errs.push(`/dev/stdin:${i + 1}:10-20: Error: Could not resolve hostname: Address family for hostname not supported`, l, '         ^^^^');
-      });
-      if (errs.length) return { code: 1, stdout: '', stderr: errs.join('\n') + '\n' };
-      this.applied.push(text);
-      return { code: 0, stdout: '', stderr: '' };
-    }
-    throw new Error(`unexpected nft ${args.join(' ')}`);
-  }
+/** The fake kernel, refusing (as nft reports it) every line containing one of `poison`; at most `maxErrors` reported per transaction. */
+function refusingNft(poison: string[], maxErrors?: number): FakeNft {
+  const refuse = (l: string) => (poison.some((p) => l.includes(p)) ? 'Could not resolve hostname: Address family for hostname not supported' : null);
+  return new FakeNft({ refuse, maxErrors });
+}
+
+/** The `nft -f` transactions sent (applied or refused). */
+function transactions(nft: FakeNft): number {
+  return nft.calls.filter((c) => c.args[0] === '-f').length;
 }
 
 function capture() {
@@ -128,7 +111,7 @@ function threeServices(badEndpointIP: string) {
 }
 
 test('nft refusing one Service: it is left out (all its ports) and reported, the others are programmed in the same sync', async () => {
-  const nft = new RefusingNft(['fd00::66']);
+  const nft = refusingNft(['fd00::66']);
   const { log, lines } = capture();
   const proxier = new NftProxier({ runner: nft, log });
   const state = threeServices('fd00::66');
@@ -159,27 +142,27 @@ test('nft refusing one Service: it is left out (all its ports) and reported, the
 });
 
 test('a refused line of the fixed table still fails the sync (nothing to leave out)', async () => {
-  const nft = new RefusingNft(['masquerade fully-random']);
+  const nft = refusingNft(['masquerade fully-random']);
   const proxier = new NftProxier({ runner: nft, log: pino({ level: 'silent' }) });
   const state = threeServices('10.180.0.2');
   await assert.rejects(proxier.sync(input(state), new Set(), true), /KPROXY_NFT_APPLY/);
-  assert.equal(nft.calls, 1, 'no retry when no Service wrote the line');
+  assert.equal(transactions(nft), 1, 'no retry when no Service wrote the line');
 });
 
 test('retries per sync are bounded', async () => {
   const ports = Array.from({ length: 10 }, (_, i) => port('ns', `bad${i}`, 'http', { clusterIP: `172.30.1.${i + 1}` }));
   const state = stateOf(ports.map((p, i) => [p, [endpoint(`fd00::${i + 1}`)]]));
   // One error per call (as iptables-restore does): ten bad Services need ten retries.
-  const nft = new RefusingNft(['fd00::'], 1);
+  const nft = refusingNft(['fd00::'], 1);
   const proxier = new NftProxier({ runner: nft, log: pino({ level: 'silent' }) });
   await assert.rejects(proxier.sync(input(state), new Set(), true), /KPROXY_NFT_APPLY/);
-  assert.equal(nft.calls, 5, 'one attempt and four retries');
+  assert.equal(transactions(nft), 5, 'one attempt and four retries');
   // The next sync continues where it stopped: the full sync gives every one another chance.
-  const nft2 = new RefusingNft(['fd00::']);
+  const nft2 = refusingNft(['fd00::']);
   const p2 = new NftProxier({ runner: nft2, log: pino({ level: 'silent' }) });
   const stats = await p2.sync(input(state), new Set(), true);
   assert.equal(stats.excludedServices?.length, 10, 'nft reports every bad line at once: one retry suffices');
-  assert.equal(nft2.calls, 2);
+  assert.equal(transactions(nft2), 2);
 });
 
 test('a line nft cannot even split (a name with a space, past validation) is still traced to its Service', async () => {
@@ -190,7 +173,7 @@ test('a line nft cannot even split (a name with a space, past validation) is sti
     [weird, [endpoint('10.180.0.9')]],
   ]);
   // One error per call: the first refused line is a chain declaration nft cannot split.
-  const nft = new RefusingNft(['/a b'], 1);
+  const nft = refusingNft(['/a b'], 1);
   const proxier = new NftProxier({ runner: nft, log: pino({ level: 'silent' }) });
   const stats = await proxier.sync(input(state), new Set(), true);
   assert.deepEqual(stats.excludedServices, ['ns/weird']);

@@ -2,6 +2,7 @@
 // deferrable), and how a later transaction treats an element that lingers: re-used as it is,
 // replaced (deleted first), or deleted at once when its chain serves again. The kernel side
 // is in deferred-delete-kernel.test.ts.
+import { renderOps } from '../../src/kernel/nft/model.ts';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
@@ -52,11 +53,11 @@ test('a Service deleted: no delete element; re-created: its lingering elements r
   tracker.apply();
   const t1 = plan();
   const del = partialTransaction(t1, t0);
-  assert.doesNotMatch(del.text, /^delete /m);
+  assert.doesNotMatch(renderOps(del.ops), /^delete /m);
   assert.deepEqual(del.lingering.map(({ set, el }) => `${set} ${elementKey(el.key)}`).sort(), ['cluster-ips 172.30.0.2', 'service-ips 172.30.0.2 . tcp . 80', 'service-nodeports tcp . 30001']);
   for (const { el } of del.lingering.filter((l) => l.el.value)) assert.ok(del.staleChains.includes(el.value!.replace(/^goto /, '')), 'each jumps into a chain retired (flushed) here');
   // Without deferral (the proxier's option off) the same change deletes them.
-  assert.equal(partialTransaction(t1, t0, { deferRemovals: false }).text.match(/^delete element /gm)?.length, 3);
+  assert.equal(renderOps(partialTransaction(t1, t0, { deferRemovals: false }).ops).match(/^delete element /gm)?.length, 3);
 
   // Re-created as it was: the lingering elements are already right.
   tracker.services.update(null, nodePortService(1));
@@ -64,10 +65,10 @@ test('a Service deleted: no delete element; re-created: its lingering elements r
   tracker.apply();
   const t2 = plan();
   const back = partialTransaction(t2, t1, { lingering: asMap(del.lingering) });
-  assert.doesNotMatch(back.text, /^delete /m);
-  assert.doesNotMatch(back.text, /172\.30\.0\.2 \. tcp \. 80 :|cluster-ips .*172\.30\.0\.2|tcp \. 30001 :/, 'not re-added');
+  assert.doesNotMatch(renderOps(back.ops), /^delete /m);
+  assert.doesNotMatch(renderOps(back.ops), /172\.30\.0\.2 \. tcp \. 80 :|cluster-ips .*172\.30\.0\.2|tcp \. 30001 :/, 'not re-added');
   assert.equal(back.revived.length, 3);
-  assert.match(back.text, /^add chain ip kube-proxy service-\S+-ns\/svc1\/tcp\/http \{/m, 'its chain is written again');
+  assert.match(renderOps(back.ops), /^add chain ip kube-proxy service-\S+-ns\/svc1\/tcp\/http \{/m, 'its chain is written again');
 
   // Re-created under the same name with another ClusterIP: the old VIP's element would lead
   // into the live chain again, so it goes in the same transaction.
@@ -76,9 +77,9 @@ test('a Service deleted: no delete element; re-created: its lingering elements r
   tracker.apply();
   const t3 = plan();
   const moved = partialTransaction(t3, t1, { lingering: asMap(del.lingering) });
-  assert.match(moved.text, /^delete element ip kube-proxy service-ips \{ 172\.30\.0\.2 \. tcp \. 80 \}$/m);
-  assert.match(moved.text, /172\.30\.0\.99 \. tcp \. 80 : goto service-/);
-  assert.doesNotMatch(moved.text, /^delete element ip kube-proxy cluster-ips/m, 'the old ClusterIP itself stays harmless until the cleanup');
+  assert.match(renderOps(moved.ops), /^delete element ip kube-proxy service-ips \{ 172\.30\.0\.2 \. tcp \. 80 \}$/m);
+  assert.match(renderOps(moved.ops), /172\.30\.0\.99 \. tcp \. 80 : goto service-/);
+  assert.doesNotMatch(renderOps(moved.ops), /^delete element ip kube-proxy cluster-ips/m, 'the old ClusterIP itself stays harmless until the cleanup');
   assert.deepEqual(moved.revived.map(({ set }) => set).sort(), ['service-ips', 'service-nodeports']);
 });
 
@@ -90,9 +91,9 @@ test('a lingering element wanted with another value is deleted first, then added
   tracker.endpoints.update(null, numberedSlice(49, 1));
   tracker.apply();
   const tx = partialTransaction(plan(), t0, { lingering: kept });
-  const lines = tx.text.split('\n');
+  const lines = renderOps(tx.ops).split('\n');
   const del = lines.findIndex((l) => l === 'delete element ip kube-proxy service-ips { 172.30.0.50 . tcp . 80 }');
   const add = lines.findIndex((l) => /service-ips .*172\.30\.0\.50 \. tcp \. 80 : goto service-/.test(l));
-  assert.ok(del >= 0 && add > del, tx.text);
+  assert.ok(del >= 0 && add > del, renderOps(tx.ops));
   assert.equal(tx.revived.length, 1);
 });

@@ -16,11 +16,10 @@ import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { hostRunner, runChecked, type CommandRunner } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { parseKubeProxyTable } from '../../src/modes/nftables/parse.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { PARTIAL_O1_COMMANDS } from '../../src/modes/nftables/transaction.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
-import { dropLingering, dropRetiredAffinitySets } from '../support/nft-retired.ts';
+import { dropFlushedChains, dropLingering, dropRetiredAffinitySets, kernelTable, tableLines } from '../support/nft-retired.ts';
 import { uniqueName } from '../support/netns.ts';
 import { nsRunner } from './objects.ts';
 import { clientIPAffinity, lbStatus, nodePortService, numberedSlice } from '../support/builders.ts';
@@ -56,14 +55,13 @@ const slice = (i: number, n: number): K8sEndpointSlice => numberedSlice(i, n, (k
 
 /** The kernel's table, sorted lines; `proxier`: leave out exactly its lingering elements, after checking each is there and harmless. */
 async function table(ns: string, proxier?: NftProxier, o: { strict?: boolean } = {}): Promise<string[]> {
-  const r = await runChecked(nsRunner(ns), 'nft', ['list', 'table', 'ip', 'kube-proxy'], { timeoutMs: 20_000 });
-  const rs = parseKubeProxyTable(r.stdout, 'ip');
-  if (proxier) assert.deepEqual(dropLingering(rs, proxier.lingeringElements()), []);
-  if (o.strict) return dumpRuleset(rs).split('\n').filter(Boolean).sort();
+  const t = await kernelTable(nsRunner(ns), 'ip', 'kube-proxy');
+  if (proxier) assert.deepEqual(dropLingering(t, proxier.lingeringElements()), []);
+  if (o.strict) return tableLines(t);
   // Chains retired by a partial sync are flushed now and deleted later.
-  for (const [name, ch] of rs.chains) if (name.includes('/') && ch.rules.length === 0) rs.chains.delete(name);
-  dropRetiredAffinitySets(rs);
-  return dumpRuleset(rs).split('\n').filter(Boolean).sort();
+  dropFlushedChains(t);
+  dropRetiredAffinitySets(t);
+  return tableLines(t);
 }
 
 /** The table a fresh proxier writes for the same state with one full sync. */
@@ -276,9 +274,7 @@ test('a stream batch (endpoints added and removed across Services) is one transa
   assert.equal(sent.length, 1);
   assert.deepEqual(lines(sent[0]).filter((l) => !/^delete (chain ip kube-proxy endpoint-|set ip kube-proxy affinity-)/.test(l)), [], 'only retired endpoint chains and affinity sets');
   assert.match(sent[0], /^delete set ip kube-proxy affinity-\S+ns\/svc1\/tcp\/http__10\.180\.1\.3\/8080$/m, 'the sticky Service\'s retired affinity set');
-  const strict = async (ns: string) => lines((await runChecked(nsRunner(ns), 'nft', ['list', 'table', 'ip', 'kube-proxy'], { timeoutMs: 20_000 })).stdout);
   await freshTable(input);
-  const norm = (ls: string[]) => dumpRuleset(parseKubeProxyTable(ls.join('\n'), 'ip')).split('\n').filter(Boolean).sort();
-  assert.deepEqual(norm(await strict(NS.partial)), norm(await strict(NS.full)), 'no empty chain left behind');
+  assert.deepEqual(await table(NS.partial, undefined, { strict: true }), await table(NS.full, undefined, { strict: true }), 'no empty chain left behind');
   assert.equal(proxier.partialFallbacks, 0);
 });

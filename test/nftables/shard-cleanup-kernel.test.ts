@@ -15,7 +15,7 @@ import { uniqueName } from '../support/netns.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { nodePortService, numberedSlice } from '../support/builders.ts';
 
 const NS = uniqueName('kpt-nft-shc');
@@ -87,7 +87,7 @@ test('a restart over sharded tables (one listing of the names), a live trace and
   const shards = { threshold: 4, perTable: 2, maxTables: 4 };
   // an earlier run's leftovers: upstream's single table and a shard index the new K does not use
   await runChecked(runner, 'nft', ['-f', '-'], { input: 'add table ip kube-proxy\nadd table ip kube-proxy-9\n', timeoutMs: 10_000 });
-  const first = new ShardedNftProxier({ runner: recording, log: silentLogger(), shards });
+  const first = new NftProxier({ runner: recording, log: silentLogger(), shards });
   await first.sync(input, keys, true);
   assert.deepEqual(first.tables(), ['kube-proxy-0', 'kube-proxy-1', 'kube-proxy-2', 'kube-proxy-3']);
   assert.deepEqual(await ours(), ['ip kube-proxy-0', 'ip kube-proxy-1', 'ip kube-proxy-2', 'ip kube-proxy-3'], 'the leftovers went with the first full sync');
@@ -101,7 +101,7 @@ test('a restart over sharded tables (one listing of the names), a live trace and
   const fewer: PlanInput = { ...input, state: gone.state };
   assert.match((await runChecked(runner, 'nft', ['list', 'chains', 'ip'], { timeoutMs: 10_000 })).stdout, /ns\/svc7\//, 'svc7 has chains before');
   calls.length = 0;
-  const second = new ShardedNftProxier({ runner: recording, log: silentLogger(), shards });
+  const second = new NftProxier({ runner: recording, log: silentLogger(), shards });
   await second.sync(fewer, gone.apply(), true);
   assert.deepEqual(calls.filter((c) => c[0] === 'nft' && c.includes('list')).map((c) => c.slice(1).join(' ')), ['list chains ip', '-t list sets ip', '-t list maps ip'], 'one listing of the names for every table, no table listed whole');
   // the gone Service's chains are known from the listing: flushed now (deleted later, off the sync's path)

@@ -6,19 +6,19 @@
 //     no-local-endpoint counts, the health checks, the stale flows;
 //   - the sharded proxier's per-table states (ShardStates, updated per changed Service) =
 //     splitState of the whole state, and each table it plans = planShards of the state from
-//     scratch (the mode's tables for that K) (no kernel: a runner that accepts every transaction).
+//     scratch (the mode's tables for that K) (the kernel: the nft fake).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { buildNodeView, revertView, type NodeView, type PlanInput } from '../../src/core/nodeview.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { resolveConfig } from '../../src/config/config.ts';
-import type { CommandRunner, RunOptions, RunResult } from '../../src/kernel/runner.ts';
+import { FakeNft } from '../../src/kernel/nft/fake.ts';
 import { optionsFromInput } from '../../src/modes/nftables/plan.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { planShards, serviceCount, ShardStates, splitState } from '../../src/modes/nftables/shards.ts';
 import { shardOf } from '../../src/modes/nftables/names.ts';
-import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { silentLogger } from '../../src/log.ts';
 import { tracker } from '../iptables/helpers.ts';
 import type { ProxyStateTracker } from '../../src/core/tracker.ts';
@@ -29,16 +29,6 @@ const config = resolveConfig({}, { mode: 'nftables', clusterCidr: '10.0.0.0/8' }
 const inputOf = (t: ProxyStateTracker): PlanInput => ({ state: t.state, config, node: { nodeName: NODE, nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 } });
 const SHARDS = { threshold: 6, perTable: 3, maxTables: 4 };
 const SERVICES = 14;
-
-/** Accepts every command: `nft list table` finds no table, everything else succeeds with no output. */
-class AcceptingRunner implements CommandRunner {
-  transactions = 0;
-  async run(cmd: string, args: string[], _opts?: RunOptions): Promise<RunResult> {
-    if (cmd === 'nft' && args[0] === 'list' && args[1] === 'table') return { code: 1, stdout: '', stderr: 'Error: No such file or directory' };
-    if (cmd === 'nft' && args[0] === '-f') this.transactions++;
-    return { code: 0, stdout: '', stderr: '' };
-  }
-}
 
 interface SvcShape {
   ports: number;
@@ -130,8 +120,8 @@ test('random changes, reshards included: the incremental view and the tables\' s
   await fc.assert(
     fc.asyncProperty(fc.array(fc.record({ ops: fc.array(op, { minLength: 1, maxLength: 3 }), fail: fc.boolean() }), { minLength: 1, maxLength: 25 }), async (seq) => {
       const t = tracker(4, NODE);
-      const runner = new AcceptingRunner();
-      const proxier = new ShardedNftProxier({ runner, log: silentLogger(), shards: SHARDS });
+      const runner = new FakeNft();
+      const proxier = new NftProxier({ runner, log: silentLogger(), shards: SHARDS });
       let view = buildNodeView(inputOf(t));
       await proxier.sync({ ...inputOf(t), view }, new Set(), true);
       let pending = new Set<string>();
@@ -160,8 +150,8 @@ test('random changes, reshards included: the incremental view and the tables\' s
         // each table the proxier keeps = the table planned from scratch for its share of the state
         const k = proxier.shardCount;
         const want = planShards(t.state, optionsFromInput(inputOf(t)), k).map(dumpRuleset);
-        assert.equal(proxier.shardProxiers().length, want.length);
-        proxier.shardProxiers().forEach((p, i) => assert.equal(p.dump(), want[i], `step ${s}: table ${p.table} (K=${k})`));
+        assert.equal(proxier.tableWriters().length, want.length);
+        proxier.tableWriters().forEach((p, i) => assert.equal(p.dump(), want[i], `step ${s}: table ${p.table} (K=${k})`));
       }
     }),
     { numRuns: 100, seed: 20261204 },

@@ -17,11 +17,12 @@ import type { PlanInput } from '../../src/core/nodeview.ts';
 import { probePackets } from '../../src/modes/nftables/conformance.ts';
 import { shardOf, shardTable } from '../../src/modes/nftables/names.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
-import { chooseShards, planShardedRulesets, targetShards } from '../../src/modes/nftables/shards.ts';
+import { chooseTables, planShardedRulesets } from '../../src/modes/nftables/shards.ts';
 import { fullTransaction } from '../../src/modes/nftables/transaction.ts';
 import { kubeProxyTables, traceNft, traceRuleset } from '../../src/modes/nftables/trace.ts';
 import { mode } from '../../src/modes/nftables/index.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
+import { renderOps } from '../../src/kernel/nft/model.ts';
 import { uniqueName } from '../support/netns.ts';
 import { clientIPAffinity, lbStatus, makeService, makeSlice } from '../support/builders.ts';
 
@@ -89,7 +90,7 @@ test('every probe packet ends the same way through the shard tables walked toget
   const shards = Array.from({ length: K }, (_, s) => planRuleset(shardState(input.state, s), { ...o, table: shardTable(s) }));
   for (const [s, rs] of shards.entries()) assert.ok(rs.sets.get('cluster-ips')!.elements.size > 0, `shard ${s} holds Services`);
   // the text as `nft -f` would get it (one transaction), read back as several tables
-  const text = shards.map((rs) => fullTransaction(rs, null).text).join('');
+  const text = shards.map((rs) => renderOps(fullTransaction(rs, null).ops)).join('');
   assert.deepEqual(kubeProxyTables(text, 'ip').map((rs) => rs.table), ['kube-proxy-0', 'kube-proxy-1', 'kube-proxy-2']);
   const packets = probePackets([single], o);
   assert.ok(packets.length >= 3 * 2 * N, `${packets.length} probe packets`);
@@ -113,10 +114,9 @@ test('every probe packet ends the same way through the shard tables walked toget
 test('kproxy trace --live walks every kube-proxy table in the kernel', async () => {
   const input = fixture();
   const runner: CommandRunner = { run: (cmd, args, opts) => hostRunner.run('ip', ['netns', 'exec', NS, cmd, ...args], opts) };
-  for (let s = 0; s < K; s++) {
-    const p = new NftProxier({ runner, log: silentLogger(), table: shardTable(s) });
-    await p.sync({ ...input, state: shardState(input.state, s) }, new Set(), true);
-  }
+  const p = new NftProxier({ runner, log: silentLogger(), shards: { threshold: 1, perTable: 1, maxTables: K } });
+  await p.sync(input, new Set(), true);
+  assert.equal(p.shardCount, K);
   const single = planRuleset(input.state, optionsFromInput(input));
   let checked = 0;
   for (let i = 0; i < N; i++) {
@@ -173,10 +173,10 @@ test('render and the planned trace follow the mode: one table below 1,000 Servic
 });
 
 test('the number of tables never exceeds maxTables', () => {
-  assert.equal(targetShards(5000, { threshold: 1000, perTable: 600, maxTables: 1 }), 1);
-  assert.equal(chooseShards(5000, 4, { threshold: 1000, perTable: 600, maxTables: 1 }), 1);
-  assert.equal(targetShards(5000, { threshold: 1000, perTable: 600, maxTables: 3 }), 3);
-  assert.equal(chooseShards(50_000, 2, { threshold: 1000, perTable: 600, maxTables: 3 }), 3);
+  assert.equal(chooseTables(5000, 0, { threshold: 1000, perTable: 600, maxTables: 1 }), 1);
+  assert.equal(chooseTables(5000, 4, { threshold: 1000, perTable: 600, maxTables: 1 }), 1);
+  assert.equal(chooseTables(5000, 0, { threshold: 1000, perTable: 600, maxTables: 3 }), 3);
+  assert.equal(chooseTables(50_000, 2, { threshold: 1000, perTable: 600, maxTables: 3 }), 3);
 });
 
 // The order the kernel runs base chains of several tables at one hook (checked against the

@@ -1,28 +1,18 @@
 // The sharded nftables proxier does not keep a big transaction's text between syncs (it was
 // 33 MB at 10,000 Services: 32 MiB of the mode's RSS, docs/benchmarks.md "Memory"): after a
 // successful one over MAX_KEPT_TRANSACTION_CHARS lastTransactionText() is '', as NftProxier's;
-// a small one is kept for /debug. In-process only: the runner answers nft as an empty kernel
-// that accepts every transaction (the kernel tests apply the same texts for real).
+// a small one is kept for /debug. In-process only: the kernel is the nft fake (the kernel
+// tests apply the same texts for real).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import type { CommandRunner, RunResult } from '../../src/kernel/runner.ts';
+import { FakeNft } from '../../src/kernel/nft/fake.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { MAX_KEPT_TRANSACTION_CHARS } from '../../src/modes/nftables/proxier.ts';
-import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { nodePortService, numberedSlice } from '../support/builders.ts';
-
-function emptyKernel(applied: string[]): CommandRunner {
-  return {
-    run: async (cmd, args, opts): Promise<RunResult> => {
-      assert.equal(cmd, 'nft');
-      if (args[0] === '-f') applied.push(opts?.input ?? '');
-      return { code: 0, stdout: '', stderr: '' };
-    },
-  };
-}
 
 function input(n: number): { input: PlanInput; keys: Set<string> } {
   const tracker = new ProxyStateTracker(4, 'node-a');
@@ -37,15 +27,16 @@ function input(n: number): { input: PlanInput; keys: Set<string> } {
 test('a big successful transaction is not kept; a small one is', async () => {
   const shards = { threshold: 100, perTable: 100, maxTables: 4 };
   const big = input(3000);
-  const applied: string[] = [];
-  const p = new ShardedNftProxier({ runner: emptyKernel(applied), log: silentLogger(), shards });
+  const kernel = new FakeNft();
+  const applied = kernel.applied;
+  const p = new NftProxier({ runner: kernel, log: silentLogger(), shards });
   await p.sync(big.input, big.keys, true);
   assert.equal(p.tables().length, 4);
   assert.equal(applied.length, 1, 'one transaction');
   assert.ok(applied[0].length > MAX_KEPT_TRANSACTION_CHARS, `the full sync's text is big (${applied[0].length} chars)`);
   assert.equal(p.lastTransactionText(), '', 'not kept after success');
   const small = input(2);
-  const q = new ShardedNftProxier({ runner: emptyKernel([]), log: silentLogger(), shards });
+  const q = new NftProxier({ runner: new FakeNft(), log: silentLogger(), shards });
   await q.sync(small.input, small.keys, true);
   assert.match(q.lastTransactionText(), /^add table ip kube-proxy /m, 'a small one is kept');
 });

@@ -1,6 +1,6 @@
 // Real kernel, the sharded nftables mode with a low threshold (6 Services; 3 per
 // table; at most 4 tables): a node namespace holds the tables `kube-proxy-0..3` written by
-// ShardedNftProxier through `ip netns exec`, two pod namespaces run TCP echo servers that
+// NftProxier through `ip netns exec`, two pod namespaces run TCP echo servers that
 // answer with their name and the peer address they saw, a client namespace (203.0.113.2, off
 // the cluster CIDR) connects. Checked across the tables: ClusterIP, NodePort, the
 // no-endpoint REJECT, masquerade, ClientIP affinity; partial syncs write only the changed
@@ -20,11 +20,11 @@ import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
-import { parseNftText } from '../../src/modes/nftables/parse.ts';
-import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { shardOf } from '../../src/modes/nftables/names.ts';
-import { kubeProxyTables } from '../../src/modes/nftables/trace.ts';
-import { chooseShards, DEFAULT_SHARDS, ShardedNftProxier, targetShards } from '../../src/modes/nftables/sharded.ts';
+import { FakeNft } from '../../src/kernel/nft/fake.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
+import { kernelTables } from '../support/nft-retired.ts';
+import { chooseTables, DEFAULT_SHARDS } from '../../src/modes/nftables/shards.ts';
 import { uniqueName } from '../support/netns.ts';
 import { nsRunner, startReadyServer } from './objects.ts';
 import { clientIPAffinity, makeService, makeSlice } from '../support/builders.ts';
@@ -162,9 +162,8 @@ async function tables(ns: string): Promise<string[]> {
 }
 
 /** Every table of the namespace: "family name" → sorted dump lines. */
-async function contents(ns: string): Promise<Map<string, string[]>> {
-  const r = await runChecked(nsRunner(ns), 'nft', ['list', 'ruleset'], { timeoutMs: 20_000 });
-  return new Map([...parseNftText(r.stdout)].map(([k, rs]) => [k, dumpRuleset(rs).split('\n').filter(Boolean).sort()]));
+function contents(ns: string): Promise<Map<string, string[]>> {
+  return kernelTables(nsRunner(ns));
 }
 
 before(async () => {
@@ -183,22 +182,22 @@ after(async () => {
 
 test('the number of tables: one below the threshold, about N / perTable above it, capped, with hysteresis', () => {
   const o = DEFAULT_SHARDS;
-  assert.equal(targetShards(0, o), 1);
-  assert.equal(targetShards(999, o), 1);
-  assert.equal(targetShards(1000, o), 2);
-  assert.equal(targetShards(6000, o), 10);
-  assert.equal(targetShards(10_000, o), 16);
-  assert.equal(targetShards(50_000, o), 16);
+  assert.equal(chooseTables(0, 0, o), 1);
+  assert.equal(chooseTables(999, 0, o), 1);
+  assert.equal(chooseTables(1000, 0, o), 2);
+  assert.equal(chooseTables(6000, 0, o), 10);
+  assert.equal(chooseTables(10_000, 0, o), 16);
+  assert.equal(chooseTables(50_000, 0, o), 16);
   // up at the threshold, back to one only below 80 % of it
-  assert.equal(chooseShards(1000, 1, o), 2);
-  assert.equal(chooseShards(900, 2, o), 2);
-  assert.equal(chooseShards(799, 2, o), 1);
+  assert.equal(chooseTables(1000, 1, o), 2);
+  assert.equal(chooseTables(900, 2, o), 2);
+  assert.equal(chooseTables(799, 2, o), 1);
   // between: only a change of at least 1.5× or at most half
-  assert.equal(chooseShards(10_000, 16, o), 16);
-  assert.equal(chooseShards(7000, 16, o), 16);
-  assert.equal(chooseShards(4800, 16, o), 8);
-  assert.equal(chooseShards(1700, 2, o), 3);
-  assert.equal(chooseShards(2300, 3, o), 3);
+  assert.equal(chooseTables(10_000, 16, o), 16);
+  assert.equal(chooseTables(7000, 16, o), 16);
+  assert.equal(chooseTables(4800, 16, o), 8);
+  assert.equal(chooseTables(1700, 2, o), 3);
+  assert.equal(chooseTables(2300, 3, o), 3);
 });
 
 test('across the tables: ClusterIP, NodePort, the no-endpoint REJECT, masquerade and ClientIP affinity', async () => {
@@ -210,7 +209,7 @@ test('across the tables: ClusterIP, NodePort, the no-endpoint REJECT, masquerade
   const input: PlanInput = { state: tracker.state, config, node: NODE };
   // leftovers of an earlier run (one table; another K) go with the first sync
   await runChecked(nsRunner(NS.node), 'nft', ['-f', '-'], { input: 'add table ip kube-proxy\nadd table ip kube-proxy-9\nadd chain ip kube-proxy-9 nat-output { type nat hook output priority -100 ; }\n', timeoutMs: 10_000 });
-  const proxier = new ShardedNftProxier({ runner: nsRunner(NS.node), log: silentLogger(), shards: SHARDS });
+  const proxier = new NftProxier({ runner: nsRunner(NS.node), log: silentLogger(), shards: SHARDS });
   await proxier.sync(input, tracker.apply(), true);
   assert.equal(proxier.shardCount, 4);
   assert.deepEqual(await tables(NS.node), ['ip kube-proxy-0', 'ip kube-proxy-1', 'ip kube-proxy-2', 'ip kube-proxy-3']);
@@ -257,7 +256,7 @@ test('partial syncs write only the changed Services\' tables; after them the ker
   }
   const input: PlanInput = { state: tracker.state, config, node: NODE };
   let clock = 1_000_000;
-  const proxier = new ShardedNftProxier({ runner: nsRunner(NS.node), log: silentLogger(), shards: SHARDS, now: () => clock });
+  const proxier = new NftProxier({ runner: nsRunner(NS.node), log: silentLogger(), shards: SHARDS, now: () => clock });
   await proxier.sync(input, tracker.apply(), true);
   const owner = (i: number) => `kube-proxy-${shardOf(`shd/${NAMES[i]}`, 4)}`;
   const changes: Array<[string, number[], () => void]> = [
@@ -278,21 +277,23 @@ test('partial syncs write only the changed Services\' tables; after them the ker
   // an idle sync after the retirement delay deletes what lingers and the retired chains
   clock += 120_000;
   await proxier.sync(input, new Set(), false);
-  for (const p of proxier.shardProxiers()) assert.deepEqual(p.lingeringElements(), [], p.table);
+  for (const p of proxier.tableWriters()) assert.deepEqual(p.lingeringElements(), [], p.table);
 
-  const fresh = new ShardedNftProxier({ runner: nsRunner(NS.fresh), log: silentLogger(), shards: SHARDS });
+  const fresh = new NftProxier({ runner: nsRunner(NS.fresh), log: silentLogger(), shards: SHARDS });
   await fresh.sync(input, new Set(), true);
   const got = await contents(NS.node);
   assert.deepEqual([...got.keys()].sort(), ['ip kube-proxy-0', 'ip kube-proxy-1', 'ip kube-proxy-2', 'ip kube-proxy-3']);
   assert.deepEqual(tableDiff(got, await contents(NS.fresh)), [], 'the kernel equals a fresh full sync\'s');
-  // the rule dump holds every table, each as a fresh full sync's
-  const dumped = kubeProxyTables(proxier.dump(), 'ip');
-  const freshDump = new Map(kubeProxyTables(fresh.dump(), 'ip').map((rs) => [rs.table, dumpRuleset(rs).split('\n').filter(Boolean).sort()]));
-  assert.deepEqual(dumped.map((rs) => rs.table), ['kube-proxy-0', 'kube-proxy-1', 'kube-proxy-2', 'kube-proxy-3']);
-  for (const rs of dumped) {
-    const lines = dumpRuleset(rs).split('\n').filter(Boolean).sort();
-    assert.ok(lines.some((l) => /-shd\//.test(l)), `dump of ${rs.table} holds Services`);
-    assert.deepEqual(lines, freshDump.get(rs.table), `dump of ${rs.table}`);
+  // the rule dump holds every table, each as a fresh full sync's (both applied to the nft fake)
+  const dumped = new FakeNft();
+  const freshDump = new FakeNft();
+  assert.equal((await dumped.run('nft', ['-f', '-'], { input: proxier.dump() })).code, 0);
+  assert.equal((await freshDump.run('nft', ['-f', '-'], { input: fresh.dump() })).code, 0);
+  assert.deepEqual(dumped.tableNames(), ['ip kube-proxy-0', 'ip kube-proxy-1', 'ip kube-proxy-2', 'ip kube-proxy-3']);
+  for (const t of proxier.tables()) {
+    const lines = (dumped.dump('ip', t) ?? '').split('\n').sort();
+    assert.ok(lines.some((l) => /-shd\//.test(l)), `dump of ${t} holds Services`);
+    assert.deepEqual(lines, (freshDump.dump('ip', t) ?? '').split('\n').sort(), `dump of ${t}`);
   }
   // and a full sync then changes nothing
   await proxier.sync(input, new Set(), true);
@@ -311,7 +312,7 @@ test('a reshard (1 → 4 → 1 tables) is one transaction and keeps an unchanged
   const sent: string[] = [];
   const recording: CommandRunner = { run: (cmd, args, opts) => (cmd === 'nft' && args[0] === '-f' && sent.push(opts?.input ?? ''), runner.run(cmd, args, opts)) };
   await runChecked(runner, 'nft', ['add', 'table', 'ip', 'kube-proxy-2'], { timeoutMs: 10_000 });
-  const proxier = new ShardedNftProxier({ runner: recording, log: silentLogger(), shards: SHARDS });
+  const proxier = new NftProxier({ runner: recording, log: silentLogger(), shards: SHARDS });
   await proxier.sync(input, tracker.apply(), true);
   assert.equal(sent.length, 1, 'the first sync is one transaction');
   assert.match(sent[0], /^delete table ip kube-proxy-2$/m, 'which deletes the leftover table');

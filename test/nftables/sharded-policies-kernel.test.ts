@@ -1,5 +1,5 @@
 // Real kernel, the sharded nftables mode beyond test/nftables/sharded-kernel.test.ts:
-// what only packets across several tables show. ShardedNftProxier with low thresholds writes
+// what only packets across several tables show. NftProxier with low thresholds writes
 // `ip kube-proxy-0..2` (6 IPv4 Services) and `ip6 kube-proxy-0..1` (4 IPv6 Services) into a node
 // namespace; the Services' names are picked so that each lands in the table the case needs
 // (names.ts shardOf). Two pod namespaces (pod1 on this node, pod2 "on another node", both
@@ -37,7 +37,7 @@ import { shardOf } from '../../src/modes/nftables/names.ts';
 import { optionsFromInput, planRuleset } from '../../src/modes/nftables/plan.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
 import { planShards, splitState } from '../../src/modes/nftables/shards.ts';
-import { ShardedNftProxier } from '../../src/modes/nftables/sharded.ts';
+import { NftProxier } from '../../src/modes/nftables/proxier.ts';
 import { mode } from '../../src/modes/nftables/index.ts';
 import { uniqueName } from '../support/netns.ts';
 import { nsRunner, startReadyServer } from './objects.ts';
@@ -59,7 +59,7 @@ const SHARDS6 = { threshold: 2, perTable: 2, maxTables: K6 };
 
 const dir = mkdtempSync(join(tmpdir(), 'kpt-shp-'));
 const servers: ChildProcess[] = [];
-const proxiers: ShardedNftProxier[] = [];
+const proxiers: NftProxier[] = [];
 
 async function inNs(ns: string, args: string[]): Promise<void> {
   await runChecked(nsRunner(ns), args[0], args.slice(1), { timeoutMs: 10_000 });
@@ -274,8 +274,8 @@ before(async () => {
   await startReadyServer(servers, NS.pod2, join(dir, 'server.cjs'), ['pod2', '8080'], 'server pod2');
   v4 = plant(4, SVC4, K4);
   v6 = plant(6, SVC6, K6);
-  const p4 = new ShardedNftProxier({ runner: nsRunner(NS.node), log: silentLogger(), shards: SHARDS4 });
-  const p6 = new ShardedNftProxier({ runner: nsRunner(NS.node), log: silentLogger(), shards: SHARDS6 });
+  const p4 = new NftProxier({ runner: nsRunner(NS.node), log: silentLogger(), shards: SHARDS4 });
+  const p6 = new NftProxier({ runner: nsRunner(NS.node), log: silentLogger(), shards: SHARDS6 });
   proxiers.push(p4, p6);
   await p4.sync(v4.input, new Set(), true);
   await p6.sync(v6.input, new Set(), true);

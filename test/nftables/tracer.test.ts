@@ -1,5 +1,7 @@
 // Unit tests: names, planner scenarios from upstream's nftables proxier_test.go traced as
 // packet flows, the tracer on `nft list` output, and the transaction builder.
+import { renderOps } from '../../src/kernel/nft/model.ts';
+import { FakeNft } from '../../src/kernel/nft/fake.ts';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -229,7 +231,20 @@ test('the tracer reads `nft list table` output the same as the rendered text', (
   assert.equal(parsed.sets.get('service-ips')?.elements.size, 9);
 });
 
-test('transactions: full flushes and replaces, partial writes only differences', () => {
+/** Applies `text` to the fake kernel; it must take it. */
+async function applyText(kernel: FakeNft, text: string): Promise<void> {
+  const r = await kernel.run('nft', ['-f', '-'], { input: text });
+  assert.equal(r.code, 0, r.stderr);
+}
+
+/** The kube-proxy table the fake kernel lists after applying `text` to an empty one. */
+async function tableOf(text: string): Promise<string | null> {
+  const kernel = new FakeNft();
+  await applyText(kernel, text);
+  return kernel.dump('ip', 'kube-proxy');
+}
+
+test('transactions: full flushes and replaces, partial writes only differences', async () => {
   const c = cfg();
   const base = [
     makeService('ns1', 'svc1', { clusterIP: '172.30.0.41', ports: [{ name: 'p80', port: 80, protocol: 'TCP' }] }),
@@ -239,23 +254,23 @@ test('transactions: full flushes and replaces, partial writes only differences',
   const before = plan(c, base);
   const live = { chains: new Set(['service-OLD-ns9/x/tcp/p', 'services']), sets: new Map([['affinity-OLD', 'set' as const], ['service-ips', 'map' as const]]) };
   const full = fullTransaction(before, live);
-  assert.match(full.text, /^add table ip kube-proxy/);
-  assert.match(full.text, /flush map ip kube-proxy service-ips/);
-  assert.match(full.text, /flush chain ip kube-proxy services\n/);
+  assert.match(renderOps(full.ops), /^add table ip kube-proxy/);
+  assert.match(renderOps(full.ops), /flush map ip kube-proxy service-ips/);
+  assert.match(renderOps(full.ops), /flush chain ip kube-proxy services\n/);
   // What does not exist yet is only added: a cold start does not flush 10^5 new chains.
-  assert.doesNotMatch(full.text, /flush (map|set) ip kube-proxy cluster-ips/);
-  assert.doesNotMatch(full.text, /flush chain ip kube-proxy service-ULMVA6XW/);
-  assert.match(fullTransaction(before, null).text, /flush chain ip kube-proxy service-ULMVA6XW/, 'unknown live state: flush everything');
-  assert.match(full.text, /flush chain ip kube-proxy service-OLD-ns9\/x\/tcp\/p\n/);
-  assert.match(full.text, /delete set ip kube-proxy affinity-OLD\n/);
+  assert.doesNotMatch(renderOps(full.ops), /flush (map|set) ip kube-proxy cluster-ips/);
+  assert.doesNotMatch(renderOps(full.ops), /flush chain ip kube-proxy service-ULMVA6XW/);
+  assert.match(renderOps(fullTransaction(before, null).ops), /flush chain ip kube-proxy service-ULMVA6XW/, 'unknown live state: flush everything');
+  assert.match(renderOps(full.ops), /flush chain ip kube-proxy service-OLD-ns9\/x\/tcp\/p\n/);
+  assert.match(renderOps(full.ops), /delete set ip kube-proxy affinity-OLD\n/);
   assert.deepEqual(full.staleChains, ['service-OLD-ns9/x/tcp/p']);
-  // The rendered full transaction, read back, is the planned table.
-  const readBack = parseKubeProxyTable(full.text, 'ip');
-  assert.deepEqual(readBack.chains.get('service-OLD-ns9/x/tcp/p')?.rules, [], 'stale chain flushed, kept for later deletion');
-  readBack.chains.delete('service-OLD-ns9/x/tcp/p');
-  assert.equal(dumpRuleset(readBack).split('\n').sort().join('\n'), dumpRuleset(before).split('\n').sort().join('\n'));
+  // The full transaction, applied to an empty kernel (the nft fake), gives the planned table
+  // (its golden dump applied to another).
+  const kernel = new FakeNft();
+  await applyText(kernel, renderOps(fullTransaction(before, null).ops));
+  assert.equal(kernel.dump('ip', 'kube-proxy'), await tableOf(dumpRuleset(before)));
 
-  assert.equal(partialTransaction(before, before).ops, 0);
+  assert.equal(partialTransaction(before, before).ops.length, 0);
 
   const after = plan(c, [
     base[0],
@@ -264,18 +279,19 @@ test('transactions: full flushes and replaces, partial writes only differences',
     slice('ns2', 'svc2', 'IPv4', [{ ip: '10.180.1.1' }], [{ name: 'p80', port: 80 }]),
   ]);
   const part = partialTransaction(after, before);
-  assert.match(part.text, /delete element ip kube-proxy no-endpoint-services \{ 172\.30\.0\.42 \. tcp \. 80 \}/);
+  assert.match(renderOps(part.ops), /delete element ip kube-proxy no-endpoint-services \{ 172\.30\.0\.42 \. tcp \. 80 \}/);
   // Elements and rules in the forms nft 1.0.6 adds without listing every chain first.
-  assert.match(part.text, /add map ip kube-proxy service-ips \{ type [^}]* elements = \{ 172\.30\.0\.42 \. tcp \. 80 : goto service-/);
-  assert.match(part.text, /add chain ip kube-proxy service-[A-Z0-9]+-ns2\/svc2\/tcp\/p80 \{ ip daddr 172\.30\.0\.42 .* ; goto endpoint-/);
-  assert.doesNotMatch(part.text, /^(add table|add rule|add element|insert|replace) /m);
-  assert.match(part.text, /flush chain ip kube-proxy endpoint-[A-Z0-9]+-ns1\/svc1\/tcp\/p80__10\.180\.0\.2\/80\n/);
-  assert.doesNotMatch(part.text, /add rule ip kube-proxy services /, 'unchanged chains are not rewritten');
+  assert.match(renderOps(part.ops), /add map ip kube-proxy service-ips \{ type [^}]* elements = \{ 172\.30\.0\.42 \. tcp \. 80 : goto service-/);
+  assert.match(renderOps(part.ops), /add chain ip kube-proxy service-[A-Z0-9]+-ns2\/svc2\/tcp\/p80 \{ ip daddr 172\.30\.0\.42 .* ; goto endpoint-/);
+  assert.doesNotMatch(renderOps(part.ops), /^(add table|add rule|add element|insert|replace) /m);
+  assert.match(renderOps(part.ops), /flush chain ip kube-proxy endpoint-[A-Z0-9]+-ns1\/svc1\/tcp\/p80__10\.180\.0\.2\/80\n/);
+  assert.doesNotMatch(renderOps(part.ops), /add rule ip kube-proxy services /, 'unchanged chains are not rewritten');
   assert.equal(part.staleChains.length, 1);
-  // Applying the partial transaction on top of the old table gives the new one (plus the flushed chain).
-  const replay = parseKubeProxyTable(fullTransaction(before, null).text + part.text, 'ip');
-  replay.chains.delete(part.staleChains[0]);
-  assert.equal(dumpRuleset(replay).split('\n').sort().join('\n'), dumpRuleset(after).split('\n').sort().join('\n'));
+  // Applying the partial transaction on top of the old table, then deleting the chain it
+  // flushed (nothing refers to it any more), gives the new one.
+  await applyText(kernel, renderOps(part.ops));
+  await applyText(kernel, part.staleChains.map((ch) => `delete chain ip kube-proxy ${ch}\n`).join(''));
+  assert.equal(kernel.dump('ip', 'kube-proxy'), await tableOf(dumpRuleset(after)));
 });
 
 test('createProxier without nft fails with KPROXY_EXEC_MISSING', async () => {

@@ -229,9 +229,10 @@ const famRec = (f: Partial<NonNullable<SyncRecord['families']>[number]>): SyncRe
 test('nftables mode: upstream registers the nftables failure counters, not the iptables ones', async () => {
   const m = new Metrics({ mode: 'nftables', processMetrics: false });
   m.record(famRec({ ok: false, full: false, error: 'nft -f refused', errorCode: 'KPROXY_NFT_APPLY' }), 1);
-  m.record(famRec({ ok: true, stats: { rulesWritten: 1, rulesTotal: 9, cleanupFailures: 2 } }), 1);
+  m.record(famRec({ ok: true, stats: { rulesWritten: 1, rulesTotal: 9, cleanupFailures: 2, tables: 3 } }), 1);
   m.queued([4, 6]);
   const text = await m.registry.metrics();
+  assert.equal(value(text, 'kproxy_nftables_tables', { ip_family: 'IPv4' }), 3, 'the tables of the last sync');
   assert.equal(value(text, 'kubeproxy_sync_proxy_rules_nftables_sync_failures_total', { ip_family: 'IPv4' }), 1);
   assert.equal(value(text, 'kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total', { ip_family: 'IPv4' }), 2);
   assert.ok(value(text, 'kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds', { ip_family: 'IPv6' })! > 0, 'queued is per family');

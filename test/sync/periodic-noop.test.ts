@@ -5,12 +5,12 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
-import type { CommandRunner, RunOptions } from '../../src/kernel/runner.ts';
 import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { IptablesProxier } from '../../src/modes/iptables/proxier.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
+import { FakeNft } from '../../src/kernel/nft/fake.ts';
 import { makeSlice, nodePortService, numberedSlice } from '../support/builders.ts';
 
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
@@ -47,21 +47,6 @@ test('iptables: a periodic partial sync with no change runs no iptables-restore'
   assert.equal(restores(), after + 1);
   assert.ok(stats.rulesWritten > 0);
 });
-
-/** nft that keeps transactions; the table does not exist before the first one. */
-class FakeNft implements CommandRunner {
-  applied: string[] = [];
-  async run(cmd: string, args: string[], opts: RunOptions = {}) {
-    assert.equal(cmd, 'nft');
-    if (args[0] === '--version') return { code: 0, stdout: 'nftables v1.0.6', stderr: '' };
-    if (args[0] === '-f') {
-      this.applied.push(opts.input ?? '');
-      return { code: 0, stdout: '', stderr: '' };
-    }
-    if (args[0] === 'list') return { code: 1, stdout: '', stderr: 'Error: No such file or directory' };
-    throw new Error(`unexpected nft ${args.join(' ')}`);
-  }
-}
 
 test('nftables: a periodic partial sync with no change runs no nft -f', async () => {
   const { tracker, changed } = state(20);

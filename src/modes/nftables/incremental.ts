@@ -34,6 +34,8 @@ interface CachedPort {
 export interface TouchedFragments {
   old: PortFragment[];
   new: PortFragment[];
+  /** who owns the touched fragments' objects */
+  owners: OwnerIndex;
 }
 
 /**
@@ -59,6 +61,8 @@ export interface IncrementalPlan {
   previous: PreviousValues | null;
   /** service ports planned by this call */
   planned: number;
+  /** who owns the objects a partial plan touched (null with `previous`: allOwners()) */
+  owners: Owners | null;
 }
 
 export class IncrementalPlanner {
@@ -102,7 +106,7 @@ export class IncrementalPlanner {
     if (fresh) this.cache.clear();
     this.optionsKey = optionsKey;
 
-    const touched: TouchedFragments = { old: [], new: [] };
+    const touched: TouchedFragments = { old: [], new: [], owners: new OwnerIndex() };
     let planned = 0;
     let keysChanged = fresh;
     let seen = 0;
@@ -116,6 +120,8 @@ export class IncrementalPlanner {
       if (c) touched.old.push(c.frag);
       else keysChanged = true;
       touched.new.push(frag);
+      touched.owners.add(key, frag);
+      if (c) touched.owners.add(key, c.frag);
     };
     if (!fresh && portKeys) {
       // O(changed): only the given keys; one that left the state leaves the table
@@ -129,6 +135,7 @@ export class IncrementalPlanner {
         if (!c) continue;
         this.cache.delete(key);
         touched.old.push(c.frag);
+        touched.owners.add(key, c.frag);
         keysChanged = true;
       }
       seen = this.cache.size;
@@ -147,17 +154,18 @@ export class IncrementalPlanner {
         if (sp && sp.family === o.family) continue;
         this.cache.delete(key);
         touched.old.push(c.frag);
+        touched.owners.add(key, c.frag);
       }
     }
     if (keysChanged) this.keys = [...this.cache.keys()].sort();
     this.plannedTotal += planned;
     if (fresh || !this.last) {
       this.assemble(o);
-      return { desired: this.last!, previous: null, planned };
+      return { desired: this.last!, previous: null, planned, owners: null };
     }
     const previous = previousValues(this.last, touched);
     if (!this.patch(this.last, touched)) this.assemble(o);
-    return { desired: this.last!, previous, planned };
+    return { desired: this.last!, previous, planned, owners: touched.owners };
   }
 
   private assemble(o: NftPlanOptions): void {
@@ -166,27 +174,16 @@ export class IncrementalPlanner {
     this.countElementRefs();
   }
 
-  /**
-   * The service port whose fragment wrote this transaction line (a chain, rule, affinity set
-   * or element of its own), or null for the fixed part of the table. Used to name the
-   * Service whose line nft refused; a linear scan, only run after a failure.
-   */
-  ownerOfLine(line: string): ServicePort | null {
-    const obj = objectOfLine(line);
-    if (obj) {
-      for (const c of this.cache.values()) {
-        const f = c.frag;
-        const owns = obj.kind === 'element' ? f.elements.some((e) => e.set === obj.name && e.key === obj.key) : obj.kind === 'chain' ? f.chains.some((ch) => ch.name === obj.name) : f.sets.has(obj.name);
-        if (owns) return c.sp;
-      }
-    }
-    // A line nft could not even split (a name validation should have refused, with a space
-    // in it): the port whose own chain or set it names.
-    for (const c of this.cache.values()) {
-      for (const { name } of c.frag.chains) if (line.includes(` ${name}`)) return c.sp;
-      for (const name of c.frag.sets.keys()) if (line.includes(` ${name}`)) return c.sp;
-    }
-    return null;
+  /** The ServicePort planned under a port key (to name the Service of a refused operation). */
+  servicePort(key: string): ServicePort | undefined {
+    return this.cache.get(key)?.sp;
+  }
+
+  /** Who owns each object of the whole table (a full transaction's operations). */
+  allOwners(): Owners {
+    const index = new OwnerIndex();
+    for (const [key, c] of this.cache) index.add(key, c.frag);
+    return index;
   }
 
   /** The fragments in port key order: assembled, they give the table in planRuleset's order. */
@@ -291,16 +288,41 @@ function previousValues(rs: Ruleset, touched: TouchedFragments): PreviousValues 
   return out;
 }
 
-type LineObject = { kind: 'chain' | 'set'; name: string } | { kind: 'element'; name: string; key: string };
+/** Which service port (its key) planned an object; undefined for the table's fixed part. */
+export interface Owners {
+  chain(name: string): string | undefined;
+  set(name: string): string | undefined;
+  element(set: string, key: string): string | undefined;
+}
 
-/** What one line of a transaction (transaction.ts, ruleset.ts) adds, flushes or deletes. */
-export function objectOfLine(line: string): LineObject | null {
-  let m = /^(?:add|flush|delete) chain \S+ \S+ (\S+)/.exec(line) ?? /^add rule \S+ \S+ (\S+) /.exec(line);
-  if (m) return { kind: 'chain', name: m[1] };
-  m = /^(?:add|flush|delete) (?:set|map) \S+ \S+ (\S+)/.exec(line);
-  if (m) return { kind: 'set', name: m[1] };
-  // "add element ip kube-proxy SET { KEY [comment "..."] [: VERDICT] }"
-  m = /^(?:add|delete) element \S+ \S+ (\S+) \{ (.*?)(?: comment "| : | \}$)/.exec(line);
-  if (m) return { kind: 'element', name: m[1], key: m[2] };
-  return null;
+/**
+ * The service port key of each chain, set and element of some fragments (names are unique
+ * per port; an element shared by several ports names the first one added).
+ */
+export class OwnerIndex implements Owners {
+  private readonly chains = new Map<string, string>();
+  private readonly sets = new Map<string, string>();
+  private readonly elements = new Map<string, Map<string, string>>();
+
+  add(portKey: string, f: PortFragment): void {
+    for (const { name } of f.chains) if (!this.chains.has(name)) this.chains.set(name, portKey);
+    for (const name of f.sets.keys()) if (!this.sets.has(name)) this.sets.set(name, portKey);
+    for (const { set, key } of f.elements) {
+      let m = this.elements.get(set);
+      if (!m) this.elements.set(set, (m = new Map()));
+      if (!m.has(key)) m.set(key, portKey);
+    }
+  }
+
+  chain(name: string): string | undefined {
+    return this.chains.get(name);
+  }
+
+  set(name: string): string | undefined {
+    return this.sets.get(name);
+  }
+
+  element(set: string, key: string): string | undefined {
+    return this.elements.get(set)?.get(key);
+  }
 }

@@ -1,5 +1,5 @@
 // nftables mode: one private `kube-proxy` table per IP family (from 1,000 Services the
-// Services spread over `kube-proxy-<n>` tables, sharded.ts), written as one `nft -f`
+// Services spread over `kube-proxy-<n>` tables, shards.ts), written as one `nft -f`
 // transaction per sync. Planner (plan.ts), text (ruleset.ts), tracer (trace.ts) are pure;
 // the proxier (proxier.ts) applies through the nft executor (src/kernel/nft/exec.ts); TCP
 // NodePorts on 127.0.0.1 / ::1 are served by userspace listeners beside it when
@@ -15,7 +15,7 @@ import type { PlanInput } from '../../core/nodeview.ts';
 import { nftablesConformance } from './conformance.ts';
 import { kubeProxyTableNames, TABLE } from './names.ts';
 import { optionsFromInput } from './plan.ts';
-import { ShardedNftProxier } from './sharded.ts';
+import { NftProxier } from './proxier.ts';
 import { NftWithLocalhostNodePorts } from './localhost-nodeports.ts';
 import { dumpRuleset } from './ruleset.ts';
 import { traceNft, traceTables } from './trace.ts';
@@ -32,7 +32,7 @@ export { runShardedCase } from './conformance-sharded.ts';
 /** The table as it would be applied for this state (knftables dump form; valid `nft -f` input). */
 function render(input: PlanInput): string {
   // from 1,000 Services the mode writes several tables (shards.ts): all of them, in order
-  return planShardedRulesets(input.state, optionsFromInput(input)).map(dumpRuleset).join('');
+  return planShardedRulesets(input.state, optionsFromInput(input), { tables: input.config.nftables?.tables }).map(dumpRuleset).join('');
 }
 
 async function createProxier(deps: ModeDeps): Promise<Proxier> {
@@ -46,8 +46,8 @@ async function createProxier(deps: ModeDeps): Promise<Proxier> {
       throw new ExecError('KPROXY_EXEC_FAILED', `nft cannot create the ip6 ${TABLE} table: ${r.stderr.trim()}; load nf_tables with IPv6 support (or disable IPv6)`, r);
     }
   }
-  // K = 1 (upstream's single `kube-proxy` table) below 1,000 Services; sharded above (sharded.ts).
-  const nft = new ShardedNftProxier({ runner: deps.runner, log: deps.log });
+  // K = 1 (upstream's single `kube-proxy` table) below 1,000 Services; several above (shards.ts chooseTables).
+  const nft = new NftProxier({ runner: deps.runner, log: deps.log, shards: { tables: deps.config.nftables?.tables } });
   // Beside the ruleset, the userspace listeners of localhost NodePorts (localhost-nodeports.ts):
   // each sync's view says whether there are any (NodeSettings.localhostNodePortProxy).
   return new NftWithLocalhostNodePorts(nft, { config: deps.config, log: deps.log, family: deps.family ?? 4 });
@@ -112,7 +112,7 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
 export function tracePlanned(req: TraceRequest, shards?: ShardOptions): TraceResult & { tables: string[] } {
   if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'a planned trace needs --manifests (or use --live)');
   const pkt = { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port };
-  const tables = planShardedRulesets(req.input.state, optionsFromInput(req.input), shards);
+  const tables = planShardedRulesets(req.input.state, optionsFromInput(req.input), { tables: req.input.config.nftables?.tables, ...shards });
   const r = traceTables(tables, pkt, { localIPs: req.input.node.nodeIPs });
   return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)], tables: tables.map((t) => t.table) };
 }

@@ -7,7 +7,7 @@
 // per-endpoint dynamic sets. Pure.
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
 import { NO_ENDPOINTS, nodePortIPsFor, portFactsOf, portOf, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortIPs, type NodeSettings, type PlanInput, type PortFacts, type PortView, type FrontendVerdict } from '../../core/nodeview.ts';
-import { affinitySetName, endpointChainName, flatString, nftComment, serviceChainNames, TABLE } from './names.ts';
+import { affinitySetName, endpointChainName, flatString, nftComment, serviceChainNames, TABLE, type ServiceChainNames } from './names.ts';
 import type { SkippedVIP } from '../../core/vip.ts';
 import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftRule, type NftSet, type Ruleset } from './ruleset.ts';
 import { selectionRules } from './selection.ts';
@@ -232,38 +232,33 @@ function writeServiceToEndpointRules(rs: Ruleset, o: NftPlanOptions, sp: Service
 
 /** One service port: map elements always; its chains (service, external, firewall, endpoints). */
 function planServicePort(rs: Ruleset, o: NftPlanOptions, cat: PortView): void {
+  if (!cat.sp.clusterIP) return;
+  // Every decision is the node view's (src/core/nodeview.ts); this only renders it.
+  const names = serviceChainNames(cat.sp);
+  addPortElements(rs, cat, names);
+  addPortChains(rs, o, cat, names);
+}
+
+/** The port's elements of the shared sets and maps: where each of its addresses goes. */
+function addPortElements(rs: Ruleset, cat: PortView, names: ServiceChainNames): void {
   const { sp } = cat;
   if (!sp.clusterIP) return;
-  const ip = ipX(o.family);
   const proto = sp.protocol.toLowerCase();
   const port = String(sp.port);
-  const names = serviceChainNames(sp);
-  // Every decision is the node view's (src/core/nodeview.ts); this only renders it.
   const hasEndpoints = cat.hasAnyEndpoints;
-  const sticky = cat.affinitySeconds > 0;
-  // upstream nftables proxier: usesClusterPolicyChain := len(clusterEndpoints) > 0 && UsesClusterEndpoints()
-  const usesClusterPolicyChain = cat.usesClusterPath;
-  const usesLocalPolicyChain = cat.usesLocalPath;
   const internalChain = cat.internalPolicy === 'local' ? names.local : names.cluster;
-  const hasInternal = cat.hasInternalEndpoints;
-  const externalPolicyChain = cat.externalPolicy === 'local' ? names.local : names.cluster;
   const hasExternal = cat.hasExternalEndpoints;
-  // The external chain is needed even without externally usable endpoints: it holds the
-  // short-circuit rules for pod and node traffic.
-  const usesExternalChain = cat.usesExternalPath;
-
   // The view's verdicts as nft verdicts ('' where traffic goes to its endpoints).
   const verdict = (v: FrontendVerdict) => (v === 'reject' ? `goto ${C.reject}` : v === 'drop' ? 'drop' : '');
-  const internalVerdict = verdict(cat.internalVerdict);
   const externalVerdict = verdict(cat.externalVerdict);
   // Within nft's 128-byte limit: one long name must not fail the whole transaction.
   const comment = nftComment(sp.key);
 
   addElement(rs, C.clusterIPs, { key: [sp.clusterIP] });
-  if (hasInternal) {
+  if (cat.hasInternalEndpoints) {
     addElement(rs, C.serviceIPs, { key: [sp.clusterIP, proto, port], value: `goto ${internalChain}` });
   } else {
-    addElement(rs, C.noEndpointServices, { key: [sp.clusterIP, proto, port], value: internalVerdict, comment });
+    addElement(rs, C.noEndpointServices, { key: [sp.clusterIP, proto, port], value: verdict(cat.internalVerdict), comment });
   }
 
   for (const eip of sp.externalIPs) {
@@ -271,10 +266,9 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, cat: PortView): void {
     if (!hasExternal) addElement(rs, C.noEndpointServices, { key: [eip, proto, port], value: externalVerdict, comment });
   }
 
-  const usesFirewall = cat.usesFirewallPath;
   for (const lb of sp.loadBalancerVIPs) {
     if (hasEndpoints) addElement(rs, C.serviceIPs, { key: [lb, proto, port], value: `goto ${names.external}` });
-    if (usesFirewall) addElement(rs, C.firewallIPs, { key: [lb, proto, port], value: `goto ${names.firewall}` });
+    if (cat.usesFirewallPath) addElement(rs, C.firewallIPs, { key: [lb, proto, port], value: `goto ${names.firewall}` });
   }
   if (!hasExternal) {
     for (const lb of sp.loadBalancerVIPs) {
@@ -287,11 +281,15 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, cat: PortView): void {
     if (hasEndpoints) addElement(rs, C.serviceNodePorts, { key: [proto, np], value: `goto ${names.external}` });
     if (!hasExternal) addElement(rs, C.noEndpointNodePorts, { key: [proto, np], value: externalVerdict, comment });
   }
+}
 
-  // Chains. Endpoint chains first so that the vmap targets exist in declaration order.
+/** The port's chains, endpoint chains first so that the verdicts' targets exist in declaration order. */
+function addPortChains(rs: Ruleset, o: NftPlanOptions, cat: PortView, names: ServiceChainNames): void {
+  const { sp } = cat;
+  const ip = ipX(o.family);
   for (const ep of cat.allReachableEndpoints) ensureChain(rs, endpointChainName(sp, ep.key));
-
-  if (hasInternal) {
+  if (cat.hasInternalEndpoints) {
+    const internalChain = cat.internalPolicy === 'local' ? names.local : names.cluster;
     if (o.masqueradeAll) {
       addRule(rs, internalChain, `${ip} daddr ${sp.clusterIP} jump ${C.markMasq}`);
     } else {
@@ -301,31 +299,40 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, cat: PortView): void {
       if (notLocal) addRule(rs, internalChain, `${ip} daddr ${sp.clusterIP} ${notLocal} jump ${C.markMasq}`);
     }
   }
-
-  if (usesExternalChain) {
-    ensureChain(rs, names.external);
-    if (cat.externalPolicy === 'cluster') {
-      // Non-local endpoints may be on another node: masquerade so replies come back here.
-      addRule(rs, names.external, `jump ${C.markMasq}`);
-    } else {
-      const local = ifLocal(o.localDetector, o.family);
-      // Pod traffic to an external IP behaves as if it went out to the LB and back in.
-      if (local && cat.shortCircuitToCluster) addRule(rs, names.external, `${local} goto ${names.cluster}`, 'short-circuit pod traffic');
-      // Node traffic gets the node IP (or the LB IP) as source: masquerade it.
-      addRule(rs, names.external, `fib saddr type local jump ${C.markMasq}`, 'masquerade local traffic');
-      if (cat.shortCircuitToCluster) addRule(rs, names.external, `fib saddr type local goto ${names.cluster}`, 'short-circuit local traffic');
-    }
-    if (hasExternal) addRule(rs, names.external, `goto ${externalPolicyChain}`);
-  }
-
-  if (usesFirewall) {
+  // The external chain is needed even without externally usable endpoints: it holds the
+  // short-circuit rules for pod and node traffic.
+  if (cat.usesExternalPath) addExternalChain(rs, o, cat, names);
+  if (cat.usesFirewallPath) {
     const sources = [...cat.firewall!.sourceRanges];
     // A node connecting to a VIP that is also a local address loops back with the VIP as
     // source; allow that when the node itself is allowed.
     if (cat.firewall!.nodeInRanges) sources.push(...sp.loadBalancerVIPs);
     addRule(rs, names.firewall, `${ip} saddr != { ${sources.join(' , ')} } drop`);
   }
+  addEndpointChains(rs, o, cat, names);
+}
 
+function addExternalChain(rs: Ruleset, o: NftPlanOptions, cat: PortView, names: ServiceChainNames): void {
+  ensureChain(rs, names.external);
+  if (cat.externalPolicy === 'cluster') {
+    // Non-local endpoints may be on another node: masquerade so replies come back here.
+    addRule(rs, names.external, `jump ${C.markMasq}`);
+  } else {
+    const local = ifLocal(o.localDetector, o.family);
+    // Pod traffic to an external IP behaves as if it went out to the LB and back in.
+    if (local && cat.shortCircuitToCluster) addRule(rs, names.external, `${local} goto ${names.cluster}`, 'short-circuit pod traffic');
+    // Node traffic gets the node IP (or the LB IP) as source: masquerade it.
+    addRule(rs, names.external, `fib saddr type local jump ${C.markMasq}`, 'masquerade local traffic');
+    if (cat.shortCircuitToCluster) addRule(rs, names.external, `fib saddr type local goto ${names.cluster}`, 'short-circuit local traffic');
+  }
+  if (cat.hasExternalEndpoints) addRule(rs, names.external, `goto ${cat.externalPolicy === 'local' ? names.local : names.cluster}`);
+}
+
+/** Affinity sets, the service chains' picks (upstream's usesClusterPolicyChain / local), and each endpoint's DNAT chain. */
+function addEndpointChains(rs: Ruleset, o: NftPlanOptions, cat: PortView, names: ServiceChainNames): void {
+  const { sp } = cat;
+  const ip = ipX(o.family);
+  const sticky = cat.affinitySeconds > 0;
   if (sticky) {
     for (const ep of cat.allReachableEndpoints) {
       addSet(rs, {
@@ -337,10 +344,10 @@ function planServicePort(rs: Ruleset, o: NftPlanOptions, cat: PortView): void {
       });
     }
   }
-
-  if (usesClusterPolicyChain) writeServiceToEndpointRules(rs, o, sp, names.cluster, cat.clusterEndpoints);
-  if (usesLocalPolicyChain) writeServiceToEndpointRules(rs, o, sp, names.local, cat.localEndpoints);
-
+  // upstream nftables proxier: usesClusterPolicyChain := len(clusterEndpoints) > 0 && UsesClusterEndpoints()
+  if (cat.usesClusterPath) writeServiceToEndpointRules(rs, o, sp, names.cluster, cat.clusterEndpoints);
+  if (cat.usesLocalPath) writeServiceToEndpointRules(rs, o, sp, names.local, cat.localEndpoints);
+  const proto = sp.protocol.toLowerCase();
   for (const ep of cat.allReachableEndpoints) {
     const chain = endpointChainName(sp, ep.key);
     // Hairpin: a pod reaching itself through the service must be masqueraded.

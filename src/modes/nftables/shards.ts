@@ -1,7 +1,7 @@
 // How the nftables mode spreads the Services over several tables at scale: the
 // number of tables K for N Services (with hysteresis), their names, a Service's table
 // (names.ts shardOf) and the planned tables of a state. Pure; the proxier that applies them
-// is src/modes/nftables/sharded.ts.
+// is src/modes/nftables/proxier.ts.
 import type { ProxyState } from '../../core/model.ts';
 import { shardOf, shardTable, TABLE } from './names.ts';
 import { planRuleset, type NftPlanOptions } from './plan.ts';
@@ -14,25 +14,34 @@ export interface ShardOptions {
   perTable?: number;
   /** at most this many tables (default 16: every new connection walks every table's base chains) */
   maxTables?: number;
+  /** the configuration's nftables.tables: "auto" (this rule) or always that many tables */
+  tables?: 'auto' | number;
 }
 
-export const DEFAULT_SHARDS: Required<ShardOptions> = { threshold: 1000, perTable: 600, maxTables: 16 };
+/** The rule's thresholds, all given, and the configured number of tables, if any. */
+export type ShardRule = Required<Omit<ShardOptions, 'tables'>> & Pick<ShardOptions, 'tables'>;
 
-/** The number of tables for n Services without history. */
-export function targetShards(n: number, o: Required<ShardOptions>): number {
+export const DEFAULT_SHARDS: Required<ShardOptions> = { threshold: 1000, perTable: 600, maxTables: 16, tables: 'auto' };
+
+/** The number of tables for n Services from scratch. */
+function targetTables(n: number, o: ShardRule): number {
   if (n < o.threshold || o.maxTables <= 1) return 1;
   return Math.min(o.maxTables, Math.max(2, Math.ceil(n / o.perTable)));
 }
 
 /**
- * The number of tables for n Services when there are `current` now (hysteresis, so K does not
- * flap around a boundary): up to K > 1 at the threshold, back to 1 only below 80 % of it; in
- * between a change only when the target is at least 1.5× or at most half the current K.
+ * The number of tables K for n Services: the one rule render, trace and the proxier share.
+ * A number in the configuration (nftables.tables) is K whatever n; "auto" is this rule.
+ * `current` is K now (0: a fresh start, which gets what render gets). Hysteresis, so K does
+ * not flap around a boundary: up to K > 1 at the threshold, back to 1 only below 80 % of it;
+ * in between a change only when the target is at least 1.5× or at most half the current K.
  */
-export function chooseShards(n: number, current: number, o: Required<ShardOptions>): number {
-  const t = targetShards(n, o);
+export function chooseTables(n: number, current: number, o: ShardRule): number {
+  if (o.tables !== undefined && o.tables !== 'auto') return o.tables;
+  const t = targetTables(n, o);
   if (current <= 1) return t;
   if (n < o.threshold * 0.8 || o.maxTables <= 1) return 1;
+  // between 80 % of the threshold and the threshold the target is 1, but K stays above 1
   const t2 = Math.min(o.maxTables, Math.max(2, t));
   if (t2 >= current * 1.5 || t2 * 2 <= current) return t2;
   return current;
@@ -173,9 +182,9 @@ export class ShardStates {
   }
 }
 
-/** The tables the mode writes for a state from scratch (no history: targetShards), in shard order. */
+/** The tables the mode writes for a state from scratch (a fresh start's chooseTables), in shard order. */
 export function planShardedRulesets(state: ProxyState, o: NftPlanOptions, opts: ShardOptions = {}): Ruleset[] {
-  const k = targetShards(serviceCount(state, o.family), { ...DEFAULT_SHARDS, ...opts });
+  const k = chooseTables(serviceCount(state, o.family), 0, { ...DEFAULT_SHARDS, ...opts });
   return planShards(state, o, k);
 }
 

@@ -104,7 +104,12 @@ class Tracer {
     return false;
   }
 
-  /** Evaluates one rule piece by piece; 'next' when it does not match or falls through. */
+  /**
+   * Evaluates one rule piece by piece; 'next' when it does not match or falls through. One
+   * loop over the rule's words with a branch per expression form kproxy and upstream write
+   * (longer than most functions here): the forms read in the order a rule holds them, and
+   * each branch consumes its words, which separate functions would have to pass back.
+   */
   private runRule(text: string, shown: string, p: Pkt, depth: number): 'next' | 'terminal' | 'return' {
     let rule = text.replace(/^ct state new\s*/, '').replace(/\s*comment "[^"]*"$/, '').trim();
     let m: RegExpExecArray | null;

@@ -8,23 +8,11 @@
 // deleted in the same batch, and `delete chain` makes nft 1.0.6 list every chain (~1 s at
 // 10,000 Services), so the proxier deletes them when idle. Affinity sets that fall out of use
 // go the same way (`flush set` now, `delete set` later). Pure.
-import {
-  addChainLine,
-  addElementLine,
-  addElementsBySetLine,
-  addRuleLine,
-  addSetLine,
-  addTableLine,
-  chainWithRulesLine,
-  elementKey,
-  ruleText,
-  tableRef,
-  type NftChain,
-  type NftElement,
-  type Ruleset,
-} from './ruleset.ts';
+import { elementKey, ruleText, type NftOp, type NftTableRef } from '../../kernel/nft/model.ts';
+import { tableOf, type NftChain, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
 import { isAffinitySetName } from './names.ts';
-import type { PreviousValues } from './incremental.ts';
+import type { Owners, PreviousValues } from './incremental.ts';
+
 
 export interface LiveNames {
   chains: Set<string>;
@@ -32,10 +20,11 @@ export interface LiveNames {
   sets: Map<string, 'set' | 'map'>;
 }
 
+export const NO_OWNERS: Owners = { chain: () => undefined, set: () => undefined, element: () => undefined };
+
 export interface Transaction {
-  text: string;
-  /** number of commands */
-  ops: number;
+  /** the operations, in order (model.ts renderOps writes them) */
+  ops: NftOp[];
   /** chains flushed here because they fell out of use; delete them in a later sync */
   staleChains: string[];
   /**
@@ -82,19 +71,55 @@ export function deferrable(set: string, el: NftElement, flushed: ReadonlySet<str
   return target !== undefined && flushed.has(target);
 }
 
+/** Builds the operations of one table, each with the service port that owns its object. */
+class OpWriter {
+  constructor(
+    readonly t: NftTableRef,
+    private readonly owners: Owners,
+  ) {}
+
+  private own<T extends NftOp>(op: T, owner: string | undefined): T {
+    if (owner !== undefined) op.owner = owner;
+    return op;
+  }
+
+  table(comment: string | undefined): NftOp {
+    return { verb: 'add', in: this.t, kind: 'table', comment };
+  }
+
+  /** `add chain NAME` with its declaration (spec), and its rules as a body when `rules` */
+  chain(verb: NftOp['verb'], name: string, spec?: NftChain, rules?: boolean): NftOp {
+    return this.own({ verb, in: this.t, kind: 'chain', name, ...(spec ? { spec } : {}), ...(rules ? { rules } : {}) }, this.owners.chain(name));
+  }
+
+  rule(chain: string, rule: NftChain['rules'][number]): NftOp {
+    return this.own({ verb: 'add', in: this.t, kind: 'rule', chain, rule }, this.owners.chain(chain));
+  }
+
+  set(verb: NftOp['verb'], setKind: 'set' | 'map', name: string, spec?: NftSet): NftOp {
+    return this.own({ verb, in: this.t, kind: 'set', setKind, name, ...(spec ? { spec } : {}) }, this.owners.set(name));
+  }
+
+  /** one element; with `spec`, written as a re-declaration of its set (model.ts renderOp) */
+  element(verb: 'add' | 'delete', set: string, el: NftElement, spec?: NftSet): NftOp {
+    return this.own({ verb, in: this.t, kind: 'element', set, elements: [el], ...(spec ? { spec } : {}) }, this.owners.element(set, elementKey(el.key)));
+  }
+}
+
 /**
  * Element bookkeeping shared by both partial diffs: an element to add that lingers in the
  * kernel with the same value is already there (revived, nothing written); with another value
  * the lingering one is deleted first. A removal is deferred when deferrable().
  */
 class ElementDiff {
-  readonly delLines: string[] = [];
-  readonly addLines: string[] = [];
+  readonly dels: NftOp[] = [];
+  readonly adds: NftOp[] = [];
   readonly lingering: LingeringElement[] = [];
   readonly revived: LingeringElement[] = [];
 
   constructor(
     private readonly desired: Ruleset,
+    private readonly w: OpWriter,
     private readonly flushed: ReadonlySet<string>,
     private readonly kept: Lingering,
     private readonly defer: boolean,
@@ -107,15 +132,15 @@ class ElementDiff {
       if (old) {
         this.revived.push({ set: setName, el: old });
         if (sameElement(old, el)) return;
-        this.delLines.push(deleteElementLine(this.desired, setName, old));
+        this.dels.push(this.w.element('delete', setName, old));
       }
-    } else this.delLines.push(deleteElementLine(this.desired, setName, prev));
-    this.addLines.push(addElementsBySetLine(this.desired, this.desired.sets.get(setName)!, [el]));
+    } else this.dels.push(this.w.element('delete', setName, prev));
+    this.adds.push(this.w.element('add', setName, el, this.desired.sets.get(setName)!));
   }
 
   remove(setName: string, el: NftElement): void {
     if (this.defer && deferrable(setName, el, this.flushed)) this.lingering.push({ set: setName, el });
-    else this.delLines.push(deleteElementLine(this.desired, setName, el));
+    else this.dels.push(this.w.element('delete', setName, el));
   }
 
   /**
@@ -129,7 +154,7 @@ class ElementDiff {
         if (taken.has(`${set} ${k}`)) continue;
         const target = lingeringTarget(el);
         if (target === undefined || !this.desired.chains.has(target)) continue;
-        this.delLines.push(deleteElementLine(this.desired, set, el));
+        this.dels.push(this.w.element('delete', set, el));
         this.revived.push({ set, el });
       }
     }
@@ -142,9 +167,16 @@ export function lingeringTarget(el: NftElement): string | undefined {
   return /^(?:goto|jump) (\S+)$/.exec(el.value ?? '')?.[1];
 }
 
-/** `delete element` lines for lingering elements (a later cleanup). */
-export function deleteElementsText(rs: { family: Ruleset['family']; table: string }, els: LingeringElement[]): string {
-  return els.map(({ set, el }) => `delete element ${rs.family} ${rs.table} ${set} { ${elementKey(el.key)} }`).join('\n') + (els.length ? '\n' : '');
+/** `delete element` operations for lingering elements (a later cleanup). */
+export function deleteElementsOps(t: NftTableRef, els: LingeringElement[]): NftOp[] {
+  const w = new OpWriter(t, NO_OWNERS);
+  return els.map(({ set, el }) => w.element('delete', set, el));
+}
+
+/** Deletes chains (and affinity sets) retired by earlier syncs. */
+export function deleteRetiredOps(t: NftTableRef, chains: string[], sets: string[] = []): NftOp[] {
+  const w = new OpWriter(t, NO_OWNERS);
+  return [...chains.map((c) => w.chain('delete', c)), ...sets.map((s) => w.set('delete', 'set', s))];
 }
 
 export interface PartialOptions {
@@ -152,11 +184,14 @@ export interface PartialOptions {
   lingering?: Lingering;
   /** defer the removals deferrable() allows (default true) */
   deferRemovals?: boolean;
+  /** who owns each object, so a refused operation names its Service (default: nobody) */
+  owners?: Owners;
 }
 
 export interface TransactionOptions {
   /** add+delete base chains first so a changed hook or priority can be re-created (first sync) */
   recreateBaseChains?: boolean;
+  owners?: Owners;
 }
 
 function sameChain(a: NftChain, b: NftChain): boolean {
@@ -169,42 +204,39 @@ function sameElement(a: NftElement, b: NftElement): boolean {
   return a.value === b.value && a.comment === b.comment;
 }
 
-function deleteElementLine(rs: Ruleset, set: string, el: NftElement): string {
-  return `delete element ${tableRef(rs)} ${set} { ${elementKey(el.key)} }`;
-}
-
-/** Full sync: replaces the whole content of the table in one batch. */
+/**
+ * Full sync: replaces the whole content of the table in one batch. Only what exists is
+ * flushed: on a cold start that halves the transaction (a flush of a chain created in the
+ * same batch is a no-op the kernel still has to process).
+ */
 export function fullTransaction(desired: Ruleset, live: LiveNames | null, opts: TransactionOptions = {}): Transaction {
-  const t = tableRef(desired);
-  const lines: string[] = [addTableLine(desired)];
+  const w = new OpWriter(tableOf(desired), opts.owners ?? NO_OWNERS);
+  const ops: NftOp[] = [w.table(desired.comment)];
   if (opts.recreateBaseChains) {
     for (const ch of desired.chains.values()) {
       if (ch.hook === undefined || !live?.chains.has(ch.name)) continue;
-      lines.push(`add chain ${t} ${ch.name}`, `delete chain ${t} ${ch.name}`);
+      ops.push(w.chain('add', ch.name), w.chain('delete', ch.name));
     }
   }
-  // Only what exists is flushed: on a cold start that halves the transaction (a flush of a
-  // chain created in the same batch is a no-op the kernel still has to process).
   for (const s of desired.sets.values()) {
-    lines.push(addSetLine(desired, s));
-    if (!isAffinitySetName(s.name) && (!live || live.sets.has(s.name))) lines.push(`flush ${s.kind} ${t} ${s.name}`);
+    ops.push(w.set('add', s.kind, s.name, s));
+    if (!isAffinitySetName(s.name) && (!live || live.sets.has(s.name))) ops.push(w.set('flush', s.kind, s.name));
   }
   for (const ch of desired.chains.values()) {
-    lines.push(addChainLine(desired, ch));
-    if (!live || live.chains.has(ch.name)) lines.push(`flush chain ${t} ${ch.name}`);
+    ops.push(w.chain('add', ch.name, ch));
+    if (!live || live.chains.has(ch.name)) ops.push(w.chain('flush', ch.name));
   }
-  for (const ch of desired.chains.values()) for (const r of ch.rules) lines.push(addRuleLine(desired, ch.name, r));
+  for (const ch of desired.chains.values()) for (const r of ch.rules) ops.push(w.rule(ch.name, r));
   for (const s of desired.sets.values()) {
     if (isAffinitySetName(s.name)) continue;
-    for (const el of s.elements.values()) lines.push(addElementLine(desired, s.name, el));
+    for (const el of s.elements.values()) ops.push(w.element('add', s.name, el));
   }
   const staleChains = [...(live?.chains ?? [])].filter((c) => !desired.chains.has(c)).sort();
-  for (const c of staleChains) lines.push(`flush chain ${t} ${c}`);
+  for (const c of staleChains) ops.push(w.chain('flush', c));
   const staleSets = [...(live?.sets.keys() ?? [])].filter((s) => !desired.sets.has(s)).sort();
-  for (const s of staleSets) lines.push(`delete ${live!.sets.get(s)} ${t} ${s}`);
+  for (const s of staleSets) ops.push(w.set('delete', live!.sets.get(s)!, s));
   return {
-    text: lines.join('\n') + '\n',
-    ops: lines.length,
+    ops,
     staleChains,
     staleSets: [],
     lingering: [],
@@ -213,19 +245,43 @@ export function fullTransaction(desired: Ruleset, live: LiveNames | null, opts: 
   };
 }
 
+/** What a partial diff collects before assemblePartial orders it. */
+interface PartialParts {
+  w: OpWriter;
+  sets: NftOp[];
+  /** names the sets' operations declare */
+  declared: Set<string>;
+  chains: NftOp[];
+  rules: NftOp[];
+  changedChains: string[];
+}
+
+function partialParts(desired: Ruleset, owners: Owners | undefined): PartialParts {
+  return { w: new OpWriter(tableOf(desired), owners ?? NO_OWNERS), sets: [], declared: new Set(), chains: [], rules: [], changedChains: [] };
+}
+
+function declareSet(p: PartialParts, s: NftSet): void {
+  p.declared.add(s.name);
+  p.sets.push(p.w.set('add', s.kind, s.name, s));
+}
+
+/** A chain that differs from its old value (undefined: new): declared, flushed when it existed, its rules as a body. */
+function rewriteChain(p: PartialParts, ch: NftChain, old: NftChain | undefined): void {
+  p.changedChains.push(ch.name);
+  p.chains.push(p.w.chain('add', ch.name, ch));
+  if (old) p.chains.push(p.w.chain('flush', ch.name));
+  if (ch.rules.length) p.rules.push(p.w.chain('add', ch.name, ch, true));
+}
+
 /** Partial sync: only the differences from `applied` (the table as kproxy last wrote it). */
 export function partialTransaction(desired: Ruleset, applied: Ruleset, opts: PartialOptions = {}): Transaction {
-  const t = tableRef(desired);
-  const setLines: string[] = [];
-  const chainLines: string[] = [];
-  const ruleLines: string[] = [];
-  const changedChains: string[] = [];
+  const p = partialParts(desired, opts.owners);
   const staleChains = [...applied.chains.keys()].filter((c) => !desired.chains.has(c)).sort();
-  const els = new ElementDiff(desired, new Set(staleChains), opts.lingering ?? new Map(), opts.deferRemovals ?? true);
+  const els = new ElementDiff(desired, p.w, new Set(staleChains), opts.lingering ?? new Map(), opts.deferRemovals ?? true);
 
   for (const s of desired.sets.values()) {
     const old = applied.sets.get(s.name);
-    if (!old) setLines.push(addSetLine(desired, s));
+    if (!old) declareSet(p, s);
     if (isAffinitySetName(s.name)) continue;
     const oldEls: Map<string, NftElement> = old?.elements ?? new Map();
     for (const [k, el] of s.elements) {
@@ -239,15 +295,12 @@ export function partialTransaction(desired: Ruleset, applied: Ruleset, opts: Par
   for (const ch of desired.chains.values()) {
     const old = applied.chains.get(ch.name);
     if (old && sameChain(old, ch)) continue;
-    changedChains.push(ch.name);
-    chainLines.push(addChainLine(desired, ch));
-    if (old) chainLines.push(`flush chain ${t} ${ch.name}`);
-    if (ch.rules.length) ruleLines.push(chainWithRulesLine(desired, ch));
+    rewriteChain(p, ch, old);
   }
-  declareReferencedSets(desired, changedChains, setLines);
+  declareReferencedSets(desired, p);
 
   const staleSets = [...applied.sets.values()].filter((s) => !desired.sets.has(s.name)).map((s) => [s.name, s.kind] as const).sort();
-  return assemblePartial(desired, { setLines, chainLines, ruleLines, els, tail: [] }, changedChains.length, staleChains, staleSets);
+  return assemblePartial(p, els, staleChains, staleSets);
 }
 
 /**
@@ -256,40 +309,27 @@ export function partialTransaction(desired: Ruleset, applied: Ruleset, opts: Par
  * specification, the sets the rewritten chains use. Re-declaring keeps a set's elements
  * (affinity entries survive).
  */
-function declareReferencedSets(desired: Ruleset, chains: string[], setLines: string[]): void {
-  const declared = new Set(setLines.map((l) => / (?:set|map) \S+ \S+ (\S+)/.exec(l)?.[1]));
-  for (const name of chains) {
+function declareReferencedSets(desired: Ruleset, p: PartialParts): void {
+  for (const name of p.changedChains) {
     for (const r of desired.chains.get(name)!.rules) {
       for (const m of r.rule.matchAll(/@(\S+)/g)) {
         const s = desired.sets.get(m[1]);
-        if (!s || declared.has(s.name)) continue;
-        declared.add(s.name);
-        setLines.push(addSetLine(desired, s));
+        if (s && !p.declared.has(s.name)) declareSet(p, s);
       }
     }
   }
 }
 
-/** Deletes chains retired by earlier syncs. */
-export function deleteChainsTransaction(rs: { family: Ruleset['family']; table: string }, chains: string[], sets: string[] = []): string {
-  return [...chains.map((c) => `delete chain ${rs.family} ${rs.table} ${c}`), ...sets.map((s) => `delete set ${rs.family} ${rs.table} ${s}`)].join('\n') + '\n';
-}
-
 /**
- * Partial sync when only some ports were replanned (IncrementalPlanner): the same commands
+ * Partial sync when only some ports were replanned (IncrementalPlanner): the same operations
  * partialTransaction would write, found by comparing only the objects the replanned ports
  * name with their previous values, so its cost follows the change, not the table.
  */
 export function partialTransactionFor(desired: Ruleset, previous: PreviousValues, opts: PartialOptions = {}): Transaction {
-  const t = tableRef(desired);
-  const setLines: string[] = [];
-  const chainLines: string[] = [];
-  const ruleLines: string[] = [];
-  const changedChains: string[] = [];
-
+  const p = partialParts(desired, opts.owners);
   for (const [name, old] of previous.sets) {
     const s = desired.sets.get(name);
-    if (s && !old) setLines.push(addSetLine(desired, s));
+    if (s && !old) declareSet(p, s);
   }
   const staleChains: string[] = [];
   for (const [name, old] of previous.chains) {
@@ -299,12 +339,9 @@ export function partialTransactionFor(desired: Ruleset, previous: PreviousValues
       continue;
     }
     if (old && (old === ch || sameChain(old, ch))) continue;
-    changedChains.push(name);
-    chainLines.push(addChainLine(desired, ch));
-    if (old) chainLines.push(`flush chain ${t} ${name}`);
-    if (ch.rules.length) ruleLines.push(chainWithRulesLine(desired, ch));
+    rewriteChain(p, ch, old);
   }
-  const els = new ElementDiff(desired, new Set(staleChains), opts.lingering ?? new Map(), opts.deferRemovals ?? true);
+  const els = new ElementDiff(desired, p.w, new Set(staleChains), opts.lingering ?? new Map(), opts.deferRemovals ?? true);
   for (const [setName, prevEls] of previous.elements) {
     const want = desired.sets.get(setName)?.elements;
     for (const [k, prev] of prevEls) {
@@ -314,51 +351,43 @@ export function partialTransactionFor(desired: Ruleset, previous: PreviousValues
       else if (prev) els.remove(setName, prev);
     }
   }
-  declareReferencedSets(desired, changedChains, setLines);
+  declareReferencedSets(desired, p);
   staleChains.sort();
   const staleSets = [...previous.sets].filter(([s, old]) => old && !desired.sets.has(s)).map(([s, old]) => [s, old!.kind] as const).sort();
-  return assemblePartial(desired, { setLines, chainLines, ruleLines, els, tail: [] }, changedChains.length, staleChains, staleSets);
+  return assemblePartial(p, els, staleChains, staleSets);
 }
 
 /** The commands of a partial sync whose nft 1.0.6 cache is only the table list (see assemblePartial). */
 export const PARTIAL_O1_COMMANDS = /^(?:add chain|flush chain|add set|add map|flush set) /;
 
 /**
- * The partial transaction's text, in the order nft needs: sets, chain declarations (and
- * flushes), chains' rules, elements, retirements. It uses only commands whose nft cache is
+ * The partial transaction's operations, in the order nft needs: sets, chain declarations (and
+ * flushes), chains' rules, elements, retirements. They use only commands whose nft cache is
  * the table list (nft 1.0.6, src/cache.c), so its cost follows the change, not the table:
- * no `add table` with a body (a full chain listing), rules as `add chain NAME { ... }`
- * (chainWithRulesLine), elements as `add set|map NAME { ... elements = { ... } }`
- * (addElementsBySetLine), `flush chain`, `flush set` (a retired affinity set). Only
- * `delete element` (and `delete set` of a shared set) still makes nft 1.0.6 list every chain
- * (CMD_DELETE; nft 1.0.6 has no `destroy`, and deleting by handle lists the same). Without `add table` a table deleted
- * behind kproxy's back fails the transaction; the proxier then runs a full sync.
+ * no `add table` with a body (a full chain listing), rules as `add chain NAME { ... }`,
+ * elements as `add set|map NAME { ... elements = { ... } }` (model.ts renderOp), `flush
+ * chain`, `flush set` (a retired affinity set). Only `delete element` (and `delete set` of a
+ * shared set) still makes nft 1.0.6 list every chain (CMD_DELETE; nft 1.0.6 has no
+ * `destroy`, and deleting by handle lists the same). Without `add table` a table deleted
+ * behind kproxy's back fails the transaction; the proxier then runs a full sync. Retired
+ * chains are flushed now, deleted later; so are retired affinity sets (only their chain used
+ * them); any other set that goes is deleted at once.
  */
-function assemblePartial(
-  desired: Ruleset,
-  p: { setLines: string[]; chainLines: string[]; ruleLines: string[]; els: ElementDiff; tail: string[] },
-  changedChains: number,
-  staleChains: string[],
-  staleSets: ReadonlyArray<readonly [string, 'set' | 'map']>,
-): Transaction {
-  // Retired chains are flushed now, deleted later; so are retired affinity sets (only their
-  // chain used them); any other set that goes is deleted at once.
-  const t = tableRef(desired);
+function assemblePartial(p: PartialParts, els: ElementDiff, staleChains: string[], staleSets: ReadonlyArray<readonly [string, 'set' | 'map']>): Transaction {
   const retiredSets = staleSets.filter(([s]) => isAffinitySetName(s)).map(([s]) => s);
-  p.tail.push(...staleChains.map((c) => `flush chain ${t} ${c}`));
-  for (const [s, kind] of staleSets) p.tail.push(isAffinitySetName(s) ? `flush ${kind} ${t} ${s}` : `delete ${kind} ${t} ${s}`);
-  const { delLines, addLines, lingering, revived } = p.els.settle();
-  const body = [...p.setLines, ...p.chainLines, ...p.ruleLines, ...delLines, ...addLines, ...p.tail];
-  if (body.length === 0) return { text: '', ops: 0, staleChains: [], staleSets: [], lingering, revived, summary: 'no changes' };
+  const tail = staleChains.map((c) => p.w.chain('flush', c));
+  for (const [s, kind] of staleSets) tail.push(p.w.set(isAffinitySetName(s) ? 'flush' : 'delete', kind, s));
+  const { dels, adds, lingering, revived } = els.settle();
+  const ops = [...p.sets, ...p.chains, ...p.rules, ...dels, ...adds, ...tail];
+  if (ops.length === 0) return { ops, staleChains: [], staleSets: [], lingering, revived, summary: 'no changes' };
   return {
-    text: body.join('\n') + '\n',
-    ops: body.length,
+    ops,
     staleChains,
     staleSets: retiredSets,
     lingering,
     revived,
     summary:
-      `partial sync: ${changedChains} chains rewritten, ${addLines.length} elements added, ` +
-      `${delLines.length} elements deleted, ${lingering.length} left for later, ${staleChains.length} chains and ${retiredSets.length} affinity sets retired`,
+      `partial sync: ${p.changedChains.length} chains rewritten, ${adds.length} elements added, ` +
+      `${dels.length} elements deleted, ${lingering.length} left for later, ${staleChains.length} chains and ${retiredSets.length} affinity sets retired`,
   };
 }
