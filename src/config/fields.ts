@@ -53,6 +53,7 @@ export const FIELD_DOCS: Record<string, FieldDoc> = {
   'nftables.masqueradeAll': { help: 'Masquerade all traffic sent to Service cluster IPs (nftables mode).' },
   'nftables.syncPeriod': { help: 'The periodic (partial) sync interval of the nftables mode.' },
   'nftables.minSyncPeriod': { help: 'How long a burst of changes is coalesced before a sync (nftables mode).' },
+  'nftables.tables': { help: 'kproxy: how many tables the nftables mode spreads the Services over: "auto" (the default: one `kube-proxy` table below 1,000 Services, then about one per 600, at most 16) or a fixed number from 1 to 64; 1 keeps upstream\'s one-table shape (docs/modes.md).' },
   'winkernel.networkName': { help: 'Windows only: a warning when set.' },
   'winkernel.sourceVip': { help: 'Windows only: a warning when set.' },
   'winkernel.enableDSR': { help: 'Windows only: a warning when set.' },
