@@ -194,7 +194,7 @@ function assertNoDnat(where: string): void {
   const before = backendPackets();
   const p = probe();
   assert.equal(p.said, null, `${where}: the ClusterIP answers nothing: ${JSON.stringify(p)}`);
-  assert.doesNotMatch(p.conntrack, new RegExp(`src=${BACKEND.replace(/\./g, '\\.')}`), `${where}: no conntrack entry translated to the backend: ${p.conntrack}`);
+  assert.doesNotMatch(p.conntrack, new RegExp(`src=${BACKEND.replace(/\./g, '\\.')}(?!\\d)`), `${where}: no conntrack entry translated to the backend: ${p.conntrack}`);
   assert.equal(backendPackets(), before, `${where}: nothing reached the backend`);
 }
 
