@@ -107,9 +107,11 @@ function chains(save: string): string[] {
 }
 
 /**
- * Upstream kube-proxy's cleanup, as `kube-proxy --cleanup` runs it (cmd/kube-proxy/app
- * server.go cleanupAndExit: the iptables, ipvs and nftables CleanupLeftovers, each family),
- * with exactly what each deletes:
+ * Upstream kube-proxy's cleanup, as `kube-proxy --cleanup` runs it: platformCleanup
+ * (cmd/kube-proxy/app/server_linux.go) with cleanupAndExit runs the iptables, ipvs and
+ * nftables CleanupLeftovers, each family; at start it runs a subset (the iptables and ipvs
+ * ones in nftables mode, the nftables one in the iptables and ipvs modes), so this is the most
+ * kube-proxy ever removes. Exactly what each deletes:
  * - pkg/proxy/iptables/proxier.go CleanupLeftovers: the rules of iptablesJumpChains (by
  *   their exact arguments and comment), then one iptables-restore --noflush per table that
  *   flushes and deletes nat KUBE-SERVICES, KUBE-NODEPORTS, KUBE-POSTROUTING and every
