@@ -65,6 +65,25 @@ function ipvsLineOwner(p: Pick<IpvsPlan, 'owners'>, line: string): string {
   return hp ? (p.owners.get(virtualServerKey({ ...hp, protocol })) ?? '') : '';
 }
 
+/** A sync step: runs `fn`, logs and keeps its error, and says whether it succeeded (see IpvsProxier.steps). */
+type Step = (what: string, fn: () => Promise<void>) => Promise<boolean>;
+
+/** The IPVS difference of a sync that writes no IPVS line. */
+function emptyIpvsDiff(): IpvsDiff {
+  return { lines: [], terminating: new Set(), counts: { vsAdded: 0, vsEdited: 0, vsDeleted: 0, rsAdded: 0, rsEdited: 0, rsDeleted: 0 } };
+}
+
+/** Every port of the node view planned into a fresh model (a full sync's plan); its delta is consumed. */
+function planAllPorts(ctx: PlanContext): PlanState {
+  const st = new PlanState(ctx.family);
+  for (const v of portsInOrder(ctx.view)) {
+    const f = planPort(ctx, v);
+    if (f) st.put(v.sp.key, f);
+  }
+  st.takeDelta();
+  return st;
+}
+
 export interface IpvsProxierOptions extends ModeDeps {
   sysctl?: Sysctl;
   moduleFS?: ModuleFS;
@@ -169,7 +188,7 @@ export class IpvsProxier implements Proxier {
   }
 
   /** the step runner of a sync: each part is tried even when an earlier one failed */
-  private steps(): { errors: Error[]; step: (what: string, fn: () => Promise<void>) => Promise<boolean> } {
+  private steps(): { errors: Error[]; step: Step } {
     const errors: Error[] = [];
     const step = async (what: string, fn: () => Promise<void>): Promise<boolean> => {
       try {
@@ -187,14 +206,8 @@ export class IpvsProxier implements Proxier {
   private async fullSync(input: PlanInput, ctx: PlanContext): Promise<SyncStats> {
     (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(input);
     this.model = null;
-    const st = new PlanState(ctx.family);
-    for (const v of portsInOrder(ctx.view)) {
-      const f = planPort(ctx, v);
-      if (f) st.put(v.sp.key, f);
-    }
-    st.takeDelta();
+    const st = planAllPorts(ctx);
     const p = st.toPlan(ctx);
-    const family = p.family;
     // Failure isolation: each part (device, ipsets, iptables, IPVS, addresses) is tried even
     // when an earlier one failed, since the kernel does not tie them together; the first
     // failure is thrown at the end so that the loop retries with a full sync.
@@ -205,14 +218,45 @@ export class IpvsProxier implements Proxier {
     const dummyOK = await step('dummy device', async () => {
       await this.links.ensureDummy(DUMMY_DEVICE);
     });
-
     // ipsets first: the iptables rules reference them by name
+    const { liveSets, setDiff } = await this.fullIpsets(p, step, seen);
+    await this.fullIptables(p, step);
+    let dummyAddrs: string[] = [];
+    if (dummyOK) await step('kube-ipvs0 addresses', async () => {
+      dummyAddrs = (await this.links.addresses(DUMMY_DEVICE)).filter((a) => ipFamily(a) === p.family);
+    });
+    const { d, kernel } = await this.fullIpvs(input, p, step, dummyAddrs, liveSets, seen);
+    const addrChanges = await this.fullAddresses(p, dummyAddrs, dummyOK, step);
+
+    // a full sync plans and tries every line again: forget the refusals it did not meet again
+    for (const k of [...this.refusals.keys()]) if (!seen.has(k)) this.refusals.delete(k);
+
+    if (errors.length) throw errors[0];
+    // from now on partial syncs diff against this model instead of reading the kernel
+    this.model = st;
+    this.modelCtx = ctx;
+    this.kernel = kernel;
+    const diff = this.diffSummary(d.counts, setDiff.added, setDiff.deleted, addrChanges);
+    if (d.lines.length || setDiff.script || addrChanges) this.log.info({ diff }, 'ipvs sync applied changes');
+    return {
+      rulesWritten: d.lines.length + setDiff.added + setDiff.deleted + addrChanges,
+      rulesTotal: p.table.size + st.realServers,
+      diff,
+      rejected: this.refusals.size,
+    };
+  }
+
+  /**
+   * A full sync's ipsets: the live sets read and the difference restored, every line tried
+   * again (partial syncs leave refused ones out). The live sets also tell the IPVS step
+   * which virtual servers are kproxy's.
+   */
+  private async fullIpsets(p: IpvsPlan, step: Step, seen: Set<string>): Promise<{ liveSets: IPSetTable; setDiff: IPSetDiff }> {
     let liveSets: IPSetTable = new Map();
     let setDiff: IPSetDiff = { script: '', added: 0, deleted: 0, created: 0 };
     await step('ipset restore', async () => {
       liveSets = await this.ipset.save();
       setDiff = diffIPSets(p.sets, liveSets);
-      // a full sync tries lines refused before again (partial syncs leave them out)
       const { refused } = await this.ipset.restoreIsolating(setDiff.script.split('\n').filter(Boolean).join('\n'));
       for (const f of refused) {
         const w = f.line.trim().split(/\s+/);
@@ -220,19 +264,32 @@ export class IpvsProxier implements Proxier {
         this.noteRefusal(`ipset ${f.line}`, { owner, what: `ipset ${f.line.replace(/\s+-exist$/, '')}`, reason: f.error }, seen);
       }
     });
+    return { liveSets, setDiff };
+  }
 
-    const ipt = new IptablesExecutor(this.opts.runner, family);
-    await step(`${family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
-      // the jumps from built-in chains are checked too, in the same restore
+  /** A full sync's iptables: kproxy's chains restored, with the jumps from built-in chains checked in the same restore. */
+  private async fullIptables(p: IpvsPlan, step: Step): Promise<void> {
+    const ipt = new IptablesExecutor(this.opts.runner, p.family);
+    await step(`${p.family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
       await ipt.restoreOwned(withMissingJumps(p.iptables, await ipt.saveAll()), 'KPROXY_IPVS_IPTABLES_FAILED', IPVS_IPTABLES_TIMEOUT_MS);
       this.lastIptables = p.iptables;
     });
+  }
 
-    let dummyAddrs: string[] = [];
-    if (dummyOK) await step('kube-ipvs0 addresses', async () => {
-      dummyAddrs = (await this.links.addresses(DUMMY_DEVICE)).filter((a) => ipFamily(a) === family);
-    });
-    let d: IpvsDiff = { lines: [], terminating: new Set(), counts: { vsAdded: 0, vsEdited: 0, vsDeleted: 0, rsAdded: 0, rsEdited: 0, rsDeleted: 0 } };
+  /**
+   * A full sync's IPVS table: the live table read, the difference to kproxy's own virtual
+   * servers written (refused lines isolated), and the model of the kernel kept for partial
+   * syncs. On success the created and draining sets follow the plan.
+   */
+  private async fullIpvs(
+    input: PlanInput,
+    p: IpvsPlan,
+    step: Step,
+    dummyAddrs: string[],
+    liveSets: IPSetTable,
+    seen: Set<string>,
+  ): Promise<{ d: IpvsDiff; kernel: IpvsTable }> {
+    let d: IpvsDiff = emptyIpvsDiff();
     let kernel: IpvsTable = new Map();
     const ipvsOK = await step('ipvsadm -R', async () => {
       const live = await this.ipvsadm.list();
@@ -242,7 +299,7 @@ export class IpvsProxier implements Proxier {
         nodeIPs: p.nodePortIPs,
         created: this.created,
         excludeCIDRs: input.config.ipvs.excludeCIDRs,
-        family,
+        family: p.family,
       });
       d = diffIpvs(p.table, live, owned);
       let isolated: boolean;
@@ -263,35 +320,26 @@ export class IpvsProxier implements Proxier {
       this.terminating.clear();
       for (const k of d.terminating) this.terminating.add(k);
     }
+    return { d, kernel };
+  }
 
+  /** A full sync's kube-ipvs0 addresses: the planned ones added, the others removed; returns the number of changes. */
+  private async fullAddresses(p: IpvsPlan, dummyAddrs: string[], dummyOK: boolean, step: Step): Promise<number> {
     const want = new Set(p.boundAddresses);
     const have = new Set(dummyAddrs);
     const toAdd = p.boundAddresses.filter((a) => !have.has(a));
     const toDel = dummyAddrs.filter((a) => !want.has(a));
     if (dummyOK) await step('kube-ipvs0 addresses', () => this.links.changeAddresses(DUMMY_DEVICE, toAdd, toDel));
-    const addrChanges = toAdd.length + toDel.length;
+    return toAdd.length + toDel.length;
+  }
 
-    // a full sync plans and tries every line again: forget the refusals it did not meet again
-    for (const k of [...this.refusals.keys()]) if (!seen.has(k)) this.refusals.delete(k);
-
-    if (errors.length) throw errors[0];
-    // from now on partial syncs diff against this model instead of reading the kernel
-    this.model = st;
-    this.modelCtx = ctx;
-    this.kernel = kernel;
-    const rs = st.realServers;
-    const c = d.counts;
+  /** The one-line summary of a sync's changes, logged and returned in its stats. */
+  private diffSummary(c: IpvsDiff['counts'], setAdded: number, setDeleted: number, addrChanges: number): string {
     const refusedNote = this.refusals.size ? `; ${this.refusals.size} left out (refused)` : '';
-    const diff =
+    return (
       `ipvs: +${c.vsAdded} ~${c.vsEdited} -${c.vsDeleted} virtual servers, +${c.rsAdded} ~${c.rsEdited} -${c.rsDeleted} real servers` +
-      `${this.terminating.size ? ` (${this.terminating.size} draining)` : ''}; ipset: +${setDiff.added} -${setDiff.deleted}; addresses: ${addrChanges} changed${refusedNote}`;
-    if (d.lines.length || setDiff.script || addrChanges) this.log.info({ diff }, 'ipvs sync applied changes');
-    return {
-      rulesWritten: d.lines.length + setDiff.added + setDiff.deleted + addrChanges,
-      rulesTotal: p.table.size + rs,
-      diff,
-      rejected: this.refusals.size,
-    };
+      `${this.terminating.size ? ` (${this.terminating.size} draining)` : ''}; ipset: +${setAdded} -${setDeleted}; addresses: ${addrChanges} changed${refusedNote}`
+    );
   }
 
   /**
