@@ -25,7 +25,7 @@ import { BASE_MODULES, DUMMY_DEVICE, schedulerModule } from './names.ts';
 import { withMissingJumps } from './iptables-rules.ts';
 import { planContext, planPort } from './planner.ts';
 import { type IpvsPlan, type PlanContext, type Rejected } from './plan-model.ts';
-import { PlanState } from './plan-state.ts';
+import { PlanState, type PlanDelta } from './plan-state.ts';
 import { diffIPSets, type IPSetDiff, type IPSetTable } from '../../kernel/ipset/model.ts';
 import { afterDiff, diffIpvs, drainLines, drainsAtOnce, ownershipPredicate, type IpvsDiff } from './diff.ts';
 import { applyLines, splitHostPort, virtualServerKey, type IpvsTable, type VirtualServer, type VirtualServerState } from '../../kernel/ipvs/model.ts';
@@ -351,10 +351,44 @@ export class IpvsProxier implements Proxier {
    */
   private async partialSync(input: PlanInput, ctx: PlanContext, changed: Set<string>): Promise<SyncStats> {
     const st = this.model!;
-    const family = ctx.family;
+    const delta = this.replanChanged(input, ctx, changed);
+    const { errors, step } = this.steps();
+    const seen = new Set<string>();
+    for (const r of st.rejected()) this.noteRefusal(`plan ${r.owner} ${r.what}`, r, seen);
+
+    const setLines = await this.partialIpsets(st, delta, step, seen);
+    await this.partialIptables(st, ctx, step);
+    const d = await this.partialIpvs(st, delta, step, seen);
+    const addrChanges = delta.addressesAdded.length + delta.addressesDeleted.length;
+    if (addrChanges) await step('kube-ipvs0 addresses', () => this.links.changeAddresses(DUMMY_DEVICE, delta.addressesAdded, delta.addressesDeleted));
+
+    for (const k of [...this.refusals.keys()]) if (!seen.has(k) && k.startsWith('plan ')) this.refusals.delete(k);
+    if (errors.length) {
+      // the kernel may now hold anything between the old and the new state: read it again
+      this.model = null;
+      throw errors[0];
+    }
+    const setAdded = delta.entriesAdded.length;
+    const setDeleted = delta.entriesDeleted.length;
+    const diff = this.diffSummary(d.counts, setAdded, setDeleted, addrChanges);
+    if (d.lines.length || setLines.length || addrChanges) this.log.info({ diff }, 'ipvs sync applied changes');
+    return {
+      rulesWritten: d.lines.length + setAdded + setDeleted + addrChanges,
+      rulesTotal: st.table.size + st.realServers,
+      diff,
+      rejected: this.refusals.size,
+    };
+  }
+
+  /**
+   * The changed Services' ports planned again into the model (a port no longer planned is
+   * removed from it); returns what changed. Only the changed Services can hold a newly
+   * skipped VIP, so only they are reported (their ports before safeServicePort).
+   */
+  private replanChanged(input: PlanInput, ctx: PlanContext, changed: Set<string>): PlanDelta {
+    const st = this.model!;
     const isChanged = (sp: ServicePort) => changed.has(sp.serviceKey);
     const ports = portsInOrder(ctx.view, changed);
-    // only the changed Services can hold a newly skipped VIP (their ports before safeServicePort)
     const raw = changed.size ? [...input.state.services.values()].filter(isChanged) : [];
     (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report({ ...input, state: { ...input.state, services: new Map(raw.map((sp) => [sp.key, sp])) } });
     const planned = new Set<string>();
@@ -364,12 +398,11 @@ export class IpvsProxier implements Proxier {
       st.put(v.sp.key, f ?? undefined);
     }
     for (const svc of changed) for (const k of [...(st.byService.get(svc) ?? [])]) if (!planned.has(k)) st.put(k, undefined);
-    const delta = st.takeDelta();
+    return st.takeDelta();
+  }
 
-    const { errors, step } = this.steps();
-    const seen = new Set<string>();
-    for (const r of st.rejected()) this.noteRefusal(`plan ${r.owner} ${r.what}`, r, seen);
-
+  /** A partial sync's ipsets: the changed entries written, lines refused before left out; returns the lines meant. */
+  private async partialIpsets(st: PlanState, delta: PlanDelta, step: Step, seen: Set<string>): Promise<string[]> {
     const setLines = [
       ...delta.entriesDeleted.map((e) => `del ${e} -exist`),
       ...delta.entriesAdded.map((e) => `add ${e} -exist`),
@@ -382,16 +415,26 @@ export class IpvsProxier implements Proxier {
         this.noteRefusal(`ipset ${f.line}`, { owner, what: `ipset ${f.line.replace(/\s+-exist$/, '')}`, reason: f.error }, seen);
       }
     });
+    return setLines;
+  }
 
+  /** A partial sync's iptables: kproxy's chains restored only when their text changed. */
+  private async partialIptables(st: PlanState, ctx: PlanContext, step: Step): Promise<void> {
     const text = st.iptables(ctx);
-    if (text !== this.lastIptables) {
-      await step(`${family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
-        await new IptablesExecutor(this.opts.runner, family).restoreOwned(text, 'KPROXY_IPVS_IPTABLES_FAILED', IPVS_IPTABLES_TIMEOUT_MS);
-        this.lastIptables = text;
-      });
-    }
+    if (text === this.lastIptables) return;
+    await step(`${ctx.family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
+      await new IptablesExecutor(this.opts.runner, ctx.family).restoreOwned(text, 'KPROXY_IPVS_IPTABLES_FAILED', IPVS_IPTABLES_TIMEOUT_MS);
+      this.lastIptables = text;
+    });
+  }
 
-    let d: IpvsDiff = { lines: [], terminating: new Set(), counts: { vsAdded: 0, vsEdited: 0, vsDeleted: 0, rsAdded: 0, rsEdited: 0, rsDeleted: 0 } };
+  /**
+   * A partial sync's IPVS lines: the changed virtual servers diffed against the model of the
+   * kernel (one that loses a TCP/SCTP real server read alone, for its connection counters),
+   * the difference written, and the model, created and draining sets moved along.
+   */
+  private async partialIpvs(st: PlanState, delta: PlanDelta, step: Step, seen: Set<string>): Promise<IpvsDiff> {
+    let d: IpvsDiff = emptyIpvsDiff();
     if (delta.virtualServers.length) await step('ipvsadm -R', async () => {
       const want: IpvsTable = new Map();
       const have: IpvsTable = new Map();
@@ -421,30 +464,7 @@ export class IpvsProxier implements Proxier {
       for (const t of [...this.terminating]) if (touched.has(t.slice(0, t.lastIndexOf('/')))) this.terminating.delete(t);
       for (const t of d.terminating) this.terminating.add(t);
     });
-
-    const addrChanges = delta.addressesAdded.length + delta.addressesDeleted.length;
-    if (addrChanges) await step('kube-ipvs0 addresses', () => this.links.changeAddresses(DUMMY_DEVICE, delta.addressesAdded, delta.addressesDeleted));
-
-    for (const k of [...this.refusals.keys()]) if (!seen.has(k) && k.startsWith('plan ')) this.refusals.delete(k);
-    if (errors.length) {
-      // the kernel may now hold anything between the old and the new state: read it again
-      this.model = null;
-      throw errors[0];
-    }
-    const c = d.counts;
-    const setAdded = delta.entriesAdded.length;
-    const setDeleted = delta.entriesDeleted.length;
-    const refusedNote = this.refusals.size ? `; ${this.refusals.size} left out (refused)` : '';
-    const diff =
-      `ipvs: +${c.vsAdded} ~${c.vsEdited} -${c.vsDeleted} virtual servers, +${c.rsAdded} ~${c.rsEdited} -${c.rsDeleted} real servers` +
-      `${this.terminating.size ? ` (${this.terminating.size} draining)` : ''}; ipset: +${setAdded} -${setDeleted}; addresses: ${addrChanges} changed${refusedNote}`;
-    if (d.lines.length || setLines.length || addrChanges) this.log.info({ diff }, 'ipvs sync applied changes');
-    return {
-      rulesWritten: d.lines.length + setAdded + setDeleted + addrChanges,
-      rulesTotal: st.table.size + st.realServers,
-      diff,
-      rejected: this.refusals.size,
-    };
+    return d;
   }
 
   /**
