@@ -21,6 +21,7 @@ import {
   type K8sEndpointSlice,
   type K8sMeta,
   type K8sService,
+  type K8sServicePort,
   type Report,
 } from './api.ts';
 
@@ -99,24 +100,61 @@ export function servicePortsOf(svc: K8sService, family: IPFamily, report: Report
   }
   const clusterIP = clusterIPForFamily(svc, family);
   if (!clusterIP) return [];
+  const shared = serviceWideFields(svc, family, who, report);
+  const type = spec.type ?? 'ClusterIP';
 
-  const ofFamily = (list: string[] | undefined, what: string): string[] => {
-    const out: string[] = [];
-    for (const raw of list ?? []) {
-      const ip = canonicalIP(String(raw));
-      if (!ip) {
-        report(`invalid ${what} ${JSON.stringify(raw)} ignored`, who);
-        continue;
-      }
-      if (ipFamily(ip) === family && !out.includes(ip)) out.push(ip);
+  const out: ServicePort[] = [];
+  const seen = new Set<string>();
+  for (const p of spec.ports ?? []) {
+    const port = validServicePort(p, type, who, report);
+    if (!port) continue;
+    const names = { namespace: svc.metadata!.namespace!, name: svc.metadata!.name!, port: port.portName };
+    const key = servicePortKey(names);
+    if (seen.has(key)) {
+      report(`duplicate port name ${JSON.stringify(port.portName)} skipped`, who);
+      continue;
     }
-    return out;
-  };
-  const externalIPs = ofFamily(spec.externalIPs, 'externalIP');
+    seen.add(key);
+    out.push({
+      key,
+      serviceKey: serviceKey(names.namespace, names.name),
+      portName: { ...names, protocol: port.protocol },
+      protocol: port.protocol,
+      clusterIP,
+      port: port.port,
+      nodePort: port.nodePort,
+      targetPort: p.targetPort,
+      ...shared,
+      trafficDistribution: spec.trafficDistribution,
+      family,
+    });
+  }
+  return out;
+}
+
+/** What every port of a Service shares (addresses, policies, affinity), for one family. */
+type ServiceWide = Pick<
+  ServicePort,
+  | 'externalIPs'
+  | 'loadBalancerVIPs'
+  | 'loadBalancerSourceRanges'
+  | 'stickyMaxAgeSeconds'
+  | 'externalPolicyLocal'
+  | 'internalPolicyLocal'
+  | 'healthCheckNodePort'
+>;
+
+/**
+ * The Service-wide fields of its ports, read once per Service: invalid addresses and ranges
+ * are reported (in this order: externalIPs, load balancer ingress, source ranges) and dropped.
+ */
+function serviceWideFields(svc: K8sService, family: IPFamily, who: string, report: Report): ServiceWide {
+  const spec = svc.spec ?? {};
+  const externalIPs = ipsOfFamily(spec.externalIPs, 'externalIP', family, who, report);
   const lbIngress = (svc.status?.loadBalancer?.ingress ?? [])
     .filter((i) => i.ip && (i.ipMode === undefined || i.ipMode === null || i.ipMode === 'VIP'))
     .map((i) => i.ip as string);
-  const loadBalancerVIPs = spec.type === 'LoadBalancer' ? ofFamily(lbIngress, 'load balancer ingress IP') : [];
+  const loadBalancerVIPs = spec.type === 'LoadBalancer' ? ipsOfFamily(lbIngress, 'load balancer ingress IP', family, who, report) : [];
   const sourceRanges: string[] = [];
   for (const raw of spec.loadBalancerSourceRanges ?? []) {
     const c = parseCIDR(String(raw));
@@ -137,60 +175,65 @@ export function servicePortsOf(svc: K8sService, family: IPFamily, report: Report
     sticky = typeof t === 'number' && t > 0 && t <= 86400 ? Math.floor(t) : DEFAULT_AFFINITY_TIMEOUT;
   }
   const hcnp = externalPolicyLocal && validPort(spec.healthCheckNodePort) ? spec.healthCheckNodePort : 0;
+  return {
+    externalIPs,
+    loadBalancerVIPs,
+    loadBalancerSourceRanges: sourceRanges,
+    stickyMaxAgeSeconds: sticky,
+    externalPolicyLocal,
+    internalPolicyLocal,
+    healthCheckNodePort: hcnp,
+  };
+}
 
-  const out: ServicePort[] = [];
-  const seen = new Set<string>();
-  for (const p of spec.ports ?? []) {
-    const portName = p.name ?? '';
-    if (portName !== '' && !PORT_NAME_RE.test(portName)) {
-      report(`invalid port name ${JSON.stringify(portName)} skipped`, who);
+/** The addresses of a list in one family, canonical and without repeats; invalid ones are reported and dropped. */
+function ipsOfFamily(list: string[] | undefined, what: string, family: IPFamily, who: string, report: Report): string[] {
+  const out: string[] = [];
+  for (const raw of list ?? []) {
+    const ip = canonicalIP(String(raw));
+    if (!ip) {
+      report(`invalid ${what} ${JSON.stringify(raw)} ignored`, who);
       continue;
     }
-    const protocol = parseProtocol(p.protocol);
-    if (!protocol) {
-      report(`unknown protocol ${JSON.stringify(p.protocol)} on port ${JSON.stringify(portName)} skipped`, who);
-      continue;
-    }
-    if (!validPort(p.port)) {
-      report(`port ${JSON.stringify(p.port)} of ${JSON.stringify(portName)} out of range, skipped`, who);
-      continue;
-    }
-    let nodePort = 0;
-    if (p.nodePort !== undefined && p.nodePort !== null && p.nodePort !== 0) {
-      if (!validPort(p.nodePort)) {
-        report(`nodePort ${JSON.stringify(p.nodePort)} out of range, ignored`, who);
-      } else if (type === 'NodePort' || type === 'LoadBalancer') {
-        nodePort = p.nodePort;
-      }
-    }
-    const names = { namespace: svc.metadata!.namespace!, name: svc.metadata!.name!, port: portName };
-    const key = servicePortKey(names);
-    if (seen.has(key)) {
-      report(`duplicate port name ${JSON.stringify(portName)} skipped`, who);
-      continue;
-    }
-    seen.add(key);
-    out.push({
-      key,
-      serviceKey: serviceKey(names.namespace, names.name),
-      portName: { ...names, protocol },
-      protocol,
-      clusterIP,
-      port: p.port,
-      nodePort,
-      targetPort: p.targetPort,
-      externalIPs,
-      loadBalancerVIPs,
-      loadBalancerSourceRanges: sourceRanges,
-      stickyMaxAgeSeconds: sticky,
-      externalPolicyLocal,
-      internalPolicyLocal,
-      healthCheckNodePort: hcnp,
-      trafficDistribution: spec.trafficDistribution,
-      family,
-    });
+    if (ipFamily(ip) === family && !out.includes(ip)) out.push(ip);
   }
   return out;
+}
+
+/**
+ * One port of a Service's spec checked (name, protocol, port; a nodePort out of range is
+ * reported and ignored, one on a type without node ports is ignored), or null when it is
+ * reported and skipped.
+ */
+function validServicePort(
+  p: K8sServicePort,
+  type: string,
+  who: string,
+  report: Report,
+): { portName: string; protocol: Protocol; port: number; nodePort: number } | null {
+  const portName = p.name ?? '';
+  if (portName !== '' && !PORT_NAME_RE.test(portName)) {
+    report(`invalid port name ${JSON.stringify(portName)} skipped`, who);
+    return null;
+  }
+  const protocol = parseProtocol(p.protocol);
+  if (!protocol) {
+    report(`unknown protocol ${JSON.stringify(p.protocol)} on port ${JSON.stringify(portName)} skipped`, who);
+    return null;
+  }
+  if (!validPort(p.port)) {
+    report(`port ${JSON.stringify(p.port)} of ${JSON.stringify(portName)} out of range, skipped`, who);
+    return null;
+  }
+  let nodePort = 0;
+  if (p.nodePort !== undefined && p.nodePort !== null && p.nodePort !== 0) {
+    if (!validPort(p.nodePort)) {
+      report(`nodePort ${JSON.stringify(p.nodePort)} out of range, ignored`, who);
+    } else if (type === 'NodePort' || type === 'LoadBalancer') {
+      nodePort = p.nodePort;
+    }
+  }
+  return { portName, protocol, port: p.port, nodePort };
 }
 
 /** Service "ns/name" an EndpointSlice belongs to, or null. */

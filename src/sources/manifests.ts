@@ -834,7 +834,28 @@ export class ManifestsSource implements Source {
    * `complete`: the scan listed the whole directory and no file is broken.
    */
   private async publish(changed: Map<string, Map<string, StoredObject> | undefined>, complete = false): Promise<void> {
-    // Which files define each key, and the keys to look at: those of the changed files.
+    const affected = this.affectedKeys(changed);
+    this.work.objectsConsidered += affected.length;
+    if (changed.size) this.reportDuplicates();
+    const h = this.handler;
+    if (!h) return;
+    const { deletes, updates } = this.takeWinners(affected);
+    const outcomes = await this.allocateBatch(deletes, updates, complete);
+    /** Services a freed address or port let in: not in this batch, delivered as adds */
+    const inBatch = new Set(updates.map(([k]) => k));
+    const admitted = [...outcomes.keys()].filter((key) => outcomes.get(key)!.patch && !inBatch.has(key) && this.current.has(key));
+    try {
+      await this.deliverBatch(h, deletes, updates, admitted, outcomes);
+    } finally {
+      this.dropText([...affected, ...admitted]);
+    }
+  }
+
+  /**
+   * Records which files define each key of the changed files (define/undefine) and returns
+   * those keys, each once, in file name order: the keys publish looks at.
+   */
+  private affectedKeys(changed: Map<string, Map<string, StoredObject> | undefined>): string[] {
     const affected: string[] = [];
     const seenKey = new Set<string>();
     const touch = (key: string) => {
@@ -859,11 +880,19 @@ export class ManifestsSource implements Source {
         }
       }
     }
-    this.work.objectsConsidered += affected.length;
-    if (changed.size) this.reportDuplicates();
-    const h = this.handler;
-    if (!h) return;
-    // What is delivered counts as told at once: a stop in the middle leaves nothing to redo.
+    return affected;
+  }
+
+  /**
+   * Moves `current` to the winning definition of each affected key and returns what the
+   * handler is to be told. What is delivered counts as told at once: a stop in the middle
+   * of the delivery leaves nothing to redo. A winner whose text was dropped marks its file
+   * to be read again.
+   */
+  private takeWinners(affected: string[]): {
+    deletes: Array<[string, StoredObject]>;
+    updates: Array<[string, StoredObject | undefined, StoredObject]>;
+  } {
     const deletes: Array<[string, StoredObject]> = [];
     const updates: Array<[string, StoredObject | undefined, StoredObject]> = [];
     /** files to read again: the text of an object that wins again was dropped */
@@ -897,10 +926,20 @@ export class ManifestsSource implements Source {
       if (this.dirty !== 'all') this.dirty.add(f);
       this.rescan = true;
     }
-    // The state file's holdings of Services that no longer exist are released first (they
-    // were deleted while kproxy was down); then the Services of this batch are allocated
-    // together, each object parsed once here and not kept. `render` does the same, in the
-    // same order (src/cli/state.ts).
+    return { deletes, updates };
+  }
+
+  /**
+   * The allocator's outcome for each Service it decided on. The state file's holdings of
+   * Services that no longer exist are released first (they were deleted while kproxy was
+   * down); then the Services of this batch are allocated together, each object parsed once
+   * here and not kept. `render` does the same, in the same order (src/cli/state.ts).
+   */
+  private async allocateBatch(
+    deletes: Array<[string, StoredObject]>,
+    updates: Array<[string, StoredObject | undefined, StoredObject]>,
+    complete: boolean,
+  ): Promise<Map<string, Outcome>> {
     const outcomes = new Map<string, Outcome>();
     if (complete && this.allocator.hasDormant) {
       const present = new Set<string>();
@@ -920,75 +959,87 @@ export class ManifestsSource implements Source {
       }
       await this.slice.maybeYield();
     }
-    /** Services a freed address or port let in: not in this batch, delivered as adds */
-    const inBatch = new Set(updates.map(([k]) => k));
-    const admitted = [...outcomes.keys()].filter((key) => outcomes.get(key)!.patch && !inBatch.has(key) && this.current.has(key));
-    // one object the handler cannot take must not keep the others from being delivered
-    const deliver = (key: string, kind: Kind, oldObj: Obj | null, newObj: Obj | null) => {
-      this.work.delivered++;
-      try {
-        if (kind === 'Service') h.onService(oldObj as K8sService | null, newObj as K8sService | null);
-        else if (kind === 'EndpointSlice') h.onEndpointSlice(oldObj as K8sEndpointSlice | null, newObj as K8sEndpointSlice | null);
-        else if ((newObj ?? oldObj)?.metadata?.name === this.opts.nodeName) h.onNode?.(newObj as K8sNode | null);
-      } catch (e) {
-        this.opts.log.error({ key, err: (e as Error).message }, 'object could not be applied; skipped');
-      }
-    };
-    /** A Service as the allocator says: delivered with its values, or refused (reported; the handler's copy removed). */
-    const deliverService = (key: string, v: StoredObject) => {
-      const o = outcomes.get(key);
-      const had = this.delivered.has(key);
-      const oldObj = had ? identityObject(key, 'Service') : null;
-      if (o?.patch) {
+    return outcomes;
+  }
+
+  /**
+   * Tells the handler the deletes, then the updates, then the admitted Services, yielding
+   * between objects; a handler replaced meanwhile (a stop) ends the delivery.
+   */
+  private async deliverBatch(
+    h: SourceHandler,
+    deletes: Array<[string, StoredObject]>,
+    updates: Array<[string, StoredObject | undefined, StoredObject]>,
+    admitted: string[],
+    outcomes: Map<string, Outcome>,
+  ): Promise<void> {
+    for (const [key, old] of deletes) {
+      if (old.kind === 'Service') {
         this.once.forget(`refused:${key}`);
-        this.delivered.add(key);
-        deliver(key, 'Service', oldObj, applyPatch(restoreObject(v) as K8sService, o.patch));
-        return;
+        if (!this.delivered.delete(key)) continue; // refused: the handler does not have it
       }
-      const r = o?.refusal ?? { field: 'spec', reason: 'not allocated' };
-      this.once.report(`refused:${key}`, `${r.field}: ${r.reason}`, () =>
-        this.opts.log.warn({ object: serviceName(key), field: r.field }, coded('KPROXY_SERVICE_ALLOCATION', `Service ${serviceName(key)} refused: ${r.field}: ${r.reason}; skipped`)),
-      );
-      try {
-        h.onInvalid?.('Service', serviceName(key));
-      } catch {
-        /* counting must not stop the delivery */
-      }
-      if (had) {
-        this.delivered.delete(key);
-        deliver(key, 'Service', oldObj, null);
-      }
-    };
-    // Delivered objects are parsed again from their JSON text, not the YAML parser's objects:
-    // those hold slices of the file's text, and the trackers keep strings of every slice.
-    // Only winners drop their text: an overridden object keeps it, as it may win again, and so
-    // does a refused Service (it is tried again whenever an address or port is freed).
-    const dropText = () => {
-      for (const key of [...affected, ...admitted]) {
-        const v = this.current.get(key);
-        if (v && !(v.kind === 'Service' && this.allocator.isRefused(serviceName(key)))) v.text = undefined;
-      }
-    };
+      this.deliver(h, key, old.kind, old.obj ?? identityObject(key, old.kind), null);
+      if ((await this.slice.maybeYield()) && this.handler !== h) return;
+    }
+    for (const [key, old, v] of updates) {
+      if (v.kind === 'Service') this.deliverService(h, outcomes, key, v);
+      else this.deliver(h, key, v.kind, old ? (old.obj ?? identityObject(key, old.kind)) : null, restoreObject(v)!);
+      if ((await this.slice.maybeYield()) && this.handler !== h) return;
+    }
+    for (const key of admitted) {
+      this.deliverService(h, outcomes, key, this.current.get(key)!);
+      if ((await this.slice.maybeYield()) && this.handler !== h) return;
+    }
+  }
+
+  /** One object to the handler; one it cannot take must not keep the others from being delivered. */
+  private deliver(h: SourceHandler, key: string, kind: Kind, oldObj: Obj | null, newObj: Obj | null): void {
+    this.work.delivered++;
     try {
-      for (const [key, old] of deletes) {
-        if (old.kind === 'Service') {
-          this.once.forget(`refused:${key}`);
-          if (!this.delivered.delete(key)) continue; // refused: the handler does not have it
-        }
-        deliver(key, old.kind, old.obj ?? identityObject(key, old.kind), null);
-        if ((await this.slice.maybeYield()) && this.handler !== h) return;
-      }
-      for (const [key, old, v] of updates) {
-        if (v.kind === 'Service') deliverService(key, v);
-        else deliver(key, v.kind, old ? (old.obj ?? identityObject(key, old.kind)) : null, restoreObject(v)!);
-        if ((await this.slice.maybeYield()) && this.handler !== h) return;
-      }
-      for (const key of admitted) {
-        deliverService(key, this.current.get(key)!);
-        if ((await this.slice.maybeYield()) && this.handler !== h) return;
-      }
-    } finally {
-      dropText();
+      if (kind === 'Service') h.onService(oldObj as K8sService | null, newObj as K8sService | null);
+      else if (kind === 'EndpointSlice') h.onEndpointSlice(oldObj as K8sEndpointSlice | null, newObj as K8sEndpointSlice | null);
+      else if ((newObj ?? oldObj)?.metadata?.name === this.opts.nodeName) h.onNode?.(newObj as K8sNode | null);
+    } catch (e) {
+      this.opts.log.error({ key, err: (e as Error).message }, 'object could not be applied; skipped');
+    }
+  }
+
+  /** A Service as the allocator says: delivered with its values, or refused (reported; the handler's copy removed). */
+  private deliverService(h: SourceHandler, outcomes: Map<string, Outcome>, key: string, v: StoredObject): void {
+    const o = outcomes.get(key);
+    const had = this.delivered.has(key);
+    const oldObj = had ? identityObject(key, 'Service') : null;
+    if (o?.patch) {
+      this.once.forget(`refused:${key}`);
+      this.delivered.add(key);
+      this.deliver(h, key, 'Service', oldObj, applyPatch(restoreObject(v) as K8sService, o.patch));
+      return;
+    }
+    const r = o?.refusal ?? { field: 'spec', reason: 'not allocated' };
+    this.once.report(`refused:${key}`, `${r.field}: ${r.reason}`, () =>
+      this.opts.log.warn({ object: serviceName(key), field: r.field }, coded('KPROXY_SERVICE_ALLOCATION', `Service ${serviceName(key)} refused: ${r.field}: ${r.reason}; skipped`)),
+    );
+    try {
+      h.onInvalid?.('Service', serviceName(key));
+    } catch {
+      /* counting must not stop the delivery */
+    }
+    if (had) {
+      this.delivered.delete(key);
+      this.deliver(h, key, 'Service', oldObj, null);
+    }
+  }
+
+  /**
+   * Delivered objects are parsed again from their JSON text, not the YAML parser's objects:
+   * those hold slices of the file's text, and the trackers keep strings of every slice.
+   * Only winners drop their text: an overridden object keeps it, as it may win again, and so
+   * does a refused Service (it is tried again whenever an address or port is freed).
+   */
+  private dropText(keys: string[]): void {
+    for (const key of keys) {
+      const v = this.current.get(key);
+      if (v && !(v.kind === 'Service' && this.allocator.isRefused(serviceName(key)))) v.text = undefined;
     }
   }
 

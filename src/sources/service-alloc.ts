@@ -397,6 +397,11 @@ function allocateInBands(first: bigint, last: bigint, offset: bigint, key: strin
 
 const heldBy = (owner: string) => ` (held by Service ${owner})`;
 
+/** Whether a slot keeps the value it held: it held one, and the manifest gives that value or none. */
+function kept<T>(s: Slot<T>): boolean {
+  return s.prior !== undefined && (s.explicit === undefined || s.explicit === s.prior);
+}
+
 /**
  * The holdings of every Service, as the API server's allocators keep them, and the Services
  * refused for a collision or a full range (tried again whenever an address or port is freed).
@@ -546,87 +551,21 @@ export class ServiceAllocator {
 
   /** The three steps over a batch of plans: keep what was held, claim what is given, allocate the rest; yields after each plan of each step. */
   private *runSteps(plans: Plan[]): Generator<void, Outcome[], undefined> {
-    const refuse = (p: Plan, r: Refusal) => {
-      p.refusal = r;
-      this.unclaim(p);
-    };
     const live = () => plans.filter((p) => !p.refusal);
-    const free = (p: Plan, what: 'ip' | 'port', v: string | number) => {
-      const owner = what === 'ip' ? this.ipOwner.get(v as string) : this.portOwner.get(v as number);
-      return owner === undefined || owner === p.key;
-    };
-    const kept = <T>(s: Slot<T>) => s.prior !== undefined && (s.explicit === undefined || s.explicit === s.prior);
     // 1. what the Service held and still wants (its manifest gives that value, or none)
     for (const p of live()) {
-      if (p.ips === null) {
-        for (const ip of p.heldIPs) if (p.priorIPs.includes(ip) && free(p, 'ip', ip)) this.claim(p, 'ip', ip);
-      }
-      for (const s of p.ips ?? []) if (kept(s) && free(p, 'ip', s.prior!)) this.take(p, 'ip', s, s.prior!);
-      for (const s of p.ports) if (kept(s) && free(p, 'port', s.prior!)) this.take(p, 'port', s, s.prior!);
-      if (p.hc && kept(p.hc) && free(p, 'port', p.hc.prior!)) this.take(p, 'port', p.hc, p.hc.prior!);
+      this.keepHeld(p);
       yield;
     }
     // 2. what the manifest asks for: refused when another Service holds it (ErrAllocated)
     for (const p of live()) {
       yield;
-      const asked = p.ips ? p.ips.filter((s) => s.explicit !== undefined && s.value === undefined).map((s) => s.explicit!) : p.heldIPs;
-      for (const ip of asked) {
-        if (!free(p, 'ip', ip)) {
-          refuse(p, { field: 'spec.clusterIPs', reason: `failed to allocate IP ${ip}: provided IP is already allocated${heldBy(this.ipOwner.get(ip)!)}` });
-          break;
-        }
-        const s = p.ips?.find((x) => x.explicit === ip);
-        if (s) this.take(p, 'ip', s, ip);
-        else this.claim(p, 'ip', ip);
-      }
-      if (p.refusal) continue;
-      for (const s of p.ports) {
-        if (s.explicit === undefined || s.value !== undefined) continue;
-        if (!free(p, 'port', s.explicit)) {
-          refuse(p, { field: `spec.ports[${s.index}].nodePort`, reason: `provided port is already allocated${heldBy(this.portOwner.get(s.explicit)!)}` });
-          break;
-        }
-        this.take(p, 'port', s, s.explicit);
-      }
-      if (p.refusal || !p.hc || p.hc.explicit === undefined || p.hc.value !== undefined) continue;
-      if (!free(p, 'port', p.hc.explicit)) {
-        const owner = this.portOwner.get(p.hc.explicit)!;
-        refuse(p, { field: 'spec.healthCheckNodePort', reason: `failed to allocate requested HealthCheck NodePort ${p.hc.explicit}: provided port is already allocated${heldBy(owner)}` });
-        continue;
-      }
-      this.take(p, 'port', p.hc, p.hc.explicit);
+      this.claimAsked(p);
     }
     // 3. the rest, from the ranges
     for (const p of live()) {
       yield;
-      for (const s of p.ips ?? []) {
-        if (s.value !== undefined) continue;
-        const ip = this.nextIP(p.key, s.family);
-        if (ip === null) {
-          refuse(p, { field: 'spec.clusterIPs', reason: `failed to allocate a serviceIP: range is full (${this.config.ipRanges.find((r) => r.family === s.family)!.cidr})` });
-          break;
-        }
-        this.take(p, 'ip', s, ip, true);
-      }
-      if (p.refusal) continue;
-      for (const s of p.ports) {
-        if (s.value !== undefined || !s.allocate) continue;
-        // initNodePorts: ports with the same port number share one node port
-        const sibling = p.ports.find((o) => o !== s && o.value !== undefined && o.port === s.port);
-        const port = sibling ? sibling.value! : this.nextPort(p.key, `port/${s.name}`);
-        if (port === null) {
-          refuse(p, { field: `spec.ports[${s.index}].nodePort`, reason: `failed to allocate a nodePort: range is full (${this.config.nodePorts.text})` });
-          break;
-        }
-        this.take(p, 'port', s, port, true);
-      }
-      if (p.refusal || !p.hc || p.hc.value !== undefined) continue;
-      const hc = this.nextPort(p.key, 'healthCheckNodePort');
-      if (hc === null) {
-        refuse(p, { field: 'spec.healthCheckNodePort', reason: `failed to allocate a HealthCheck NodePort: range is full (${this.config.nodePorts.text})` });
-        continue;
-      }
-      this.take(p, 'port', p.hc, hc, true);
+      this.allocateRest(p);
     }
     const out: Outcome[] = [];
     for (const p of plans) {
@@ -634,6 +573,97 @@ export class ServiceAllocator {
       yield;
     }
     return out;
+  }
+
+  /** Step 1 of runSteps for one plan: it keeps the values it held that are still free and still wanted. */
+  private keepHeld(p: Plan): void {
+    if (p.ips === null) {
+      for (const ip of p.heldIPs) if (p.priorIPs.includes(ip) && this.isFree(p, 'ip', ip)) this.claim(p, 'ip', ip);
+    }
+    for (const s of p.ips ?? []) if (kept(s) && this.isFree(p, 'ip', s.prior!)) this.take(p, 'ip', s, s.prior!);
+    for (const s of p.ports) if (kept(s) && this.isFree(p, 'port', s.prior!)) this.take(p, 'port', s, s.prior!);
+    if (p.hc && kept(p.hc) && this.isFree(p, 'port', p.hc.prior!)) this.take(p, 'port', p.hc, p.hc.prior!);
+  }
+
+  /**
+   * Step 2 of runSteps for one plan: it claims the values its manifest gives, after every
+   * plan kept its own (step 1); one another Service holds refuses the plan, as the API
+   * server's ErrAllocated.
+   */
+  private claimAsked(p: Plan): void {
+    const asked = p.ips ? p.ips.filter((s) => s.explicit !== undefined && s.value === undefined).map((s) => s.explicit!) : p.heldIPs;
+    for (const ip of asked) {
+      if (!this.isFree(p, 'ip', ip)) {
+        this.refuse(p, { field: 'spec.clusterIPs', reason: `failed to allocate IP ${ip}: provided IP is already allocated${heldBy(this.ipOwner.get(ip)!)}` });
+        break;
+      }
+      const s = p.ips?.find((x) => x.explicit === ip);
+      if (s) this.take(p, 'ip', s, ip);
+      else this.claim(p, 'ip', ip);
+    }
+    if (p.refusal) return;
+    for (const s of p.ports) {
+      if (s.explicit === undefined || s.value !== undefined) continue;
+      if (!this.isFree(p, 'port', s.explicit)) {
+        this.refuse(p, { field: `spec.ports[${s.index}].nodePort`, reason: `provided port is already allocated${heldBy(this.portOwner.get(s.explicit)!)}` });
+        break;
+      }
+      this.take(p, 'port', s, s.explicit);
+    }
+    if (p.refusal || !p.hc || p.hc.explicit === undefined || p.hc.value !== undefined) return;
+    if (!this.isFree(p, 'port', p.hc.explicit)) {
+      const owner = this.portOwner.get(p.hc.explicit)!;
+      this.refuse(p, { field: 'spec.healthCheckNodePort', reason: `failed to allocate requested HealthCheck NodePort ${p.hc.explicit}: provided port is already allocated${heldBy(owner)}` });
+      return;
+    }
+    this.take(p, 'port', p.hc, p.hc.explicit);
+  }
+
+  /**
+   * Step 3 of runSteps for one plan: its slots still empty get values from the ranges, after
+   * every given value was claimed (step 2); a full range refuses the plan.
+   */
+  private allocateRest(p: Plan): void {
+    for (const s of p.ips ?? []) {
+      if (s.value !== undefined) continue;
+      const ip = this.nextIP(p.key, s.family);
+      if (ip === null) {
+        this.refuse(p, { field: 'spec.clusterIPs', reason: `failed to allocate a serviceIP: range is full (${this.config.ipRanges.find((r) => r.family === s.family)!.cidr})` });
+        break;
+      }
+      this.take(p, 'ip', s, ip, true);
+    }
+    if (p.refusal) return;
+    for (const s of p.ports) {
+      if (s.value !== undefined || !s.allocate) continue;
+      // initNodePorts: ports with the same port number share one node port
+      const sibling = p.ports.find((o) => o !== s && o.value !== undefined && o.port === s.port);
+      const port = sibling ? sibling.value! : this.nextPort(p.key, `port/${s.name}`);
+      if (port === null) {
+        this.refuse(p, { field: `spec.ports[${s.index}].nodePort`, reason: `failed to allocate a nodePort: range is full (${this.config.nodePorts.text})` });
+        break;
+      }
+      this.take(p, 'port', s, port, true);
+    }
+    if (p.refusal || !p.hc || p.hc.value !== undefined) return;
+    const hc = this.nextPort(p.key, 'healthCheckNodePort');
+    if (hc === null) {
+      this.refuse(p, { field: 'spec.healthCheckNodePort', reason: `failed to allocate a HealthCheck NodePort: range is full (${this.config.nodePorts.text})` });
+      return;
+    }
+    this.take(p, 'port', p.hc, hc, true);
+  }
+
+  /** Refuses a plan: the reason is kept and what it claimed is released. */
+  private refuse(p: Plan, r: Refusal): void {
+    p.refusal = r;
+    this.unclaim(p);
+  }
+
+  /** Whether an address or port is nobody's or already p's. */
+  private isFree(p: Plan, what: 'ip' | 'port', v: string | number): boolean {
+    const owner = what === 'ip' ? this.ipOwner.get(v as string) : this.portOwner.get(v as number);
+    return owner === undefined || owner === p.key;
   }
 
   /** Marks v as p's in the index (the caller checked that nobody else holds it). */

@@ -507,67 +507,13 @@ export class ProxyController {
       if (!this.families.some((f) => f.proxier)) throw new Error('proxier not created');
       for (const f of this.families) {
         const famStarted = Date.now();
-        for (const k of f.tracker.apply()) f.changedSinceSuccess.add(k);
-        for (const t of f.tracker.endpoints.takeTriggerTimes()) {
-          // bounded while syncs keep failing: the oldest changes are the ones the SLO is about
-          if (t > this.trackerStartedAt && f.triggerTimes.length < MAX_PENDING_TRIGGER_TIMES) f.triggerTimes.push(t);
-        }
-        const changed = new Set(f.changedSinceSuccess);
+        const changed = this.takeChanges(f);
         for (const k of changed) changedAll.add(k);
-        const famFull = full || f.failed;
-        let input: PlanInput | undefined;
-        try {
-          if (!f.proxier) throw new Error('proxier not created');
-          input = this.planInput(f.family, famFull ? undefined : changed);
-          const stats = await f.proxier.sync(input, changed, famFull);
-          f.lastView = input.view;
-          f.changedSinceSuccess.clear();
-          f.failed = false;
-          // The changes are in the kernel now: their programming latency ends here (kept over
-          // failed syncs, which upstream loses, until the sync that programs them).
-          const programmedAt = this.now();
-          const latencies = f.triggerTimes.map((t) => Math.max(0, programmedAt - t) / 1000);
-          f.triggerTimes = [];
-          // Stale UDP/SCTP flows and never-DNATed TCP attempts: the cleaner logs its failures and
-          // never fails the sync.
-          const flows = input.view?.staleFlows ?? [];
-          const ct = flows.length && this.opts.conntrack ? await this.opts.conntrack.clean(f.family, flows).catch(() => undefined) : undefined;
-          rec.families!.push({
-            family: f.family, ok: true, full: famFull, durationMs: Date.now() - famStarted, stats,
-            ...(ct ? { conntrack: ct } : {}),
-            ...(latencies.length ? { networkProgrammingSeconds: latencies } : {}),
-            noLocalEndpoints: countNoLocalEndpoints(input.view),
-          });
-        } catch (e) {
-          // the incremental view updated lastView's maps: put them back (the next sync, full,
-          // computes its stale flows against the last view applied)
-          revertView(input?.view);
-          f.failed = true;
-          errors.push({ family: f.family, err: e as Error });
-          const code = (e as { code?: unknown }).code;
-          rec.families!.push({
-            family: f.family, ok: false, full: famFull, durationMs: Date.now() - famStarted, error: (e as Error).message,
-            ...(typeof code === 'string' ? { errorCode: code } : {}),
-          });
-        }
+        await this.syncFamily(f, changed, full || f.failed, famStarted, rec.families!, errors);
       }
-      const ok = rec.families!.filter((r) => r.ok && r.stats);
-      if (ok.length) {
-        const diffs = ok.map((r) => r.stats!.diff).filter((d): d is string => !!d);
-        rec.stats = {
-          rulesWritten: ok.reduce((n, r) => n + r.stats!.rulesWritten, 0),
-          rulesTotal: ok.reduce((n, r) => n + r.stats!.rulesTotal, 0),
-          ...(diffs.length ? { diff: diffs.join('\n') } : {}),
-        };
-        const rejected = ok.reduce((n, r) => n + (r.stats!.rejected ?? 0), 0);
-        if (rejected) rec.stats.rejected = rejected;
-      }
-      if (errors.length) {
-        // One family: its error as it is. Two: each message says which family it is.
-        if (this.families.length === 1) throw errors[0].err;
-        const err = new Error(errors.map((x) => `IPv${x.family}: ${x.err.message}`).join('; '));
-        throw Object.assign(err, { code: (errors[0].err as { code?: string }).code });
-      }
+      const stats = sumFamilyStats(rec.families!);
+      if (stats) rec.stats = stats;
+      if (errors.length) throw this.familiesError(errors);
       rec.ok = true;
       this.health.updated();
     } catch (e) {
@@ -575,26 +521,118 @@ export class ProxyController {
       rec.error = (e as Error).message;
       throw e;
     } finally {
-      rec.changed = [...changedAll].sort();
-      rec.durationMs = Date.now() - started;
-      this.history.push(rec);
-      if (this.history.length > 50) this.history.shift();
-      for (const l of this.listeners) l(rec);
-      if (rec.ok) {
-        // the periodic partial sync with nothing to do is the common case: not worth a line at info
-        const quiet = !full && rec.changed.length === 0 && !rec.stats?.rulesWritten;
-        this.opts.log[quiet ? 'debug' : 'info'](
-          { full, durationMs: rec.durationMs, changed: rec.changed.length, rulesWritten: rec.stats?.rulesWritten, rulesTotal: rec.stats?.rulesTotal },
-          'synced',
-        );
-        if (rec.stats?.diff) this.opts.log.debug({ diff: rec.stats.diff }, 'sync diff');
-      }
-      // after the record and the log line: the rules are in the kernel already
-      const gcStarted = performance.now();
-      if (this.gcAfterSync.afterSync({ ok: rec.ok, full, rulesTotal: rec.stats?.rulesTotal })) {
-        const gcMs = Math.round(performance.now() - gcStarted);
-        this.opts.log.info({ durationMs: gcMs, memoryMiB: GarbageAfterSync.usage() }, 'collected the full sync\'s garbage');
-      }
+      this.recordSync(rec, full, started, changedAll);
     }
   }
+
+  /**
+   * A family's tracker applies its pending changes; returns the Services to sync (every one
+   * changed since the family's last success) and keeps the endpoint changes' trigger times.
+   */
+  private takeChanges(f: FamilyRuntime): Set<string> {
+    for (const k of f.tracker.apply()) f.changedSinceSuccess.add(k);
+    for (const t of f.tracker.endpoints.takeTriggerTimes()) {
+      // bounded while syncs keep failing: the oldest changes are the ones the SLO is about
+      if (t > this.trackerStartedAt && f.triggerTimes.length < MAX_PENDING_TRIGGER_TIMES) f.triggerTimes.push(t);
+    }
+    return new Set(f.changedSinceSuccess);
+  }
+
+  /**
+   * One family's proxier sync, then its conntrack cleanup; its record goes to `records`, and
+   * a failure to `errors` (it never throws: the other family is still synced).
+   */
+  private async syncFamily(
+    f: FamilyRuntime,
+    changed: Set<string>,
+    famFull: boolean,
+    famStarted: number,
+    records: FamilySyncRecord[],
+    errors: Array<{ family: 4 | 6; err: Error }>,
+  ): Promise<void> {
+    let input: PlanInput | undefined;
+    try {
+      if (!f.proxier) throw new Error('proxier not created');
+      input = this.planInput(f.family, famFull ? undefined : changed);
+      const stats = await f.proxier.sync(input, changed, famFull);
+      f.lastView = input.view;
+      f.changedSinceSuccess.clear();
+      f.failed = false;
+      // The changes are in the kernel now: their programming latency ends here (kept over
+      // failed syncs, which upstream loses, until the sync that programs them).
+      const programmedAt = this.now();
+      const latencies = f.triggerTimes.map((t) => Math.max(0, programmedAt - t) / 1000);
+      f.triggerTimes = [];
+      // Stale UDP/SCTP flows and never-DNATed TCP attempts: the cleaner logs its failures and
+      // never fails the sync.
+      const flows = input.view?.staleFlows ?? [];
+      const ct = flows.length && this.opts.conntrack ? await this.opts.conntrack.clean(f.family, flows).catch(() => undefined) : undefined;
+      records.push({
+        family: f.family, ok: true, full: famFull, durationMs: Date.now() - famStarted, stats,
+        ...(ct ? { conntrack: ct } : {}),
+        ...(latencies.length ? { networkProgrammingSeconds: latencies } : {}),
+        noLocalEndpoints: countNoLocalEndpoints(input.view),
+      });
+    } catch (e) {
+      // the incremental view updated lastView's maps: put them back (the next sync, full,
+      // computes its stale flows against the last view applied)
+      revertView(input?.view);
+      f.failed = true;
+      errors.push({ family: f.family, err: e as Error });
+      const code = (e as { code?: unknown }).code;
+      records.push({
+        family: f.family, ok: false, full: famFull, durationMs: Date.now() - famStarted, error: (e as Error).message,
+        ...(typeof code === 'string' ? { errorCode: code } : {}),
+      });
+    }
+  }
+
+  /** The error a sync with failed families throws. One family: its error as it is. Two: each message says which family it is. */
+  private familiesError(errors: Array<{ family: 4 | 6; err: Error }>): Error {
+    if (this.families.length === 1) return errors[0].err;
+    const err = new Error(errors.map((x) => `IPv${x.family}: ${x.err.message}`).join('; '));
+    return Object.assign(err, { code: (errors[0].err as { code?: string }).code });
+  }
+
+  /**
+   * Ends a sync, whether it succeeded or not: its record goes to the history and the
+   * listeners, a successful one is logged, and garbage is collected after it.
+   */
+  private recordSync(rec: SyncRecord, full: boolean, started: number, changedAll: Set<string>): void {
+    rec.changed = [...changedAll].sort();
+    rec.durationMs = Date.now() - started;
+    this.history.push(rec);
+    if (this.history.length > 50) this.history.shift();
+    for (const l of this.listeners) l(rec);
+    if (rec.ok) {
+      // the periodic partial sync with nothing to do is the common case: not worth a line at info
+      const quiet = !full && rec.changed.length === 0 && !rec.stats?.rulesWritten;
+      this.opts.log[quiet ? 'debug' : 'info'](
+        { full, durationMs: rec.durationMs, changed: rec.changed.length, rulesWritten: rec.stats?.rulesWritten, rulesTotal: rec.stats?.rulesTotal },
+        'synced',
+      );
+      if (rec.stats?.diff) this.opts.log.debug({ diff: rec.stats.diff }, 'sync diff');
+    }
+    // after the record and the log line: the rules are in the kernel already
+    const gcStarted = performance.now();
+    if (this.gcAfterSync.afterSync({ ok: rec.ok, full, rulesTotal: rec.stats?.rulesTotal })) {
+      const gcMs = Math.round(performance.now() - gcStarted);
+      this.opts.log.info({ durationMs: gcMs, memoryMiB: GarbageAfterSync.usage() }, 'collected the full sync\'s garbage');
+    }
+  }
+}
+
+/** The stats of a sync: the sums over the families that synced (undefined when none did). */
+function sumFamilyStats(families: FamilySyncRecord[]): SyncStats | undefined {
+  const ok = families.filter((r) => r.ok && r.stats);
+  if (!ok.length) return undefined;
+  const diffs = ok.map((r) => r.stats!.diff).filter((d): d is string => !!d);
+  const stats: SyncStats = {
+    rulesWritten: ok.reduce((n, r) => n + r.stats!.rulesWritten, 0),
+    rulesTotal: ok.reduce((n, r) => n + r.stats!.rulesTotal, 0),
+    ...(diffs.length ? { diff: diffs.join('\n') } : {}),
+  };
+  const rejected = ok.reduce((n, r) => n + (r.stats!.rejected ?? 0), 0);
+  if (rejected) stats.rejected = rejected;
+  return stats;
 }

@@ -141,8 +141,9 @@ test('after real iptables syncs, /metrics has upstream names, types, labels and 
   const ctrl = new ProxyController({
     config, nodeName: 'node-a', mode, allModes: { iptables: mode } as any, source, sourceName: 'test', runner: fake, log,
     skipCleanup: true, nodeIPs: () => ['192.168.0.2'], families: [4], healthTimeoutMs: 60_000, backoffInitialMs: 20, backoffMaxMs: 50,
-    // the web Service's first endpoint makes flows to its ClusterIP stale; the first sync clears
-    // never-DNATed TCP attempts to the TCP Service with endpoints
+    // the first sync clears flows to the UDP web Service, which has no endpoint yet (upstream
+    // CleanStaleEntries since kubernetes#139629), and never-DNATed TCP attempts to the TCP
+    // Service with endpoints; the web Service's first endpoint makes flows to its ClusterIP stale
     conntrack: { clean: async (_family, flows) => (cleaned.push(...flows), { deleted: flows.length, failed: 0, durationMs: 2 }) },
   });
   const servers = await startServers({ ctrl, source, mode: 'iptables', log }, '127.0.0.1:0', '127.0.0.1:0');
@@ -200,8 +201,8 @@ test('after real iptables syncs, /metrics has upstream names, types, labels and 
     assert.ok(Math.abs(last - Date.now() / 1000) < 60 && last >= queued, `last sync ${last} after last queued ${queued}`);
     assert.equal(value(text, 'kubeproxy_proxy_healthz_total', { code: '200' }), 3);
     assert.equal(value(text, 'kubeproxy_proxy_livez_total', { code: '200' }), 1);
-    assert.deepEqual(cleaned.map((f) => `${f.kind} ${f.protocol}`).sort(), ['service UDP', 'unNATed TCP']);
-    assert.equal(value(text, 'kubeproxy_conntrack_reconciler_deleted_entries_total', v4), 2);
+    assert.deepEqual(cleaned.map((f) => `${f.kind} ${f.protocol}`).sort(), ['service UDP', 'service UDP', 'unNATed TCP']);
+    assert.equal(value(text, 'kubeproxy_conntrack_reconciler_deleted_entries_total', v4), 3);
     assert.match(text, /^process_resident_memory_bytes \d/m, 'process metrics, as upstream exports');
     assert.match(text, /^kproxy_rules_total \d/m, "kproxy's own stay");
   } finally {

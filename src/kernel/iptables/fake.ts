@@ -162,49 +162,59 @@ export class FakeIptables implements CommandRunner {
         tbl.set(l.name, []);
         return;
       }
-      const m = /^(-[AIDXNF])\s+(\S+)\s*(.*)$/.exec(l.line);
-      if (!m) return void (refused = err(n, `unknown line ${l.line}`));
-      const [, op, chain, rest] = m;
-      const rules = tbl.get(chain);
-      if (op === '-N') {
-        if (rules) return void (refused = err(n, `Chain '${chain}' already exists`));
-        tbl.set(chain, []);
-        return;
-      }
-      if (!rules) return void (refused = err(n, `Chain '${chain}' does not exist`));
-      if (op === '-A' || op === '-I') {
-        let spec = rest;
-        let pos = 1;
-        if (op === '-I') {
-          const p = /^(\d+)\s+(.*)$/.exec(rest);
-          if (p) [pos, spec] = [Number(p[1]), p[2]];
-        }
-        const why = this.refusal(tableName, tbl, spec);
-        if (why) return void (refused = err(n, why));
-        // as iptables: a position from 1 to one past the last rule
-        if (op === '-I' && (pos < 1 || pos > rules.length + 1)) return void (refused = err(n, 'Index of insertion too big'));
-        if (op === '-A') rules.push(spec);
-        else rules.splice(pos - 1, 0, spec);
-      } else if (op === '-D' && /^\d+$/.test(rest)) {
-        // by position
-        const pos = Number(rest);
-        if (pos < 1 || pos > rules.length) return void (refused = err(n, 'Index of deletion too big'));
-        rules.splice(pos - 1, 1);
-      } else if (op === '-D') {
-        const i = rules.findIndex((r) => canonicalRule(r) === canonicalRule(rest));
-        if (i < 0) return void (refused = err(n, 'Bad rule (does a matching rule exist in that chain?)'));
-        rules.splice(i, 1);
-      } else if (op === '-F') {
-        rules.length = 0;
-      } else if (op === '-X') {
-        if (this.referenced(tbl, chain)) return void (refused = err(n, `Chain '${chain}' is still referenced`));
-        tbl.delete(chain);
-      }
+      const why = this.chainOp(tableName, tbl, l.line);
+      if (why) refused = err(n, why);
     });
     if (refused) return refused;
     if (inject !== null && inject <= payload.split('\n').length) return injected();
     this.tables = t;
     return ok();
+  }
+
+  /**
+   * One -N/-A/-I/-D/-F/-X line of a restore applied to `tbl` (the batch's copy of the table);
+   * returns the message iptables-restore gives when it refuses the line, or null.
+   */
+  private chainOp(tableName: string, tbl: Map<string, string[]>, line: string): string | null {
+    const m = /^(-[AIDXNF])\s+(\S+)\s*(.*)$/.exec(line);
+    if (!m) return `unknown line ${line}`;
+    const [, op, chain, rest] = m;
+    const rules = tbl.get(chain);
+    if (op === '-N') {
+      if (rules) return `Chain '${chain}' already exists`;
+      tbl.set(chain, []);
+      return null;
+    }
+    if (!rules) return `Chain '${chain}' does not exist`;
+    if (op === '-A' || op === '-I') {
+      let spec = rest;
+      let pos = 1;
+      if (op === '-I') {
+        const p = /^(\d+)\s+(.*)$/.exec(rest);
+        if (p) [pos, spec] = [Number(p[1]), p[2]];
+      }
+      const why = this.refusal(tableName, tbl, spec);
+      if (why) return why;
+      // as iptables: a position from 1 to one past the last rule
+      if (op === '-I' && (pos < 1 || pos > rules.length + 1)) return 'Index of insertion too big';
+      if (op === '-A') rules.push(spec);
+      else rules.splice(pos - 1, 0, spec);
+    } else if (op === '-D' && /^\d+$/.test(rest)) {
+      // by position
+      const pos = Number(rest);
+      if (pos < 1 || pos > rules.length) return 'Index of deletion too big';
+      rules.splice(pos - 1, 1);
+    } else if (op === '-D') {
+      const i = rules.findIndex((r) => canonicalRule(r) === canonicalRule(rest));
+      if (i < 0) return 'Bad rule (does a matching rule exist in that chain?)';
+      rules.splice(i, 1);
+    } else if (op === '-F') {
+      rules.length = 0;
+    } else if (op === '-X') {
+      if (this.referenced(tbl, chain)) return `Chain '${chain}' is still referenced`;
+      tbl.delete(chain);
+    }
+    return null;
   }
 
   private iptables(a: string[]): RunResult {

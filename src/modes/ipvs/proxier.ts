@@ -25,7 +25,7 @@ import { BASE_MODULES, DUMMY_DEVICE, schedulerModule } from './names.ts';
 import { withMissingJumps } from './iptables-rules.ts';
 import { planContext, planPort } from './planner.ts';
 import { type IpvsPlan, type PlanContext, type Rejected } from './plan-model.ts';
-import { PlanState } from './plan-state.ts';
+import { PlanState, type PlanDelta } from './plan-state.ts';
 import { diffIPSets, type IPSetDiff, type IPSetTable } from '../../kernel/ipset/model.ts';
 import { afterDiff, diffIpvs, drainLines, drainsAtOnce, ownershipPredicate, type IpvsDiff } from './diff.ts';
 import { applyLines, splitHostPort, virtualServerKey, type IpvsTable, type VirtualServer, type VirtualServerState } from '../../kernel/ipvs/model.ts';
@@ -63,6 +63,25 @@ function ipvsLineOwner(p: Pick<IpvsPlan, 'owners'>, line: string): string {
   const protocol = w[1] === '-u' ? 'UDP' : w[1] === '--sctp-service' ? 'SCTP' : 'TCP';
   const hp = splitHostPort(w[2] ?? '');
   return hp ? (p.owners.get(virtualServerKey({ ...hp, protocol })) ?? '') : '';
+}
+
+/** A sync step: runs `fn`, logs and keeps its error, and says whether it succeeded (see IpvsProxier.steps). */
+type Step = (what: string, fn: () => Promise<void>) => Promise<boolean>;
+
+/** The IPVS difference of a sync that writes no IPVS line. */
+function emptyIpvsDiff(): IpvsDiff {
+  return { lines: [], terminating: new Set(), counts: { vsAdded: 0, vsEdited: 0, vsDeleted: 0, rsAdded: 0, rsEdited: 0, rsDeleted: 0 } };
+}
+
+/** Every port of the node view planned into a fresh model (a full sync's plan); its delta is consumed. */
+function planAllPorts(ctx: PlanContext): PlanState {
+  const st = new PlanState(ctx.family);
+  for (const v of portsInOrder(ctx.view)) {
+    const f = planPort(ctx, v);
+    if (f) st.put(v.sp.key, f);
+  }
+  st.takeDelta();
+  return st;
 }
 
 export interface IpvsProxierOptions extends ModeDeps {
@@ -169,7 +188,7 @@ export class IpvsProxier implements Proxier {
   }
 
   /** the step runner of a sync: each part is tried even when an earlier one failed */
-  private steps(): { errors: Error[]; step: (what: string, fn: () => Promise<void>) => Promise<boolean> } {
+  private steps(): { errors: Error[]; step: Step } {
     const errors: Error[] = [];
     const step = async (what: string, fn: () => Promise<void>): Promise<boolean> => {
       try {
@@ -187,14 +206,8 @@ export class IpvsProxier implements Proxier {
   private async fullSync(input: PlanInput, ctx: PlanContext): Promise<SyncStats> {
     (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report(input);
     this.model = null;
-    const st = new PlanState(ctx.family);
-    for (const v of portsInOrder(ctx.view)) {
-      const f = planPort(ctx, v);
-      if (f) st.put(v.sp.key, f);
-    }
-    st.takeDelta();
+    const st = planAllPorts(ctx);
     const p = st.toPlan(ctx);
-    const family = p.family;
     // Failure isolation: each part (device, ipsets, iptables, IPVS, addresses) is tried even
     // when an earlier one failed, since the kernel does not tie them together; the first
     // failure is thrown at the end so that the loop retries with a full sync.
@@ -205,14 +218,45 @@ export class IpvsProxier implements Proxier {
     const dummyOK = await step('dummy device', async () => {
       await this.links.ensureDummy(DUMMY_DEVICE);
     });
-
     // ipsets first: the iptables rules reference them by name
+    const { liveSets, setDiff } = await this.fullIpsets(p, step, seen);
+    await this.fullIptables(p, step);
+    let dummyAddrs: string[] = [];
+    if (dummyOK) await step('kube-ipvs0 addresses', async () => {
+      dummyAddrs = (await this.links.addresses(DUMMY_DEVICE)).filter((a) => ipFamily(a) === p.family);
+    });
+    const { d, kernel } = await this.fullIpvs(input, p, step, dummyAddrs, liveSets, seen);
+    const addrChanges = await this.fullAddresses(p, dummyAddrs, dummyOK, step);
+
+    // a full sync plans and tries every line again: forget the refusals it did not meet again
+    for (const k of [...this.refusals.keys()]) if (!seen.has(k)) this.refusals.delete(k);
+
+    if (errors.length) throw errors[0];
+    // from now on partial syncs diff against this model instead of reading the kernel
+    this.model = st;
+    this.modelCtx = ctx;
+    this.kernel = kernel;
+    const diff = this.diffSummary(d.counts, setDiff.added, setDiff.deleted, addrChanges);
+    if (d.lines.length || setDiff.script || addrChanges) this.log.info({ diff }, 'ipvs sync applied changes');
+    return {
+      rulesWritten: d.lines.length + setDiff.added + setDiff.deleted + addrChanges,
+      rulesTotal: p.table.size + st.realServers,
+      diff,
+      rejected: this.refusals.size,
+    };
+  }
+
+  /**
+   * A full sync's ipsets: the live sets read and the difference restored, every line tried
+   * again (partial syncs leave refused ones out). The live sets also tell the IPVS step
+   * which virtual servers are kproxy's.
+   */
+  private async fullIpsets(p: IpvsPlan, step: Step, seen: Set<string>): Promise<{ liveSets: IPSetTable; setDiff: IPSetDiff }> {
     let liveSets: IPSetTable = new Map();
     let setDiff: IPSetDiff = { script: '', added: 0, deleted: 0, created: 0 };
     await step('ipset restore', async () => {
       liveSets = await this.ipset.save();
       setDiff = diffIPSets(p.sets, liveSets);
-      // a full sync tries lines refused before again (partial syncs leave them out)
       const { refused } = await this.ipset.restoreIsolating(setDiff.script.split('\n').filter(Boolean).join('\n'));
       for (const f of refused) {
         const w = f.line.trim().split(/\s+/);
@@ -220,19 +264,32 @@ export class IpvsProxier implements Proxier {
         this.noteRefusal(`ipset ${f.line}`, { owner, what: `ipset ${f.line.replace(/\s+-exist$/, '')}`, reason: f.error }, seen);
       }
     });
+    return { liveSets, setDiff };
+  }
 
-    const ipt = new IptablesExecutor(this.opts.runner, family);
-    await step(`${family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
-      // the jumps from built-in chains are checked too, in the same restore
+  /** A full sync's iptables: kproxy's chains restored, with the jumps from built-in chains checked in the same restore. */
+  private async fullIptables(p: IpvsPlan, step: Step): Promise<void> {
+    const ipt = new IptablesExecutor(this.opts.runner, p.family);
+    await step(`${p.family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
       await ipt.restoreOwned(withMissingJumps(p.iptables, await ipt.saveAll()), 'KPROXY_IPVS_IPTABLES_FAILED', IPVS_IPTABLES_TIMEOUT_MS);
       this.lastIptables = p.iptables;
     });
+  }
 
-    let dummyAddrs: string[] = [];
-    if (dummyOK) await step('kube-ipvs0 addresses', async () => {
-      dummyAddrs = (await this.links.addresses(DUMMY_DEVICE)).filter((a) => ipFamily(a) === family);
-    });
-    let d: IpvsDiff = { lines: [], terminating: new Set(), counts: { vsAdded: 0, vsEdited: 0, vsDeleted: 0, rsAdded: 0, rsEdited: 0, rsDeleted: 0 } };
+  /**
+   * A full sync's IPVS table: the live table read, the difference to kproxy's own virtual
+   * servers written (refused lines isolated), and the model of the kernel kept for partial
+   * syncs. On success the created and draining sets follow the plan.
+   */
+  private async fullIpvs(
+    input: PlanInput,
+    p: IpvsPlan,
+    step: Step,
+    dummyAddrs: string[],
+    liveSets: IPSetTable,
+    seen: Set<string>,
+  ): Promise<{ d: IpvsDiff; kernel: IpvsTable }> {
+    let d: IpvsDiff = emptyIpvsDiff();
     let kernel: IpvsTable = new Map();
     const ipvsOK = await step('ipvsadm -R', async () => {
       const live = await this.ipvsadm.list();
@@ -242,7 +299,7 @@ export class IpvsProxier implements Proxier {
         nodeIPs: p.nodePortIPs,
         created: this.created,
         excludeCIDRs: input.config.ipvs.excludeCIDRs,
-        family,
+        family: p.family,
       });
       d = diffIpvs(p.table, live, owned);
       let isolated: boolean;
@@ -263,35 +320,26 @@ export class IpvsProxier implements Proxier {
       this.terminating.clear();
       for (const k of d.terminating) this.terminating.add(k);
     }
+    return { d, kernel };
+  }
 
+  /** A full sync's kube-ipvs0 addresses: the planned ones added, the others removed; returns the number of changes. */
+  private async fullAddresses(p: IpvsPlan, dummyAddrs: string[], dummyOK: boolean, step: Step): Promise<number> {
     const want = new Set(p.boundAddresses);
     const have = new Set(dummyAddrs);
     const toAdd = p.boundAddresses.filter((a) => !have.has(a));
     const toDel = dummyAddrs.filter((a) => !want.has(a));
     if (dummyOK) await step('kube-ipvs0 addresses', () => this.links.changeAddresses(DUMMY_DEVICE, toAdd, toDel));
-    const addrChanges = toAdd.length + toDel.length;
+    return toAdd.length + toDel.length;
+  }
 
-    // a full sync plans and tries every line again: forget the refusals it did not meet again
-    for (const k of [...this.refusals.keys()]) if (!seen.has(k)) this.refusals.delete(k);
-
-    if (errors.length) throw errors[0];
-    // from now on partial syncs diff against this model instead of reading the kernel
-    this.model = st;
-    this.modelCtx = ctx;
-    this.kernel = kernel;
-    const rs = st.realServers;
-    const c = d.counts;
+  /** The one-line summary of a sync's changes, logged and returned in its stats. */
+  private diffSummary(c: IpvsDiff['counts'], setAdded: number, setDeleted: number, addrChanges: number): string {
     const refusedNote = this.refusals.size ? `; ${this.refusals.size} left out (refused)` : '';
-    const diff =
+    return (
       `ipvs: +${c.vsAdded} ~${c.vsEdited} -${c.vsDeleted} virtual servers, +${c.rsAdded} ~${c.rsEdited} -${c.rsDeleted} real servers` +
-      `${this.terminating.size ? ` (${this.terminating.size} draining)` : ''}; ipset: +${setDiff.added} -${setDiff.deleted}; addresses: ${addrChanges} changed${refusedNote}`;
-    if (d.lines.length || setDiff.script || addrChanges) this.log.info({ diff }, 'ipvs sync applied changes');
-    return {
-      rulesWritten: d.lines.length + setDiff.added + setDiff.deleted + addrChanges,
-      rulesTotal: p.table.size + rs,
-      diff,
-      rejected: this.refusals.size,
-    };
+      `${this.terminating.size ? ` (${this.terminating.size} draining)` : ''}; ipset: +${setAdded} -${setDeleted}; addresses: ${addrChanges} changed${refusedNote}`
+    );
   }
 
   /**
@@ -303,10 +351,44 @@ export class IpvsProxier implements Proxier {
    */
   private async partialSync(input: PlanInput, ctx: PlanContext, changed: Set<string>): Promise<SyncStats> {
     const st = this.model!;
-    const family = ctx.family;
+    const delta = this.replanChanged(input, ctx, changed);
+    const { errors, step } = this.steps();
+    const seen = new Set<string>();
+    for (const r of st.rejected()) this.noteRefusal(`plan ${r.owner} ${r.what}`, r, seen);
+
+    const setLines = await this.partialIpsets(st, delta, step, seen);
+    await this.partialIptables(st, ctx, step);
+    const d = await this.partialIpvs(st, delta, step, seen);
+    const addrChanges = delta.addressesAdded.length + delta.addressesDeleted.length;
+    if (addrChanges) await step('kube-ipvs0 addresses', () => this.links.changeAddresses(DUMMY_DEVICE, delta.addressesAdded, delta.addressesDeleted));
+
+    for (const k of [...this.refusals.keys()]) if (!seen.has(k) && k.startsWith('plan ')) this.refusals.delete(k);
+    if (errors.length) {
+      // the kernel may now hold anything between the old and the new state: read it again
+      this.model = null;
+      throw errors[0];
+    }
+    const setAdded = delta.entriesAdded.length;
+    const setDeleted = delta.entriesDeleted.length;
+    const diff = this.diffSummary(d.counts, setAdded, setDeleted, addrChanges);
+    if (d.lines.length || setLines.length || addrChanges) this.log.info({ diff }, 'ipvs sync applied changes');
+    return {
+      rulesWritten: d.lines.length + setAdded + setDeleted + addrChanges,
+      rulesTotal: st.table.size + st.realServers,
+      diff,
+      rejected: this.refusals.size,
+    };
+  }
+
+  /**
+   * The changed Services' ports planned again into the model (a port no longer planned is
+   * removed from it); returns what changed. Only the changed Services can hold a newly
+   * skipped VIP, so only they are reported (their ports before safeServicePort).
+   */
+  private replanChanged(input: PlanInput, ctx: PlanContext, changed: Set<string>): PlanDelta {
+    const st = this.model!;
     const isChanged = (sp: ServicePort) => changed.has(sp.serviceKey);
     const ports = portsInOrder(ctx.view, changed);
-    // only the changed Services can hold a newly skipped VIP (their ports before safeServicePort)
     const raw = changed.size ? [...input.state.services.values()].filter(isChanged) : [];
     (this.skippedVIPs ??= new SkippedVIPReporter(this.log)).report({ ...input, state: { ...input.state, services: new Map(raw.map((sp) => [sp.key, sp])) } });
     const planned = new Set<string>();
@@ -316,12 +398,11 @@ export class IpvsProxier implements Proxier {
       st.put(v.sp.key, f ?? undefined);
     }
     for (const svc of changed) for (const k of [...(st.byService.get(svc) ?? [])]) if (!planned.has(k)) st.put(k, undefined);
-    const delta = st.takeDelta();
+    return st.takeDelta();
+  }
 
-    const { errors, step } = this.steps();
-    const seen = new Set<string>();
-    for (const r of st.rejected()) this.noteRefusal(`plan ${r.owner} ${r.what}`, r, seen);
-
+  /** A partial sync's ipsets: the changed entries written, lines refused before left out; returns the lines meant. */
+  private async partialIpsets(st: PlanState, delta: PlanDelta, step: Step, seen: Set<string>): Promise<string[]> {
     const setLines = [
       ...delta.entriesDeleted.map((e) => `del ${e} -exist`),
       ...delta.entriesAdded.map((e) => `add ${e} -exist`),
@@ -334,16 +415,26 @@ export class IpvsProxier implements Proxier {
         this.noteRefusal(`ipset ${f.line}`, { owner, what: `ipset ${f.line.replace(/\s+-exist$/, '')}`, reason: f.error }, seen);
       }
     });
+    return setLines;
+  }
 
+  /** A partial sync's iptables: kproxy's chains restored only when their text changed. */
+  private async partialIptables(st: PlanState, ctx: PlanContext, step: Step): Promise<void> {
     const text = st.iptables(ctx);
-    if (text !== this.lastIptables) {
-      await step(`${family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
-        await new IptablesExecutor(this.opts.runner, family).restoreOwned(text, 'KPROXY_IPVS_IPTABLES_FAILED', IPVS_IPTABLES_TIMEOUT_MS);
-        this.lastIptables = text;
-      });
-    }
+    if (text === this.lastIptables) return;
+    await step(`${ctx.family === 6 ? 'ip6tables' : 'iptables'}-restore`, async () => {
+      await new IptablesExecutor(this.opts.runner, ctx.family).restoreOwned(text, 'KPROXY_IPVS_IPTABLES_FAILED', IPVS_IPTABLES_TIMEOUT_MS);
+      this.lastIptables = text;
+    });
+  }
 
-    let d: IpvsDiff = { lines: [], terminating: new Set(), counts: { vsAdded: 0, vsEdited: 0, vsDeleted: 0, rsAdded: 0, rsEdited: 0, rsDeleted: 0 } };
+  /**
+   * A partial sync's IPVS lines: the changed virtual servers diffed against the model of the
+   * kernel (one that loses a TCP/SCTP real server read alone, for its connection counters),
+   * the difference written, and the model, created and draining sets moved along.
+   */
+  private async partialIpvs(st: PlanState, delta: PlanDelta, step: Step, seen: Set<string>): Promise<IpvsDiff> {
+    let d: IpvsDiff = emptyIpvsDiff();
     if (delta.virtualServers.length) await step('ipvsadm -R', async () => {
       const want: IpvsTable = new Map();
       const have: IpvsTable = new Map();
@@ -373,30 +464,7 @@ export class IpvsProxier implements Proxier {
       for (const t of [...this.terminating]) if (touched.has(t.slice(0, t.lastIndexOf('/')))) this.terminating.delete(t);
       for (const t of d.terminating) this.terminating.add(t);
     });
-
-    const addrChanges = delta.addressesAdded.length + delta.addressesDeleted.length;
-    if (addrChanges) await step('kube-ipvs0 addresses', () => this.links.changeAddresses(DUMMY_DEVICE, delta.addressesAdded, delta.addressesDeleted));
-
-    for (const k of [...this.refusals.keys()]) if (!seen.has(k) && k.startsWith('plan ')) this.refusals.delete(k);
-    if (errors.length) {
-      // the kernel may now hold anything between the old and the new state: read it again
-      this.model = null;
-      throw errors[0];
-    }
-    const c = d.counts;
-    const setAdded = delta.entriesAdded.length;
-    const setDeleted = delta.entriesDeleted.length;
-    const refusedNote = this.refusals.size ? `; ${this.refusals.size} left out (refused)` : '';
-    const diff =
-      `ipvs: +${c.vsAdded} ~${c.vsEdited} -${c.vsDeleted} virtual servers, +${c.rsAdded} ~${c.rsEdited} -${c.rsDeleted} real servers` +
-      `${this.terminating.size ? ` (${this.terminating.size} draining)` : ''}; ipset: +${setAdded} -${setDeleted}; addresses: ${addrChanges} changed${refusedNote}`;
-    if (d.lines.length || setLines.length || addrChanges) this.log.info({ diff }, 'ipvs sync applied changes');
-    return {
-      rulesWritten: d.lines.length + setAdded + setDeleted + addrChanges,
-      rulesTotal: st.table.size + st.realServers,
-      diff,
-      rejected: this.refusals.size,
-    };
+    return d;
   }
 
   /**

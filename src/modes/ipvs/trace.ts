@@ -35,79 +35,125 @@ function cidrMatch(cidr: string, ip: string): boolean {
   return cidr.includes('/') ? cidrContains(cidr, ip) : cidr === ip;
 }
 
+/** A packet's walk: what it is matched with, and the rules and notes it collects on the way. */
+interface Walk {
+  inp: TraceInput;
+  pkt: Packet;
+  /** the protocol as ipset entries spell it: tcp, udp, sctp */
+  proto: string;
+  /** the packet's destination as an ipset entry: "ip,proto:port" */
+  ipPort: string;
+  rules: string[];
+  notes: string[];
+  has: (k: SetKey, e: string) => boolean;
+}
+
 export function traceIpvs(inp: TraceInput, pkt: Packet): TraceResult {
-  const has = (k: SetKey, e: string) => inp.sets.get(setName(k, inp.family))?.entries.has(e) ?? false;
-  const entries = (k: SetKey) => [...(inp.sets.get(setName(k, inp.family))?.entries ?? [])];
   const proto = pkt.protocol.toLowerCase();
-  const ipPort = `${pkt.to},${proto}:${pkt.port}`;
-  const rules: string[] = [];
-  const notes: string[] = [];
-  let masq = false;
+  const w: Walk = {
+    inp,
+    pkt,
+    proto,
+    ipPort: `${pkt.to},${proto}:${pkt.port}`,
+    rules: [],
+    notes: [],
+    has: (k, e) => inp.sets.get(setName(k, inp.family))?.entries.has(e) ?? false,
+  };
   const loopbackSource = pkt.from.startsWith('127.') || pkt.from === '::1';
+  if (firewallDrops(w)) return { output: 'DROP', masq: false, rules: w.rules, notes: w.notes };
+  let masq = false;
+  if (loopbackSource) w.rules.push('nat KUBE-SERVICES: -s loopback -j RETURN');
+  else masq = natMarksMasq(w);
+  return throughVirtualServer(w, masq);
+}
 
-  // filter: LoadBalancer source ranges (KUBE-PROXY-FIREWALL → KUBE-SOURCE-RANGES-FIREWALL)
-  if (has('loadBalancerFW', ipPort)) {
-    rules.push(`filter KUBE-PROXY-FIREWALL: ${ipPort} in ${setName('loadBalancerFW', inp.family)}`);
-    const allowed =
-      entries('loadBalancerSourceCIDR').some((e) => e.startsWith(`${ipPort},`) && cidrMatch(e.slice(ipPort.length + 1), pkt.from)) ||
-      has('loadBalancerSourceIP', `${ipPort},${pkt.from}`);
-    if (!allowed) {
-      rules.push('filter KUBE-SOURCE-RANGES-FIREWALL: -j DROP');
-      return { output: 'DROP', masq: false, rules, notes };
-    }
-    rules.push('filter KUBE-SOURCE-RANGES-FIREWALL: source allowed, RETURN');
+/** filter: LoadBalancer source ranges (KUBE-PROXY-FIREWALL → KUBE-SOURCE-RANGES-FIREWALL); true when the packet is dropped. */
+function firewallDrops(w: Walk): boolean {
+  const { inp, pkt, ipPort, rules, has } = w;
+  if (!has('loadBalancerFW', ipPort)) return false;
+  rules.push(`filter KUBE-PROXY-FIREWALL: ${ipPort} in ${setName('loadBalancerFW', inp.family)}`);
+  const cidrs = [...(inp.sets.get(setName('loadBalancerSourceCIDR', inp.family))?.entries ?? [])];
+  const allowed =
+    cidrs.some((e) => e.startsWith(`${ipPort},`) && cidrMatch(e.slice(ipPort.length + 1), pkt.from)) ||
+    has('loadBalancerSourceIP', `${ipPort},${pkt.from}`);
+  if (!allowed) {
+    rules.push('filter KUBE-SOURCE-RANGES-FIREWALL: -j DROP');
+    return true;
   }
+  rules.push('filter KUBE-SOURCE-RANGES-FIREWALL: source allowed, RETURN');
+  return false;
+}
 
-  if (loopbackSource) rules.push('nat KUBE-SERVICES: -s loopback -j RETURN');
-  else {
-    if (has('loadBalancer', ipPort)) {
-      rules.push(`nat KUBE-SERVICES: ${ipPort} in ${setName('loadBalancer', inp.family)} -j KUBE-LOAD-BALANCER`);
-      if (has('loadBalancerLocal', ipPort)) rules.push('nat KUBE-LOAD-BALANCER: externalTrafficPolicy Local, RETURN');
-      else {
-        rules.push('nat KUBE-LOAD-BALANCER: -j KUBE-MARK-MASQ');
-        masq = true;
-      }
-    }
-    if (has('clusterIP', ipPort)) {
-      if (inp.masq.all) {
-        rules.push('nat KUBE-SERVICES: cluster IP, masqueradeAll -j KUBE-MARK-MASQ');
-        masq = true;
-      } else if (inp.masq.clusterCIDR) {
-        if (!cidrContains(inp.masq.clusterCIDR, pkt.from)) {
-          rules.push(`nat KUBE-SERVICES: cluster IP, source not in ${inp.masq.clusterCIDR} -j KUBE-MARK-MASQ`);
-          masq = true;
-        }
-      } else if (inp.masq.notLocalInterface) {
-        // A trace knows the source address, not the input interface: the packet is taken as
-        // not coming in on the pods' interface, as from outside the node.
-        rules.push(`nat KUBE-SERVICES: cluster IP, ! -i ${inp.masq.notLocalInterface} (assumed: a trace has no input interface) -j KUBE-MARK-MASQ`);
-        notes.push(`detectLocalMode by interface: masquerade depends on the input interface (${inp.masq.notLocalInterface}), which a trace does not know`);
-        masq = true;
-      } else if (has('clusterIP', `${pkt.from},${proto}:${pkt.port}`)) {
-        rules.push('nat KUBE-SERVICES: source is a VIP (src,dst) -j KUBE-MARK-MASQ');
-        masq = true;
-      }
-    }
-    if (has('externalIP', ipPort)) {
-      rules.push(`nat KUBE-SERVICES: ${ipPort} in ${setName('externalIP', inp.family)} -j KUBE-MARK-MASQ`);
+/** nat KUBE-SERVICES for a packet not from loopback: load balancer, cluster IP, external IP and node port marks; true when one marks it for masquerade. */
+function natMarksMasq(w: Walk): boolean {
+  const { inp, ipPort, rules, has } = w;
+  let masq = false;
+  if (has('loadBalancer', ipPort)) {
+    rules.push(`nat KUBE-SERVICES: ${ipPort} in ${setName('loadBalancer', inp.family)} -j KUBE-LOAD-BALANCER`);
+    if (has('loadBalancerLocal', ipPort)) rules.push('nat KUBE-LOAD-BALANCER: externalTrafficPolicy Local, RETURN');
+    else {
+      rules.push('nat KUBE-LOAD-BALANCER: -j KUBE-MARK-MASQ');
       masq = true;
     }
-    const local = inp.nodeIPs.includes(pkt.to) || has('ipvsIPs', pkt.to);
-    if (local) {
-      const np: Record<string, [SetKey, SetKey, string]> = {
-        tcp: ['nodePortLocalTCP', 'nodePortTCP', String(pkt.port)],
-        udp: ['nodePortLocalUDP', 'nodePortUDP', String(pkt.port)],
-        sctp: ['nodePortLocalSCTP', 'nodePortSCTP', ipPort],
-      };
-      const [localSet, allSet, entry] = np[proto];
-      if (has(localSet, entry)) rules.push('nat KUBE-NODE-PORT: externalTrafficPolicy Local, RETURN');
-      else if (has(allSet, entry)) {
-        rules.push(`nat KUBE-NODE-PORT: ${entry} in ${setName(allSet, inp.family)} -j KUBE-MARK-MASQ`);
-        masq = true;
-      }
-    }
   }
+  if (has('clusterIP', ipPort) && clusterIPMasq(w)) masq = true;
+  if (has('externalIP', ipPort)) {
+    rules.push(`nat KUBE-SERVICES: ${ipPort} in ${setName('externalIP', inp.family)} -j KUBE-MARK-MASQ`);
+    masq = true;
+  }
+  if (nodePortMasq(w)) masq = true;
+  return masq;
+}
 
+/** nat KUBE-SERVICES for a cluster IP: masqueradeAll, the cluster CIDR, the local interface or a VIP source decides; true when it marks. */
+function clusterIPMasq(w: Walk): boolean {
+  const { inp, pkt, proto, rules, notes, has } = w;
+  if (inp.masq.all) {
+    rules.push('nat KUBE-SERVICES: cluster IP, masqueradeAll -j KUBE-MARK-MASQ');
+    return true;
+  }
+  if (inp.masq.clusterCIDR) {
+    if (cidrContains(inp.masq.clusterCIDR, pkt.from)) return false;
+    rules.push(`nat KUBE-SERVICES: cluster IP, source not in ${inp.masq.clusterCIDR} -j KUBE-MARK-MASQ`);
+    return true;
+  }
+  if (inp.masq.notLocalInterface) {
+    // A trace knows the source address, not the input interface: the packet is taken as
+    // not coming in on the pods' interface, as from outside the node.
+    rules.push(`nat KUBE-SERVICES: cluster IP, ! -i ${inp.masq.notLocalInterface} (assumed: a trace has no input interface) -j KUBE-MARK-MASQ`);
+    notes.push(`detectLocalMode by interface: masquerade depends on the input interface (${inp.masq.notLocalInterface}), which a trace does not know`);
+    return true;
+  }
+  if (has('clusterIP', `${pkt.from},${proto}:${pkt.port}`)) {
+    rules.push('nat KUBE-SERVICES: source is a VIP (src,dst) -j KUBE-MARK-MASQ');
+    return true;
+  }
+  return false;
+}
+
+/** nat KUBE-NODE-PORT for a packet to a local address: its protocol's node port sets decide; true when it marks. */
+function nodePortMasq(w: Walk): boolean {
+  const { inp, pkt, proto, ipPort, rules, has } = w;
+  const local = inp.nodeIPs.includes(pkt.to) || has('ipvsIPs', pkt.to);
+  if (!local) return false;
+  const np: Record<string, [SetKey, SetKey, string]> = {
+    tcp: ['nodePortLocalTCP', 'nodePortTCP', String(pkt.port)],
+    udp: ['nodePortLocalUDP', 'nodePortUDP', String(pkt.port)],
+    sctp: ['nodePortLocalSCTP', 'nodePortSCTP', ipPort],
+  };
+  const [localSet, allSet, entry] = np[proto];
+  if (has(localSet, entry)) rules.push('nat KUBE-NODE-PORT: externalTrafficPolicy Local, RETURN');
+  else if (has(allSet, entry)) {
+    rules.push(`nat KUBE-NODE-PORT: ${entry} in ${setName(allSet, inp.family)} -j KUBE-MARK-MASQ`);
+    return true;
+  }
+  return false;
+}
+
+/** The IPVS part: the virtual server hit, its scheduler and persistence, the real servers it forwards to, and hairpin masquerade. */
+function throughVirtualServer(w: Walk, masqIn: boolean): TraceResult {
+  const { inp, pkt, proto, rules, notes, has } = w;
+  let masq = masqIn;
   const vsKey = virtualServerKey({ address: pkt.to, port: pkt.port, protocol: pkt.protocol });
   const st = inp.table.get(vsKey);
   if (!st) {
