@@ -3,7 +3,7 @@
 // would otherwise keep committed (the old generation only shrinks after a full mark-compact,
 // which an idle proxy may not run for a long time), so the process's RSS after the first sync
 // stays near its peak. One full collection right after such a sync returns those pages to the
-// OS (docs/benchmarks.md, "Where the memory goes": the measured effect per mode).
+// OS (docs/benchmarks.md §1, "Rule programming vs the number of Services": the measured effect per mode).
 //
 // V8 exposes a gc() function only with --expose-gc; setting the flag at run time and reading
 // `gc` from a fresh context gives the same function without changing how kproxy is started.

@@ -1,5 +1,5 @@
-// The sharded nftables proxier does not keep a big transaction's text between syncs (it was
-// 33 MB at 10,000 Services: 32 MiB of the mode's RSS, docs/benchmarks.md "Memory"): after a
+// The nftables proxier does not keep a big transaction's text between syncs (at 10,000
+// Services it would be a large share of the mode's RSS): after a
 // successful one over MAX_KEPT_TRANSACTION_CHARS lastTransactionText() is '', as NftProxier's;
 // a small one is kept for /debug. In-process only: the kernel is the nft fake (the kernel
 // tests apply the same texts for real).

@@ -52,7 +52,7 @@ export class BlockCache {
    * KUBE-NODEPORTS and filter rules, its chain names, its rule count); the text of its own
    * chains, two thirds of the block and most of the planner's memory at 10,000 Services, is
    * dropped and rendered again when the service changes or a full sync writes it
-   * (docs/benchmarks.md, "Where the memory goes"). Blocks of services not in the state are left alone.
+   * (docs/benchmarks.md §1, "Rule programming vs the number of Services"). Blocks of services not in the state are left alone.
    */
   compact(state: ProxyState): void {
     for (const sp of state.services.values()) {

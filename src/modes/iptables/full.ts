@@ -73,7 +73,7 @@ export function planFull(req: FullPlanRequest): Plan {
 /**
  * A full sync's payload as several restores (kproxy, not upstream). iptables-nft-restore
  * --noflush is quadratic in the size of one transaction (one 10,000-service payload takes
- * minutes; see docs/benchmarks.md "iptables at scale"), while many restores of a few
+ * minutes; see docs/benchmarks.md §1, "Rule programming vs the number of Services"), while many restores of a few
  * thousand lines each stay linear. Each chunk is its own atomic transaction that holds whole
  * services, so traffic never sees half a service:
  * 1. leaf chunks: KUBE-MARK-MASQ and KUBE-POSTROUTING first, then the services' own chains

@@ -149,7 +149,7 @@ interface FamilyState {
  * the nf_tables backend one `--noflush` transaction is quadratic in its size, chunks of a
  * few thousand lines keep it linear. 5,000 lines per chunk beats smaller chunks (each restore
  * pays the process start and the chain-cache fetch) and larger ones (the quadratic cost
- * inside one transaction is back): docs/benchmarks.md, "iptables at scale".
+ * inside one transaction is back): docs/benchmarks.md §1, "Rule programming vs the number of Services".
  */
 export const DEFAULT_CHUNK_LINES = 5_000;
 
@@ -323,7 +323,7 @@ export class IptablesProxier implements Proxier {
    * jumps into KUBE-SERVICES and returns them, for the sync's last restore: while nothing
    * reaches KUBE-SERVICES, a chunk's commit does not make nf_tables validate every service
    * published by the chunks before it (the kernel validates what the base chains reach on
-   * every commit that adds a rule; docs/benchmarks.md "iptables at scale" compares the two).
+   * every commit that adds a rule; docs/benchmarks.md §1, "Rule programming vs the number of Services" compares the two).
    * Nothing is reachable before it.
    */
   private async ensureJumps(fs: FamilyState): Promise<string> {

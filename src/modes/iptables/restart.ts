@@ -57,7 +57,7 @@ export interface RestartPlanRequest {
  * KUBE-NODEPORTS) when that is more, up to twice the chunk size. Every dispatch restore pays a
  * floor that grows with the ruleset, so a fixed budget would make the restores' total grow as
  * N²; this one keeps a rewrite of every dispatch rule at about 8 restores up to 20,000
- * Services (figures: docs/benchmarks.md, "Where the chunked dispatch edits' time goes").
+ * Services (figures: docs/benchmarks.md §1, "Rule programming vs the number of Services").
  */
 export function dispatchBudget(chunkLines: number, dispatchRules: number): number {
   if (!chunkLines) return 0;

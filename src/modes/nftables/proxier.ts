@@ -1,8 +1,8 @@
 // The nftables mode's Proxier: the Services of a family spread over K tables, each a
 // complete copy of upstream's `kube-proxy` table holding only its Services. The kernel
 // validates the whole TABLE on every commit that adds a jump, goto or dnat, so a one-Service
-// change into one of K tables validates ~1/K of the graph (docs/benchmarks.md, "Sharding the
-// table"). K comes from shards.ts chooseTables: K = 1 is upstream's one `kube-proxy` table,
+// change into one of K tables validates ~1/K of the graph (docs/benchmarks.md §1,
+// "Rule programming vs the number of Services"). K comes from shards.ts chooseTables: K = 1 is upstream's one `kube-proxy` table,
 // unchanged; above that the tables are `kube-proxy-0` … `kube-proxy-<K-1>` and a Service's
 // table is shardOf(namespace/name, K). A TableWriter per table plans and diffs it; this class
 // applies what they prepare as ONE `nft -f`: a partial sync holds only the changed Services'
