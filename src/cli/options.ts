@@ -6,24 +6,10 @@ import { loadConfigFile } from '../config/load.ts';
 import { checkAllocationFlags, type ProxyInvocation } from './flags.ts';
 import { allocatorConfig, type AllocatorConfig } from '../sources/service-alloc.ts';
 
-export interface CommonOptions {
+/** The options every command takes: the configuration flags (ConfigFlags) and the command line's own. */
+export interface CommonOptions extends ConfigFlags {
   config?: string;
-  mode?: string;
   manifests?: string;
-  kubeconfig?: string;
-  hostnameOverride?: string;
-  clusterCidr?: string;
-  healthzBindAddress?: string;
-  metricsBindAddress?: string;
-  nodeportAddresses?: string;
-  masqueradeAll?: boolean;
-  ipvsScheduler?: string;
-  detectLocalMode?: string;
-  podBridgeInterface?: string;
-  podInterfaceNamePrefix?: string;
-  userspaceWorkers?: string;
-  userspaceMaxConnections?: string;
-  userspaceIdleTimeout?: string;
   cleanup?: boolean;
   /** the manifests source's allocations: kube-apiserver's --service-cluster-ip-range and --service-node-port-range, and the state file */
   serviceClusterIpRange?: string;
