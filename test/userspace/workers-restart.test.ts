@@ -14,7 +14,7 @@ import { silentLogger } from '../../src/log.ts';
 import { Metrics } from '../../src/server/servers.ts';
 import { startTcpBackend, tcpExchange } from '../support/backends.ts';
 import { planInput, refusingRunner, slice, svc, testConfig } from './helpers.ts';
-import { waitFor } from '../support/wait.ts';
+import { sleep, waitFor } from '../support/wait.ts';
 
 const BACKENDS = ['127.0.26.1', '127.0.26.2', '127.0.26.3'];
 const BP = 20000 + ((process.pid + 19) % 20000);
@@ -77,8 +77,12 @@ test('a killed worker is started again: it serves the listeners again and Client
   assert.match(text, /^kproxy_userspace_workers 2$/m);
   assert.match(text, /^kproxy_userspace_worker_start_failures_total 0$/m);
 
-  // Bursts until the new worker has accepted connections (the kernel picks the acceptor),
-  // bounded; every connection of a client still reaches its endpoint.
+  // The new process starts node and is then handed the listeners: wait for that, not for a
+  // guessed number of bursts (a loaded machine takes seconds to start a node process).
+  await waitFor('the restarted worker holds the listeners', () => p.workerStats().find((w) => w.pid === fresh)?.holdsListeners, 30_000);
+  // Bursts until the new worker has accepted connections (the kernel picks the acceptor among
+  // three processes), bounded in time and count; every connection of a client still reaches
+  // its endpoint. Counts arrive every half second, so the loop checks between bursts.
   const deadline = Date.now() + 40_000;
   let rounds = 0;
   const freshAccepted = () => p.workerStats().find((w) => w.pid === fresh)?.accepted ?? 0;
@@ -87,7 +91,8 @@ test('a killed worker is started again: it serves the listeners again and Client
       for (const id of await burst(c, 10)) assert.equal(id, endpointOf.get(c), `client ${c} kept its endpoint after the restart`);
     }
     rounds++;
-  } while (freshAccepted() === 0 && rounds < 20 && Date.now() < deadline);
+    if (rounds % 5 === 0) await sleep(600);
+  } while (freshAccepted() === 0 && rounds < 200 && Date.now() < deadline);
   await waitFor('the restarted worker serves the listener', () => freshAccepted() > 0, 5000);
   // The killed worker's connections still count: the totals never go down.
   await waitFor(`every connection counted once (${accepted()})`, () => accepted() === clients.length * 10 * (rounds + 1), 5000);

@@ -17,7 +17,7 @@ import { applyRedirects, removeRedirects } from './dataplane/redirect.ts';
 import { processBudgets, type ProcessBudgets } from './dataplane/limits.ts';
 import { newCounters, type ForwardCounters } from './dataplane/tcp.ts';
 import { createTcpForwarder, type AnyTcpForwarder } from './dataplane/tcp-raw.ts';
-import { WorkerPool, type WorkerPoolStats } from './dataplane/workers.ts';
+import { WorkerPool, type WorkerPoolStats, type WorkerStat } from './dataplane/workers.ts';
 import { capOwnerFor } from './dataplane/worker-cap.ts';
 import { UdpForwarder } from './dataplane/udp.ts';
 import { coded, kproxyError } from '../../errors.ts';
@@ -250,7 +250,7 @@ export class UserspaceProxier implements Proxier {
   }
 
   /** The worker processes, for tests and /debug: pid and connections accepted by each. */
-  workerStats(): { pid: number; accepted: number; tcpPath?: 'net' | 'raw' }[] {
+  workerStats(): WorkerStat[] {
     return this.workers?.stats() ?? [];
   }
 

@@ -80,6 +80,16 @@ export interface WorkerPoolStats {
   forkErrors: number;
 }
 
+/** One worker process as tests and /debug see it. */
+export interface WorkerStat {
+  pid: number;
+  /** connections it accepted, as it last reported (every half second) */
+  accepted: number;
+  tcpPath?: 'net' | 'raw';
+  /** every listener the pool held when it started was handed to it */
+  holdsListeners: boolean;
+}
+
 interface Worker {
   index: number;
   /** the cap's name of this process (a restarted worker is a new holder) */
@@ -96,6 +106,8 @@ interface Worker {
   gone: boolean;
   /** resolves once it was sent what the pool holds (balancers, listeners) */
   replayed?: Promise<void>;
+  /** true once every listener the pool held at its start was handed to it */
+  holdsListeners?: boolean;
 }
 
 const CLOSE_ACK_MS = 3000;
@@ -311,6 +323,7 @@ export class WorkerPool {
     await w.ready;
     await this.send(w, { op: 'balancers', list: this.balancers });
     for (const [id, l] of this.listeners) await this.send(w, { op: 'listen', id, plan: l.plan }, l.server);
+    w.holdsListeners = true;
   }
 
   /** Endpoints and affinity settings of every balancer the plan uses. */
@@ -379,8 +392,8 @@ export class WorkerPool {
     return out;
   }
 
-  stats(): { pid: number; accepted: number; tcpPath?: 'net' | 'raw' }[] {
-    return this.workers.filter((w): w is Worker => !!w).map((w) => ({ pid: w.child.pid ?? 0, accepted: w.accepted, tcpPath: w.tcpPath }));
+  stats(): WorkerStat[] {
+    return this.workers.filter((w): w is Worker => !!w).map((w) => ({ pid: w.child.pid ?? 0, accepted: w.accepted, tcpPath: w.tcpPath, holdsListeners: !!w.holdsListeners }));
   }
 
   /** Restarts and refused starts since the pool began. */
