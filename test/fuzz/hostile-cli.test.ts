@@ -161,12 +161,14 @@ for (const mode of ['iptables', 'nftables', 'userspace']) {
     );
     try {
       const ok = (replies: Record<string, number>, ids: string[]) => ids.every((id) => (replies[id] ?? 0) > 0);
-      await waitFor('good Service a reaches both pods', () => ok(tcpReplies(GOOD[0].ip, 80, 12), ['pod-1', 'pod-2']), 120_000, 500);
+      // A wait that runs out says what kproxy logged meanwhile.
+      const withLog = <T>(p: Promise<T>) => p.catch((e: Error) => assert.fail(`${e.message}; kproxy's log:\n${log.slice(-4000)}`));
+      await withLog(waitFor('good Service a reaches both pods', () => ok(tcpReplies(GOOD[0].ip, 80, 12), ['pod-1', 'pod-2']), 120_000, 500));
       assert.equal(kp.exitCode, null, `kproxy exited: ${log.slice(-3000)}`);
       // More hostile files arrive while it runs, and a good change must still be applied.
       for (const f of hostileCorpus(200, SEED + 1)) writeFileSync(join(dir, `late-${f.name}`), f.content);
       writeGood(true);
-      await waitFor('the new endpoint of good Service a gets traffic', () => ok(tcpReplies(GOOD[0].ip, 80, 24), ['pod-5']), 60_000, 500);
+      await withLog(waitFor('the new endpoint of good Service a gets traffic', () => ok(tcpReplies(GOOD[0].ip, 80, 24), ['pod-5']), 120_000, 500));
       for (let k = 0; k < 3; k++) {
         assert.ok((tcpReplies('127.0.0.1', 18080, 2).localhost ?? 0) === 2, 'localhost stays reachable');
         const code = node.exec('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}', '--max-time', '5', 'http://127.0.0.1:10256/livez'], { allowFail: true });
