@@ -409,19 +409,13 @@ describe('parser', () => {
     assert.deepEqual(rs.warnings, ['line 3: not parsed (unterminated quote), left out: -A KUBE-X -m comment --comment "open -j ACCEPT']);
   });
 
-  test('a 170k-rule iptables-save text parses and traces within a budget', () => {
+  // How fast is the bench's question (trace --live in npm run bench); this holds the answer at scale.
+  test('a 170k-rule iptables-save text parses whole and traces to the right endpoints', () => {
     const text = bigRuleset(10_000, 5);
-    const t0 = performance.now();
     const rs = parseIptablesSave(text);
-    const parseMs = performance.now() - t0;
     assert.equal(ruleCount(rs), 170_001);
-    const t1 = performance.now();
     const r = traceIptables(rs, { sourceIP: '10.0.0.2', destIP: '172.30.39.15', destPort: 80, protocol: '' }, { localIPs: [] });
-    const traceMs = performance.now() - t1;
     assert.equal(r.output, '10.180.39.15:8000, 10.180.39.15:8004, 10.181.39.15:8001, 10.182.39.15:8002, 10.183.39.15:8003');
-    // Typically ~400 ms and ~200 ms; the bound leaves room for a loaded shared machine.
-    assert.ok(parseMs < 3000, `parse took ${parseMs.toFixed(0)} ms`);
-    assert.ok(traceMs < 3000, `first trace took ${traceMs.toFixed(0)} ms`);
   });
 });
 
