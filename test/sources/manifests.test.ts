@@ -360,9 +360,10 @@ test('parsing is linear in the file size, and line numbers are right at the end 
     ['good files', bigManifest(125), bigGood],
     ['files with a problem at the end', bigManifest(125) + lastDoc, bigGood + lastDoc],
   ] as const) {
-    // warm the parser up, then take the best of several runs: the least disturbed by other load
+    // warm the parser up, then take the best of several runs of each: the least disturbed by
+    // other load (one run of the big file can meet a collection or a busy neighbour)
     const smallMs = Math.min(...[0, 1, 2, 3, 4, 5, 6].map(() => timeOf(small)));
-    const bigMs = timeOf(big);
+    const bigMs = Math.min(...[0, 1, 2].map(() => timeOf(big)));
     assert.ok(bigMs <= 160 * smallMs, `${what}: 4 MB took ${bigMs.toFixed(0)} ms, 100 KB ${smallMs.toFixed(1)} ms: ${(bigMs / smallMs).toFixed(0)}x for 40x the size`);
   }
   assert.equal(lastWarnings.length, 1);
