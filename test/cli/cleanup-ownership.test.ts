@@ -1,4 +1,4 @@
-// Cleanup scope (issue 9, item 7), on the real kernel, in a namespace this test creates:
+// Cleanup scope, on the real kernel, in a namespace this test creates:
 // another program's chains (the kubelet's KUBE-KUBELET-CANARY in mangle, nat and filter,
 // kube-router's KUBE-ROUTER-INPUT in filter with a jump from INPUT, both families), another
 // program's ipset and nftables table survive a mode-switch start (iptables → nftables) and

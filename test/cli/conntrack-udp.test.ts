@@ -1,4 +1,4 @@
-// Conntrack at run time (issue 9), on the real kernel, in namespaces this test creates:
+// Conntrack at run time, on the real kernel, in namespaces this test creates:
 //   client ns (203.0.113.2) ── veth ── node ns (kproxy) ── veth ── pod ns (10.180.0.1 "A", 10.180.0.2 "B")
 // A UDP client keeps one socket (fixed source port 40053) and sends to the ClusterIP every
 // 200 ms; conntrack pins the flow to endpoint A. The manifest then swaps the endpoint to B

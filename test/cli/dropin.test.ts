@@ -1,4 +1,4 @@
-// kproxy as a drop-in kube-proxy (issue 9's must-show), on the real kernel, in namespaces this
+// kproxy as a drop-in kube-proxy, on the real kernel, in namespaces this
 // test creates, in ONE run of kproxy started as upstream's DaemonSet starts kube-proxy:
 //
 //   client ns (203.0.113.2) ── veth ── node ns (203.0.113.1, 10.180.0.254) ── veth ── pod ns (10.180.0.1, .2)

@@ -1,4 +1,4 @@
-// Dual-stack at run time (issue 8, item 2), on the real kernel, in namespaces this test creates:
+// Dual-stack at run time, on the real kernel, in namespaces this test creates:
 //   client ns (203.0.113.2, fd00:203::2) ── veth ── node ns (kproxy) ── veth ── pod ns (10.180.0.1, fd00:10:180::1)
 // One dual-stack Service (clusterIPs 172.30.0.10 and fd00:172:30::10, one EndpointSlice per
 // family) answers on both ClusterIPs through `kproxy run --mode M --manifests DIR` in the

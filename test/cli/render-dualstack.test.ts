@@ -1,4 +1,4 @@
-// `kproxy render` and `kproxy trace` on a dual-stack state (issue 8, item 2), no root: render
+// `kproxy render` and `kproxy trace` on a dual-stack state, no root: render
 // prints a section per family, IPv4 first, each behind its marker line and holding that
 // family's payload; a single-family state prints its payload alone; trace picks the family
 // from --to ('[addr]:port' for IPv6) in every mode.

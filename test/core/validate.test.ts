@@ -1,4 +1,4 @@
-// Unit tests for src/core/validate.ts and the tracker boundary (issue 12, items 3 and 7):
+// Unit tests for src/core/validate.ts and the tracker boundary:
 // hostile objects are refused with the field path that is wrong, valid upstream-style objects
 // pass unchanged, nothing thrown anywhere for any input (fast-check), warnings are one per
 // object and field and rate-limited, and a tracker fed good and bad objects holds exactly the

@@ -1,4 +1,4 @@
-// Issue 12's "must show", on the real kernel in namespaces this test creates: a directory of
+// Hostile input, on the real kernel in namespaces this test creates: a directory of
 // thousands of hostile files next to three good Services.
 // 1. `kproxy render` in every mode exits 0, says what it skipped, and plans the good Services;
 //    its payloads pass the real binaries (iptables-restore, nft -c -f then nft -f, ipset restore).

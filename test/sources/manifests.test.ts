@@ -341,7 +341,7 @@ test('wrong types in the envelope (kind, items, metadata) are ManifestErrors wit
   }
 });
 
-// Item 6 of issue 12: finding each object's line by re-splitting the text from the start made
+// Finding each object's line by re-splitting the text from the start would make
 // parsing quadratic (4 MB: 74 s, 925 MB). Compared with a 100 KB file of the same shape, 40
 // times the size must take about 40 times as long; the bound leaves 4x room for a busy machine
 // (the quadratic parser measured 100x already at 20 times the size). Both parsers are
@@ -405,7 +405,7 @@ async function waitForScans(src: ManifestsSource, count: number): Promise<void> 
   await waitFor(() => (seen.add(src.health().lastContactMs), seen.size > count), `${count} scans`);
 }
 
-// Item 9 of issue 12: "defined in more than one file" was logged on every 1 s poll.
+// "defined in more than one file" was logged on every 1 s poll.
 test('a duplicate across files is warned once over many polls, again only when a file changes', async () => {
   const dir = tempDir();
   writeFileSync(join(dir, 'a.yaml'), service('svc1', '172.30.0.41') + '---\n' + service('svc2', '172.30.0.42'));
