@@ -52,7 +52,7 @@ export function benchArgs(bench: Bench, quick: boolean, out: string, work: strin
   const plots = join(out, quick ? 'quick' : 'full');
   // --quick: the phases the report's quick tables show (the run phase reports RSS per size; the
   // manifests source and the memory breakdown are full-run figures)
-  const hostPhases = quick ? 'cold,run,connect' : 'manifests,memory,cold,run,connect';
+  const hostPhases = quick ? 'cold,run,connect' : 'manifests,memory,k8s,cold,run,connect';
   if (bench === 'scale') return { file: 'bench/scale.ts', args: [...q, '--phases', hostPhases, '--out', join(work, 'scale'), '--docs', plots] };
   if (bench === 'ipvs') return { file: 'bench/scale.ts', args: [...q, '--phases', 'ipvs', '--out', join(work, 'ipvs'), '--docs', plots] };
   // --quick: the peers the report compares (kproxy's net.Socket path and its workers only in the full run)

@@ -1,7 +1,7 @@
 // The scale bench: every scale figure (docs/benchmarks.md) in one run, side by side, with a
 // goals table and SVG plots.
 //
-//   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,memory,cold,run,connect,ipvs]
+//   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,memory,k8s,cold,run,connect,ipvs]
 //        [--sizes 100,1000,...] [--run-sizes 100,10000] [--connect-sizes 100,1000,...]
 //        [--variants iptables,iptables-legacy,nftables] [--run-variants iptables,nftables] [--nft-max 60000] [--raw-iptables-max 60000] [--endpoints 5]
 //        [--ipvs-sizes 100,1000,10000] [--ipvs-connect-sizes 100,1000,5000,10000] [--ipvs-mem 4096] [--ipvs-timeout 2700]
@@ -18,6 +18,10 @@
 //              VmHWM after the first sync; and where the memory goes (bench/memory.ts in a child
 //              process: retained heap of the source cache, the trackers, the proxier; not in
 //              --quick)
+//   k8s        `kproxy run --kubeconfig` at --memory-size Services against the test API server
+//              (test/support/apiserver-main.ts) in the same namespace, per --run-variants: cold
+//              start, VmRSS / VmHWM after the first sync and after one change through the API
+//              (bench/kproxy-k8s.ts; not in --quick)
 //   cold       per size: raw *flushing* iptables-restore (nf_tables and legacy) and nft -f of
 //              the same rendered ruleset into an empty namespace, beside kproxy's first full
 //              sync through the mode's Proxier (bench/cold.ts)
@@ -48,13 +52,14 @@ import { coldPhase, type ColdResult } from './cold.ts';
 import { connectPhase, type ConnectResult, type ConnectVariant } from './connect.ts';
 import { killStarted, runPhase, type Detect, type RunPhaseResult, type RunVariant, type StreamResult } from './kproxy-run.ts';
 import { ipvsPhase, killVms, type IpvsPhaseResult } from './ipvs-vm.ts';
+import { k8sRun, type K8sRunResult } from './kproxy-k8s.ts';
 import { manifestsLoad, type ManifestsLoadResult } from './manifests-load.ts';
 import type { MemoryStep } from './memory.ts';
 import { Namespaces } from './netns.ts';
 import { linePlotSVG, type Series } from './plot.ts';
 import { fmtMs, median } from './stats.ts';
 
-export const PHASES = ['manifests', 'memory', 'cold', 'run', 'connect', 'ipvs'] as const;
+export const PHASES = ['manifests', 'memory', 'k8s', 'cold', 'run', 'connect', 'ipvs'] as const;
 export type Phase = (typeof PHASES)[number];
 export type ScaleVariant = 'iptables' | 'iptables-legacy' | 'nftables';
 const ALL_VARIANTS: ScaleVariant[] = ['iptables', 'iptables-legacy', 'nftables'];
@@ -109,6 +114,8 @@ export interface ScaleResult {
   machine: { date: string; kernel: string; cpus: number; cpuModel: string; memGiB: number; node: string; iptables: string; nft: string; loadBefore: number[]; loadAfter: number[] };
   manifests?: ManifestsLoadResult;
   memory?: { variant: ScaleVariant; n: number; steps: MemoryStep[]; error?: string };
+  /** the k8s phase: kproxy fed by the test API server */
+  k8s?: K8sRunResult[];
   cold: ColdResult[];
   run: RunPhaseResult[];
   connect: ConnectResult[];
@@ -215,6 +222,14 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
           for (const st of res.memory.steps) o.log(`  ${st.step}: ${(st.delta / 2 ** 20).toFixed(1)} MiB`);
           if (res.memory.error) o.log(`  FAILED: ${res.memory.error}`);
         }
+      }
+    });
+    if (o.phases.includes('k8s')) await guarded('k8s', async () => {
+      res.k8s = [];
+      for (const v of o.runVariants ?? o.variants) {
+        if (!sizesFor(v, [o.memorySize], o, notes).length) continue;
+        o.log(`k8s: kproxy run --kubeconfig ${v} N=${o.memorySize}`);
+        res.k8s.push(await k8sRun(nss, { n: o.memorySize, endpoints: o.endpoints, variant: v as RunVariant, timeoutMs: o.timeoutS * 1000, log: o.log }));
       }
     });
     if (o.phases.includes('cold')) await guarded('cold', async () => {
@@ -467,6 +482,13 @@ export function markdown(r: ScaleResult): string {
     out.push(`### Where the memory goes (bench/memory.ts, ${x.variant}, ${n0(x.n)} Services × ${r.options.endpoints}: retained heap after GC, in one process)\n\n` +
       (x.error ? `failed: ${x.error}` : table(['step', 'retained heap', 'growth', 'process RSS'], x.steps.map((st) => [st.step, mib(st.retained), mib(st.delta), mib(st.rss)]))));
   }
+  if (r.k8s?.length) {
+    const mem = (s?: { vmRssKiB: number; vmHwmKiB: number }) => (s ? `${(s.vmRssKiB / 1024).toFixed(0)} / ${(s.vmHwmKiB / 1024).toFixed(0)} MiB` : '–');
+    out.push('### `kproxy run` fed by the Kubernetes source (test API server in the namespace)\n\n' +
+      'Cold start = process start → first full sync logged; RSS / HWM from /proc/PID/status right after it, and after one EndpointSlice update through the API has been synced.\n\n' +
+      table(['mode', 'N', 'cold start', 'lists delivered', 'first sync (logged)', 'RSS / HWM after the first sync', 'RSS / HWM after one change'],
+        r.k8s.map((x) => [x.variant, n0(x.n), x.error ? `FAILED: ${x.error.slice(0, 100)}` : fmtMs(x.coldStartMs), fmtMs(x.sourceLoadMs), fmtMs(x.firstSyncMs), mem(x.memAfterFirstSync), mem(x.memAfterChange)])));
+  }
   if (r.cold.length) {
     const vs = r.options.variants;
     const rows = r.cold.map((c) => [n0(c.n), fmtMs(c.raw.iptablesFlush), fmtMs(c.raw.legacyFlush), fmtMs(c.raw.nft),
@@ -667,8 +689,8 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
   const d = q
     ? { sizes: '100,1000', run: '100,1000', connect: '100,1000', stream: '5', timeout: '120', count: '100', changes: '3', ipvs: '100', ipvsConnect: '100', ipvsMem: '1024', ipvsTimeout: '300', ipvsCount: '50', ipvsFullChangeMax: undefined }
     : { sizes: '100,1000,5000,10000,20000,50000', run: '100,10000', connect: '100,1000,5000,10000,20000', stream: '30', timeout: '900', count: '300', changes: '5', ipvs: '100,1000,10000', ipvsConnect: '100,1000,5000,10000', ipvsMem: '4096', ipvsTimeout: '2700', ipvsCount: '200', ipvsFullChangeMax: '1000' };
-  // --quick leaves out the memory phase (the run phase reports RSS per size) to stay under 5 minutes
-  const phases = (values.phases ?? (q ? PHASES.filter((p) => p !== 'memory') : PHASES).join(',')).split(',').map((s) => s.trim()).filter(Boolean);
+  // --quick leaves out the memory and k8s phases (the run phase reports RSS per size) to stay under 5 minutes
+  const phases = (values.phases ?? (q ? PHASES.filter((p) => p !== 'memory' && p !== 'k8s') : PHASES).join(',')).split(',').map((s) => s.trim()).filter(Boolean);
   for (const p of phases) if (!(PHASES as readonly string[]).includes(p)) throw new ScaleError(`KPROXY_BENCH_ARGS: unknown phase ${JSON.stringify(p)} (want some of ${PHASES.join(', ')})`);
   const variants = (values.variants ?? ALL_VARIANTS.join(',')).split(',').map((s) => s.trim()).filter(Boolean);
   const runVariants = (values['run-variants'] ?? (q ? 'iptables,nftables' : variants.join(','))).split(',').map((s) => s.trim()).filter(Boolean);

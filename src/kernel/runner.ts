@@ -2,6 +2,7 @@
 // payload on stdin, a time limit. Executors take a CommandRunner so tests can substitute a
 // stateful fake that models the kernel.
 import { fork, spawn, type ChildProcess } from 'node:child_process';
+import type { Writable } from 'node:stream';
 import { KproxyError, type ErrorCode } from '../errors.ts';
 
 export interface RunResult {
@@ -137,10 +138,42 @@ export const hostRunner: CommandRunner = {
       });
       // EPIPE when the child exits without reading its input: its exit code tells the story
       child.stdin?.on('error', () => {});
-      child.stdin?.end(opts.input ?? '');
+      if (child.stdin) writeInput(child.stdin, opts.input ?? '');
     });
   },
 };
+
+/** Characters of the input handed to the pipe at a time (64 KiB: four times the pipe's highWaterMark). */
+export const INPUT_CHUNK = 64 * 1024;
+
+/**
+ * Writes `input` to a child's stdin a slice at a time, the next slice when the pipe drains,
+ * then ends it. One write of the whole string would encode all of it into one buffer beside
+ * the string (a full sync's restore input at 10,000 Services is tens of MB; nft's up to
+ * ~100 MB: measured as arrayBuffers in process.memoryUsage()) and hold it until the tool had
+ * read it all; slices keep that copy to one slice. A slice never ends between the two halves
+ * of a surrogate pair, so every slice encodes to valid UTF-8 on its own.
+ */
+export function writeInput(stdin: Writable, input: string, chunk = INPUT_CHUNK): void {
+  let at = 0;
+  const next = (): void => {
+    while (at < input.length) {
+      // the child went away (EPIPE) or the time limit destroyed the pipe: nothing more to write
+      if (stdin.destroyed || stdin.writableEnded) return;
+      let end = Math.min(at + chunk, input.length);
+      const last = input.charCodeAt(end - 1);
+      if (end < input.length && last >= 0xd800 && last <= 0xdbff) end++;
+      const slice = input.slice(at, end);
+      at = end;
+      if (!stdin.write(slice)) {
+        stdin.once('drain', next);
+        return;
+      }
+    }
+    if (!stdin.destroyed && !stdin.writableEnded) stdin.end();
+  };
+  next();
+}
 
 /** Runs and throws ExecError on a non-zero exit, with the command's stderr. */
 export async function runChecked(runner: CommandRunner, cmd: string, args: string[], opts?: RunOptions): Promise<RunResult> {

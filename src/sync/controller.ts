@@ -428,6 +428,12 @@ export class ProxyController {
         if (this.synced) return;
         this.synced = true;
         log.info('sources synced; starting the sync loop');
+        // the load's garbage freed before the first full sync builds its plan (src/sync/memory.ts)
+        const loaded = this.pendingChanges();
+        const gcStarted = performance.now();
+        if (this.gcAfterSync.afterLoad(loaded.services + loaded.endpoints)) {
+          log.info({ durationMs: Math.round(performance.now() - gcStarted), memoryMiB: GarbageAfterSync.usage() }, "collected the sources' load garbage");
+        }
         this.health.queuedUpdate(); // the first sync is pending from now: /livez measures it from here
         for (const l of this.queuedListeners) l(); // as upstream's SyncLoop: "synthesize last change queued"
         this.loop.start();

@@ -9,7 +9,9 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { DEFAULT_TIMEOUT_MS, effectiveTimeoutMs, ExecError, hostRunner } from '../../src/kernel/runner.ts';
+import { createHash } from 'node:crypto';
+import { Writable } from 'node:stream';
+import { DEFAULT_TIMEOUT_MS, effectiveTimeoutMs, ExecError, hostRunner, INPUT_CHUNK, writeInput } from '../../src/kernel/runner.ts';
 
 const runnerUrl = new URL('../../src/kernel/runner.ts', import.meta.url).href;
 const root = fileURLToPath(new URL('../..', import.meta.url));
@@ -162,4 +164,36 @@ test('no run is unbounded: a missing, zero or non-finite limit means the default
 test('input to a command that exits without reading it (EPIPE) is no error', async () => {
   const r = await hostRunner.run('true', [], { input: 'x'.repeat(4 << 20), timeoutMs: 30_000 });
   assert.equal(r.code, 0);
+});
+
+test('a large input reaches the command byte for byte, surrogate pairs across slice boundaries included', async () => {
+  // 'é' (2 bytes), '😀' (a surrogate pair, 4 bytes) placed so that some pairs straddle a slice end
+  const unit = 'a'.repeat(INPUT_CHUNK - 1) + '😀' + 'é\n';
+  const input = unit.repeat(40) + '-A KUBE-SERVICES -m comment --comment "ns/😀:p" -j ACCEPT\n';
+  const r = await hostRunner.run('sha256sum', [], { input, timeoutMs: 30_000 });
+  assert.equal(r.code, 0, r.stderr);
+  assert.equal(r.stdout.split(' ')[0], createHash('sha256').update(input, 'utf8').digest('hex'));
+});
+
+test('writeInput hands the pipe one slice at a time, the next one after it drained, then ends it', async () => {
+  const writes: number[] = [];
+  let pendingCallbacks: Array<() => void> = [];
+  const sink = new Writable({
+    highWaterMark: 16,
+    write(chunk: Buffer, _enc, cb) {
+      writes.push(chunk.length);
+      pendingCallbacks.push(cb); // the reader is slow: the buffer stays full until we release it
+    },
+  });
+  const ended = new Promise<void>((r) => sink.on('finish', () => r()));
+  writeInput(sink, 'x'.repeat(1000), 100);
+  assert.deepEqual(writes, [100], 'one slice written, the rest waits for drain');
+  for (let i = 0; i < 50 && pendingCallbacks.length; i++) {
+    const cbs = pendingCallbacks;
+    pendingCallbacks = [];
+    for (const cb of cbs) cb();
+    await new Promise((r) => setImmediate(r));
+  }
+  await ended;
+  assert.deepEqual(writes, Array(10).fill(100));
 });

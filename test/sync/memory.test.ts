@@ -2,7 +2,7 @@
 // without --expose-gc, and only after the syncs that qualify.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { collectGarbage, GarbageAfterSync } from '../../src/sync/memory.ts';
+import { collectGarbage, collectGarbagePlain, GarbageAfterSync } from '../../src/sync/memory.ts';
 
 test('collectGarbage runs a full collection without --expose-gc: unreachable garbage is gone after it', () => {
   assert.equal(typeof (globalThis as { gc?: unknown }).gc, 'undefined', 'this test runs without --expose-gc');
@@ -31,4 +31,25 @@ test('GarbageAfterSync: only successful full syncs of a big ruleset, at most onc
   now += 1;
   assert.equal(g.afterSync({ ok: true, full: true, rulesTotal: 5000 }), true);
   assert.equal(collections, 2);
+});
+
+test('GarbageAfterSync.afterLoad: a plain collection once a big state has been loaded, none for a small one', () => {
+  let plain = 0;
+  let compacting = 0;
+  const g = new GarbageAfterSync({ minObjects: 100, collect: () => (compacting++, true), collectPlain: () => (plain++, true) });
+  assert.equal(g.afterLoad(99), false, 'a small state');
+  assert.equal(plain, 0);
+  assert.equal(g.afterLoad(100), true);
+  assert.equal(plain, 1);
+  assert.equal(compacting, 0, 'the load is followed by a plain collection, not a compacting one');
+});
+
+test('collectGarbagePlain frees unreachable garbage without --expose-gc', () => {
+  let garbage: number[][] | null = Array.from({ length: 200 }, () => new Array<number>(50_000).fill(2.5));
+  const withGarbage = process.memoryUsage().heapUsed;
+  garbage = null;
+  assert.equal(garbage, null);
+  assert.equal(collectGarbagePlain(), true);
+  const after = process.memoryUsage().heapUsed;
+  assert.ok(withGarbage - after > 40 * 2 ** 20, `freed ${((withGarbage - after) / 2 ** 20).toFixed(1)} MiB`);
 });
