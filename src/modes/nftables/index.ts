@@ -14,7 +14,7 @@ import type { TraceRequest, TraceResult } from '../trace-types.ts';
 import type { PlanInput } from '../../core/nodeview.ts';
 import { nftablesConformance } from './conformance.ts';
 import { kubeProxyTableNames, TABLE } from './names.ts';
-import { optionsFromInput } from './plan.ts';
+import { BASE_CHAINS, C, optionsFromInput, UNALLOCATED_CHAINS } from './plan.ts';
 import { NftProxier } from './proxier.ts';
 import { NftWithLocalhostNodePorts } from './localhost-nodeports.ts';
 import { dumpRuleset, newRuleset, type Ruleset } from './ruleset.ts';
@@ -75,12 +75,12 @@ async function cleanup(runner: CommandRunner, log: Logger): Promise<void> {
 }
 
 /**
- * kube-proxy's base chains at the hooks the tracer walks (prerouting, forward, input): the
- * names kproxy and upstream's nftables proxier give them (upstream's filter-prerouting before
- * v1.31, filter-prerouting-pre-dnat from then). A live trace reads them by name: listing a
- * table's chains reads the whole table (nft 1.0.6).
+ * The base chains at the hooks the tracer walks (prerouting, forward, input): the ones the
+ * mode writes (plan.ts BASE_CHAINS, and the sharded tables' UNALLOCATED_CHAINS), which are
+ * upstream's names; a live trace reads them by name, since listing a table's chains reads
+ * the whole table (nft 1.0.6).
  */
-const LIVE_BASE_CHAINS = ['filter-prerouting-pre-dnat', 'nat-prerouting', 'filter-forward', 'filter-input'];
+const LIVE_BASE_CHAINS = [...BASE_CHAINS, ...UNALLOCATED_CHAINS].filter((c) => c.hook === 'prerouting' || c.hook === 'forward' || c.hook === 'input').map((c) => c.name);
 /** upstream's filter prerouting chain before v1.31, read where filter-prerouting-pre-dnat is not */
 const LIVE_OLD_FILTER_PREROUTING = 'filter-prerouting';
 /** Reads of a live trace at most: each is one step deeper in the walk (about six for a NodePort). */
@@ -141,7 +141,7 @@ async function traceLive(req: TraceRequest, runner: CommandRunner): Promise<Trac
     };
     const r = traceTables([...tables.values()], pkt, { localIPs: await localIPs, missing });
     if (read === 1) {
-      for (const [table, rs] of tables) if (!rs.chains.has(LIVE_BASE_CHAINS[0])) missing(rs, 'chain', LIVE_OLD_FILTER_PREROUTING);
+      for (const [table, rs] of tables) if (!rs.chains.has(C.filterPreroutingPreDNAT)) missing(rs, 'chain', LIVE_OLD_FILTER_PREROUTING);
     }
     if (!next.size) return { output: r.output, masq: r.masq, rules: r.rules, notes: r.notes };
     want = [...next.values()];

@@ -14,7 +14,7 @@
 import { canonicalIP, cidrContains, isLoopback, joinHostPort } from '../../core/ip.ts';
 import { parseKubeProxyTable, parseNftText } from './parse.ts';
 import { isKubeProxyTable, splitHostPort } from './names.ts';
-import type { NftChain, NftSet, Ruleset } from './ruleset.ts';
+import type { NftChain, NftElement, NftSet, Ruleset } from './ruleset.ts';
 
 export interface NftPacket {
   sourceIP: string;
@@ -88,9 +88,20 @@ class Tracer {
     return s;
   }
 
+  /** per set without intervals, its elements by canonical key (built on first lookup, this walk only) */
+  private readonly exact = new Map<NftSet, Map<string, NftElement> | null>();
+
   /** key parts against packet fields; IP parts may be CIDRs (interval sets) */
   private elementFor(set: NftSet | undefined, want: string[]): { value?: string } | undefined {
     if (!set) return undefined;
+    // A set of exact keys: one lookup (keyPartMatches on such keys is equality of canonical forms),
+    // where a scan per lookup costs a canonicalIP per element (16 maps of 625 at 10,000 Services).
+    let index = this.exact.get(set);
+    if (index === undefined) {
+      index = exactIndex(set);
+      this.exact.set(set, index);
+    }
+    if (index) return index.get(canonicalKey(want));
     for (const el of set.elements.values()) {
       if (el.key.length !== want.length) continue;
       if (el.key.every((k, i) => keyPartMatches(k, want[i]))) return el;
@@ -247,6 +258,21 @@ function trailingAction(rule: string): number | null {
 
 function ruleDisplay(chain: string, rule: string, comment?: string): string {
   return `${chain}: ${rule}${comment !== undefined ? ` comment "${comment}"` : ''}`;
+}
+
+function canonicalKey(parts: string[]): string {
+  return parts.map((x) => canonicalIP(x) ?? x).join('\u0000');
+}
+
+/** The elements by canonical key, the first of equal keys kept (as a scan finds it); null when a key part is a CIDR. */
+function exactIndex(set: NftSet): Map<string, NftElement> | null {
+  const index = new Map<string, NftElement>();
+  for (const el of set.elements.values()) {
+    if (el.key.some((k) => k.includes('/'))) return null;
+    const k = canonicalKey(el.key);
+    if (!index.has(k)) index.set(k, el);
+  }
+  return index;
 }
 
 function keyPartMatches(key: string, want: string): boolean {
