@@ -9,14 +9,9 @@ import { loadConfigFile } from '../config/load.ts';
 import { KproxyError, kproxyError } from '../errors.ts';
 import { helpText, parseFlags, proxyInvocation, type ProxyInvocation } from './flags.ts';
 import pkg from '../../package.json' with { type: 'json' };
-import { runCommand } from './run.ts';
-import { renderCommand } from './render.ts';
-import { traceCommand } from './trace.ts';
-import { cleanupCommand } from './cleanup.ts';
-import { statusCommand } from './status.ts';
-import { conformanceCommand } from './conformance.ts';
-import { demoCommand } from './demo.ts';
 import type { CommonOptions } from './options.ts';
+// Each command's module is imported when the command runs: a one-shot command (`kproxy trace
+// --live`) does not load the proxy's sync loop, servers and metrics, nor the other commands.
 
 function addProxyFlags(cmd: Command): Command {
   return cmd
@@ -95,6 +90,7 @@ async function proxyMain(args: string[]): Promise<void> {
     process.stderr.write(`kproxy: Wrote configuration file=${JSON.stringify(inv.writeConfigTo)}\n`);
     return;
   }
+  const { runCommand } = await import('./run.ts');
   await runCommand({
     config: inv.configFile,
     manifests: inv.manifests,
@@ -124,7 +120,7 @@ export async function main(argv: string[]): Promise<void> {
 
   addProxyFlags(program.command('render').description('dry run: print what would be applied (no root needed)'))
     .option('--node-ip <ips>', 'node IPs to plan with (default: this host\'s)')
-    .action(async (o: CommonOptions) => renderCommand(o).catch(fail));
+    .action(async (o: CommonOptions) => (await import('./render.ts')).renderCommand(o).catch(fail));
 
   addProxyFlags(program.command('trace').description('which endpoints a packet reaches, and through which rules'))
     .option('--live', 'trace through the live kernel state instead of the planned one')
@@ -136,25 +132,25 @@ export async function main(argv: string[]): Promise<void> {
     .option('--proto <proto>', 'tcp, udp or sctp', 'tcp')
     .option('--json', 'print {"output", "masq", "rules"} as JSON')
     .option('--node-ip <ips>', 'node IPs to plan with (default: this host\'s); with --rules, the traced node\'s IPs (addrtype LOCAL, fib type local)')
-    .action(async (o) => traceCommand(o).catch(fail));
+    .action(async (o) => (await import('./trace.ts')).traceCommand(o).catch(fail));
 
   program.command('cleanup').description('remove every mode\'s kernel state (iptables, nftables, IPVS, ipsets, kube-ipvs0, redirects)')
-    .action(async () => cleanupCommand().catch(fail));
+    .action(async () => (await import('./cleanup.ts')).cleanupCommand().catch(fail));
 
   program.command('status').description('ask a running kproxy how it is doing')
     .option('--healthz-address <ip:port>', 'its healthz server', '127.0.0.1:10256')
     .option('--metrics-address <ip:port>', 'its metrics server', '127.0.0.1:10249')
-    .action(async (o) => statusCommand(o).catch(fail));
+    .action(async (o) => (await import('./status.ts')).statusCommand(o).catch(fail));
 
   program.command('conformance').description('run upstream-format conformance cases; ends with "N passed, N failed"')
     .argument('[dirs...]', 'case directories or directories of cases (default: the conformance/ cases of this checkout)')
     .option('--nft-shards <list>', 'also run every flows case and every nftables case through the sharded nftables mode with these table counts, e.g. 2,3')
-    .action(async (dirs: string[], o: { nftShards?: string }) => conformanceCommand(dirs, o).catch(fail));
+    .action(async (dirs: string[], o: { nftShards?: string }) => (await import('./conformance.ts')).conformanceCommand(dirs, o).catch(fail));
 
   program.command('demo').description('standalone demo: userspace mode on examples/manifests with backends on loopback')
     .option('--manifests <dir>', 'manifests directory (default: the examples/manifests of this checkout)')
     .option('--requests <n>', 'send N requests through the service, print where they went, and exit')
-    .action(async (o) => demoCommand(o).catch(fail));
+    .action(async (o) => (await import('./demo.ts')).demoCommand(o).catch(fail));
 
   await program.parseAsync(argv);
 }

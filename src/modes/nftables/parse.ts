@@ -220,15 +220,19 @@ function parseListing(ctx: Tables, lines: string[], warn: NftWarn = () => {}): v
   let rs: Ruleset | null = null;
   let chain: NftChain | null = null;
   let set: NftSet | null = null;
-  let pendingElements: string | null = null;
+  // an `elements = { ... }` spread over lines: its parts, and the brace depth after them (kept
+  // as it goes: re-counting the whole text at each line is quadratic in a big map's lines)
+  let pendingElements: string[] | null = null;
+  let pendingDepth = 0;
   let pendingFrom = 0;
   for (let i = 0; i < lines.length; i++) {
     const line = lines[i].trim();
     if (line === '' || line.startsWith('#')) continue;
     if (pendingElements !== null && set) {
-      pendingElements += ' ' + line;
-      if (balanced(pendingElements)) {
-        addElements(set, innerBraces(pendingElements));
+      pendingElements.push(line);
+      pendingDepth += braceDepth(line);
+      if (pendingDepth === 0) {
+        addElements(set, innerBraces(pendingElements.join(' ')));
         pendingElements = null;
       }
       continue;
@@ -254,7 +258,8 @@ function parseListing(ctx: Tables, lines: string[], warn: NftWarn = () => {}): v
         const body = line.slice('elements = '.length);
         if (balanced(body)) addElements(set, innerBraces(body));
         else {
-          pendingElements = body;
+          pendingElements = [body];
+          pendingDepth = braceDepth(body);
           pendingFrom = i + 1;
         }
       } else if (/^(type|flags|timeout|comment|size|policy|auto-merge|gc-interval|counter)\b/.test(line)) applySetSpec(set, line.endsWith(';') ? line : `${line} ;`);

@@ -68,7 +68,7 @@ export const C = {
 
 // Filter chains run before DNAT (-110) where they must see the service IP, at the normal
 // filter priority (0) where they may reject (reject is only valid in input/forward/output).
-const BASE_CHAINS = [
+export const BASE_CHAINS = [
   { name: C.filterPreroutingPreDNAT, type: 'filter', hook: 'prerouting', priority: -110 },
   { name: C.filterOutputPreDNAT, type: 'filter', hook: 'output', priority: -110 },
   { name: C.filterForward, type: 'filter', hook: 'forward', priority: 0 },

@@ -14,7 +14,7 @@
 import { canonicalIP, cidrContains, isLoopback, joinHostPort } from '../../core/ip.ts';
 import { parseKubeProxyTable, parseNftText } from './parse.ts';
 import { isKubeProxyTable, splitHostPort } from './names.ts';
-import type { NftChain, NftSet, Ruleset } from './ruleset.ts';
+import type { NftChain, NftElement, NftSet, Ruleset } from './ruleset.ts';
 
 export interface NftPacket {
   sourceIP: string;
@@ -43,11 +43,21 @@ interface Pkt {
 
 const MAX_DEPTH = 64;
 
+/**
+ * Told of each chain, set or map the walk looks for in a table and does not find; true when
+ * the caller will read it and trace again (a live trace reads the kernel's objects on demand):
+ * the walk then goes on past a missing chain instead of ending there. False, or no callback:
+ * the object does not exist, and the walk treats it as such.
+ */
+export type MissingObject = (table: Ruleset, kind: 'chain' | 'set' | 'map', name: string) => boolean;
+
 class Tracer {
   readonly matches: string[] = [];
   readonly outputs: string[] = [];
   readonly notes: string[] = [];
   masq = false;
+  /** an object the walk needs is still to be read (MissingObject said so) */
+  pending = false;
   /** the table being walked (a jump stays in it) */
   private rs: Ruleset;
   /** shown before a chain's name when several tables are walked */
@@ -56,6 +66,7 @@ class Tracer {
   constructor(
     private readonly tables: Ruleset[],
     private readonly local: Set<string>,
+    private readonly missing?: MissingObject,
   ) {
     this.rs = tables[0];
   }
@@ -71,13 +82,26 @@ class Tracer {
     return this.local.has(canonicalIP(ip) ?? ip);
   }
 
-  private set(name: string): NftSet | undefined {
-    return this.rs.sets.get(name);
+  private set(name: string, kind: 'set' | 'map'): NftSet | undefined {
+    const s = this.rs.sets.get(name);
+    if (!s && this.missing?.(this.rs, kind, name)) this.pending = true;
+    return s;
   }
+
+  /** per set without intervals, its elements by canonical key (built on first lookup, this walk only) */
+  private readonly exact = new Map<NftSet, Map<string, NftElement> | null>();
 
   /** key parts against packet fields; IP parts may be CIDRs (interval sets) */
   private elementFor(set: NftSet | undefined, want: string[]): { value?: string } | undefined {
     if (!set) return undefined;
+    // A set of exact keys: one lookup (keyPartMatches on such keys is equality of canonical forms),
+    // where a scan per lookup costs a canonicalIP per element (16 maps of 625 at 10,000 Services).
+    let index = this.exact.get(set);
+    if (index === undefined) {
+      index = exactIndex(set);
+      this.exact.set(set, index);
+    }
+    if (index) return index.get(canonicalKey(want));
     for (const el of set.elements.values()) {
       if (el.key.length !== want.length) continue;
       if (el.key.every((k, i) => keyPartMatches(k, want[i]))) return el;
@@ -89,6 +113,11 @@ class Tracer {
   runChain(name: string, p: Pkt, depth = 0): boolean {
     const ch: NftChain | undefined = this.rs.chains.get(name);
     if (!ch) {
+      // a chain still to be read: the walk goes on past it, to find what else it needs
+      if (this.missing?.(this.rs, 'chain', name)) {
+        this.pending = true;
+        return false;
+      }
       this.notes.push(`unknown chain ${name}`);
       return true;
     }
@@ -116,26 +145,26 @@ class Tracer {
     while (rule !== '') {
       rule = rule.trimStart();
       if ((m = /^ip6? daddr @(\S+)/.exec(rule))) {
-        if (!this.elementFor(this.set(m[1]), [p.dst])) return 'next';
+        if (!this.elementFor(this.set(m[1], 'set'), [p.dst])) return 'next';
       } else if ((m = /^ip6? saddr @(\S+)/.exec(rule))) {
         // Affinity sets record history; a first packet never matches them.
-        if (m[1].startsWith('affinity-') || !this.elementFor(this.set(m[1]), [p.src])) return 'next';
+        if (m[1].startsWith('affinity-') || !this.elementFor(this.set(m[1], 'set'), [p.src])) return 'next';
       } else if ((m = /^ip6? daddr \. meta l4proto \. th dport vmap @(\S+)$/.exec(rule))) {
-        const el = this.elementFor(this.set(m[1]), [p.dst, p.proto, p.dport]);
+        const el = this.elementFor(this.set(m[1], 'map'), [p.dst, p.proto, p.dport]);
         if (!el?.value) return 'next';
         this.matches.push(shown);
         rule = el.value;
         continue;
       } else if ((m = /^meta l4proto \. th dport vmap @(\S+)$/.exec(rule))) {
-        const el = this.elementFor(this.set(m[1]), [p.proto, p.dport]);
+        const el = this.elementFor(this.set(m[1], 'map'), [p.proto, p.dport]);
         if (!el?.value) return 'next';
         this.matches.push(shown);
         rule = el.value;
         continue;
       } else if ((m = /^ip6? daddr \. meta l4proto \. th dport @(\S+)/.exec(rule))) {
-        if (!this.elementFor(this.set(m[1]), [p.dst, p.proto, p.dport])) return 'next';
+        if (!this.elementFor(this.set(m[1], 'set'), [p.dst, p.proto, p.dport])) return 'next';
       } else if ((m = /^meta l4proto \. th dport @(\S+)/.exec(rule))) {
-        if (!this.elementFor(this.set(m[1]), [p.proto, p.dport])) return 'next';
+        if (!this.elementFor(this.set(m[1], 'set'), [p.proto, p.dport])) return 'next';
       } else if ((m = /^ip6? (daddr|saddr) (!= )?\{([^}]*)\}/.exec(rule))) {
         const ip = m[1] === 'daddr' ? p.dst : p.src;
         const inSet = m[3].split(',').map((s) => s.trim()).filter(Boolean).some((a) => addressMatches(ip, a));
@@ -231,6 +260,21 @@ function ruleDisplay(chain: string, rule: string, comment?: string): string {
   return `${chain}: ${rule}${comment !== undefined ? ` comment "${comment}"` : ''}`;
 }
 
+function canonicalKey(parts: string[]): string {
+  return parts.map((x) => canonicalIP(x) ?? x).join('\u0000');
+}
+
+/** The elements by canonical key, the first of equal keys kept (as a scan finds it); null when a key part is a CIDR. */
+function exactIndex(set: NftSet): Map<string, NftElement> | null {
+  const index = new Map<string, NftElement>();
+  for (const el of set.elements.values()) {
+    if (el.key.some((k) => k.includes('/'))) return null;
+    const k = canonicalKey(el.key);
+    if (!index.has(k)) index.set(k, el);
+  }
+  return index;
+}
+
 function keyPartMatches(key: string, want: string): boolean {
   if (key === want) return true;
   const ip = canonicalIP(want);
@@ -290,9 +334,9 @@ export function traceRuleset(rs: Ruleset, pkt: NftPacket, opts: { localIPs: stri
 }
 
 /** Traces a packet through several tables of one family at once (the shards), in hook order. */
-export function traceTables(tables: Ruleset[], pkt: NftPacket, opts: { localIPs: string[] }): NftTraceResult {
+export function traceTables(tables: Ruleset[], pkt: NftPacket, opts: { localIPs: string[]; missing?: MissingObject }): NftTraceResult {
   const local = new Set(opts.localIPs.map((a) => canonicalIP(a) ?? a));
-  const t = new Tracer(tables, local);
+  const t = new Tracer(tables, local, opts.missing);
   const p: Pkt = {
     src: canonicalIP(pkt.sourceIP) ?? pkt.sourceIP,
     proto: (pkt.protocol || 'TCP').toLowerCase(),
@@ -305,6 +349,8 @@ export function traceTables(tables: Ruleset[], pkt: NftPacket, opts: { localIPs:
   for (const c of baseChains(tables, 'nat', 'prerouting', ['nat-prerouting'])) {
     if (t.runBase(c, p)) break;
   }
+  // what follows depends on the DNAT: it waits for the objects still to be read
+  if (t.pending) return finish(t);
   // The first DNAT changes the destination address and port the later filter chains see,
   // and routing then picks the path: a packet DNATed to a pod on another address is
   // forwarded (filter forward), one for a local address is delivered (filter input). Only
