@@ -16,7 +16,9 @@
 //
 //   sudo node --import tsx bench/soak.ts [--quick] [--minutes 60] [--services 2000]
 //        [--endpoints 5] [--rate 5] [--interval 10] [--warmup SECONDS]
-//        [--modes iptables,nftables] [--json FILE] [--svg FILE]
+//        [--modes iptables,nftables] [--json FILE] [--svg FILE] [--node-arg=--FLAG ...]
+//        [--snapshot-at S1,S2 --snapshot-dir DIR]   # heap snapshots at S1, S2 s: bench/heap-diff.ts
+//        [--v8-log DIR]   # kproxy's V8 output (e.g. --node-arg=--trace-gc-verbose) kept, a file per mode
 //   sudo node --import tsx bench/soak.ts --replot FILE.json --svg FILE.svg   # the plot again, from a run's JSON
 //
 // The changes cycle the hot slice through E … E+16 endpoints, so the state kproxy holds has a
@@ -24,7 +26,7 @@
 // by the workload. Every namespace and process the bench starts is removed at the end, on an
 // error and on SIGINT/SIGTERM.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { appendFileSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -52,6 +54,16 @@ export interface SoakOptions {
   /** the first part of the stream that is warm-up, s */
   warmup: number;
   startTimeoutMs: number;
+  /** more node flags for kproxy (e.g. --max-semi-space-size=2), after --trace-gc */
+  nodeArgs: string[];
+  /**
+   * s since the stream started at which kproxy writes a heap snapshot (it runs with
+   * --heapsnapshot-signal=SIGUSR2 then) into snapshotDir: for bench/heap-diff.ts
+   */
+  snapshotAt: number[];
+  snapshotDir?: string;
+  /** a directory for kproxy's V8 output (--trace-gc lines and what other --node-arg flags print), one file per mode, ≤ 200 MB each */
+  v8LogDir?: string;
 }
 
 /** One Mark-Compact as V8 printed it (--trace-gc): MiB used (committed) before → after. */
@@ -100,6 +112,8 @@ export interface SoakModeResult {
   samples: SoakSample[];
   gc: GcEvent[];
   summary?: Record<'rssMiB' | 'hwmMiB' | 'fds' | 'heapAfterGcMiB', FigureSummary>;
+  /** heap snapshots written: s since the stream started, file */
+  snapshots?: Array<{ t: number; file: string }>;
   syncs?: number;
   changes?: number;
   error?: string;
@@ -192,6 +206,21 @@ function writeSlice(dir: string, i: number, count: number, endpoints: number): v
   renameSync(tmp, join(dir, `hot-${serviceName(i)}.yaml`));
 }
 
+/** Signals kproxy (SIGUSR2: --heapsnapshot-signal) and waits (≤ 120 s) until a new snapshot in dir stops growing. */
+async function heapSnapshot(pid: number, dir: string): Promise<string | undefined> {
+  const before = new Set(readdirSync(dir));
+  process.kill(pid, 'SIGUSR2');
+  let last = -1;
+  return pollUntil(async () => {
+    const f = readdirSync(dir).find((n) => n.endsWith('.heapsnapshot') && !before.has(n));
+    if (!f) return undefined;
+    const size = statSync(join(dir, f)).size;
+    const done = size > 0 && size === last;
+    last = size;
+    return done ? join(dir, f) : undefined;
+  }, 120_000, 1000);
+}
+
 const live = new Set<ChildProcess>();
 
 /** One mode: kproxy in its namespace, the change stream and the sampler; everything removed at the end. */
@@ -209,9 +238,12 @@ async function soakMode(mode: SoakMode, nss: Namespaces, work: string, o: SoakOp
   try {
     const env: NodeJS.ProcessEnv = { ...process.env, KPROXY_LOG_LEVEL: 'info' };
     const metrics = '127.0.0.1:10249';
-    proc = spawn('ip', ['netns', 'exec', ns, process.execPath, '--trace-gc', join(repoRoot, 'bin/kproxy.js'), 'run', '--mode', mode,
+    const snapDir = o.snapshotAt.length ? join(o.snapshotDir ?? work, mode) : undefined;
+    if (snapDir) mkdirSync(snapDir, { recursive: true });
+    const nodeArgs = ['--trace-gc', ...o.nodeArgs, ...(snapDir ? ['--heapsnapshot-signal=SIGUSR2'] : [])];
+    proc = spawn('ip', ['netns', 'exec', ns, process.execPath, ...nodeArgs, join(repoRoot, 'bin/kproxy.js'), 'run', '--mode', mode,
       '--manifests', dir, '--hostname-override', 'kpb-node', '--cluster-cidr', '10.0.0.0/8',
-      '--healthz-bind-address', '127.0.0.1:10256', '--metrics-bind-address', metrics], { stdio: ['ignore', 'pipe', 'pipe'], detached: true, env });
+      '--healthz-bind-address', '127.0.0.1:10256', '--metrics-bind-address', metrics], { stdio: ['ignore', 'pipe', 'pipe'], detached: true, env, cwd: snapDir });
     live.add(proc);
     proc.once('exit', () => live.delete(proc!));
     res.pid = proc.pid;
@@ -221,6 +253,12 @@ async function soakMode(mode: SoakMode, nss: Namespaces, work: string, o: SoakOp
     let firstSync = false;
     let tail = '';
     let errTail = '';
+    const v8Log = o.v8LogDir ? join(o.v8LogDir, `${mode}-v8.log`) : undefined;
+    if (v8Log) {
+      mkdirSync(o.v8LogDir!, { recursive: true });
+      writeFileSync(v8Log, '');
+    }
+    let v8LogBytes = 0;
     proc.stdout!.on('data', (d: Buffer) => {
       const lines = (tail + d.toString()).split('\n');
       tail = lines.pop() ?? '';
@@ -232,6 +270,10 @@ async function soakMode(mode: SoakMode, nss: Namespaces, work: string, o: SoakOp
             if (l.includes('"full":true')) firstSync = true;
           }
           continue;
+        }
+        if (v8Log && v8LogBytes < 200e6) {
+          appendFileSync(v8Log, `${((now - (streamAt || t0)) / 1000).toFixed(1)} ${l}\n`);
+          v8LogBytes += l.length + 8;
         }
         const g = parseGcLine(l);
         // t holds performance.now() (ms) until the end, where it becomes s since the stream started
@@ -280,6 +322,11 @@ async function soakMode(mode: SoakMode, nss: Namespaces, work: string, o: SoakOp
       if (wait > 0) await sleep(wait);
       await sample();
       const x = res.samples[res.samples.length - 1];
+      if (snapDir && o.snapshotAt.some((at) => at <= x.t && !(res.snapshots ?? []).some((h) => h.t >= at))) {
+        const file = await heapSnapshot(proc.pid!, snapDir);
+        (res.snapshots ??= []).push({ t: x.t, file: file ?? 'none within 120 s' });
+        log(`  ${mode} t=${x.t.toFixed(0)} s: heap snapshot ${file}`);
+      }
       if (s % Math.max(1, Math.round(60 / o.interval)) === 0) {
         log(`  ${mode} t=${x.t.toFixed(0)} s: RSS ${x.rssMiB.toFixed(1)} MiB, HWM ${x.hwmMiB.toFixed(1)} MiB, heap after GC ${x.heapAfterGcMiB.toFixed(1)} MiB (${x.markCompacts} MC), fds ${x.fds}, syncs ${x.syncsMetric}, changes ${x.changes}`);
       }
@@ -383,6 +430,10 @@ function parseSoakArgs(argv: string[]): { o: SoakOptions; json?: string; svg?: s
       json: { type: 'string' },
       svg: { type: 'string' },
       replot: { type: 'string' },
+      'node-arg': { type: 'string', multiple: true },
+      'snapshot-at': { type: 'string' },
+      'snapshot-dir': { type: 'string' },
+      'v8-log': { type: 'string' },
     },
   });
   const seconds = values.minutes ? Number(values.minutes) * 60 : values.quick ? 60 : 3600;
@@ -392,7 +443,13 @@ function parseSoakArgs(argv: string[]): { o: SoakOptions; json?: string; svg?: s
   const o: SoakOptions = {
     modes: modes as SoakMode[], services: Number(values.services), endpoints: Number(values.endpoints), rate: Number(values.rate),
     seconds, interval, warmup: values.warmup ? Number(values.warmup) : Math.round(seconds / 6), startTimeoutMs: 120_000,
+    nodeArgs: values['node-arg'] ?? [],
+    snapshotAt: (values['snapshot-at'] ?? '').split(',').filter(Boolean).map(Number),
+    snapshotDir: values['snapshot-dir'] ? resolve(values['snapshot-dir']) : undefined,
+    v8LogDir: values['v8-log'] ? resolve(values['v8-log']) : undefined,
   };
+  if (o.snapshotAt.length && !o.snapshotDir) throw new Error('KPROXY_BENCH_ARGS: --snapshot-at needs --snapshot-dir (where the snapshots stay)');
+  if (o.snapshotAt.some((v) => !(v >= 0))) throw new Error('KPROXY_BENCH_ARGS: --snapshot-at takes seconds, comma-separated');
   for (const [k, v] of Object.entries(o)) if (typeof v === 'number' && !(v >= 0)) throw new Error(`KPROXY_BENCH_ARGS: --${k} must be a number ≥ 0`);
   return { o, json: values.json, svg: values.svg, replot: values.replot };
 }
