@@ -19,7 +19,7 @@
 //        [--modes iptables,nftables] [--json FILE] [--svg FILE] [--node-arg=--FLAG ...]
 //        [--snapshot-at S1,S2 --snapshot-dir DIR]   # heap snapshots at S1, S2 s: bench/heap-diff.ts
 //        [--v8-log DIR]   # kproxy's V8 output (e.g. --node-arg=--trace-gc-verbose) kept, a file per mode
-//   sudo node --import tsx bench/soak.ts --replot FILE.json --svg FILE.svg   # the plot again, from a run's JSON
+//   node --import tsx bench/soak.ts --replot FILE.json [--json FILE] [--svg FILE]   # summary and plot again, from a run's JSON
 //
 // The changes cycle the hot slice through E … E+16 endpoints, so the state kproxy holds has a
 // fixed upper bound: anything that grows with the number of changes is kept by kproxy, not
@@ -33,7 +33,7 @@ import { parseArgs } from 'node:util';
 import { hotServices, killGroup, readMemory, writeManifests } from './kproxy-run.ts';
 import { Namespaces, TimedRunner } from './netns.ts';
 import { linePlotSVG, type Series } from './plot.ts';
-import { pollUntil, sleep } from './stats.ts';
+import { median, pollUntil, sleep } from './stats.ts';
 import { serviceName, sliceObject } from './workload.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
@@ -101,6 +101,8 @@ export interface FigureSummary {
   max: number;
   /** largest |value − atWarmup| over the samples after warm-up */
   maxDeviation: number;
+  /** the median of the last 5 minutes' samples: the end without one sample's accident (a full sync at that moment) */
+  endMedian: number;
   /** least-squares slope over the samples after warm-up, per hour */
   slopePerHour: number;
 }
@@ -112,6 +114,8 @@ export interface SoakModeResult {
   samples: SoakSample[];
   gc: GcEvent[];
   summary?: Record<'rssMiB' | 'hwmMiB' | 'fds' | 'heapAfterGcMiB', FigureSummary>;
+  /** s since the stream started of the full syncs kproxy logged (the first one is before it; then one an hour) */
+  fullSyncs?: number[];
   /** heap snapshots written: s since the stream started, file */
   snapshots?: Array<{ t: number; file: string }>;
   syncs?: number;
@@ -164,6 +168,7 @@ export function summarize(points: Array<[number, number]>, warmup: number): Figu
   return {
     atWarmup: base, end: vs[n - 1], min: Math.min(...vs), max: Math.max(...vs),
     maxDeviation: Math.max(...vs.map((v) => Math.abs(v - base))),
+    endMedian: median(after.filter(([t]) => t >= after[n - 1][0] - 300).map((p) => p[1])),
     slopePerHour: sxx > 0 ? (sxy / sxx) * 3600 : NaN,
   };
 }
@@ -267,7 +272,10 @@ async function soakMode(mode: SoakMode, nss: Namespaces, work: string, o: SoakOp
         if (l.startsWith('{')) {
           if (l.includes('"msg":"synced"')) {
             synced++;
-            if (l.includes('"full":true')) firstSync = true;
+            if (l.includes('"full":true')) {
+              firstSync = true;
+              (res.fullSyncs ??= []).push(now); // s since the stream started, at the end
+            }
           }
           continue;
         }
@@ -341,14 +349,16 @@ async function soakMode(mode: SoakMode, nss: Namespaces, work: string, o: SoakOp
     return res;
   } finally {
     if (proc) await killGroup(proc);
-    for (const g of res.gc) g.t = Math.round((g.t - (streamAt || t0)) / 100) / 10;
+    const since = (ms: number) => Math.round((ms - (streamAt || t0)) / 100) / 10;
+    for (const g of res.gc) g.t = since(g.t);
+    if (res.fullSyncs) res.fullSyncs = res.fullSyncs.map(since);
     await nss.delete(ns);
     rmSync(dir, { recursive: true, force: true });
     if (!res.error || res.samples.length) summarizeMode(res, o.warmup);
   }
 }
 
-function summarizeMode(r: SoakModeResult, warmup: number): void {
+export function summarizeMode(r: SoakModeResult, warmup: number): void {
   const fig = (k: 'rssMiB' | 'hwmMiB' | 'fds' | 'heapAfterGcMiB') => summarize(r.samples.map((s) => [s.t, s[k]]), warmup);
   const rss = fig('rssMiB'), hwm = fig('hwmMiB'), fds = fig('fds'), heap = fig('heapAfterGcMiB');
   if (rss && hwm && fds && heap) r.summary = { rssMiB: rss, hwmMiB: hwm, fds, heapAfterGcMiB: heap };
@@ -390,11 +400,11 @@ export function markdown(r: SoakResult): string {
       continue;
     }
     const s = m.summary;
-    const cell = (x: FigureSummary, unit: string) => `${f1(x.atWarmup)} → ${f1(x.end)} ${unit} (max dev ${f1(x.maxDeviation)}, ${x.slopePerHour >= 0 ? '+' : ''}${f1(x.slopePerHour)}/h)`;
+    const cell = (x: FigureSummary, unit: string) => `${f1(x.atWarmup)} → ${f1(x.end)} ${unit}, last 5 min ${f1(x.endMedian)} (max dev ${f1(x.maxDeviation)}, ${x.slopePerHour >= 0 ? '+' : ''}${f1(x.slopePerHour)}/h)`;
     rows.push(`| ${m.mode} | ${cell(s.rssMiB, 'MiB')} | ${cell(s.heapAfterGcMiB, 'MiB')} | ${cell(s.fds, '')} | ${f1(s.hwmMiB.end)} MiB | ${m.syncs ?? '–'} syncs, ${m.changes ?? '–'} changes${m.error ? `; ${m.error}` : ''} |`);
   }
   return `### Memory over time: ${o.services.toLocaleString('en-US')} Services, one Service's endpoints changing ${o.rate}/s for ${(o.seconds / 60).toFixed(0)} min (kproxy from the ${r.entry})\n\n` +
-    `Values at the end of warm-up (the first ${o.warmup} s of the stream) → at the end; max dev = the largest distance from the warm-up value after it; slope = least squares after warm-up.\n\n` +
+    `Values at the end of warm-up (the first ${o.warmup} s of the stream) → at the end, and the median of the last 5 minutes; max dev = the largest distance from the warm-up value after it; slope = least squares after warm-up.\n\n` +
     `| mode | RSS | heap after GC (Mark-Compact) | open fds | VmHWM | syncs |\n|---|---|---|---|---|---|\n${rows.join('\n')}\n`;
 }
 
@@ -460,6 +470,7 @@ async function main(): Promise<void> {
   let r: SoakResult;
   if (a.replot) {
     r = JSON.parse(readFileSync(a.replot, 'utf8')) as SoakResult;
+    for (const m of r.results) if (m.samples.length) summarizeMode(m, r.options.warmup);
   } else {
     if (process.getuid?.() !== 0) throw new Error('KPROXY_BENCH_ROOT: the soak bench creates network namespaces: run it as root');
     const entry = entryKind();
@@ -469,11 +480,11 @@ async function main(): Promise<void> {
       date: new Date().toISOString(), host: { node: process.version, cpus: (await import('node:os')).cpus().length }, options: a.o,
       command: `node --import tsx bench/soak.ts ${process.argv.slice(2).join(' ')}`, entry, results,
     };
-    if (a.json) {
-      mkdirSync(dirname(a.json), { recursive: true });
-      writeFileSync(a.json, JSON.stringify(r, null, 1) + '\n');
-    }
     if (results.some((x) => x.error)) process.exitCode = 1;
+  }
+  if (a.json) {
+    mkdirSync(dirname(a.json), { recursive: true });
+    writeFileSync(a.json, JSON.stringify(r, null, 1) + '\n');
   }
   if (a.svg) {
     mkdirSync(dirname(a.svg), { recursive: true });

@@ -39,6 +39,8 @@ test('summarize: the first value after warm-up is the baseline; deviation and sl
   assert.equal(s.min, 95);
   assert.equal(s.max, 110);
   assert.equal(s.maxDeviation, 10);
+  assert.equal(s.endMedian, 110, 'the last 5 minutes hold one sample');
+  assert.equal(summarize([[600, 10], [3300, 20], [3400, 22], [3500, 21], [3600, 90]], 600)!.endMedian, 21.5, 'one high sample at the end moves the median little');
   assert.ok(s.slopePerHour > 0 && s.slopePerHour < 20, `slope ${s.slopePerHour}`);
   const flat = summarize([[600, 50], [1200, 50], [1800, 50]], 600)!;
   assert.equal(flat.slopePerHour, 0);
@@ -58,7 +60,7 @@ test('markdown and plot: a row per mode, a failed mode says why; the plot\'s x a
     ],
   };
   const md = markdown(r);
-  assert.match(md, /\| iptables \| 120\.6 → 123\.6 MiB \(max dev 3\.0/);
+  assert.match(md, /\| iptables \| 120\.6 → 123\.6 MiB, last 5 min 123\.6 \(max dev 3\.0/);
   assert.match(md, /\| nftables \| KPROXY_BENCH_SOAK: nftables: no first sync/);
   const svg = plot(r);
   assert.match(svg, /minutes since the change stream started/);
