@@ -18,6 +18,10 @@ export interface PlotOptions {
   yMin?: number;
   /** formats a y value for ticks and point labels */
   fmt?: (v: number) => string;
+  /** x on a linear axis from 0 (a time series) instead of the log axis of N */
+  linearX?: boolean;
+  /** the x axis' label (default: services N) */
+  xLabel?: string;
 }
 
 function esc(s: string): string {
@@ -45,17 +49,26 @@ function wrap(text: string, width: number): string[] {
   return out;
 }
 
+/** A round step (1, 2 or 5 × 10^k) that cuts 0..max into at most 8 parts. */
+function niceStep(max: number): number {
+  const mag = 10 ** Math.floor(Math.log10(max));
+  return [1, 2, 5, 10].map((m) => m * mag).find((s) => max / s <= 8) ?? 10 * mag;
+}
+
 export function linePlotSVG(series: Series[], o: PlotOptions): string {
   const fmt = o.fmt ?? defaultFmt;
   const W = 800, H = 460, L = 74, R = 210, T = 58, B = 56;
   const pw = W - L - R, ph = H - T - B;
-  const live = series.map((s) => ({ ...s, points: s.points.filter((p) => Number.isFinite(p[1]) && p[1] > 0 && p[0] > 0) })).filter((s) => s.points.length);
+  const live = series.map((s) => ({ ...s, points: s.points.filter((p) => Number.isFinite(p[1]) && p[1] > 0 && (o.linearX ? p[0] >= 0 : p[0] > 0)) })).filter((s) => s.points.length);
   const xs = live.flatMap((s) => s.points.map((p) => p[0]));
   const ys = live.flatMap((s) => s.points.map((p) => p[1]));
   let xlo = Math.log10(xs.length ? Math.min(...xs) : 10), xhi = Math.log10(xs.length ? Math.max(...xs) : 100);
   if (xhi - xlo < 1) { xlo -= 0.5; xhi += 0.5; }
   xlo -= 0.1; xhi += 0.1;
-  const x = (n: number) => L + ((Math.log10(n) - xlo) / (xhi - xlo)) * pw;
+  const xmax = Math.max(1e-9, ...xs);
+  const xstep = niceStep(xmax);
+  const xend = Math.ceil(xmax / xstep) * xstep;
+  const x = o.linearX ? (n: number) => L + (n / xend) * pw : (n: number) => L + ((Math.log10(n) - xlo) / (xhi - xlo)) * pw;
   let y: (v: number) => number;
   const yTicks: number[] = [];
   if (o.logY) {
@@ -84,7 +97,14 @@ export function linePlotSVG(series: Series[], o: PlotOptions): string {
     out.push(`<line x1="${L}" x2="${L + pw}" y1="${yy}" y2="${yy}" stroke="#e5e5e5"/>`);
     out.push(`<text x="${L - 6}" y="${(Number(yy) + 4).toFixed(1)}" text-anchor="end">${esc(fmt(v))}</text>`);
   }
-  for (let d = Math.ceil(xlo); d <= Math.floor(xhi); d++) {
+  if (o.linearX) {
+    for (let k = 0; k * xstep <= xend + 1e-9; k++) {
+      const xx = x(k * xstep).toFixed(1);
+      out.push(`<line x1="${xx}" x2="${xx}" y1="${T}" y2="${T + ph}" stroke="#e5e5e5"/>`);
+      out.push(`<text x="${xx}" y="${T + ph + 16}" text-anchor="middle">${Number((k * xstep).toPrecision(6)).toLocaleString('en-US')}</text>`);
+    }
+  }
+  for (let d = Math.ceil(xlo); !o.linearX && d <= Math.floor(xhi); d++) {
     for (const m of [1, 2, 5]) {
       const n = m * 10 ** d;
       if (Math.log10(n) < xlo || Math.log10(n) > xhi) continue;
@@ -93,7 +113,7 @@ export function linePlotSVG(series: Series[], o: PlotOptions): string {
     }
   }
   out.push(`<rect x="${L}" y="${T}" width="${pw}" height="${ph}" fill="none" stroke="#333"/>`);
-  out.push(`<text x="${L + pw / 2}" y="${H - 12}" text-anchor="middle">services N (log scale)</text>`);
+  out.push(`<text x="${L + pw / 2}" y="${H - 12}" text-anchor="middle">${esc(o.xLabel ?? 'services N (log scale)')}</text>`);
   out.push(`<text transform="translate(16 ${T + ph / 2}) rotate(-90)" text-anchor="middle">${esc(o.yLabel)}${o.logY ? ' (log scale)' : ''}</text>`);
   let ly = T + 8;
   for (const s of live) {

@@ -652,6 +652,10 @@ function updatedView(state: ProxyState, s: NodeSettings, previous: NodeView, cha
     else healthChecks.delete(svc);
   }
   superseded.add(previous);
+  // A superseded view is never reverted (revertView leaves it alone): its undo goes. Kept, its
+  // `previous` would keep the view before it alive, and so on: every view since the last full
+  // build (an hour of syncs) would stay in memory.
+  undoOf.delete(previous);
   const view: NodeView = {
     ...s, ports, servicePorts, noLocalEndpoints, healthChecks,
     // the unchanged ports are the same objects before and after: staleFlows skips them anyway

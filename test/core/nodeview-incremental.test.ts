@@ -118,3 +118,36 @@ test('an incremental build supersedes its previous view: building from it again 
   assert.deepEqual([...again.ports.keys()].sort(), [...full.ports.keys()]);
   assert.deepEqual(full.staleFlows, [], 'nothing changed since `again`');
 });
+
+test('a view keeps no chain of the views before it alive: the superseded views of a run of incremental builds are collected', async () => {
+  // Between full syncs (an hour apart) every sync builds from the last: a view that kept its
+  // predecessor alive would keep every view since the last full build.
+  const { collectGarbage } = await import('../../src/sync/memory.ts');
+  const t = tracker();
+  for (let i = 0; i < 20; i++) {
+    t.services.update(null, svc('ns', `s${i}`, { clusterIP: `172.30.0.${i + 1}` }));
+    t.endpoints.update(null, slice('ns', `s${i}`, `s${i}-a`, [{ ip: `10.180.0.${i + 1}` }], [{ port: 8080 }]));
+  }
+  t.apply();
+  const refs: Array<WeakRef<NodeView>> = [];
+  /** 30 incremental builds, each from the last, one endpoint change each; only the newest view is returned */
+  const run = (): NodeView => {
+    let view = buildNodeView(inputOf(t));
+    refs.push(new WeakRef(view));
+    for (let k = 0; k < 30; k++) {
+      t.endpoints.update(null, slice('ns', 's3', 's3-a', [{ ip: `10.180.1.${k + 1}` }], [{ port: 8080 }]));
+      view = buildNodeView(inputOf(t), view, changesOf(t, t.apply()));
+      refs.push(new WeakRef(view));
+    }
+    return view;
+  };
+  const last = run();
+  // a WeakRef holds its target until the job that made it ends; then up to 3 full collections
+  for (let i = 0; i < 3 && refs.slice(0, -2).some((r) => r.deref()); i++) {
+    await new Promise((r) => setImmediate(r));
+    assert.ok(collectGarbage(), 'this runtime can collect on demand');
+  }
+  const alive = refs.slice(0, -2).filter((r) => r.deref() !== undefined).length;
+  assert.equal(alive, 0, `views older than the last two still alive: ${alive} of ${refs.length - 2}`);
+  assert.equal(last.ports.get('ns/s3:p80')!.endpoints[0].ip, '10.180.1.30');
+});
