@@ -23,8 +23,8 @@
 // and is only compared within itself: with --quick it boots first and runs alongside the host
 // benches (one busy core more for them), to keep the whole under 5 minutes; without it, after
 // them. --quick is the sized-down run; without it, the full sizes (50,000 Services on the host,
-// 10,000 in the VM: over an hour here; the soak one hour more). Outputs: OUT/{scale,ipvs,userspace,soak}-quick.json or
-// OUT/{scale,ipvs,userspace,soak}-full.json, and the plots the report shows in OUT/quick/ or OUT/full/. Needs root (network
+// 10,000 in the VM: over an hour here; the soak one hour more). Outputs: OUT/{scale,ipvs,userspace,trace,soak}-quick.json or
+// OUT/{scale,ipvs,userspace,trace,soak}-full.json, and the plots the report shows in OUT/quick/ or OUT/full/. Needs root (network
 // namespaces) and the peers of bench/userspace.ts (scripts/setup-system.sh installs them).
 import { spawn } from 'node:child_process';
 import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
