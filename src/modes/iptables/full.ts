@@ -5,8 +5,8 @@ import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
 import { BlockCache } from './blocks.ts';
 import {
-  appliedBlocks, collectRuleset, DISPATCH_CHAINS, hasServiceChain, natRulesTotal, routeLocalnet, staleChains,
-  unchangedLeftOut, type Plan, type Ruleset,
+  collectRuleset, DISPATCH_CHAINS, hasServiceChain, rulesetPlan, staleChains, unchangedLeftOut, type Plan,
+  type Ruleset,
 } from './plan.ts';
 import { chainLine, EMPTY_LINES, ruleTotal, tableSection, type ChainUnit } from './units.ts';
 
@@ -51,23 +51,15 @@ export function planFull(req: FullPlanRequest): Plan {
     const cold = !deletedChains.length && req.installedNatChains !== undefined && !hasServiceChain(req.installedNatChains);
     chunks = chunkedPayloads(r, chunkLines, filterSection, deletedChains, cold);
   }
-  const natTotal = natRulesTotal(r);
-  return {
-    sysctls: routeLocalnet(opts, r.blocks.map(([sp]) => sp)),
+  return rulesetPlan(r, req, {
     payload: chunks ? '' : filterSection + tableSection('nat', natUnits, deletedChains),
     natRulesWritten,
-    natRulesTotal: natTotal,
     filterRules: ruleTotal(filterUnits),
-    activeNatChains: r.active,
     deletedChains,
-    staleDeletion: req.installedNatChains !== undefined && req.deleteStale !== false,
-    writtenServices: r.written.count,
-    largeClusterMode: r.ctx.largeClusterMode,
     chainDigests,
     skippedChains: 0,
     chunks,
-    applied: appliedBlocks(r, natTotal),
-  };
+  });
 }
 
 /**

@@ -11,8 +11,7 @@ import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
 import { BlockCache, type AppliedBlocks } from './blocks.ts';
 import {
-  appliedBlocks, collectRuleset, natRulesTotal, routeLocalnet, staleChains, unchangedLeftOut, type Plan,
-  type ServiceChoice,
+  collectRuleset, rulesetPlan, staleChains, unchangedLeftOut, type Plan, type ServiceChoice,
 } from './plan.ts';
 import { ruleTotal, tableSection } from './units.ts';
 
@@ -64,20 +63,12 @@ export function planPartial(req: PartialPlanRequest): Plan {
   // Nothing left to write in a table: no section for it.
   const section = (table: string, units: typeof natUnits, deleted: string[]) =>
     !units.length && !deleted.length && lastDigests ? '' : tableSection(table, units, deleted);
-  const natTotal = natRulesTotal(r);
-  return {
-    sysctls: routeLocalnet(opts, r.blocks.map(([sp]) => sp)),
+  return rulesetPlan(r, req, {
     payload: section('filter', filterUnits, []) + section('nat', natUnits, deletedChains),
     natRulesWritten: ruleTotal(natUnits),
-    natRulesTotal: natTotal,
     filterRules: ruleTotal(filterUnits),
-    activeNatChains: r.active,
     deletedChains,
-    staleDeletion: req.installedNatChains !== undefined && req.deleteStale !== false,
-    writtenServices: r.written.count,
-    largeClusterMode: r.ctx.largeClusterMode,
     chainDigests,
     skippedChains: skipped.n,
-    applied: appliedBlocks(r, natTotal),
-  };
+  });
 }

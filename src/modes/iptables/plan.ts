@@ -200,7 +200,7 @@ export function collectRuleset(state: ProxyState, opts: IptablesOptions, choose:
 }
 
 /** Every nat rule of the ruleset, written or not. */
-export function natRulesTotal(r: Ruleset): number {
+function natRulesTotal(r: Ruleset): number {
   let n = r.written.skippedRules;
   for (const u of r.natStaticUnits) n += u.rules.length;
   for (const u of r.written.units) n += u.rules.length;
@@ -253,8 +253,30 @@ export function hasServiceChain(chains: Iterable<string>): boolean {
   return false;
 }
 
+/** What a sync writes: the part of its Plan each strategy (full, partial, restart) decides itself. */
+export type WrittenPart = Pick<Plan, 'payload' | 'natRulesWritten' | 'filterRules' | 'deletedChains' | 'chainDigests' | 'skippedChains' | 'chunks' | 'adoptedChains'>;
+
+/**
+ * The Plan of a sync that collected the whole ruleset: what it writes (`written`) and what
+ * follows from the ruleset alone (the totals, the active chains, the blocks it leaves applied,
+ * the sysctls).
+ */
+export function rulesetPlan(r: Ruleset, req: { opts: IptablesOptions; installedNatChains?: ReadonlySet<string>; deleteStale?: boolean }, written: WrittenPart): Plan {
+  const natTotal = natRulesTotal(r);
+  return {
+    sysctls: routeLocalnet(req.opts, r.blocks.map(([sp]) => sp)),
+    natRulesTotal: natTotal,
+    activeNatChains: r.active,
+    staleDeletion: req.installedNatChains !== undefined && req.deleteStale !== false,
+    writtenServices: r.written.count,
+    largeClusterMode: r.ctx.largeClusterMode,
+    applied: appliedBlocks(r, natTotal),
+    ...written,
+  };
+}
+
 /** The blocks a plan leaves applied, for the next partial sync. */
-export function appliedBlocks(r: Ruleset, natTotal: number): AppliedChange {
+function appliedBlocks(r: Ruleset, natTotal: number): AppliedChange {
   const blocks = new Map<string, ServiceBlock>();
   let endpoints = 0;
   for (const [sp, b] of r.blocks) {

@@ -26,7 +26,7 @@ import { canonicalRule, chainDigest, type InstalledChain, type InstalledChains }
 import { chunkedDispatchEdits, keptRules, serviceChainKey, STATIC_GROUP, type DispatchChain } from './dispatch-chunks.ts';
 import { BlockCache } from './blocks.ts';
 import { fullRuleset } from './full.ts';
-import { appliedBlocks, DISPATCH_CHAINS, natRulesTotal, routeLocalnet, staleChains, unchangedLeftOut, type Plan, type Ruleset } from './plan.ts';
+import { DISPATCH_CHAINS, rulesetPlan, staleChains, unchangedLeftOut, type Plan, type Ruleset } from './plan.ts';
 import { chainLine, type ChainUnit } from './units.ts';
 
 export interface RestartPlanRequest {
@@ -298,22 +298,14 @@ export function planRestart(req: RestartPlanRequest): Plan {
   const dispatchLines = req.dispatchChunkLines ?? dispatchBudget(req.chunkLines, dispatchRules);
   if (dispatchLines) chunkedDispatchRestores(w, o, dispatch, dispatchLines);
   else oneDispatchRestore(w, o, dispatch);
-  const natTotal = natRulesTotal(r);
-  return {
-    sysctls: routeLocalnet(opts, r.blocks.map(([sp]) => sp)),
+  return rulesetPlan(r, req, {
     payload: '',
     natRulesWritten: w.natRules,
-    natRulesTotal: natTotal,
     filterRules: w.filterRules,
-    activeNatChains: r.active,
     deletedChains: deleted,
-    staleDeletion: req.installedNatChains !== undefined && req.deleteStale !== false,
-    writtenServices: r.written.count,
-    largeClusterMode: r.ctx.largeClusterMode,
     chainDigests,
     skippedChains: 0,
     chunks: w.chunks,
     adoptedChains: w.adopted,
-    applied: appliedBlocks(r, natTotal),
-  };
+  });
 }
