@@ -20,7 +20,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
-import { killGroup, legacyShim, readMemory, type MemorySample, type RunVariant } from './kproxy-run.ts';
+import { followLog, killGroup, legacyShim, readMemory, type MemorySample, type RunVariant } from './kproxy-run.ts';
 import { Namespaces } from './netns.ts';
 import { pollUntil, sleep } from './stats.ts';
 import { NODE, serviceObject, sliceObject } from './workload.ts';
@@ -51,7 +51,6 @@ export interface K8sRunResult {
   error?: string;
 }
 
-interface LogLine { msg?: string; full?: boolean; durationMs?: number; level?: number }
 
 /** The test API server in `ns`, with a line-per-command client (apiserver-main.ts's protocol). */
 async function startApiServer(ns: string, kubeconfig: string, started: ChildProcess[]): Promise<(op: Record<string, unknown>) => Promise<unknown>> {
@@ -118,26 +117,11 @@ export async function k8sRun(nss: Namespaces, o: K8sRunOptions): Promise<K8sRunR
       '--hostname-override', NODE.nodeName, '--cluster-cidr', '10.0.0.0/8',
       '--healthz-bind-address', '127.0.0.1:10256', '--metrics-bind-address', '127.0.0.1:10249'], { stdio: ['ignore', 'pipe', 'pipe'], detached: true, env });
     started.push(proc);
-    const events: { at: number; line: LogLine }[] = [];
-    let tail = '';
-    let errTail = '';
-    proc.stdout!.on('data', (d: Buffer) => {
-      const lines = (tail + d.toString()).split('\n');
-      tail = lines.pop() ?? '';
-      const at = performance.now();
-      for (const l of lines) {
-        try {
-          events.push({ at, line: JSON.parse(l) as LogLine });
-        } catch {
-          /* not a log line */
-        }
-      }
-    });
-    proc.stderr!.on('data', (d: Buffer) => void (errTail = (errTail + d.toString()).slice(-2000)));
+    const { events, errTail } = followLog(proc);
     const dead = () => proc.exitCode !== null || proc.signalCode !== null;
     const syncs = () => events.filter((e) => e.line.msg === 'synced');
     const first = await pollUntil(async () => (dead() ? null : syncs().find((e) => e.line.full)), o.timeoutMs, 20);
-    if (!first) throw new Error(`KPROXY_BENCH_K8S: no first sync within ${o.timeoutMs / 1000} s${dead() ? ' (kproxy exited)' : ''}: ${errTail.slice(-300)}`);
+    if (!first) throw new Error(`KPROXY_BENCH_K8S: no first sync within ${o.timeoutMs / 1000} s${dead() ? ' (kproxy exited)' : ''}: ${errTail().slice(-300)}`);
     res.coldStartMs = first.at - t0;
     res.firstSyncMs = first.line.durationMs;
     const loaded = events.find((e) => e.line.msg === 'sources synced; starting the sync loop');

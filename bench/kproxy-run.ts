@@ -264,7 +264,34 @@ export function readMemory(pid: number): MemorySample | undefined {
   }
 }
 
-interface LogLine { msg?: string; full?: boolean; durationMs?: number; changed?: number; level?: number }
+export interface LogLine { msg?: string; full?: boolean; durationMs?: number; changed?: number; level?: number }
+
+/** kproxy's JSON log lines as they arrive on its stdout, each with its arrival time, and the tail of its stderr. */
+export interface FollowedLog {
+  events: { at: number; line: LogLine }[];
+  errTail: () => string;
+}
+
+/** Follows a kproxy process's stdout (pino JSON, one object a line) and keeps the last 2,000 characters of its stderr. */
+export function followLog(proc: ChildProcess): FollowedLog {
+  const events: FollowedLog['events'] = [];
+  let tail = '';
+  let errTail = '';
+  proc.stdout!.on('data', (d: Buffer) => {
+    const lines = (tail + d.toString()).split('\n');
+    tail = lines.pop() ?? '';
+    const at = performance.now();
+    for (const l of lines) {
+      try {
+        events.push({ at, line: JSON.parse(l) as LogLine });
+      } catch {
+        /* not a log line */
+      }
+    }
+  });
+  proc.stderr!.on('data', (d: Buffer) => void (errTail = (errTail + d.toString()).slice(-2000)));
+  return { events, errTail: () => errTail };
+}
 
 /** The syncs kproxy logged in a window: how many, how many changed services each took, how long each ran. */
 export interface SyncSummary {
@@ -332,23 +359,7 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
       '--healthz-bind-address', '127.0.0.1:10256', '--metrics-bind-address', '127.0.0.1:10249'];
     const t0 = performance.now();
     proc = track(spawn('ip', args, { stdio: ['ignore', 'pipe', 'pipe'], detached: true, env }));
-    const events: { at: number; line: LogLine }[] = [];
-    let tail = '';
-    let errTail = '';
-    proc.stdout!.on('data', (d: Buffer) => {
-      const text = tail + d.toString();
-      const lines = text.split('\n');
-      tail = lines.pop() ?? '';
-      const at = performance.now();
-      for (const l of lines) {
-        try {
-          events.push({ at, line: JSON.parse(l) as LogLine });
-        } catch {
-          /* not a log line */
-        }
-      }
-    });
-    proc.stderr!.on('data', (d: Buffer) => void (errTail = (errTail + d.toString()).slice(-2000)));
+    const { events, errTail } = followLog(proc);
     const exited = new Promise<void>((r) => proc!.once('exit', () => r()));
     let dead = false;
     void exited.then(() => (dead = true));
@@ -356,7 +367,7 @@ export async function runPhase(nss: Namespaces, o: RunPhaseOptions): Promise<Run
     const first = await pollUntil(async () => (dead ? null : events.find((e) => e.line.msg === 'synced' && e.line.full)), o.startTimeoutMs, 20);
     if (!first) {
       const failed = events.find((e) => (e.line.level ?? 0) >= 50);
-      throw new Error(`KPROXY_BENCH_RUN: no first sync within ${o.startTimeoutMs / 1000} s${dead ? ' (kproxy exited)' : ''}: ${failed ? JSON.stringify(failed.line).slice(0, 300) : errTail.slice(-300)}`);
+      throw new Error(`KPROXY_BENCH_RUN: no first sync within ${o.startTimeoutMs / 1000} s${dead ? ' (kproxy exited)' : ''}: ${failed ? JSON.stringify(failed.line).slice(0, 300) : errTail().slice(-300)}`);
     }
     res.coldStartMs = first.at - t0;
     res.firstSyncMs = first.line.durationMs;
