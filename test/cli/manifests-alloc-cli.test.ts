@@ -142,7 +142,7 @@ test('kproxy run allocates loopback cluster IPs, serves them, and keeps them acr
   let log2 = '';
   const second = start(process.execPath, args, (s) => (log2 += s));
   await waitFor('kproxy healthy again', () => exec('curl', ['-sf', `127.0.0.1:${healthz}/healthz`], true).includes('"nodeEligible":true'), 30_000, 200).catch((e) => assert.fail(`${e.message}\n${log2}`));
-  assert.match(log2, /"msg":"manifests state file read"/, 'the state file is reused');
+  await waitFor('the state file reused', () => log2.includes('"msg":"manifests state file read"'), 15_000, 100).catch((e) => assert.fail(`${e.message}\n${log2}`));
   const a2 = await waitFor('the allocations', () => (webIP(allocations()) ? allocations() : undefined), 10_000);
   assert.equal(webIP(a2), ip, 'web keeps its address');
   assert.equal(a2.allocated.find((x) => x.service === 't/other')?.clusterIPs?.[0], otherIP, 'and other keeps its own');
@@ -155,7 +155,8 @@ test('kproxy run allocates loopback cluster IPs, serves them, and keeps them acr
   assert.match(status, new RegExp(`^  t/web: clusterIPs ${ip.replace(/\./g, '\\.')}$`, 'm'));
   assert.match(status, /^  REFUSED t\/aaa: spec\.clusterIPs: failed to allocate IP .*: provided IP is already allocated/m);
   assert.match(get('/metrics'), /^kproxy_invalid_objects_total\{kind="Service",source="manifests"\} 1$/m);
-  assert.match(log2, /KPROXY_SERVICE_ALLOCATION: Service t\/aaa refused: spec\.clusterIPs/);
+  // the line reaches this process through a pipe, whenever its event loop reads it
+  await waitFor('the refusal logged', () => /KPROXY_SERVICE_ALLOCATION: Service t\/aaa refused: spec\.clusterIPs/.test(log2), 15_000, 100).catch((e) => assert.fail(`${e.message}\n${log2}`));
   await stop(second);
   assert.equal(JSON.parse(readFileSync(state, 'utf8')).services['t/web'].clusterIPs[0], ip);
 });
