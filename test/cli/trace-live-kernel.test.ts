@@ -6,9 +6,9 @@
 // packets of each family traced both ways: `kproxy trace --live` through the CLI in the
 // namespace, the planned trace as `kproxy trace --manifests` computes it (its state read
 // once per mode and family, in this process): the same output (endpoints or REJECT) and
-// masquerade. The live nftables trace reads only the objects its walk reaches
-// (src/modes/nftables/index.ts traceLive), so a table it did not read shows here as a wrong
-// verdict. The namespace and the manifests are removed in `after`.
+// masquerade. The live traces read only what their walk reaches (nftables: the objects,
+// src/modes/nftables/index.ts traceLive; iptables on nf_tables: the chains,
+// src/modes/iptables/trace-live.ts), so a table or chain not read shows here as a wrong verdict. The namespace and the manifests are removed in `after`.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -19,7 +19,7 @@ import { Netns, repoRoot, uniqueName } from '../support/netns.ts';
 import { allocationConfig, effectiveConfig, resolveNodeName, type CommonOptions } from '../../src/cli/options.ts';
 import { plansFromManifests } from '../../src/cli/state.ts';
 import { canonicalIP } from '../../src/core/ip.ts';
-import { hostRunner } from '../../src/kernel/runner.ts';
+import { hostRunner, type CommandRunner } from '../../src/kernel/runner.ts';
 import { modes } from '../../src/modes/registry.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import type { ModeName } from '../../src/config/config.ts';
@@ -155,4 +155,19 @@ test('iptables at 1,100 Services: trace --live answers as the planned trace, IPv
       assert.deepEqual(traceLive('iptables', f, to), p, `live ${to}`);
     }
   }
+  // on the nf_tables backend the live trace reads the chains its walk reaches, never the whole ruleset
+  const calls: string[] = [];
+  const inNs: CommandRunner = {
+    run: (cmd, args, opts) => {
+      calls.push([cmd, ...args].join(' '));
+      return hostRunner.run('ip', ['netns', 'exec', ns.name, cmd, ...args], opts);
+    },
+  };
+  const last = N - 1;
+  const r = await modes.iptables.trace!({ from: CLIENT[4], to: clusterIP(last)[4], port: 80, protocol: 'TCP', live: true }, { runner: inNs });
+  assert.deepEqual({ output: r.output, masq: r.masq }, { output: `${endpoint(last)[4]}:8080`, masq: true });
+  const listed = calls.filter((c) => / -S /.test(c));
+  assert.ok(!calls.some((c) => /^iptables-save/.test(c)), `no iptables-save: ${calls.join('; ')}`);
+  assert.ok(listed.some((c) => c.endsWith('-t nat -S KUBE-SERVICES')) && listed.some((c) => /-t nat -S KUBE-SEP-/.test(c)), listed.join('; '));
+  assert.ok(listed.length < 20, `${listed.length} chains read of ${2 * N + 10}: ${listed.join('; ')}`);
 });

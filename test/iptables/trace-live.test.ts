@@ -8,6 +8,8 @@ import { readFileSync } from 'node:fs';
 import { hostRunner, runChecked } from '../../src/kernel/runner.ts';
 import { getChain, parseIptablesSave, ruleCount } from '../../src/kernel/iptables/parse.ts';
 import { traceIptables, type TracePacket } from '../../src/modes/iptables/trace.ts';
+import { traceLiveChains, type ChainReader } from '../../src/modes/iptables/trace-live.ts';
+import { indexSaveChains } from '../../src/kernel/iptables/save.ts';
 
 const NS = `kpt-trc-${process.pid}`;
 const NODE_IPS = ['192.168.0.2', '192.168.1.2', '192.168.99.11', '2001:db8::1', '2001:db8:1::2'];
@@ -137,6 +139,67 @@ describe('tracer on live iptables-save output', () => {
       assert.equal(want.output, f.output);
       assert.equal(want.masq, f.masq);
       assert.deepEqual([got.output, got.masq, got.rules.length], [want.output, want.masq, want.rules.length], got.rules.join('\n'));
+    });
+  }
+});
+
+// `kproxy trace --live` reads only the chains its walk reaches (src/modes/iptables/trace-live.ts):
+// on the nf_tables backend each with `iptables -S CHAIN`, on legacy out of one iptables-save
+// (indexSaveChains). Each flow must be answered as the walk over the whole loaded text answers it.
+describe('the live trace over the chains its walk reaches', () => {
+  const loaded = loadableGolden();
+  const NS2 = `kpt-trc2-${process.pid}`;
+  const inNs = (cmd: string, args: string[]) => hostRunner.run('ip', ['netns', 'exec', NS2, cmd, ...args], TIMEOUT);
+  let legacySave = '';
+  const listed: string[] = [];
+  const perChain: ChainReader = async (table, chain) => {
+    listed.push(`${table}/${chain}`);
+    const r = await inNs('iptables', ['-t', table, '-S', chain]);
+    return r.code === 0 ? r.stdout : null;
+  };
+
+  before(async () => {
+    await runChecked(hostRunner, 'ip', ['netns', 'add', NS2], TIMEOUT);
+    try {
+      await runChecked(hostRunner, 'ip', ['netns', 'exec', NS2, 'iptables-restore'], { ...TIMEOUT, input: loaded });
+      await runChecked(hostRunner, 'ip', ['netns', 'exec', NS2, 'iptables-legacy-restore'], { ...TIMEOUT, input: loaded });
+      legacySave = (await runChecked(hostRunner, 'ip', ['netns', 'exec', NS2, 'iptables-legacy-save'], TIMEOUT)).stdout;
+    } catch (e) {
+      await hostRunner.run('ip', ['netns', 'del', NS2], TIMEOUT);
+      throw e;
+    }
+  });
+
+  after(async () => {
+    await hostRunner.run('ip', ['netns', 'del', NS2], TIMEOUT);
+  });
+
+  test('indexSaveChains gives a chain\'s declaration and its rules, split runs joined, or null', () => {
+    const read = indexSaveChains('*nat\n:PREROUTING ACCEPT [0:0]\n:A - [0:0]\n:B - [0:0]\n:EMPTY - [0:0]\n-A A -j B\n-A AB -j RETURN\n-A B -j RETURN\n-A A -j DNAT --to-destination 10.0.0.1:80\nCOMMIT\n*filter\n:A - [0:0]\n-A A -j ACCEPT\nCOMMIT\n');
+    assert.equal(read('nat', 'A'), ':A - [0:0]\n-A A -j B\n-A A -j DNAT --to-destination 10.0.0.1:80\n');
+    assert.equal(read('nat', 'AB'), '-A AB -j RETURN\n');
+    assert.equal(read('nat', 'B'), ':B - [0:0]\n-A B -j RETURN\n');
+    assert.equal(read('nat', 'EMPTY'), ':EMPTY - [0:0]\n');
+    assert.equal(read('nat', 'PREROUTING'), ':PREROUTING ACCEPT [0:0]\n');
+    assert.equal(read('filter', 'A'), ':A - [0:0]\n-A A -j ACCEPT\n');
+    assert.equal(read('nat', 'NONE'), null);
+    assert.equal(read('mangle', 'A'), null);
+  });
+
+  for (const f of FLOWS) {
+    test(`per chain (nf_tables) and out of a legacy save: ${f.name}`, async () => {
+      const pkt = { sourceIP: f.src, destIP: f.dst, destPort: f.port, protocol: f.proto ?? ('' as const) };
+      const want = traceIptables(loaded, pkt, { localIPs: NODE_IPS });
+      listed.length = 0;
+      for (const [how, read] of [['iptables -S', perChain], ['legacy save', indexSaveChains(legacySave)]] as const) {
+        const got = await traceLiveChains(read, pkt, { localIPs: NODE_IPS });
+        const why = `${how}: matched:\n  ${got.rules.join('\n  ')}\nnotes: ${got.notes.join('; ')}`;
+        assert.deepEqual([got.output, got.masq, got.verdict, got.rules.length], [want.output, want.masq, want.verdict, want.rules.length], why);
+        assert.deepEqual(got.notes, [], why);
+      }
+      // the walk read only what it reached: never every chain of the ruleset
+      const chains = (loaded.match(/^:/gm) ?? []).length;
+      assert.ok(listed.length < chains, `${listed.length} of ${chains} chains read: ${listed.join(' ')}`);
     });
   }
 });

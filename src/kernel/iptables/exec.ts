@@ -139,6 +139,16 @@ export class IptablesExecutor {
   }
 
   /**
+   * One chain as `iptables -t TABLE -S CHAIN` prints it (`-P`/`-N` then `-A` lines), or null
+   * when it cannot be read (no such chain or table). On the nf_tables backend this asks the
+   * kernel for that chain alone; legacy iptables reads the whole table for it.
+   */
+  async listChain(table: Table, chain: string): Promise<string | null> {
+    const r = await this.run(['-t', table, '-S', chain]);
+    return r.code === 0 ? r.stdout : null;
+  }
+
+  /**
    * Which kernel backend this family's iptables binaries use, from `iptables --version`
    * ("iptables v1.8.9 (nf_tables)" or "(legacy)"); 'unknown' when it does not say.
    */

@@ -120,3 +120,55 @@ export function appendedArgs(t: SavedTable | undefined): Map<string, string[][]>
 export function appendedLines(t: SavedTable | undefined): string[] {
   return t ? t.rules.filter((r) => r.op === '-A').map((r) => r.line) : [];
 }
+
+/**
+ * The lines of each chain of an iptables-save text, found in one scan that reads no rule:
+ * per table and chain, its declaration and the spans of its `-A` lines (iptables-save writes
+ * a chain's rules together: one span). What `iptables -S CHAIN` gives, for a caller that needs
+ * a few chains of a large dump: the live trace on legacy iptables, where every read of the
+ * kernel costs a whole table. Lines other than `*TABLE`, `:CHAIN ...` and `-A CHAIN ...`
+ * (comments, counters, other commands) are not indexed: the caller parses what it reads.
+ */
+export function indexSaveChains(text: string): (table: string, chain: string) => string | null {
+  const tables = new Map<string, Map<string, { decl: string | null; spans: number[] }>>();
+  let chains: Map<string, { decl: string | null; spans: number[] }> | undefined;
+  let last: { decl: string | null; spans: number[] } | undefined;
+  let lastName = '';
+  const entry = (name: string) => {
+    let e = chains!.get(name);
+    if (!e) chains!.set(name, (e = { decl: null, spans: [] }));
+    return e;
+  };
+  for (let pos = 0; pos < text.length; ) {
+    let end = text.indexOf('\n', pos);
+    if (end < 0) end = text.length;
+    const c = text.charCodeAt(pos);
+    if (c === 0x2a /* * */) {
+      const name = text.slice(pos + 1, end).trim();
+      chains = tables.get(name) ?? new Map();
+      tables.set(name, chains);
+      last = undefined;
+    } else if (chains && c === 0x3a /* : */) {
+      const line = text.slice(pos, end).trim();
+      entry(line.slice(1).split(/\s+/)[0]).decl = line;
+    } else if (chains && text.startsWith('-A ', pos)) {
+      // the same chain as the line before (the common case): compared in place
+      if (last && text.startsWith(lastName, pos + 3) && text.charCodeAt(pos + 3 + lastName.length) === 0x20 && last.spans[last.spans.length - 1] === pos) {
+        last.spans[last.spans.length - 1] = end + 1;
+      } else {
+        const nameEnd = text.indexOf(' ', pos + 3);
+        lastName = text.slice(pos + 3, nameEnd < 0 || nameEnd > end ? end : nameEnd);
+        last = entry(lastName);
+        last.spans.push(pos, end + 1);
+      }
+    }
+    pos = end + 1;
+  }
+  return (table, chain) => {
+    const e = tables.get(table)?.get(chain);
+    if (!e) return null;
+    let out = e.decl === null ? '' : e.decl + '\n';
+    for (let i = 0; i < e.spans.length; i += 2) out += text.slice(e.spans[i], e.spans[i + 1]);
+    return out.endsWith('\n') || out === '' ? out : out + '\n';
+  };
+}

@@ -16,7 +16,9 @@ import { iptablesConformance } from './conformance.ts';
 import { optionsFromConfig, type RuntimeFacts } from './options.ts';
 import { planFull } from './full.ts';
 import { IptablesProxier } from './proxier.ts';
-import { loadTracer } from './tracer-link.ts';
+import { checkedFlow, loadTracer } from './tracer-link.ts';
+import { traceLiveChains, type ChainReader } from './trace-live.ts';
+import { indexSaveChains } from '../../kernel/iptables/save.ts';
 import { skippedVIPNotes } from '../../core/vip.ts';
 import { kproxyError } from '../../errors.ts';
 
@@ -81,20 +83,26 @@ async function localAddresses(runner: CommandRunner): Promise<string[]> {
   return [...new Set(['127.0.0.1', '::1', ...((await new Links(runner).hostAddresses()) ?? [])])];
 }
 
+/**
+ * The live trace over the chains its walk reaches (trace-live.ts): on the nf_tables backend
+ * read one by one, else (or when the nat table cannot be listed so) out of one iptables-save.
+ */
+async function traceLive(req: TraceRequest, runner: CommandRunner): Promise<TraceResult> {
+  const exec = new IptablesExecutor(runner, ipFamily(req.to) === 6 ? 6 : 4);
+  const [backend, localIPs] = await Promise.all([exec.backend(), localAddresses(runner)]);
+  const perChain = backend === 'nf_tables' && (await exec.listChain('nat', 'PREROUTING')) !== null;
+  const read: ChainReader = perChain ? (table, chain) => exec.listChain(table, chain) : indexSaveChains(await exec.saveAll());
+  const flow = checkedFlow({ sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port });
+  const r = await traceLiveChains(read, flow, { localIPs });
+  return { output: r.output, masq: r.masq, rules: r.rules, notes: [...r.notes, ...skippedVIPNotes(req)] };
+}
+
 async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promise<TraceResult> {
+  if (req.live) return traceLive(req, deps.runner);
+  if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'give --manifests (or --live) to trace');
   const traceIptables = await loadTracer();
-  let text: string;
-  let localIPs: string[];
-  if (req.live) {
-    const family = ipFamily(req.to) === 6 ? 6 : 4;
-    text = await new IptablesExecutor(deps.runner, family).saveAll();
-    localIPs = await localAddresses(deps.runner);
-  } else {
-    if (!req.input) throw kproxyError('KPROXY_TRACE_NO_INPUT', 'give --manifests (or --live) to trace');
-    text = render(req.input);
-    localIPs = ['127.0.0.1', '::1', ...req.input.node.nodeIPs];
-  }
-  const r = traceIptables(text, { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port }, { localIPs });
+  const localIPs = ['127.0.0.1', '::1', ...req.input.node.nodeIPs];
+  const r = traceIptables(render(req.input), { sourceIP: req.from, protocol: req.protocol, destIP: req.to, destPort: req.port }, { localIPs });
   return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)] };
 }
 

@@ -33,6 +33,12 @@ export interface TracePacket {
 export interface TraceOptions {
   /** addresses that are addrtype LOCAL (node IPs); 127.0.0.1 and ::1 always are */
   localIPs: string[];
+  /**
+   * Told of each jump or goto whose target is neither a chain of the ruleset nor a target the
+   * walk knows: a chain not read yet, or an extension target (LOG, CT, ...). A caller that
+   * read only part of the rules (trace-live.ts) reads those and walks again.
+   */
+  onUnknownTarget?: (table: string, name: string) => void;
 }
 
 export interface IptablesTraceResult {
@@ -56,12 +62,12 @@ export class IptablesTraceError extends KproxyError {
 
 /** Chains of the filter table that upstream's tracer checks for verdicts, in order. */
 export const FILTER_CHAINS = ['KUBE-SERVICES', 'KUBE-EXTERNAL-SERVICES', 'KUBE-NODEPORTS', 'KUBE-PROXY-FIREWALL'];
-const MARK_MASQ_CHAIN = 'KUBE-MARK-MASQ';
+export const MARK_MASQ_CHAIN = 'KUBE-MARK-MASQ';
 /** older kube-proxy versions' drop-by-mark chain */
 const MARK_DROP_CHAIN = 'KUBE-MARK-DROP';
 const DEFAULT_MASQ_MARK = 0x4000;
 /** Deeper than any sane ruleset (the kernel allows no loops at all). */
-const MAX_DEPTH = 64;
+export const MAX_DEPTH = 64;
 const VERDICTS = new Set(['ACCEPT', 'DROP', 'REJECT']);
 /** Targets that end a chain's walk without an output of their own. */
 const SILENT_TERMINALS = new Set(['MASQUERADE', 'SNAT', 'QUEUE', 'NFQUEUE']);
@@ -79,6 +85,7 @@ interface Pkt {
 
 interface Walk {
   rs: Ruleset;
+  onUnknownTarget?: (table: string, name: string) => void;
   local: Set<string>;
   masqMark: number;
   matched: string[];
@@ -95,6 +102,7 @@ export function traceIptables(text: string | Ruleset, pkt: TracePacket, opts: Tr
   const p = packetOf(pkt);
   const w: Walk = {
     rs,
+    onUnknownTarget: opts.onUnknownTarget,
     local: localSet(opts.localIPs),
     masqMark: masqueradeMarkOf(rs),
     matched: [],
@@ -280,6 +288,7 @@ function applyTarget(w: Walk, table: string, rule: Rule, p: Pkt, depth: number):
       return 'continue';
   }
   if (SILENT_TERMINALS.has(name)) return ends('terminal');
+  w.onUnknownTarget?.(table, name);
   if (!/^[A-Z][A-Z0-9_]*$/.test(name) || name.startsWith('KUBE-')) {
     w.notes.add(`rule at line ${rule.line} jumps to ${table}/${name}, which does not exist; treated as no-op`);
   }

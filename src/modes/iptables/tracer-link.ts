@@ -1,6 +1,6 @@
 // The iptables tracer (parse.ts / trace.ts) is written separately; the planner side uses it
 // only through this narrow signature, so either can change its internals freely.
-import { traceIptables } from './trace.ts';
+import { traceIptables, type TracePacket } from './trace.ts';
 import { kproxyError } from '../../errors.ts';
 
 export interface TraceFlow {
@@ -20,10 +20,13 @@ export type TraceFn = (text: string, flow: TraceFlow, opts: { localIPs: string[]
 
 const PROTOCOLS = new Set(['TCP', 'UDP', 'SCTP', '']);
 
+/** The flow with its protocol checked and upper-cased, as the tracer takes it. */
+export function checkedFlow(flow: TraceFlow): TracePacket {
+  const protocol = flow.protocol.toUpperCase();
+  if (!PROTOCOLS.has(protocol)) throw kproxyError('KPROXY_TRACE_BAD_PROTOCOL', `${flow.protocol} (want tcp, udp or sctp)`);
+  return { ...flow, protocol: protocol as TracePacket['protocol'] };
+}
+
 export async function loadTracer(): Promise<TraceFn> {
-  return (text, flow, opts) => {
-    const protocol = flow.protocol.toUpperCase();
-    if (!PROTOCOLS.has(protocol)) throw kproxyError('KPROXY_TRACE_BAD_PROTOCOL', `${flow.protocol} (want tcp, udp or sctp)`);
-    return traceIptables(text, { ...flow, protocol: protocol as 'TCP' | 'UDP' | 'SCTP' | '' }, opts);
-  };
+  return (text, flow, opts) => traceIptables(text, checkedFlow(flow), opts);
 }
