@@ -182,6 +182,8 @@ export class ProxyController {
   /** every address of this host (kube-ipvs0 left out), probed once at start; null: not probed */
   private hostIPs: string[] | null = null;
   private synced = false;
+  /** stop() was called: a first sync waiting on the host work does not start */
+  private stopping = false;
   readonly history: SyncRecord[] = [];
   readonly startedAt = Date.now();
   /** what /healthz and /livez answer from (upstream's ProxyHealthServer) */
@@ -391,12 +393,23 @@ export class ProxyController {
     if (r.code !== 0 && /cannot stat|No such file/i.test(r.stderr)) throw new Error('the kernel has no IPv6 (no net.ipv6 sysctls)');
   }
 
-  async start(): Promise<void> {
-    const { log } = this.opts;
+  /**
+   * The host work before the first sync: other modes' leftovers removed, the host's
+   * addresses probed, the proxiers made (their tools probed).
+   */
+  private async prepareHost(): Promise<void> {
     if (!this.opts.skipCleanup) await this.cleanupOtherModes();
     await this.probeHostIPs();
     await this.createProxiers();
-    log.info({ families: this.families.map((f) => `IPv${f.family}`) }, 'IP families served');
+    this.opts.log.info({ families: this.families.map((f) => `IPv${f.family}`) }, 'IP families served');
+  }
+
+  async start(): Promise<void> {
+    const { log } = this.opts;
+    // The host work runs while the sources load: it waits on commands, the load on this
+    // process's CPU. Events meanwhile go to every family's tracker; the first sync waits for both.
+    const prepared = this.prepareHost();
+    prepared.catch(() => {}); // awaited below, after the sources started
     await this.opts.source.start({
       onService: (o, n) => {
         for (const l of this.changeListeners) l('service');
@@ -436,9 +449,18 @@ export class ProxyController {
         }
         this.health.queuedUpdate(); // the first sync is pending from now: /livez measures it from here
         for (const l of this.queuedListeners) l(); // as upstream's SyncLoop: "synthesize last change queued"
-        this.loop.start();
+        prepared.then(
+          () => this.stopping || this.loop.start(),
+          () => {}, // start() rejects with it
+        );
       },
     });
+    try {
+      await prepared;
+    } catch (e) {
+      await this.opts.source.stop().catch(() => {});
+      throw e;
+    }
   }
 
   /**
@@ -456,6 +478,7 @@ export class ProxyController {
   }
 
   async stop(): Promise<void> {
+    this.stopping = true;
     await this.opts.source.stop();
     await this.loop.stop();
     for (const f of this.families) await f.proxier?.stop();
