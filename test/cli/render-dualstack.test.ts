@@ -9,7 +9,9 @@ import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { repoRoot } from '../support/netns.ts';
-import { plansFromManifests } from '../../src/cli/state.ts';
+import { mayHaveIPv6ClusterIP, plansFromManifests } from '../../src/cli/state.ts';
+import { allocatorConfig } from '../../src/sources/service-alloc.ts';
+import type { K8sService } from '../../src/core/api.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 
 const DUAL = `apiVersion: v1
@@ -66,6 +68,48 @@ test('plansFromManifests: one PlanInput per family the state uses, IPv4 first, e
   assert.deepEqual(plans.map((p) => [...p.state.services.values()].map((s) => s.clusterIP)), [['172.30.0.10'], ['fd00:172:30::10']]);
   const one = await plansFromManifests(single, resolveConfig({ mode: 'iptables' }), 'node-a', '192.168.0.2', () => {});
   assert.deepEqual(one.map((p) => p.node.family), [4]);
+});
+
+test('plansFromManifests: the IPv6 state holds the Services with an IPv6 cluster IP, given or allocated, with their IPv6 endpoints, and no IPv4-only Service', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kp-rds6-'));
+  try {
+    const v6only = `apiVersion: v1
+kind: Service
+metadata: {name: six, namespace: t}
+spec: {ipFamilies: [IPv6], ipFamilyPolicy: SingleStack, ports: [{name: http, port: 81, protocol: TCP}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: six-a, namespace: t, labels: {kubernetes.io/service-name: six}}
+addressType: IPv6
+ports: [{name: http, port: 8081, protocol: TCP}]
+endpoints: [{addresses: ["fd00:10:180::7"]}]
+`;
+    writeFileSync(join(dir, 'a.yaml'), `${DUAL}---\n${V4_ONLY.replace('name: web', 'name: four').replace('172.30.0.10', '172.30.0.11')}---\n${v6only}`);
+    const alloc = { config: allocatorConfig('172.30.0.0/24,fd00:172:30::/112'), statePath: null };
+    const plans = await plansFromManifests(dir, resolveConfig({ mode: 'iptables' }), 'node-a', '192.168.0.2,fd00::2', () => {}, undefined, alloc);
+    assert.deepEqual(plans.map((p) => p.node.family), [4, 6]);
+    const [v4, v6] = plans;
+    assert.deepEqual([...v4.state.services.values()].map((s) => s.serviceKey).sort(), ['t/four', 't/web']);
+    const six = [...v6.state.services.values()].sort((a, b) => a.serviceKey.localeCompare(b.serviceKey));
+    assert.deepEqual(six.map((s) => s.serviceKey), ['t/six', 't/web']);
+    assert.match(six[0].clusterIP ?? '', /^fd00:172:30::/, 'the allocated IPv6 cluster IP');
+    assert.deepEqual([...v6.state.endpoints.values()].flat().map((e) => e.key).sort(), ['[fd00:10:180::1]:8080', '[fd00:10:180::7]:8081']);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('mayHaveIPv6ClusterIP: false only when every cluster IP is a string without a colon', () => {
+  const svc = (spec: unknown) => ({ metadata: { name: 'a' }, spec }) as K8sService;
+  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIP: '10.0.0.1', clusterIPs: ['10.0.0.1'] })), false);
+  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIP: 'None' })), false);
+  assert.equal(mayHaveIPv6ClusterIP(svc(undefined)), false);
+  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIP: '10.0.0.1', clusterIPs: ['10.0.0.1', 'fd00::1'] })), true);
+  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIP: '::ffff:10.0.0.1' })), true);
+  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIP: 5 })), true, 'not a string: the tracker decides');
+  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIPs: 'fd00::1' })), true);
+  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIPs: [null, {}] })), true);
 });
 
 for (const mode of ['iptables', 'nftables', 'ipvs', 'userspace']) {
