@@ -11,7 +11,12 @@
 //            mode's rules (kproxy's first sync: the same one the cold start times, at a size
 //            in both lists) and then with the iptables mode's rules (the rendered payload,
 //            loaded raw with a flushing iptables-restore as bench/connect.ts does on the
-//            host), in the same VM.
+//            host), in the same VM;
+//   trace    per size: `kproxy trace --mode ipvs --live` to the last Service's ClusterIP (process
+//            start → answer, `node bin/kproxy.js` in the node namespace, answer checked) beside the
+//            raw reads of the same state (`ipvsadm -Sn`, `ipset save`, `ip -o addr show dev
+//            kube-ipvs0`, `iptables-save -t nat`) and reads of one Service's share, median of
+//            --trace-runs, after kproxy's first sync and changes.
 // Sizes run smallest first, each once: raw reference, kproxy's first sync, changes, ipvs
 // connects, then the iptables connects in a fresh namespace.
 // The node is the VM's root namespace (192.168.0.2 on a veth, default route to the pods'
@@ -20,6 +25,7 @@
 // result as JSON to --out. Every wait is bounded; the VM is thrown away afterwards.
 import { connect } from 'node:net';
 import { readFileSync, writeFileSync } from 'node:fs';
+import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { hostRunner, type CommandRunner, type RunOptions, type RunResult } from '../src/kernel/runner.ts';
 import type { Logger } from '../src/log.ts';
@@ -32,7 +38,7 @@ import { diffIpvs } from '../src/modes/ipvs/diff.ts';
 import { getMode } from '../src/modes/registry.ts';
 import { loadIptables } from './connect.ts';
 import { benchConfig, clusterIPOf, endpointIPOf, Workload } from './workload.ts';
-import { percentile } from './stats.ts';
+import { fmtMs, median, percentile } from './stats.ts';
 
 export interface IpvsColdSample {
   n: number;
@@ -67,11 +73,50 @@ export interface IpvsConnectSample {
   error?: string;
 }
 
+/** one timed command inside the node namespace: ms per run and what it printed */
+export interface IpvsReadTiming {
+  cmd: string;
+  ms: number[];
+  medianMs: number;
+  /** exit status and output lines of the last run */
+  code: number;
+  lines: number;
+  /** the start of the last run's output (stdout, then stderr): what a probe answered */
+  head?: string;
+}
+
+/**
+ * `kproxy trace --mode ipvs --live` (process start → answer, `node bin/kproxy.js` as users run
+ * it, inside the node namespace) to the last Service's ClusterIP, beside the raw reads of the
+ * same state in the same namespace, median of `runs` each.
+ */
+export interface IpvsTraceSample {
+  n: number;
+  from: string;
+  to: string;
+  runs: number;
+  traceMs: number[];
+  traceMedianMs: number;
+  /** the whole-state reads: ipvsadm -Sn, ipset save, ip -o addr show dev kube-ipvs0, iptables-save -t nat */
+  raw: IpvsReadTiming[];
+  /** the sum of the raw reads' medians */
+  rawTotalMs: number;
+  /** trace ÷ raw total */
+  ratio: number;
+  /** reads of one Service's share of the state (one virtual server, one address, one set entry), for comparison */
+  narrow: IpvsReadTiming[];
+  /** the trace's answer (the Service's endpoints) and masquerade */
+  output: string;
+  masq: boolean;
+  error?: string;
+}
+
 export interface IpvsVmResult {
   kernel: string;
   endpoints: number;
   cold: IpvsColdSample[];
   connect: IpvsConnectSample[];
+  trace?: IpvsTraceSample[];
   seconds: number;
   error?: string;
 }
@@ -208,7 +253,7 @@ function timesOf(n: number, k: number): number[] {
  * (connect sizes) the ipvs connect latency over the rules that first sync wrote (the proxier
  * stopped first: one first sync serves both, the 10,000-Service one costs minutes under emulation).
  */
-async function sizeAt(n: number, o: { endpoints: number; changes: number; cold: boolean; connect: boolean; connectCount: number; fullChangeMax: number }, runner: VmRunner): Promise<{ cold?: IpvsColdSample; ipvsConnect?: IpvsConnectSample }> {
+async function sizeAt(n: number, o: { endpoints: number; changes: number; cold: boolean; connect: boolean; connectCount: number; fullChangeMax: number; traceRuns: number }, runner: VmRunner): Promise<{ cold?: IpvsColdSample; ipvsConnect?: IpvsConnectSample; trace?: IpvsTraceSample }> {
   const { endpoints, changes } = o;
   const w = new Workload(n, endpoints, benchConfig('ipvs'));
   const input = w.input();
@@ -235,6 +280,7 @@ async function sizeAt(n: number, o: { endpoints: number; changes: number; cold: 
     say(`cold N=${n}: raw ${(out.raw.total / 1000).toFixed(2)} s (ipset ${(out.raw.ipset / 1000).toFixed(2)}, iptables ${(out.raw.iptables / 1000).toFixed(2)}, ipvsadm -R ${(out.raw.ipvsadm / 1000).toFixed(2)} for ${ipvsLines.length} lines, ip -batch ${(out.raw.addresses / 1000).toFixed(2)})`);
   }
   let ipvsConnect: IpvsConnectSample | undefined;
+  let trace: IpvsTraceSample | undefined;
   await withNamespace(`kproxy${n}`, runner.timeoutMs, async (r) => {
     // wired before the first sync: the node namespace the connect client runs in (the workload's
     // node IPs are fixed in its input, so the extra interface changes nothing kproxy writes)
@@ -274,6 +320,11 @@ async function sizeAt(n: number, o: { endpoints: number; changes: number; cold: 
     } finally {
       await px.stop();
     }
+    if (o.traceRuns > 0) {
+      // the changes only added endpoints to Services in the middle: the last Service is as the first sync wrote it
+      trace = await measureTrace(r, w, o.traceRuns);
+      say(`trace N=${n}: ${trace.error ? `FAILED ${trace.error}; ` : ''}${`kproxy trace --live ${fmtMs(trace.traceMedianMs)} (${trace.traceMs.map((x) => x.toFixed(0)).join(' / ')} ms) beside the raw reads ${fmtMs(trace.rawTotalMs)} (${trace.raw.map((x) => `${x.cmd} ${fmtMs(x.medianMs)}`).join(', ')}): ${trace.ratio.toFixed(2)}×; narrow reads: ${trace.narrow.map((x) => `${x.cmd} ${fmtMs(x.medianMs)} (exit ${x.code}, ${x.lines} lines)`).join(', ')}`}`);
+    }
     if (o.connect) {
       // the changes only added endpoints to Services in the middle: the first and the last Service are as the first sync wrote them
       const s: IpvsConnectSample = { n, mode: 'ipvs', loadMs: out.kproxyMs, targets: {} as IpvsConnectSample['targets'] };
@@ -287,7 +338,96 @@ async function sizeAt(n: number, o: { endpoints: number; changes: number; cold: 
       ipvsConnect = s;
     }
   });
-  return { cold: o.cold ? out : undefined, ipvsConnect };
+  return { cold: o.cold ? out : undefined, ipvsConnect, trace };
+}
+
+/** Runs one command `runs` times in the namespace, timing each (process start → exit). */
+async function timeRead(r: VmRunner, label: string, cmd: string, args: string[], runs: number, input?: string): Promise<IpvsReadTiming> {
+  const ms: number[] = [];
+  let last: RunResult = { code: -1, stdout: '', stderr: '' };
+  for (let k = 0; k < runs; k++) {
+    const t0 = performance.now();
+    last = await r.run(cmd, args, input === undefined ? {} : { input });
+    ms.push(performance.now() - t0);
+  }
+  const text = last.stdout + last.stderr;
+  return { cmd: label, ms, medianMs: median(ms), code: last.code, lines: text.split('\n').filter(Boolean).length, head: text.slice(0, 240) };
+}
+
+/**
+ * `kproxy trace --mode ipvs --live` from an outside client to the last Service's ClusterIP, as
+ * users run it (`node bin/kproxy.js`, its esbuild bundle when fresh), beside the raw reads of the
+ * whole state and reads of the one Service's share. The answer is checked: the Service's
+ * endpoints, masqueraded (the source is outside the cluster CIDR).
+ */
+async function measureTrace(r: VmRunner, w: Workload, runs: number): Promise<IpvsTraceSample> {
+  const n = w.services;
+  const last = n - 1;
+  const vip = clusterIPOf(last);
+  const from = '203.0.113.9';
+  // the workload's endpoint indexes: Service i owns [i × stride, i × stride + E), stride E + 16 (bench/workload.ts)
+  const stride = w.endpointsPerService + 16;
+  const want = Array.from({ length: w.endpointsPerService }, (_, k) => `${endpointIPOf(last * stride + k)}:8080`).sort().join(', ');
+  const s: IpvsTraceSample = { n, from, to: `${vip}:80`, runs, traceMs: [], traceMedianMs: NaN, raw: [], rawTotalMs: NaN, ratio: NaN, narrow: [], output: '', masq: false };
+  try {
+    const bin = resolve('bin/kproxy.js');
+    const args = [bin, 'trace', '--mode', 'ipvs', '--live', '--from', from, '--to', `${vip}:80`, '--json'];
+    const raws: Array<[string, string, string[]]> = [
+      ['ipvsadm -Sn', 'ipvsadm', ['-Sn']],
+      ['ipset save', 'ipset', ['save']],
+      ['ip -o addr show dev kube-ipvs0', 'ip', ['-o', 'addr', 'show', 'dev', 'kube-ipvs0']],
+      ['iptables-save -t nat', 'iptables-save', ['-t', 'nat']],
+    ];
+    const rawMs = raws.map(() => [] as number[]);
+    const rawLast: RunResult[] = [];
+    for (let k = 0; k < runs; k++) {
+      for (const [j, [, cmd, a]] of raws.entries()) {
+        const t0 = performance.now();
+        const res = await r.run(cmd, a);
+        rawMs[j].push(performance.now() - t0);
+        if (res.code !== 0) throw new Error(`${cmd} ${a.join(' ')} exited ${res.code}: ${res.stderr.trim().slice(0, 200)}`);
+        rawLast[j] = res;
+      }
+      // a failed trace (e.g. a read past its time limit) is recorded and the runs go on: the raw reads still count
+      const t0 = performance.now();
+      const t = await r.run(process.execPath, args);
+      s.traceMs.push(performance.now() - t0);
+      if (t.code !== 0) {
+        s.error ??= `kproxy trace exited ${t.code} after ${fmtMs(s.traceMs.at(-1))}: ${(t.stderr || t.stdout).trim().slice(0, 300)}`;
+        continue;
+      }
+      const got = JSON.parse(t.stdout) as { output: string; masq: boolean };
+      s.output = got.output;
+      s.masq = got.masq;
+      if (got.output !== want || got.masq !== true) throw new Error(`kproxy trace answered ${JSON.stringify(got.output)} masq ${got.masq}, want ${want} masq true`);
+    }
+    s.raw = raws.map(([label], j) => ({ cmd: label, ms: rawMs[j], medianMs: median(rawMs[j]), code: rawLast[j].code, lines: rawLast[j].stdout.split('\n').filter(Boolean).length }));
+    s.rawTotalMs = s.raw.reduce((a, x) => a + x.medianMs, 0);
+    // a trace time only when every run answered
+    s.traceMedianMs = s.error ? NaN : median(s.traceMs);
+    s.ratio = s.traceMedianMs / s.rawTotalMs;
+    // one Service's share, each its own process: what a narrowed trace may read instead
+    const vp = `${vip},tcp:80`;
+    s.narrow = [
+      await timeRead(r, 'node -e 0', process.execPath, ['-e', '0'], runs),
+      await timeRead(r, 'ipvsadm -Ln -t VIP:80', 'ipvsadm', ['-Ln', '-t', `${vip}:80`], runs),
+      await timeRead(r, 'ip -o addr show dev kube-ipvs0 to VIP/32', 'ip', ['-o', 'addr', 'show', 'dev', 'kube-ipvs0', 'to', `${vip}/32`], runs),
+      await timeRead(r, 'ipset test KUBE-CLUSTER-IP VIP,tcp:80', 'ipset', ['test', 'KUBE-CLUSTER-IP', vp], runs),
+      await timeRead(r, 'ipset test KUBE-CLUSTER-IP (absent)', 'ipset', ['test', 'KUBE-CLUSTER-IP', `${from},tcp:80`], runs),
+      await timeRead(r, 'ipset save KUBE-CLUSTER-IP', 'ipset', ['save', 'KUBE-CLUSTER-IP'], runs),
+      await timeRead(r, 'ipset save KUBE-LOAD-BALANCER-FW', 'ipset', ['save', 'KUBE-LOAD-BALANCER-FW'], runs),
+      // `ipset -` (interactive mode) answers every `test` line in one process, as the live trace asks them
+      await timeRead(r, 'ipset - (12 test lines)', 'ipset', ['-'], runs, [
+        `KUBE-LOAD-BALANCER-FW ${vp}`, `KUBE-LOAD-BALANCER ${vp}`, `KUBE-CLUSTER-IP ${vp}`, `KUBE-EXTERNAL-IP ${vp}`, `KUBE-IPVS-IPS ${vip}`,
+        'KUBE-NODE-PORT-LOCAL-TCP 80', 'KUBE-NODE-PORT-TCP 80', ...Array.from({ length: 5 }, (_, k) => `KUBE-LOOP-BACK ${endpointIPOf(last * stride + k)},tcp:8080,${from}`),
+      ].map((q) => `test ${q}\n`).join('') + 'quit\n'),
+      // the CLI's own start (bin/kproxy.js and its bundle, no kernel read): the floor of any trace
+      await timeRead(r, 'node bin/kproxy.js --version', process.execPath, [bin, '--version'], runs),
+    ];
+  } catch (e) {
+    s.error = (e as Error).message.slice(0, 300);
+  }
+  return s;
 }
 
 /**
@@ -378,11 +518,13 @@ async function main(): Promise<void> {
       'exec-timeout': { type: 'string', default: '600' }, out: { type: 'string' },
       // the one-Service change by a full sync (which reads the kernel back; for comparison) only up to this size
       'full-change-max': { type: 'string', default: '1000000' },
+      // `kproxy trace --live` beside the raw reads after each first sync: runs per size (0: not measured)
+      'trace-runs': { type: 'string', default: '3' },
     },
   });
   const started = performance.now();
   const kernel = (await hostRunner.run('uname', ['-r'])).stdout.trim();
-  const res: IpvsVmResult = { kernel, endpoints: Number(values.endpoints), cold: [], connect: [], seconds: 0 };
+  const res: IpvsVmResult = { kernel, endpoints: Number(values.endpoints), cold: [], connect: [], trace: [], seconds: 0 };
   const runner = new VmRunner(Number(values['exec-timeout']) * 1000);
   const save = () => {
     res.seconds = (performance.now() - started) / 1000;
@@ -392,14 +534,14 @@ async function main(): Promise<void> {
     // warm-up, not recorded: the first apply loads the kernel modules (ip_vs, nf_tables, ip_set,
     // ...) and the tools' libraries, seconds under emulation, which would land on whichever
     // of raw and kproxy goes first
-    await sizeAt(10, { endpoints: res.endpoints, changes: 1, cold: true, connect: false, connectCount: 0, fullChangeMax: 0 }, runner);
+    await sizeAt(10, { endpoints: res.endpoints, changes: 1, cold: true, connect: false, connectCount: 0, fullChangeMax: 0, traceRuns: 0 }, runner);
     say('warm-up done');
     // by size, smallest first: a VM killed at its time limit still reports what it finished
     // (each sample is also printed as an IPVSBENCH line)
     const coldSizes = ints(values['cold-sizes']!);
     const connectSizes = ints(values['connect-sizes']!);
     const modes = values['connect-modes']!.split(',').map((x) => x.trim());
-    const emit = (x: { cold: IpvsColdSample } | { connect: IpvsConnectSample }) => process.stdout.write(`IPVSBENCH ${JSON.stringify(x)}\n`);
+    const emit = (x: { cold: IpvsColdSample } | { connect: IpvsConnectSample } | { trace: IpvsTraceSample }) => process.stdout.write(`IPVSBENCH ${JSON.stringify(x)}\n`);
     for (const n of [...new Set([...coldSizes, ...connectSizes])].sort((x, y) => x - y)) {
       const cold = coldSizes.includes(n);
       const con = connectSizes.includes(n) && modes.includes('ipvs');
@@ -408,7 +550,7 @@ async function main(): Promise<void> {
       if (cold || con) {
         try {
           // partial syncs do not list the whole IPVS table: as many changes at 10k as at 100
-          const r = await sizeAt(n, { endpoints: res.endpoints, changes: Number(values.changes), cold, connect: con, connectCount: Number(values['connect-count']), fullChangeMax: Number(values['full-change-max']) }, runner);
+          const r = await sizeAt(n, { endpoints: res.endpoints, changes: Number(values.changes), cold, connect: con, connectCount: Number(values['connect-count']), fullChangeMax: Number(values['full-change-max']), traceRuns: Number(values['trace-runs']) }, runner);
           if (r.cold) {
             res.cold.push(r.cold);
             emit({ cold: r.cold });
@@ -416,6 +558,10 @@ async function main(): Promise<void> {
           if (r.ipvsConnect) {
             res.connect.push(r.ipvsConnect);
             emit({ connect: r.ipvsConnect });
+          }
+          if (r.trace) {
+            res.trace!.push(r.trace);
+            emit({ trace: r.trace });
           }
         } catch (e) {
           const error = (e as Error).message.slice(0, 300);

@@ -3,8 +3,8 @@
 // change and connect latency, IPVS beside iptables in the same VM). The VM runs under software
 // emulation (TCG, one vCPU, no KVM here): every absolute time is many times a real machine's,
 // and the host's load slows it further; compare within the VM only (ratios).
-import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, realpathSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { build } from 'esbuild';
 import type { IpvsVmResult } from './ipvs-in-vm.ts';
@@ -69,7 +69,7 @@ export async function killVms(): Promise<void> {
   await Promise.all([...runners].map((p) => killVm(p)));
 }
 
-export type { IpvsColdSample, IpvsConnectSample, IpvsVmResult } from './ipvs-in-vm.ts';
+export type { IpvsColdSample, IpvsConnectSample, IpvsTraceSample, IpvsVmResult } from './ipvs-in-vm.ts';
 
 export interface IpvsPhaseOptions {
   coldSizes: number[];
@@ -119,20 +119,41 @@ export function vmArgs(o: Omit<IpvsPhaseOptions, 'log'>, outGuestPath: string, r
 
 /** The result rebuilt from the VM's console: "IPVSBENCH {cold|connect: sample}" lines and the start line's kernel. */
 export function fromLines(lines: string[]): Partial<IpvsVmResult> {
-  const out: Partial<IpvsVmResult> = { cold: [], connect: [] };
+  const out: Partial<IpvsVmResult> = { cold: [], connect: [], trace: [] };
   for (const l of lines) {
     const k = /kernel (\S+),/.exec(l);
     if (l.startsWith('ipvs-bench: start') && k) out.kernel = k[1];
     if (!l.startsWith('IPVSBENCH ')) continue;
     try {
-      const x = JSON.parse(l.slice('IPVSBENCH '.length)) as Partial<Record<'cold' | 'connect', never>>;
+      const x = JSON.parse(l.slice('IPVSBENCH '.length)) as Partial<Record<'cold' | 'connect' | 'trace', never>>;
       if (x.cold) out.cold!.push(x.cold);
       if (x.connect) out.connect!.push(x.connect);
+      if (x.trace) out.trace!.push(x.trace);
     } catch {
       /* a line cut by the console: left out */
     }
   }
   return out;
+}
+
+function newestMtime(dir: string): number {
+  let newest = 0;
+  for (const e of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, e.name);
+    newest = Math.max(newest, e.isDirectory() ? newestMtime(p) : statSync(p).mtimeMs);
+  }
+  return newest;
+}
+
+/** Builds dist/ (scripts/build.mjs) unless it is as new as every source file: bin/kproxy.js's own rule. */
+function ensureCliBundle(): void {
+  let fresh = false;
+  try {
+    fresh = statSync(join(repoRoot, 'dist/kproxy.js')).mtimeMs >= newestMtime(join(repoRoot, 'src'));
+  } catch {
+    /* no bundle yet */
+  }
+  if (!fresh) execFileSync(process.execPath, [join(repoRoot, 'scripts/build.mjs')], { cwd: repoRoot, stdio: ['ignore', 'ignore', 'pipe'] });
 }
 
 export async function ipvsPhase(o: IpvsPhaseOptions): Promise<IpvsPhaseResult> {
@@ -154,6 +175,13 @@ export async function ipvsPhase(o: IpvsPhaseOptions): Promise<IpvsPhaseResult> {
     });
   } catch (e) {
     return { ...res, error: `KPROXY_BENCH_IPVS_VM: bundling bench/ipvs-in-vm.ts failed: ${(e as Error).message.slice(0, 300)}` };
+  }
+  // `kproxy trace --live` inside runs `node bin/kproxy.js`, which uses dist/ when it is at least
+  // as new as src/ (else tsx: minutes under emulation): built here when it is not
+  try {
+    ensureCliBundle();
+  } catch (e) {
+    return { ...res, error: `KPROXY_BENCH_IPVS_VM: building dist/ (scripts/build.mjs) failed: ${(e as Error).message.slice(0, 300)}` };
   }
   // the VM runner needs no extra host tools for this script: an empty list reuses its own cached image
   const p = spawn(vmRunner, vmArgs(options, `/project/bench/out/${name}`, repoRoot, `/project/bench/out/${bundle.split('/').pop()}`), {

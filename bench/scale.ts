@@ -555,6 +555,12 @@ export function ipvsMarkdown(x: IpvsPhaseResult): string {
     const cmds = cold.filter((c) => c.firstSyncCommands).map((c) => `- N=${n0(c.n)}: first sync: ${c.firstSyncCommands}; last change: ${c.changeCommands ?? '–'}`);
     if (cmds.length) parts.push(`Where kproxy's time goes (commands, slowest first):\n\n${cmds.join('\n')}`);
   }
+  const tr = x.trace ?? [];
+  if (tr.length) {
+    parts.push(`\`kproxy trace --mode ipvs --live\` in the VM (process start → answer, \`node bin/kproxy.js\`, from an outside client to the last Service's ClusterIP, answer checked; median of ${tr[0].runs}) beside the raw reads of the same state, each its own process:\n\n` +
+      table(['N', 'trace --live', 'ipvsadm -Sn', 'ipset save', 'ip -o addr show dev kube-ipvs0', 'iptables-save -t nat', 'raw total', 'trace ÷ raw', 'errors'],
+        tr.map((t) => [n0(t.n), fmtMs(t.traceMedianMs), ...['ipvsadm -Sn', 'ipset save', 'ip -o addr show dev kube-ipvs0', 'iptables-save -t nat'].map((c) => fmtMs(t.raw.find((y) => y.cmd === c)?.medianMs)), fmtMs(t.rawTotalMs), Number.isFinite(t.ratio) ? t.ratio.toFixed(2) : '–', t.error ?? ''])));
+  }
   const con = x.connect ?? [];
   if (con.length) {
     parts.push(`First-packet connect latency in the VM (ms, p10 / p50 / p99, ${o.connectCount} connects per target, each mode in a fresh node namespace; ipvs: over kproxy's first sync, in the namespace where it was timed ("rules loaded in" is that sync); iptables: the iptables mode's rules, nf_tables backend). Under emulation on a loaded host the p50 is mostly the emulator's scheduling; the p10 is the closest to the path's own cost.\n\n` +

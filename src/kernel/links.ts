@@ -40,6 +40,13 @@ export class Links {
     return addressesOf(r.stdout).map((a) => a.ip);
   }
 
+  /** `ip` itself is one of `dev`'s addresses: `ip -o addr show dev DEV to IP/32|128`, one line instead of every VIP ([] when absent) */
+  async addressesTo(dev: string, ip: string): Promise<string[]> {
+    const r = await this.runner.run('ip', ['-o', 'addr', 'show', 'dev', dev, 'to', `${ip}/${ip.includes(':') ? 128 : 32}`], { timeoutMs: TIMEOUT_MS });
+    if (r.code !== 0) return [];
+    return addressesOf(r.stdout).map((a) => a.ip);
+  }
+
   /**
    * Every address of this host (loopback and link-local included), except those on the
    * devices named in `excludeDevices` (the ipvs mode's kube-ipvs0 holds Service VIPs, not

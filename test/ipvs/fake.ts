@@ -13,6 +13,7 @@ import {
   type RealServer,
 } from '../../src/kernel/ipvs/model.ts';
 import { normalizeEntry } from '../../src/kernel/ipset/model.ts';
+import { cidrContains } from '../../src/core/ip.ts';
 import type { ModuleFS } from '../../src/kernel/modules.ts';
 import type { Sysctl } from '../../src/kernel/sysctl.ts';
 import type { Protocol } from '../../src/core/model.ts';
@@ -229,6 +230,7 @@ export class FakeHost implements CommandRunner {
       }
       return ok(out.join('\n') + (out.length ? '\n' : ''));
     }
+    if (args[0] === '-') return this.ipsetInteractive(input);
     if (args[0] === 'list' && args[1] === '-n') return ok([...this.sets.keys()].map((n) => n + '\n').join(''));
     if (args[0] === 'destroy') {
       const name = args[1];
@@ -274,6 +276,36 @@ export class FakeHost implements CommandRunner {
     return fail('ipset: unsupported by fake');
   }
 
+  /** whether the kernel's set match finds `entry` in a set: a hash:ip,port,net entry holds the addresses of its net */
+  private member(s: FakeSet, entry: string): boolean {
+    const e = normalizeEntry(entry);
+    if (s.entries.has(e)) return true;
+    if (s.type !== 'hash:ip,port,net') return false;
+    const [ip, port, addr] = e.split(',');
+    return [...s.entries].some((x) => {
+      const [xi, xp, net] = x.split(',');
+      return xi === ip && xp === port && net.includes('/') && cidrContains(net, addr);
+    });
+  }
+
+  /** `ipset -`: one stderr line per `test` line, as ipset 7.17's interactive mode prints them; `quit` ends it */
+  private ipsetInteractive(input: string): RunResult {
+    const err: string[] = [];
+    for (const line of input.split('\n')) {
+      const w = line.trim().split(/\s+/);
+      if (!w[0]) continue;
+      if (w[0] === 'quit') break;
+      if (w[0] !== 'test' || w.length !== 3) {
+        err.push(`ipset v7.17: Syntax error: unsupported by fake: ${line.trim()}`);
+        continue;
+      }
+      const s = this.sets.get(w[1]);
+      if (!s) err.push('ipset v7.17: The set with the given name does not exist');
+      else err.push(this.member(s, w[2]) ? `Warning: ${w[2]} is in set ${w[1]}.` : `${w[2]} is NOT in set ${w[1]}.`);
+    }
+    return { code: 0, stdout: 'ipset> '.repeat(err.length + 1), stderr: err.map((l) => l + '\n').join('') };
+  }
+
   // ---------------------------------------------------------------- ip
   private ip(args: string[], input = ''): RunResult {
     if (args[0] === '-batch') {
@@ -300,6 +332,12 @@ export class FakeHost implements CommandRunner {
       const addrs = this.links.get(m[1]);
       if (!addrs) return fail(`Device "${m[1]}" does not exist.`);
       return ok([...addrs].map((ip) => `5: ${m![1]}    ${ip.includes(':') ? 'inet6' : 'inet'} ${ip}/${ip.includes(':') ? 128 : 32} scope global ${m![1]}`).join('\n') + '\n');
+    }
+    if ((m = /^-o addr show dev (\S+) to ([0-9a-f:.]+)\/(\d+)$/.exec(a))) {
+      const addrs = this.links.get(m[1]);
+      if (!addrs) return fail(`Device "${m[1]}" does not exist.`);
+      const ip = m[2];
+      return ok(addrs.has(ip) ? `5: ${m[1]}    ${ip.includes(':') ? 'inet6' : 'inet'} ${ip}/${m[3]} scope global ${m[1]}\n` : '');
     }
     if (a === '-o addr show') {
       const out: string[] = [];

@@ -200,7 +200,7 @@ test('trace over a plan: virtual server, sorted candidates, scheduler, persisten
   assert.equal(rej.output, 'REJECT');
 });
 
-test('trace live reads ipvsadm -Sn, ipsets and iptables-save; LB source ranges drop others', async () => {
+test('trace live reads the kernel: LB source ranges drop others', async () => {
   const host = new FakeHost();
   const px = await proxierOn(host, { clusterCIDR: '10.0.0.0/8' });
   const s = svc('lb', '172.30.0.20', 80, { loadBalancerVIPs: ['1.2.3.4'], loadBalancerSourceRanges: ['203.0.113.0/25'] });

@@ -1,6 +1,6 @@
 // ipset: read with `ipset save`, change with `ipset restore` (payload on stdin).
 import { ExecError, runChecked, type CommandRunner } from '../runner.ts';
-import { parseSave, type IPSetTable } from './model.ts';
+import { parseSave, parseTestAnswers, type IPSetTable } from './model.ts';
 
 const TIMEOUT_MS = 30_000;
 
@@ -11,6 +11,23 @@ export class IPSetExec {
   async save(): Promise<IPSetTable> {
     const r = await runChecked(this.runner, 'ipset', ['save'], { timeoutMs: TIMEOUT_MS });
     return parseSave(r.stdout);
+  }
+
+  /**
+   * Whether each entry is in its set, as the kernel's set match answers it (a net set holds an
+   * address inside one of its nets; a missing set holds nothing). One `ipset -` process (its
+   * interactive mode answers every `test` line, where `ipset restore` stops at the first answer)
+   * instead of one `ipset test` per entry or `ipset save` of every set.
+   */
+  async test(questions: Array<{ set: string; entry: string }>): Promise<boolean[]> {
+    if (questions.length === 0) return [];
+    const input = questions.map((q) => `test ${q.set} ${q.entry}`).join('\n') + '\nquit\n';
+    const r = await this.runner.run('ipset', ['-'], { input, timeoutMs: TIMEOUT_MS });
+    const answers = r.code === 0 ? parseTestAnswers(r.stderr, questions) : null;
+    if (!answers) {
+      throw new ExecError('KPROXY_IPVS_IPSET_FAILED', `ipset - (test ${questions.length} entries) failed (exit ${r.code}): ${r.stderr.trim().slice(0, 300)}`, r);
+    }
+    return answers;
   }
 
   async restore(script: string): Promise<void> {

@@ -169,3 +169,23 @@ export function diffIPSets(desired: IPSetTable, current: IPSetTable): IPSetDiff 
 export function formatIPSets(desired: IPSetTable): string {
   return diffIPSets(desired, new Map()).script;
 }
+
+/**
+ * The answers of `ipset -` (interactive mode) to one `test SET ENTRY` line each, in order: on
+ * stderr, "Warning: ENTRY is in set SET." for a member, "ENTRY is NOT in set SET." for a
+ * non-member, one "ipset vX: <error>" line for a set that does not exist (no member). Null
+ * when the text does not hold one answer per question (the caller cannot trust any of them).
+ */
+export function parseTestAnswers(stderr: string, questions: Array<{ set: string }>): boolean[] | null {
+  const lines = stderr.split('\n').map((l) => l.trim()).filter(Boolean);
+  if (lines.length !== questions.length) return null;
+  const out: boolean[] = [];
+  for (const [i, line] of lines.entries()) {
+    const set = questions[i].set;
+    if (line.startsWith('Warning: ') && line.endsWith(` is in set ${set}.`)) out.push(true);
+    else if (line.endsWith(` is NOT in set ${set}.`)) out.push(false);
+    else if (/The set with the given name does not exist/.test(line)) out.push(false);
+    else return null;
+  }
+  return out;
+}

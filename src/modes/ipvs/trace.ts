@@ -15,10 +15,38 @@ export interface MasqConfig {
   notLocalInterface?: string | null;
 }
 
+/**
+ * The walk's questions to the ipsets, answered as the kernel's set match answers them (and
+ * `ipset test`): an entry of a hash:ip,port,net set matches an address inside one of its nets.
+ */
+export interface SetLookup {
+  has(set: string, entry: string): boolean;
+}
+
+/** membership in listed sets (a plan's, or `ipset save` output) */
+export function tableLookup(sets: IPSetTable): SetLookup {
+  return {
+    has(name, entry) {
+      const s = sets.get(name);
+      if (!s) return false;
+      if (s.entries.has(entry)) return true;
+      if (s.type !== 'hash:ip,port,net') return false;
+      // ip,proto:port,addr in a net set: an entry ip,proto:port,CIDR whose net holds addr
+      const cut = entry.lastIndexOf(',');
+      const head = entry.slice(0, cut + 1);
+      const addr = entry.slice(cut + 1);
+      for (const e of s.entries) if (e.startsWith(head) && cidrMatch(e.slice(head.length), addr)) return true;
+      return false;
+    },
+  };
+}
+
 export interface TraceInput {
   family: 4 | 6;
   table: IpvsTable;
   sets: IPSetTable;
+  /** asked instead of `sets` when given (a live trace asks the kernel one entry at a time) */
+  setLookup?: SetLookup;
   masq: MasqConfig;
   /** addresses that are LOCAL on the node besides the VIPs in KUBE-IPVS-IPS */
   nodeIPs: string[];
@@ -50,6 +78,7 @@ interface Walk {
 
 export function traceIpvs(inp: TraceInput, pkt: Packet): TraceResult {
   const proto = pkt.protocol.toLowerCase();
+  const lookup = inp.setLookup ?? tableLookup(inp.sets);
   const w: Walk = {
     inp,
     pkt,
@@ -57,7 +86,7 @@ export function traceIpvs(inp: TraceInput, pkt: Packet): TraceResult {
     ipPort: `${pkt.to},${proto}:${pkt.port}`,
     rules: [],
     notes: [],
-    has: (k, e) => inp.sets.get(setName(k, inp.family))?.entries.has(e) ?? false,
+    has: (k, e) => lookup.has(setName(k, inp.family), e),
   };
   const loopbackSource = pkt.from.startsWith('127.') || pkt.from === '::1';
   if (firewallDrops(w)) return { output: 'DROP', masq: false, rules: w.rules, notes: w.notes };
@@ -67,15 +96,38 @@ export function traceIpvs(inp: TraceInput, pkt: Packet): TraceResult {
   return throughVirtualServer(w, masq);
 }
 
+/** one ipset question of a walk: is `entry` in the kernel set `set` */
+export interface SetQuestion {
+  set: string;
+  entry: string;
+}
+
+/**
+ * The ipset questions a walk of `pkt` can ask over `inp` (its `sets`/`setLookup` unused): those
+ * of the walk that hears "no" to every question, and of each walk that hears "yes" to one of
+ * them. What a live trace asks the kernel in one go before the walk that counts; that walk
+ * may still ask one more (the caller asks again), it never answers from a guess.
+ */
+export function setQuestions(inp: Omit<TraceInput, 'sets' | 'setLookup'>, pkt: Packet, maxWalks = 64): SetQuestion[] {
+  const asked = new Map<string, SetQuestion>();
+  const walk = (yes?: string) =>
+    traceIpvs({ ...inp, sets: new Map(), setLookup: { has(set, entry) {
+      const k = `${set} ${entry}`;
+      if (!asked.has(k)) asked.set(k, { set, entry });
+      return k === yes;
+    } } }, pkt);
+  walk();
+  const keys = () => [...asked.keys()];
+  for (let i = 0; i < asked.size && i < maxWalks; i++) walk(keys()[i]);
+  return [...asked.values()];
+}
+
 /** filter: LoadBalancer source ranges (KUBE-PROXY-FIREWALL → KUBE-SOURCE-RANGES-FIREWALL); true when the packet is dropped. */
 function firewallDrops(w: Walk): boolean {
   const { inp, pkt, ipPort, rules, has } = w;
   if (!has('loadBalancerFW', ipPort)) return false;
   rules.push(`filter KUBE-PROXY-FIREWALL: ${ipPort} in ${setName('loadBalancerFW', inp.family)}`);
-  const cidrs = [...(inp.sets.get(setName('loadBalancerSourceCIDR', inp.family))?.entries ?? [])];
-  const allowed =
-    cidrs.some((e) => e.startsWith(`${ipPort},`) && cidrMatch(e.slice(ipPort.length + 1), pkt.from)) ||
-    has('loadBalancerSourceIP', `${ipPort},${pkt.from}`);
+  const allowed = has('loadBalancerSourceCIDR', `${ipPort},${pkt.from}`) || has('loadBalancerSourceIP', `${ipPort},${pkt.from}`);
   if (!allowed) {
     rules.push('filter KUBE-SOURCE-RANGES-FIREWALL: -j DROP');
     return true;
