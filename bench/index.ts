@@ -15,8 +15,11 @@
 //   soak        bench/soak.ts: memory over time, `kproxy run` at 2,000 Services with one
 //               Service's endpoints changing 5 times a second, iptables and nftables side by
 //               side: an hour (--quick: one minute)
+//   iptables-floor  bench/iptables-restore-floor.ts: the iptables one-Service change beside the
+//               kernel's per-commit floor (its restore replayed) on the same loaded state,
+//               nf_tables and legacy, at 100,000 Services (--quick: 1,000)
 //
-//   sudo npm run bench [-- --quick] [--only scale,ipvs,userspace,trace,soak] [--out docs/bench]
+//   sudo npm run bench [-- --quick] [--only scale,ipvs,userspace,trace,soak,iptables-floor] [--out docs/bench]
 //
 // The host benches run one after the other (each figure is measured beside its anchor in the
 // same run; two benches at once would load each other). The VM runs under software emulation
@@ -32,12 +35,12 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 
-export const BENCHES = ['scale', 'ipvs', 'userspace', 'trace', 'soak'] as const;
+export const BENCHES = ['scale', 'ipvs', 'userspace', 'trace', 'soak', 'iptables-floor'] as const;
 type Bench = (typeof BENCHES)[number];
 
 const repoRoot = resolve(import.meta.dirname, '..');
 
-const HELP = `usage: npm run bench [-- --quick] [--only scale,ipvs,userspace,trace,soak] [--out docs/bench]
+const HELP = `usage: npm run bench [-- --quick] [--only scale,ipvs,userspace,trace,soak,iptables-floor] [--out docs/bench]
   --quick         the sized-down run (under 5 minutes on 2 cores)
   --only LIST     run only these benches (${BENCHES.join(', ')})
   --out DIR       where the JSON and the plots go (default docs/bench)
@@ -62,6 +65,7 @@ export function benchArgs(bench: Bench, quick: boolean, out: string, work: strin
   if (bench === 'scale') return { file: 'bench/scale.ts', args: [...q, '--phases', hostPhases, '--out', join(work, 'scale'), '--docs', plots] };
   if (bench === 'ipvs') return { file: 'bench/scale.ts', args: [...q, '--phases', 'ipvs', '--out', join(work, 'ipvs'), '--docs', plots] };
   if (bench === 'trace') return { file: 'bench/trace-live.ts', args: [...q, '--json', join(out, `trace-${quick ? 'quick' : 'full'}.json`)] };
+  if (bench === 'iptables-floor') return { file: 'bench/iptables-restore-floor.ts', args: [...q, '--json', join(out, `iptables-floor-${quick ? 'quick' : 'full'}.json`)] };
   if (bench === 'soak') return { file: 'bench/soak.ts', args: [...q, '--json', join(out, `soak-${quick ? 'quick' : 'full'}.json`), '--svg', join(plots, 'soak.svg')] };
   // --quick: the peers the report compares (kproxy's net.Socket path and its workers only in the full run)
   const sized = quick ? ['--duration', '1', '--repeat', '1', '--idle', '2000', '--only', 'direct,naive,nginx,haproxy,kproxy'] : [];
@@ -70,7 +74,7 @@ export function benchArgs(bench: Bench, quick: boolean, out: string, work: strin
 
 /** scale.ts names its JSON by date: the one a bench wrote, kept under a stable name the report links to. */
 function keepJson(bench: Bench, quick: boolean, out: string, work: string): void {
-  if (bench === 'userspace' || bench === 'trace' || bench === 'soak') return;
+  if (bench !== 'scale' && bench !== 'ipvs') return;
   const dir = join(work, bench);
   const json = readdirSync(dir, { withFileTypes: true }).map((d) => d.name).filter((f) => f.startsWith('scale-') && f.endsWith('.json')).sort().pop();
   if (json) copyFileSync(join(dir, json), join(out, `${bench}-${quick ? 'quick' : 'full'}.json`));

@@ -104,7 +104,8 @@ function syncSample(wallMs: number, records: ExecRecord[], stats: SyncStats): Sy
   };
 }
 
-async function timedSync(proxier: Proxier, runner: TimedRunner, w: Workload, changed: Set<string>, full: boolean): Promise<SyncSample> {
+/** One Proxier.sync, timed, with the commands it ran (`runner.take()` before and after). */
+export async function timedSync(proxier: Proxier, runner: TimedRunner, w: Workload, changed: Set<string>, full: boolean): Promise<SyncSample> {
   runner.take();
   const t0 = performance.now();
   const stats = await proxier.sync(w.input(), changed, full);
