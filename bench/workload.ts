@@ -6,7 +6,7 @@
 import { resolveConfig, type ModeName, type ProxyConfig } from '../src/config/config.ts';
 import type { K8sEndpointSlice, K8sService } from '../src/core/api.ts';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
-import type { NodeContext, PlanInput } from '../src/core/nodeview.ts';
+import { buildNodeView, type NodeContext, type NodeView, type PlanInput } from '../src/core/nodeview.ts';
 
 export const NODE: NodeContext = {
   nodeName: 'kpb-node',
@@ -144,8 +144,21 @@ export class Workload {
     if (problems.length) throw new Error(`KPROXY_BENCH_WORKLOAD: generated objects rejected: ${problems.slice(0, 3).join('; ')}`);
   }
 
-  input(): PlanInput {
-    return { state: this.tracker.state, config: this.config, node: NODE };
+  /** the node view of the last input(): an incremental build starts from it */
+  private lastView?: NodeView;
+
+  /**
+   * The input of a sync, with its node view computed as the sync loop computes it
+   * (src/sync/controller.ts planInput): for a partial sync (`changed`, the services changed
+   * since the last input) only their ports are decided again, from the last view; without it
+   * (a full sync, a render) the whole view is built.
+   */
+  input(changed?: ReadonlySet<string>): PlanInput {
+    const base = { state: this.tracker.state, config: this.config, node: NODE };
+    const changes = changed && this.lastView ? { services: changed, portKeysOf: (k: string) => this.tracker.services.portKeysOf(k) } : undefined;
+    const view = buildNodeView(base, changes && this.lastView, changes);
+    this.lastView = view;
+    return { ...base, view };
   }
 
   /** "ip:port" of the endpoint service i got last. */
