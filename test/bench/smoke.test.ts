@@ -6,6 +6,11 @@ import { getMode } from '../../src/modes/registry.ts';
 import { changedServiceIndexes, oneServicePayload } from '../../bench/measure.ts';
 import { benchConfig, clusterIPOf, MAX_NODE_PORT_SERVICES, MAX_SERVICES, serviceObject, sliceObject, Workload } from '../../bench/workload.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { SERVICES_PER_FILE, servicesFileOf, writeManifests } from '../../bench/kproxy-run.ts';
+import { MAX_MANIFEST_FILE_BYTES } from '../../src/sources/manifests.ts';
 
 test('one-service payload holds exactly that service\'s chains', () => {
   const w = new Workload(3, 2, benchConfig('iptables'));
@@ -57,4 +62,22 @@ test('ClusterIPs past 172.30.0.0/16 go on into 172.31.0.0/16: the first 65,535 a
   assert.equal(tracker.apply().size, picked.length);
   assert.deepEqual(problems, []);
   assert.equal(new Set([...tracker.state.services.values()].map((sp) => sp.clusterIP)).size, picked.length);
+});
+
+test('the run bench\'s manifests: Services in files of SERVICES_PER_FILE, each under the manifests source\'s limit', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kpb-manifests-'));
+  try {
+    writeManifests(dir, SERVICES_PER_FILE + 1, 5, [3]);
+    assert.deepEqual(readdirSync(dir).sort(), ['hot-svc-00003.yaml', 'services-1.yaml', 'services.yaml']);
+    const first = readFileSync(join(dir, 'services.yaml'), 'utf8');
+    const second = readFileSync(join(dir, 'services-1.yaml'), 'utf8');
+    assert.equal(second.match(/"kind":"Service"/g)?.length, 1);
+    assert.ok(second.includes(`"name":"svc-${SERVICES_PER_FILE}"`));
+    assert.equal(first.match(/"kind":"Service"/g)?.length, SERVICES_PER_FILE);
+    assert.equal(first.match(/"kind":"EndpointSlice"/g)?.length, SERVICES_PER_FILE - 1, 'the hot slice is in its own file');
+    assert.ok(statSync(join(dir, 'services.yaml')).size < MAX_MANIFEST_FILE_BYTES / 2, 'a full file is well under the limit');
+    assert.equal(servicesFileOf(99_999), 'services-4.yaml');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
