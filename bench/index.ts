@@ -18,16 +18,19 @@
 //   render      bench/render.ts: `kproxy render` end to end (the process started until its payload
 //               is written) per mode beside a raw restore of that payload (flushing
 //               iptables-restore, nft -f), at 10,000 Services, medians of 3 (--quick: 1,000, once)
+//   iptables-floor  bench/iptables-restore-floor.ts: the iptables one-Service change beside the
+//               kernel's per-commit floor (its restore replayed) on the same loaded state,
+//               nf_tables and legacy, at 100,000 Services (--quick: 1,000)
 //
-//   sudo npm run bench [-- --quick] [--only scale,ipvs,userspace,trace,soak,render] [--out docs/bench]
+//   sudo npm run bench [-- --quick] [--only scale,ipvs,userspace,trace,soak,render,iptables-floor] [--out docs/bench]
 //
 // The host benches run one after the other (each figure is measured beside its anchor in the
 // same run; two benches at once would load each other). The VM runs under software emulation
 // and is only compared within itself: with --quick it boots first and runs alongside the host
 // benches (one busy core more for them), to keep the whole under 5 minutes; without it, after
 // them. --quick is the sized-down run; without it, the full sizes (50,000 Services on the host,
-// 10,000 in the VM: over an hour here; the soak one hour more). Outputs: OUT/{scale,ipvs,userspace,trace,soak,render}-quick.json or
-// OUT/{scale,ipvs,userspace,trace,soak,render}-full.json, and the plots the report shows in OUT/quick/ or OUT/full/. Needs root (network
+// 10,000 in the VM: over an hour here; the soak one hour more). Outputs: OUT/{scale,ipvs,userspace,trace,soak,render,iptables-floor}-quick.json or
+// OUT/{scale,ipvs,userspace,trace,soak,render,iptables-floor}-full.json, and the plots the report shows in OUT/quick/ or OUT/full/. Needs root (network
 // namespaces) and the peers of bench/userspace.ts (scripts/setup-system.sh installs them).
 import { spawn } from 'node:child_process';
 import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
@@ -35,7 +38,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 
-export const BENCHES = ['scale', 'ipvs', 'userspace', 'trace', 'soak', 'render'] as const;
+export const BENCHES = ['scale', 'ipvs', 'userspace', 'trace', 'soak', 'render', 'iptables-floor'] as const;
 type Bench = (typeof BENCHES)[number];
 
 const repoRoot = resolve(import.meta.dirname, '..');
@@ -66,6 +69,7 @@ export function benchArgs(bench: Bench, quick: boolean, out: string, work: strin
   if (bench === 'ipvs') return { file: 'bench/scale.ts', args: [...q, '--phases', 'ipvs', '--out', join(work, 'ipvs'), '--docs', plots] };
   if (bench === 'trace') return { file: 'bench/trace-live.ts', args: [...q, '--json', join(out, `trace-${quick ? 'quick' : 'full'}.json`)] };
   if (bench === 'render') return { file: 'bench/render.ts', args: [...q, '--json', join(out, `render-${quick ? 'quick' : 'full'}.json`)] };
+  if (bench === 'iptables-floor') return { file: 'bench/iptables-restore-floor.ts', args: [...q, '--json', join(out, `iptables-floor-${quick ? 'quick' : 'full'}.json`)] };
   if (bench === 'soak') return { file: 'bench/soak.ts', args: [...q, '--json', join(out, `soak-${quick ? 'quick' : 'full'}.json`), '--svg', join(plots, 'soak.svg')] };
   // --quick: the peers the report compares (kproxy's net.Socket path and its workers only in the full run)
   const sized = quick ? ['--duration', '1', '--repeat', '1', '--idle', '2000', '--only', 'direct,naive,nginx,haproxy,kproxy'] : [];
@@ -74,7 +78,7 @@ export function benchArgs(bench: Bench, quick: boolean, out: string, work: strin
 
 /** scale.ts names its JSON by date: the one a bench wrote, kept under a stable name the report links to. */
 function keepJson(bench: Bench, quick: boolean, out: string, work: string): void {
-  if (bench === 'userspace' || bench === 'trace' || bench === 'soak' || bench === 'render') return;
+  if (bench !== 'scale' && bench !== 'ipvs') return;
   const dir = join(work, bench);
   const json = readdirSync(dir, { withFileTypes: true }).map((d) => d.name).filter((f) => f.startsWith('scale-') && f.endsWith('.json')).sort().pop();
   if (json) copyFileSync(join(dir, json), join(out, `${bench}-${quick ? 'quick' : 'full'}.json`));

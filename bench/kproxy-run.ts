@@ -141,17 +141,32 @@ function docs(objects: unknown[]): string {
   return objects.map((o) => `---\n${JSON.stringify(o)}\n`).join('');
 }
 
-/** Writes the manifests directory: every Service and the cold slices in one file, each hot slice in its own. */
+/**
+ * Services (with their cold slices) per manifest file: 20,000 are ~17 MB, well under the
+ * manifests source's limit per file (MAX_MANIFEST_FILE_BYTES, 64 MiB; 100,000 in one file
+ * would be ~87 MB, refused).
+ */
+export const SERVICES_PER_FILE = 20_000;
+
+/** The manifest file that holds service i: services.yaml for the first SERVICES_PER_FILE, then services-1.yaml, ... */
+export function servicesFileOf(i: number): string {
+  const k = Math.floor(i / SERVICES_PER_FILE);
+  return k === 0 ? 'services.yaml' : `services-${k}.yaml`;
+}
+
+/** Writes the manifests directory: every Service and the cold slices in services*.yaml, each hot slice in a file of its own. */
 export function writeManifests(dir: string, n: number, endpoints: number, hot: number[]): void {
   mkdirSync(dir, { recursive: true });
   const hotSet = new Set(hot);
   const stride = endpoints + EXTRA_ENDPOINTS;
-  const chunks: string[] = [];
-  for (let i = 0; i < n; i++) {
-    chunks.push(docs([serviceObject(i)]));
-    if (!hotSet.has(i)) chunks.push(docs([sliceObject(i, endpoints, stride)]));
+  for (let first = 0; first < n; first += SERVICES_PER_FILE) {
+    const chunks: string[] = [];
+    for (let i = first; i < Math.min(n, first + SERVICES_PER_FILE); i++) {
+      chunks.push(docs([serviceObject(i)]));
+      if (!hotSet.has(i)) chunks.push(docs([sliceObject(i, endpoints, stride)]));
+    }
+    writeFileSync(join(dir, servicesFileOf(first)), chunks.join(''));
   }
-  writeFileSync(join(dir, 'services.yaml'), chunks.join(''));
   for (const i of hot) writeFileSync(join(dir, `hot-${serviceName(i)}.yaml`), docs([sliceObject(i, endpoints, stride)]));
 }
 

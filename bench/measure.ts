@@ -104,10 +104,12 @@ function syncSample(wallMs: number, records: ExecRecord[], stats: SyncStats): Sy
   };
 }
 
-async function timedSync(proxier: Proxier, runner: TimedRunner, w: Workload, changed: Set<string>, full: boolean): Promise<SyncSample> {
+/** One Proxier.sync, timed, with the commands it ran (`runner.take()` before and after). */
+export async function timedSync(proxier: Proxier, runner: TimedRunner, w: Workload, changed: Set<string>, full: boolean): Promise<SyncSample> {
   runner.take();
   const t0 = performance.now();
-  const stats = await proxier.sync(w.input(), changed, full);
+  // the view is part of the sync: built whole for a full one, for the changed services only otherwise
+  const stats = await proxier.sync(w.input(full ? undefined : changed), changed, full);
   const wall = performance.now() - t0;
   return syncSample(wall, runner.take(), stats);
 }

@@ -3,7 +3,7 @@
 //
 //   sudo node --import tsx bench/scale.ts [--quick] [--phases manifests,memory,k8s,cold,run,connect,ipvs]
 //        [--sizes 100,1000,...] [--run-sizes 100,10000] [--connect-sizes 100,1000,...]
-//        [--variants iptables,iptables-legacy,nftables] [--run-variants iptables,nftables] [--nft-max 60000] [--raw-iptables-max 60000] [--endpoints 5]
+//        [--variants iptables,iptables-legacy,nftables] [--run-variants iptables,nftables] [--nft-max 131000] [--raw-iptables-max 131000] [--endpoints 5]
 //        [--ipvs-sizes 100,1000,10000] [--ipvs-connect-sizes 100,1000,5000,10000] [--ipvs-mem 4096] [--ipvs-timeout 2700]
 //        [--ipvs-full-change-max 1000] [--ipvs-connect-count 200] [--ipvs-parallel] [--ipvs-from FILE]
 //        [--memory-size 10000] [--memory-variant iptables-legacy] [--manifest-services 10000]
@@ -36,7 +36,7 @@
 //              IPVS first sync beside a raw ipset/iptables/ipvsadm/ip restore of the same content,
 //              one-Service changes, and connect latency for IPVS and iptables in the same VM
 //              (software emulation: only ratios within the VM mean anything)
-// nftables is measured up to --nft-max services (default 60,000, i.e. every size): the table
+// nftables is measured up to --nft-max services (default MAX_SERVICES, i.e. every size): the table
 // shape without per-service anonymous maps is merged (with them, 10k soft-locked this kernel).
 //
 // Needs root; every namespace (kpb-*) and process it starts is removed, also on failure and
@@ -58,6 +58,7 @@ import type { MemoryStep } from './memory.ts';
 import { Namespaces } from './netns.ts';
 import { linePlotSVG, type Series } from './plot.ts';
 import { fmtMs, median } from './stats.ts';
+import { MAX_SERVICES } from './workload.ts';
 
 export const PHASES = ['manifests', 'memory', 'k8s', 'cold', 'run', 'connect', 'ipvs'] as const;
 export type Phase = (typeof PHASES)[number];
@@ -674,7 +675,8 @@ function connectModes(text: string): Array<'ipvs' | 'iptables'> {
 
 function intList(flag: string, text: string): number[] {
   const xs = text.split(',').map((s) => s.trim()).filter(Boolean).map(Number);
-  if (!xs.length || xs.some((x) => !Number.isInteger(x) || x < 1 || x > 60_000)) throw new ScaleError(`KPROXY_BENCH_ARGS: ${flag} wants integers 1..60000 separated by commas, got ${JSON.stringify(text)}`);
+  // bench/workload.ts builds up to MAX_SERVICES
+  if (!xs.length || xs.some((x) => !Number.isInteger(x) || x < 1 || x > MAX_SERVICES)) throw new ScaleError(`KPROXY_BENCH_ARGS: ${flag} wants integers 1..${MAX_SERVICES} separated by commas, got ${JSON.stringify(text)}`);
   return xs;
 }
 
@@ -708,7 +710,7 @@ export function parseScaleArgs(argv: string[], log: (l: string) => void = (l) =>
     quick: q, phases: phases as Phase[], variants: variants as ScaleVariant[], runVariants: runVariants as ScaleVariant[],
     sizes: intList('--sizes', values.sizes ?? d.sizes), runSizes: intList('--run-sizes', values['run-sizes'] ?? d.run),
     connectSizes: intList('--connect-sizes', values['connect-sizes'] ?? d.connect),
-    nftMax: one('--nft-max', values['nft-max'] ?? '60000'), rawIptablesMax: one('--raw-iptables-max', values['raw-iptables-max'] ?? '60000'), endpoints: one('--endpoints', values.endpoints ?? '5'),
+    nftMax: one('--nft-max', values['nft-max'] ?? String(MAX_SERVICES)), rawIptablesMax: one('--raw-iptables-max', values['raw-iptables-max'] ?? String(MAX_SERVICES)), endpoints: one('--endpoints', values.endpoints ?? '5'),
     manifestServices: one('--manifest-services', values['manifest-services'] ?? '10000'),
     detect: detectArg(values.detect ?? (q ? 'packet' : 'both')),
     memorySize: one('--memory-size', values['memory-size'] ?? '10000'), memoryVariant: memoryVariant as ScaleVariant, breakdown: !q, changes: one('--changes', values.changes ?? d.changes),

@@ -1,12 +1,12 @@
 // Synthetic cluster state for the benchmarks: N Services (ClusterIP + one NodePort each; past
-// the 35,535 node ports 30000-65534, ClusterIP only)
+// the 35,535 node ports 30000-65534, ClusterIP only; up to 131,000 ClusterIPs in 172.16.0.0/12)
 // with E ready endpoints on another node, built the way kproxy builds it at run time (API
 // objects → ProxyStateTracker), so the planners see exactly what a real sync would see.
 // Pure: no I/O.
 import { resolveConfig, type ModeName, type ProxyConfig } from '../src/config/config.ts';
 import type { K8sEndpointSlice, K8sService } from '../src/core/api.ts';
 import { ProxyStateTracker } from '../src/core/tracker.ts';
-import type { NodeContext, PlanInput } from '../src/core/nodeview.ts';
+import { buildNodeView, type NodeContext, type NodeView, type PlanInput } from '../src/core/nodeview.ts';
 
 export const NODE: NodeContext = {
   nodeName: 'kpb-node',
@@ -15,8 +15,12 @@ export const NODE: NodeContext = {
   family: 4,
 };
 
-/** ClusterIPs come from 172.30.0.0/16: at most this many services. */
-export const MAX_SERVICES = 65_000;
+/**
+ * ClusterIPs run from 172.30.0.1 through 172.30.255.255 and on into 172.31.0.0/16 (both inside
+ * the service range 172.16.0.0/12), stopping short of 172.31.255.255, the range's broadcast
+ * address: at most this many services.
+ */
+export const MAX_SERVICES = 131_000;
 const FIRST_NODE_PORT = 30_000;
 
 /** Every port is a valid node port up to 65535: this many services fit above 30000. */
@@ -29,7 +33,7 @@ function ipOf(base: [number, number], index: number): string {
   return `${base[0]}.${b2}.${Math.floor(n / 256) % 256}.${n % 256}`;
 }
 
-/** ClusterIP of service i: 172.30.x.y, skipping .0.0 */
+/** ClusterIP of service i: 172.30.x.y (skipping 172.30.0.0), then 172.31.x.y from i = 65,535 */
 export function clusterIPOf(i: number): string {
   return ipOf([172, 30], i + 1);
 }
@@ -48,7 +52,7 @@ export const NAMESPACE = 'bench';
 /**
  * Service i: NodePort (ClusterIP + node port 30000 + i) while node ports last, from
  * MAX_NODE_PORT_SERVICES on ClusterIP only, so
- * sizes up to MAX_SERVICES (50,000 in the full scale run) can be built.
+ * sizes up to MAX_SERVICES (100,000 in the largest scale run) can be built.
  */
 export function serviceObject(i: number): K8sService {
   if (i >= MAX_NODE_PORT_SERVICES) {
@@ -125,7 +129,7 @@ export class Workload {
     }
     this.stride = endpointsPerService + maxExtraEndpoints;
     // endpointIPOf carries into the second octet: 10.180.0.1 up to 10.255.255.255 (all inside the
-    // pod range 10.0.0.0/8), room for 50,000 Services × (5 + 16)
+    // pod range 10.0.0.0/8), room for 100,000 Services × (5 + 16)
     if (services * this.stride > (256 - 180) * 65_536 - 2) {
       throw new Error('KPROXY_BENCH_SIZE: too many endpoints for 10.180.0.0-10.255.255.255; lower --endpoints');
     }
@@ -140,8 +144,21 @@ export class Workload {
     if (problems.length) throw new Error(`KPROXY_BENCH_WORKLOAD: generated objects rejected: ${problems.slice(0, 3).join('; ')}`);
   }
 
-  input(): PlanInput {
-    return { state: this.tracker.state, config: this.config, node: NODE };
+  /** the node view of the last input(): an incremental build starts from it */
+  private lastView?: NodeView;
+
+  /**
+   * The input of a sync, with its node view computed as the sync loop computes it
+   * (src/sync/controller.ts planInput): for a partial sync (`changed`, the services changed
+   * since the last input) only their ports are decided again, from the last view; without it
+   * (a full sync, a render) the whole view is built.
+   */
+  input(changed?: ReadonlySet<string>): PlanInput {
+    const base = { state: this.tracker.state, config: this.config, node: NODE };
+    const changes = changed && this.lastView ? { services: changed, portKeysOf: (k: string) => this.tracker.services.portKeysOf(k) } : undefined;
+    const view = buildNodeView(base, changes && this.lastView, changes);
+    this.lastView = view;
+    return { ...base, view };
   }
 
   /** "ip:port" of the endpoint service i got last. */

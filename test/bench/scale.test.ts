@@ -7,6 +7,7 @@ import { goals, markdown, nftTablesLine, parseScaleArgs, plots, ScaleError, type
 import type { Sample } from '../../bench/measure.ts';
 import { metricDelta, parseProgrammingBuckets, writesIn, type RunPhaseResult } from '../../bench/kproxy-run.ts';
 import { waitFor } from '../support/wait.ts';
+import { MAX_SERVICES } from '../../bench/workload.ts';
 
 function sample(n: number, mode: Sample['mode'], fullMs: number, error?: string): Sample {
   const sync = { wallMs: fullMs, writeMs: fullMs / 2, otherExecMs: 1, inProcessMs: 1, commands: 2, rulesWritten: 10, rulesTotal: 100, payloadBytes: 1000 };
@@ -115,7 +116,7 @@ test('--quick picks small sizes; bad arguments are refused with a code', () => {
   const q = parseScaleArgs(['--quick'], () => {});
   assert.equal(q.quick, true);
   assert.ok(Math.max(...q.sizes) <= 2000 && q.streamSeconds <= 10 && !q.breakdown && q.memorySize === 10_000);
-  assert.equal(q.nftMax, 60_000, 'nftables at every size: the shape without anonymous maps is merged');
+  assert.equal(q.nftMax, MAX_SERVICES, 'nftables at every size: the shape without anonymous maps is merged');
   assert.deepEqual([q.ipvsSizes, q.ipvsConnectSizes], [[100], [100]], 'the quick VM run stays small');
   assert.ok(q.phases.includes('ipvs'));
   const full = parseScaleArgs([], () => {});
@@ -129,7 +130,7 @@ test('--quick picks small sizes; bad arguments are refused with a code', () => {
   assert.deepEqual([only.ipvsSizes, only.ipvsConnectModes], [[], ['iptables']], 'a VM boot for iptables connect latency only');
   assert.throws(() => parseScaleArgs(['--ipvs-connect-modes', 'nft'], () => {}), /KPROXY_BENCH_ARGS/);
   assert.throws(() => parseScaleArgs(['--ipvs-sizes', '100,x'], () => {}), /KPROXY_BENCH_ARGS/);
-  assert.equal(parseScaleArgs([], () => {}).rawIptablesMax, 60_000, 'raw references at every size by default');
+  assert.equal(parseScaleArgs([], () => {}).rawIptablesMax, MAX_SERVICES, 'raw references at every size by default');
   assert.equal(parseScaleArgs(['--raw-iptables-max', '20000'], () => {}).rawIptablesMax, 20_000);
   assert.throws(() => parseScaleArgs(['--raw-iptables-max', 'x'], () => {}), (e: Error) => e instanceof ScaleError && /--raw-iptables-max/.test(e.message));
   assert.throws(() => parseScaleArgs(['--variants', 'ipvs'], () => {}), (e: Error) => e instanceof ScaleError && /KPROXY_BENCH_ARGS/.test(e.message));
