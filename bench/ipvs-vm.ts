@@ -3,11 +3,12 @@
 // change and connect latency, IPVS beside iptables in the same VM). The VM runs under software
 // emulation (TCG, one vCPU, no KVM here): every absolute time is many times a real machine's,
 // and the host's load slows it further; compare within the VM only (ratios).
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, realpathSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { build } from 'esbuild';
 import type { IpvsVmResult } from './ipvs-in-vm.ts';
+import { ensureBundle } from './bundle.ts';
 
 /** The VM runners this module started and that still run: killed on Ctrl-C (killVms) and at the time limit. */
 const runners = new Set<ChildProcess>();
@@ -136,26 +137,6 @@ export function fromLines(lines: string[]): Partial<IpvsVmResult> {
   return out;
 }
 
-function newestMtime(dir: string): number {
-  let newest = 0;
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
-    const p = join(dir, e.name);
-    newest = Math.max(newest, e.isDirectory() ? newestMtime(p) : statSync(p).mtimeMs);
-  }
-  return newest;
-}
-
-/** Builds dist/ (scripts/build.mjs) unless it is as new as every source file: bin/kproxy.js's own rule. */
-function ensureCliBundle(): void {
-  let fresh = false;
-  try {
-    fresh = statSync(join(repoRoot, 'dist/kproxy.js')).mtimeMs >= newestMtime(join(repoRoot, 'src'));
-  } catch {
-    /* no bundle yet */
-  }
-  if (!fresh) execFileSync(process.execPath, [join(repoRoot, 'scripts/build.mjs')], { cwd: repoRoot, stdio: ['ignore', 'ignore', 'pipe'] });
-}
-
 export async function ipvsPhase(o: IpvsPhaseOptions): Promise<IpvsPhaseResult> {
   const { log, ...options } = o;
   const res: IpvsPhaseResult = { vmSeconds: NaN, exitCode: -1, options };
@@ -179,7 +160,7 @@ export async function ipvsPhase(o: IpvsPhaseOptions): Promise<IpvsPhaseResult> {
   // `kproxy trace --live` inside runs `node bin/kproxy.js`, which uses dist/ when it is at least
   // as new as src/ (else tsx: minutes under emulation): built here when it is not
   try {
-    ensureCliBundle();
+    ensureBundle('ipvs-vm');
   } catch (e) {
     return { ...res, error: `KPROXY_BENCH_IPVS_VM: building dist/ (scripts/build.mjs) failed: ${(e as Error).message.slice(0, 300)}` };
   }

@@ -14,8 +14,8 @@
 // --keep DIR keeps each mode's payload there (DIR/render-MODE-N.txt), for a byte comparison of
 // render's output across versions. kproxy runs as users run it: bin/kproxy.js, which uses the
 // esbuild bundle (dist/) when it is fresh; the bench builds the bundle first when it is not.
-import { execFileSync, spawn } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, openSync, closeSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, openSync, closeSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { hash } from 'node:crypto';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -25,6 +25,7 @@ import { LOCK_RETRIES, xtablesLockBusy } from './cold.ts';
 import { writeManifests } from './kproxy-run.ts';
 import { Namespaces, TimedRunner } from './netns.ts';
 import { median } from './stats.ts';
+import { ensureBundle } from './bundle.ts';
 
 export const RENDER_MODES = ['iptables', 'nftables'] as const;
 export type RenderMode = (typeof RENDER_MODES)[number];
@@ -62,30 +63,6 @@ export interface RenderResult {
   entry: 'dist bundle' | 'tsx sources';
   options: { n: number; endpoints: number; runs: number; modes: RenderMode[] };
   rows: RenderRow[];
-}
-
-function newestMtime(dir: string): number {
-  let newest = 0;
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
-    const p = join(dir, e.name);
-    newest = Math.max(newest, e.isDirectory() ? newestMtime(p) : statSync(p).mtimeMs);
-  }
-  return newest;
-}
-
-/** bin/kproxy.js's rule: the bundle runs when it is at least as new as every source file. */
-function bundleFresh(): boolean {
-  try {
-    return process.env.KPROXY_NO_BUNDLE !== '1' && statSync(join(repoRoot, 'dist/kproxy.js')).mtimeMs >= newestMtime(join(repoRoot, 'src'));
-  } catch {
-    return false;
-  }
-}
-
-function ensureBundle(): void {
-  if (process.env.KPROXY_NO_BUNDLE === '1' || bundleFresh()) return;
-  process.stderr.write('render: building the bundle (scripts/build.mjs)\n');
-  execFileSync(process.execPath, [join(repoRoot, 'scripts/build.mjs')], { stdio: 'inherit', cwd: repoRoot });
 }
 
 /** The process's VmHWM in KiB, or NaN once it is gone. */
@@ -263,8 +240,7 @@ export function parseRenderArgs(argv: string[]): RenderBenchOptions & { json?: s
 
 async function main(): Promise<void> {
   const o = parseRenderArgs(process.argv.slice(2));
-  ensureBundle();
-  const entry = bundleFresh() ? 'dist bundle' : 'tsx sources';
+  const entry = ensureBundle('render');
   o.log(`render: N=${o.n} × ${o.endpoints} endpoints, ${o.runs} run(s) per mode, ${entry}`);
   const rows = await renderBench(o);
   console.log(table(rows));

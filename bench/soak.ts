@@ -35,6 +35,7 @@ import { Namespaces, TimedRunner } from './netns.ts';
 import { linePlotSVG, type Series } from './plot.ts';
 import { median, pollUntil, sleep } from './stats.ts';
 import { serviceName, sliceObject } from './workload.ts';
+import { bundleEntry } from './bundle.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const EXTRA_ENDPOINTS = 16;
@@ -171,25 +172,6 @@ export function summarize(points: Array<[number, number]>, warmup: number): Figu
     endMedian: median(after.filter(([t]) => t >= after[n - 1][0] - 300).map((p) => p[1])),
     slopePerHour: sxx > 0 ? (sxy / sxx) * 3600 : NaN,
   };
-}
-
-function newestMtime(dir: string): number {
-  let newest = 0;
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
-    const p = join(dir, e.name);
-    newest = Math.max(newest, e.isDirectory() ? newestMtime(p) : statSync(p).mtimeMs);
-  }
-  return newest;
-}
-
-/** bin/kproxy.js's own rule: the bundle when it is at least as new as every source file. */
-function entryKind(): SoakResult['entry'] {
-  try {
-    if (process.env.KPROXY_NO_BUNDLE !== '1' && statSync(join(repoRoot, 'dist/kproxy.js')).mtimeMs >= newestMtime(join(repoRoot, 'src'))) return 'dist bundle';
-  } catch {
-    /* no bundle */
-  }
-  return 'tsx sources';
 }
 
 function fdCount(pid: number): number {
@@ -473,7 +455,7 @@ async function main(): Promise<void> {
     for (const m of r.results) if (m.samples.length) summarizeMode(m, r.options.warmup);
   } else {
     if (process.getuid?.() !== 0) throw new Error('KPROXY_BENCH_ROOT: the soak bench creates network namespaces: run it as root');
-    const entry = entryKind();
+    const entry = bundleEntry();
     log(`soak (kproxy from the ${entry}): ${a.o.modes.join(' + ')}, ${a.o.services} Services × ${a.o.endpoints} endpoints, ${a.o.rate} changes/s for ${a.o.seconds} s, a sample every ${a.o.interval} s, warm-up ${a.o.warmup} s`);
     const results = await runSoak(a.o, log);
     r = {

@@ -25,6 +25,7 @@ import { legacyShim } from './kproxy-run.ts';
 import { LEGACY_IPTABLES, Namespaces } from './netns.ts';
 import { median } from './stats.ts';
 import { benchConfig, clusterIPOf, endpointIPOf, Workload } from './workload.ts';
+import { ensureBundle } from './bundle.ts';
 
 export const TRACE_VARIANTS = ['iptables', 'iptables-legacy', 'nftables'] as const;
 export type TraceVariant = (typeof TRACE_VARIANTS)[number];
@@ -53,19 +54,6 @@ function timed(cmd: string, args: string[], env?: NodeJS.ProcessEnv): { ms: numb
   const ms = performance.now() - t0;
   if (r.status !== 0) throw new Error(`KPROXY_BENCH_TRACE: ${cmd} ${args.join(' ')} exited ${r.status}: ${(r.stderr || String(r.error ?? '')).slice(0, 400)}`);
   return { ms, stdout: r.stdout };
-}
-
-/** The bundle bin/kproxy.js runs, built when older than the sources (bin/kproxy.js's own rule). */
-function ensureBundle(): void {
-  const r = spawnSync(process.execPath, ['-e', `
-    const { readdirSync, statSync } = require('node:fs');
-    const newest = (d) => Math.max(0, ...readdirSync(d, { withFileTypes: true }).map((e) => e.isDirectory() ? newest(d + '/' + e.name) : statSync(d + '/' + e.name).mtimeMs));
-    let fresh = false;
-    try { fresh = statSync(${JSON.stringify(join(repoRoot, 'dist/kproxy.js'))}).mtimeMs >= newest(${JSON.stringify(join(repoRoot, 'src'))}); } catch {}
-    process.exit(fresh ? 0 : 1);`]);
-  if (r.status === 0) return;
-  process.stderr.write('trace-live: building the bundle (scripts/build.mjs)\n');
-  execFileSync(process.execPath, [join(repoRoot, 'scripts/build.mjs')], { stdio: 'inherit', cwd: repoRoot });
 }
 
 /** Loads the mode's rendered rules for the workload into the namespace. */
@@ -161,7 +149,7 @@ async function main(): Promise<void> {
   const variants = (values.variants ?? TRACE_VARIANTS.join(',')).split(',') as TraceVariant[];
   for (const v of variants) if (!(TRACE_VARIANTS as readonly string[]).includes(v)) throw new Error(`KPROXY_BENCH_ARGS: unknown variant ${v}`);
   if (!(runs >= 3) || sizes.some((n) => !(n >= 1))) throw new Error('KPROXY_BENCH_ARGS: --runs wants 3 or more, --n positive sizes');
-  ensureBundle();
+  ensureBundle('trace-live');
   const nss = new Namespaces(`${process.pid}`);
   const work = mkdtempSync(join(tmpdir(), 'kpb-trace-'));
   const rows: TraceLiveRow[] = [];
