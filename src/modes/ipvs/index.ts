@@ -46,11 +46,14 @@ async function traceLive(req: TraceRequest, runner: CommandRunner): Promise<Trac
   await ask(setQuestions(known, pkt));
   for (let round = 1; ; round++) {
     const unasked = new Map<string, SetQuestion>();
-    const res = traceIpvs({ ...known, sets: new Map(), setLookup: { has(set, entry) {
-      const a = answers.get(`${set} ${entry}`);
-      if (a === undefined) unasked.set(`${set} ${entry}`, { set, entry });
-      return a ?? false;
-    } } }, pkt);
+    const setLookup = {
+      has(set: string, entry: string): boolean {
+        const a = answers.get(`${set} ${entry}`);
+        if (a === undefined) unasked.set(`${set} ${entry}`, { set, entry });
+        return a ?? false;
+      },
+    };
+    const res = traceIpvs({ ...known, sets: new Map(), setLookup }, pkt);
     if (unasked.size === 0) return res;
     // a walk still asking after that many rounds gets every set at once
     if (round >= MAX_SET_ROUNDS) return traceIpvs({ ...known, sets: await ipset.save() }, pkt);
