@@ -14,6 +14,7 @@ import type { PlanInput } from '../core/nodeview.ts';
 import { validateOptionsForMode } from '../core/validate.ts';
 import { discoverNodeIPs } from '../sync/controller.ts';
 import { canonicalIP, ipFamily } from '../core/ip.ts';
+import { clusterIPForFamily } from '../core/convert.ts';
 
 /** How render and trace allocate: the ranges (default kube-apiserver's), and the state file (default: where `run` keeps it; null: none). */
 export interface ManifestsAllocation {
@@ -85,9 +86,10 @@ export async function plansFromManifests(
     stderr(`kproxy: warning: Service ${key}: ${why}; skipped\n`);
   }, stderr);
   // The IPv4 tracker takes every object (its warnings are the ones shown). The IPv6 tracker
-  // takes the Services that may have an IPv6 cluster IP, and the EndpointSlices only when its
-  // family is planned: validating 10,000 objects once more for a family that has none of them
-  // is a third of render's time at that size. Its endpoints tracker is independent of its
+  // takes the Services with an IPv6 cluster IP (clusterIPForFamily, by which servicePortsOf
+  // keeps a family's ports), and the EndpointSlices only when its family is planned:
+  // validating 10,000 objects once more for a family that has none of them is a third of
+  // render's time at that size. Its endpoints tracker is independent of its
   // services tracker, so applying the Services first leaves the same state.
   const [v4, v6] = trackers;
   const slices: unknown[] = [];
@@ -96,7 +98,7 @@ export async function plansFromManifests(
       const svc = services.get(key.slice('Service/'.length));
       if (svc) {
         v4.t.services.update(null, svc);
-        if (mayHaveIPv6ClusterIP(svc)) v6.t.services.update(null, svc);
+        if (clusterIPForFamily(svc, 6)) v6.t.services.update(null, svc);
       }
     }
     else if (kind === 'EndpointSlice') {
@@ -124,20 +126,6 @@ export async function plansFromManifests(
     .map((x) => ({ state: x.t.state, config: cfg, node: { nodeName, nodeIPs: nodeIPs(x.family), nodeLabels: labels, family: x.family } }));
 }
 
-/**
- * False only when no cluster IP of the Service can be an IPv6 address (every one a string
- * without a colon): such a Service has no port in the IPv6 state (servicePortsOf takes a
- * family's ports from the Service's cluster IP of that family), so the IPv6 tracker would
- * record nothing for it.
- */
-export function mayHaveIPv6ClusterIP(svc: K8sService): boolean {
-  const spec = svc.spec as { clusterIP?: unknown; clusterIPs?: unknown } | undefined;
-  const noColon = (ip: unknown) => ip === undefined || ip === null || (typeof ip === 'string' && !ip.includes(':'));
-  if (!noColon(spec?.clusterIP)) return true;
-  const ips = spec?.clusterIPs;
-  if (ips === undefined || ips === null) return false;
-  return !Array.isArray(ips) || !ips.every(noColon);
-}
 
 /**
  * The Services as `run` delivers them, by "namespace/name": the state file's holdings first

@@ -72,10 +72,15 @@ export function serviceSkipReason(svc: K8sService): string | null {
   return null;
 }
 
-function clusterIPForFamily(svc: K8sService, family: IPFamily): string | null {
-  const candidates = svc.spec?.clusterIPs?.length ? svc.spec.clusterIPs : [svc.spec?.clusterIP ?? ''];
+/**
+ * The Service's cluster IP of this family, or null: the one rule by which a Service has
+ * ports in a family's state (servicePortsOf). Safe on an object not yet validated.
+ */
+export function clusterIPForFamily(svc: K8sService, family: IPFamily): string | null {
+  const ips: unknown = svc.spec?.clusterIPs;
+  const candidates: unknown[] = Array.isArray(ips) && ips.length ? ips : [svc.spec?.clusterIP ?? ''];
   for (const c of candidates) {
-    const ip = canonicalIP(c);
+    const ip = typeof c === 'string' ? canonicalIP(c) : null;
     if (ip && ipFamily(ip) === family) return ip;
   }
   return null;

@@ -9,7 +9,8 @@ import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { repoRoot } from '../support/netns.ts';
-import { mayHaveIPv6ClusterIP, plansFromManifests } from '../../src/cli/state.ts';
+import { plansFromManifests } from '../../src/cli/state.ts';
+import { clusterIPForFamily } from '../../src/core/convert.ts';
 import { allocatorConfig } from '../../src/sources/service-alloc.ts';
 import type { K8sService } from '../../src/core/api.ts';
 import { resolveConfig } from '../../src/config/config.ts';
@@ -100,16 +101,16 @@ endpoints: [{addresses: ["fd00:10:180::7"]}]
   }
 });
 
-test('mayHaveIPv6ClusterIP: false only when every cluster IP is a string without a colon', () => {
+test('clusterIPForFamily: the family\'s cluster IP, or null; an object not yet validated does not throw', () => {
   const svc = (spec: unknown) => ({ metadata: { name: 'a' }, spec }) as K8sService;
-  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIP: '10.0.0.1', clusterIPs: ['10.0.0.1'] })), false);
-  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIP: 'None' })), false);
-  assert.equal(mayHaveIPv6ClusterIP(svc(undefined)), false);
-  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIP: '10.0.0.1', clusterIPs: ['10.0.0.1', 'fd00::1'] })), true);
-  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIP: '::ffff:10.0.0.1' })), true);
-  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIP: 5 })), true, 'not a string: the tracker decides');
-  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIPs: 'fd00::1' })), true);
-  assert.equal(mayHaveIPv6ClusterIP(svc({ clusterIPs: [null, {}] })), true);
+  assert.equal(clusterIPForFamily(svc({ clusterIP: '10.0.0.1', clusterIPs: ['10.0.0.1'] }), 6), null);
+  assert.equal(clusterIPForFamily(svc({ clusterIP: '10.0.0.1', clusterIPs: ['10.0.0.1'] }), 4), '10.0.0.1');
+  assert.equal(clusterIPForFamily(svc({ clusterIP: 'None' }), 6), null);
+  assert.equal(clusterIPForFamily(svc(undefined), 6), null);
+  assert.equal(clusterIPForFamily(svc({ clusterIP: '10.0.0.1', clusterIPs: ['10.0.0.1', 'fd00::1'] }), 6), 'fd00::1');
+  for (const spec of [{ clusterIP: 5 }, { clusterIPs: 'fd00::1' }, { clusterIPs: [null, {}] }, { clusterIPs: { length: 2 } }]) {
+    assert.equal(clusterIPForFamily(svc(spec), 6), null, JSON.stringify(spec));
+  }
 });
 
 for (const mode of ['iptables', 'nftables', 'ipvs', 'userspace']) {
