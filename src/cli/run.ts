@@ -18,6 +18,7 @@ import { applyStartSettings, conntrackCleaner } from '../kernel/conntrack.ts';
 import { watchConfigFile, CONFIG_CHANGED_MESSAGE } from './config-watch.ts';
 import { announceModeNotices } from './mode-announce.ts';
 import type { NodeEventRecorder } from '../sources/k8s-events.ts';
+import { boundHeapGrowth } from '../sync/memory.ts';
 
 export async function createSource(o: CommonOptions, cfg: ProxyConfig, nodeName: string, log: Logger): Promise<Source> {
   if (o.manifests) {
@@ -71,6 +72,8 @@ export async function runCommand(o: CommonOptions): Promise<void> {
   // A long-running kproxy logs an error that escapes every handler and keeps going (node's
   // default would exit 1 and leave the node unserviced until a restart).
   installProcessGuards(log);
+  // before the load: its garbage would otherwise grow the heap to the process's peak (src/sync/memory.ts)
+  boundHeapGrowth();
   const nodeName = resolveNodeName(cfg);
   const source = await createSource(o, cfg, nodeName, log);
   const mode = modes[cfg.mode];

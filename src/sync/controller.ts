@@ -198,7 +198,7 @@ export class ProxyController {
   private readonly invalidListeners: Array<(kind: ObjectKind, source: string) => void> = [];
   /** objects skipped as invalid since start, by kind */
   readonly invalidCounts: Record<ObjectKind, number> = { Service: 0, EndpointSlice: 0, Node: 0 };
-  /** returns the garbage of a big full sync to the OS (src/sync/memory.ts) */
+  /** frees the garbage of a big load or full sync at once (src/sync/memory.ts) */
   private readonly gcAfterSync = new GarbageAfterSync();
 
   constructor(private readonly opts: ControllerOptions) {

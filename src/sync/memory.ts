@@ -1,14 +1,38 @@
-// Giving memory back after a big full sync. A first full sync at 10,000 Services builds the
-// whole ruleset text, its restore input and the tool's output: 150+ MiB of garbage that V8
-// would otherwise keep committed (the old generation only shrinks after a full mark-compact,
-// which an idle proxy may not run for a long time), so the process's RSS after the first sync
-// stays near its peak. One full collection right after such a sync returns those pages to the
-// OS (docs/benchmarks.md §1, "Rule programming vs the number of Services": the measured effect per mode).
+// Keeping the process's peak memory down and giving memory back after a big full sync.
+//
+// Where the peak comes from (10,000 Services × 5 endpoints, iptables, manifests source; the
+// VmHWM at each step, docs/benchmarks.md §5):
+//  1. the load: parsing leaves ~150 MB of garbage behind ~55 MB kept, and V8 grows the old
+//     generation by up to 4× what survived its last collection while allocation is fast, so
+//     the heap reaches ~230 MB before a collection frees it: boundHeapGrowth;
+//  2. the first full sync: its plan (every Service's rule text, the restore payloads) is
+//     live at once, ~100 MB on top of the ~60 MB kept;
+//  3. a compacting collection after the sync copied the ~100 MB that survive it into fresh
+//     pages before freeing the old ones, 50–85 MB above the sync's own peak: the collection
+//     after a sync is a plain one (collectGarbagePlain).
 //
 // V8 exposes a gc() function only with --expose-gc; setting the flag at run time and reading
 // `gc` from a fresh context gives the same function without changing how kproxy is started.
 import { getHeapSpaceStatistics, setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
+
+/**
+ * V8's old generation may grow to this percentage above what survived its last full
+ * collection before it collects again (--heap-growing-percent; V8 picks 10–300 % by itself,
+ * the most while allocation is fast, as in a load or a full sync). 20 %: the load's peak at
+ * 10,000 Services drops from ~300 to ~180 MB.
+ */
+export const HEAP_GROWING_PERCENT = 20;
+
+/** Caps V8's heap growth for this process (see HEAP_GROWING_PERCENT); false when the runtime refuses the flag. */
+export function boundHeapGrowth(percent = HEAP_GROWING_PERCENT): boolean {
+  try {
+    setFlagsFromString(`--heap-growing-percent=${percent}`);
+    return true;
+  } catch {
+    return false;
+  }
+}
 
 let gcFn: (() => void) | null | undefined;
 
@@ -27,42 +51,13 @@ function gcFunction(): (() => void) | null {
 }
 
 /**
- * Runs one full, compacting garbage collection; false when this runtime offers none (nothing
- * happened). Compacting: a plain full collection frees objects but keeps every page that
- * still holds one live object, and after a first sync most pages hold a few survivors among
- * the garbage; moving them together lets V8 return the emptied pages (measured: ~20 % less
- * committed heap on a fragmented heap).
- *
- * A plain full collection goes first: compaction copies the survivors of every page into
- * fresh pages before it frees the old ones, and with a full sync's garbage still around those
- * fresh pages came on top of the sync's peak (10,000 Services, iptables: the process's
- * high-water mark rose by 60–80 MB during the collection). Once the plain collection has freed
- * the garbage, the copies go into its space.
+ * Runs one full garbage collection; false when this runtime offers none (nothing happened).
+ * Not a compacting one: compaction copies every survivor into fresh pages before it frees the
+ * old ones, which after a first sync at 10,000 Services raised the process's high-water mark
+ * by 50–85 MB, for ~30 MB less RSS afterwards. The pages a plain collection frees are reused
+ * by the next allocations.
  */
 export function collectGarbage(): boolean {
-  const gc = gcFunction();
-  if (!gc) return false;
-  gc();
-  let compacting = false;
-  try {
-    setFlagsFromString('--compact-on-every-full-gc');
-    compacting = true;
-  } catch {
-    /* a runtime without the flag: a plain full collection */
-  }
-  try {
-    gc();
-  } finally {
-    if (compacting) setFlagsFromString('--no-compact-on-every-full-gc');
-  }
-  return true;
-}
-
-/**
- * One plain full collection (no compaction: quick, and it needs no fresh pages); false when
- * this runtime offers none.
- */
-export function collectGarbagePlain(): boolean {
   const gc = gcFunction();
   if (!gc) return false;
   gc();
@@ -78,7 +73,7 @@ export class GarbageAfterSync {
   private lastAt = -Infinity;
 
   constructor(
-    private readonly o: { minRules?: number; minIntervalMs?: number; minObjects?: number; now?: () => number; collect?: () => boolean; collectPlain?: () => boolean } = {},
+    private readonly o: { minRules?: number; minIntervalMs?: number; minObjects?: number; now?: () => number; collect?: () => boolean } = {},
   ) {}
 
   /** What the process holds, in MiB: for the log line after a collection. */
@@ -95,12 +90,11 @@ export class GarbageAfterSync {
    * parsed manifest documents or list responses: at 10,000 Services × 5 endpoints ~120 MB of
    * heap besides the ~65 MB kept) in a heap V8 has just grown to hold it; the first full sync
    * then builds its plan on top of that unless the garbage is freed first (measured: the
-   * high-water mark at the first sync 359 → ~300 MB, iptables, manifests source). A plain
-   * collection: there is nothing to give back yet, only room to reuse.
+   * high-water mark at the first sync 359 → ~300 MB, iptables, manifests source).
    */
   afterLoad(objects: number): boolean {
     if (objects < (this.o.minObjects ?? 5_000)) return false;
-    return (this.o.collectPlain ?? collectGarbagePlain)();
+    return (this.o.collect ?? collectGarbage)();
   }
 
   /** Collects now when the sync qualifies; true when it did. */

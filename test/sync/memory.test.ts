@@ -1,8 +1,9 @@
-// Giving memory back after a big full sync (src/sync/memory.ts): the collection really runs
-// without --expose-gc, and only after the syncs that qualify.
+// Peak memory (src/sync/memory.ts): the heap's growth is bounded, the collection really runs
+// without --expose-gc, and only after the loads and syncs that qualify.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { collectGarbage, collectGarbagePlain, GarbageAfterSync } from '../../src/sync/memory.ts';
+import { spawnSync } from 'node:child_process';
+import { boundHeapGrowth, collectGarbage, GarbageAfterSync, HEAP_GROWING_PERCENT } from '../../src/sync/memory.ts';
 
 test('collectGarbage runs a full collection without --expose-gc: unreachable garbage is gone after it', () => {
   assert.equal(typeof (globalThis as { gc?: unknown }).gc, 'undefined', 'this test runs without --expose-gc');
@@ -33,23 +34,34 @@ test('GarbageAfterSync: only successful full syncs of a big ruleset, at most onc
   assert.equal(collections, 2);
 });
 
-test('GarbageAfterSync.afterLoad: a plain collection once a big state has been loaded, none for a small one', () => {
-  let plain = 0;
-  let compacting = 0;
-  const g = new GarbageAfterSync({ minObjects: 100, collect: () => (compacting++, true), collectPlain: () => (plain++, true) });
+test('GarbageAfterSync.afterLoad: a collection once a big state has been loaded, none for a small one', () => {
+  let collections = 0;
+  const g = new GarbageAfterSync({ minObjects: 100, collect: () => (collections++, true) });
   assert.equal(g.afterLoad(99), false, 'a small state');
-  assert.equal(plain, 0);
+  assert.equal(collections, 0);
   assert.equal(g.afterLoad(100), true);
-  assert.equal(plain, 1);
-  assert.equal(compacting, 0, 'the load is followed by a plain collection, not a compacting one');
+  assert.equal(collections, 1);
 });
 
-test('collectGarbagePlain frees unreachable garbage without --expose-gc', () => {
-  let garbage: number[][] | null = Array.from({ length: 200 }, () => new Array<number>(50_000).fill(2.5));
-  const withGarbage = process.memoryUsage().heapUsed;
-  garbage = null;
-  assert.equal(garbage, null);
-  assert.equal(collectGarbagePlain(), true);
-  const after = process.memoryUsage().heapUsed;
-  assert.ok(withGarbage - after > 40 * 2 ** 20, `freed ${((withGarbage - after) / 2 ** 20).toFixed(1)} MiB`);
+test('boundHeapGrowth keeps the heap near what survives: a burst of garbage over a kept set peaks lower', () => {
+  // In a child each, bounded and unbounded, side by side: the flag is process-wide.
+  // a kept set, then batches that live long enough to be promoted and are dropped (a load)
+  const burst = `
+    const v8 = require('node:v8');
+    if (process.argv[1] === 'bound') v8.setFlagsFromString('--heap-growing-percent=${HEAP_GROWING_PERCENT}');
+    const make = (n, tag) => { const a = []; for (let i = 0; i < n; i++) a.push({ a: tag + i, b: [i, i + 1, i + 2] }); return a; };
+    const kept = make(400000, 'kept-');
+    let peak = 0;
+    for (let r = 0; r < 12; r++) {
+      const batch = make(200000, 'garbage-' + r + '-');
+      peak = Math.max(peak, process.memoryUsage().heapTotal);
+      if (batch.length !== 200000) throw new Error('lost a batch');
+    }
+    process.stdout.write(String(kept.length && peak));`;
+  const peak = (arg: string) => Number(spawnSync(process.execPath, ['-e', burst, arg], { encoding: 'utf8', timeout: 60_000 }).stdout);
+  const bound = peak('bound');
+  const free = peak('free');
+  assert.ok(bound > 0 && free > 0, `peaks ${bound} / ${free}`);
+  assert.ok(bound < free * 0.75, `bounded heap peak ${(bound / 2 ** 20).toFixed(0)} MiB, unbounded ${(free / 2 ** 20).toFixed(0)} MiB`);
+  assert.equal(boundHeapGrowth(), true, 'this runtime takes the flag');
 });
