@@ -41,6 +41,7 @@
 //
 // Needs root; every namespace (kpb-*) and process it starts is removed, also on failure and
 // Ctrl-C. Loops are bounded by --timeout (per sync) and by counts.
+import { ensureBundle, type Entry } from './bundle.ts';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -112,6 +113,8 @@ export interface ScaleOptions {
 
 export interface ScaleResult {
   options: Omit<ScaleOptions, 'log'>;
+  /** what `node bin/kproxy.js` ran in the phases that start the process (memory, k8s, run) */
+  entry?: Entry;
   machine: { date: string; kernel: string; cpus: number; cpuModel: string; memGiB: number; node: string; iptables: string; nft: string; loadBefore: number[]; loadAfter: number[] };
   manifests?: ManifestsLoadResult;
   memory?: { variant: ScaleVariant; n: number; steps: MemoryStep[]; error?: string };
@@ -202,6 +205,8 @@ export async function runScale(o: ScaleOptions): Promise<ScaleResult> {
       notes.add(`${name}: the phase stopped with an error: ${msg}`);
     }
   };
+  // the phases that start `node bin/kproxy.js` time it as a node runs it: the bundle
+  if (['memory', 'k8s', 'run'].some((p) => o.phases.includes(p as Phase))) res.entry = ensureBundle('scale');
   try {
     if (o.phases.includes('manifests')) await guarded('manifests', async () => {
       o.log(`manifests: one file of ${o.manifestServices} services`);
@@ -472,7 +477,8 @@ export function markdown(r: ScaleResult): string {
   const out: string[] = [];
   out.push(`Run ${m.date}${r.options.quick ? ' (--quick)' : ''}, ${r.totalSeconds.toFixed(0)} s: Linux ${m.kernel}, ${m.cpus} × ${m.cpuModel}, ${m.memGiB} GiB, ` +
     `${m.iptables}, ${m.nft}, Node ${m.node}; load average ${m.loadBefore.join(' ')} before, ${m.loadAfter.join(' ')} after (shared machine: treat differences under ~30 % as noise). ` +
-    `${r.options.endpoints} endpoints per Service (ClusterIP + NodePort each; ClusterIP only past the 35,535th, when node ports run out).`);
+    `${r.options.endpoints} endpoints per Service (ClusterIP + NodePort each; ClusterIP only past the 35,535th, when node ports run out).` +
+    (r.entry ? ` kproxy ran as \`node bin/kproxy.js\`: the ${r.entry}.` : ''));
   if (r.manifests) {
     const x = r.manifests;
     out.push(`### Manifests source\n\n${table(['services', 'file', 'load', 'longest event-loop block', 'RSS growth'], [[n0(x.services), `${(x.fileBytes / 2 ** 20).toFixed(1)} MiB`, fmtMs(x.loadMs), fmtMs(x.maxBlockMs), `${((x.rssAfter - x.rssBefore) / 2 ** 20).toFixed(0)} MiB`]])}`);
