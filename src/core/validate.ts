@@ -160,21 +160,27 @@ export const labelKey: Check = (s) => {
 // ---- special addresses ------------------------------------------------------------------------
 
 /**
+ * A dotted quad as canonicalIP prints it: four decimal octets 0-255 without leading zeros. An
+ * address written so (nearly every one) is its own canonical form and IPv4, so the rules below
+ * skip canonicalIP's parse for it and read its first octets as text prefixes.
+ */
+const CANONICAL_IPV4 = /^(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$/;
+
+/**
  * Why an address cannot be an endpoint address or external IP, or null: upstream's
  * ValidateEndpointIP (pkg/apis/core/validation), which refuses the unspecified, loopback,
  * link-local unicast and link-local multicast ranges (Go's net.IP IsUnspecified, IsLoopback,
  * IsLinkLocalUnicast, IsLinkLocalMulticast) and nothing else. `ip` must be canonical
- * (canonicalIP: IPv4-mapped IPv6 is already plain IPv4). Plain arithmetic on the text: this runs
- * for every endpoint of every slice.
+ * (canonicalIP: IPv4-mapped IPv6 is already plain IPv4; IPv4 text that is not a canonical dotted
+ * quad is no address here). Plain text tests: this runs for every endpoint of every slice.
  */
 export function endpointIPReason(ip: string, allowLoopback = false): string | null {
   if (!ip.includes(':')) {
-    const o = ip.split('.').map(Number);
-    if (o.length !== 4 || o.some((n) => !Number.isInteger(n) || n < 0 || n > 255)) return 'must be a valid IP address';
-    if (o[0] === 0 && o[1] === 0 && o[2] === 0 && o[3] === 0) return 'may not be unspecified';
-    if (o[0] === 127 && !allowLoopback) return 'may not be in the loopback range (127.0.0.0/8, ::1/128)';
-    if (o[0] === 169 && o[1] === 254) return 'may not be in the link-local range (169.254.0.0/16, fe80::/10)';
-    if (o[0] === 224 && o[1] === 0 && o[2] === 0) return 'may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)';
+    if (!CANONICAL_IPV4.test(ip)) return 'must be a valid IP address';
+    if (ip === '0.0.0.0') return 'may not be unspecified';
+    if (ip.startsWith('127.')) return allowLoopback ? null : 'may not be in the loopback range (127.0.0.0/8, ::1/128)';
+    if (ip.startsWith('169.254.')) return 'may not be in the link-local range (169.254.0.0/16, fe80::/10)';
+    if (ip.startsWith('224.0.0.')) return 'may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)';
     return null;
   }
   if (ip === '::') return 'may not be unspecified';
@@ -185,6 +191,9 @@ export function endpointIPReason(ip: string, allowLoopback = false): string | nu
   if (first >= 0xff00 && (first & 0x0f) === 0x02) return 'may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)';
   return null;
 }
+
+/** canonicalIP, without a parse for an address that is a canonical dotted quad already. */
+const canonicalAddress = (raw: string): string | null => (CANONICAL_IPV4.test(raw) ? raw : canonicalIP(raw));
 
 /**
  * An endpoint address the API server accepts but no mode can forward to (kproxy's own refusal,
@@ -561,7 +570,7 @@ type SliceOut = z.output<typeof sliceSchema>;
  * external IPs also with ValidateEndpointIP (`endpointRules`).
  */
 function checkServiceIP(out: Issue[], path: ReadonlyArray<string | number>, raw: string, opts: ValidateOptions, endpointRules = false): string | null {
-  const ip = canonicalIP(raw);
+  const ip = canonicalAddress(raw);
   if (!ip) {
     out.push(issue(path, 'must be a valid IP address', raw));
     return null;
@@ -648,16 +657,17 @@ function sliceRules(slice: SliceOut, opts: ValidateOptions): Issue[] {
     return out;
   }
   const want = slice.addressType === 'IPv4' ? 4 : 6;
-  for (const [i, ep] of (slice.endpoints ?? []).entries()) {
-    for (const [j, a] of ep.addresses.entries()) {
-      const path = ['endpoints', i, 'addresses', j];
-      const ip = canonicalIP(a);
-      if (!ip || ipFamily(ip) !== want) {
-        out.push(issue(path, `must be a valid ${slice.addressType} address`, a));
-        continue;
-      }
-      const special = endpointIPReason(ip, opts.allowLoopback);
-      if (special) out.push(issue(path, special, a));
+  const endpoints = slice.endpoints ?? [];
+  for (let i = 0; i < endpoints.length; i++) {
+    const addresses = endpoints[i].addresses;
+    for (let j = 0; j < addresses.length; j++) {
+      const a = addresses[j];
+      const quad = CANONICAL_IPV4.test(a);
+      const ip = quad ? a : canonicalIP(a);
+      const bad =
+        !ip || (quad ? 4 : ipFamily(ip)) !== want ? `must be a valid ${slice.addressType} address`
+        : endpointIPReason(ip, opts.allowLoopback);
+      if (bad) out.push(issue(['endpoints', i, 'addresses', j], bad, a));
     }
   }
   return out;
