@@ -24,7 +24,8 @@
 //
 // IPv4 addresses with leading zeros ("010.001.002.003") are accepted as upstream accepts them in
 // existing objects (ParseIPSloppy, decimal) and canonicalised before anything renders them.
-import { z } from 'zod/v4';
+// The namespace import lets the bundler (scripts/build.mjs) keep only the parts of zod used here.
+import * as z from 'zod/v4';
 import { canonicalIP, ipFamily, parseCIDR } from './ip.ts';
 import { ANNOTATION_LAST_CHANGE_TRIGGER_TIME, type K8sEndpointSlice, type K8sService, type ObjectKind, type Report } from './api.ts';
 
