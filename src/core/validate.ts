@@ -228,7 +228,7 @@ const opt = <T extends z.ZodType>(t: T) => t.nullish();
 
 /**
  * What kind of value `v` is, in the words of the messages (`must be a string, not number`): the
- * kinds zod 3's getParsedType named, which kproxy's messages have always used.
+ * names of zod 3's getParsedType (`nan`, `null`, `array`, `date`, ...), which kproxy's logs use.
  */
 function receivedKind(v: unknown): string {
   switch (typeof v) {
@@ -252,8 +252,9 @@ const wrongType = (expected: string, v: unknown) => (v === undefined ? 'required
 
 /**
  * An integer from `min` to `max`. Any number passes the type check, ±Infinity included (YAML's
- * `.inf`), and is then refused as not an integer, so the messages are the same for every number.
- * zod's own number type refuses ±Infinity as a wrong type, hence the check here.
+ * `.inf`), and is then refused as not an integer; a number that breaks both rules (-0.5) gets
+ * both messages. zod's own number type refuses ±Infinity as a wrong type and its int() check
+ * stops at the first rule broken, hence this one check.
  */
 const int = (min: number, max: number) =>
   z.any().check((ctx) => {
