@@ -24,7 +24,8 @@
 //
 // IPv4 addresses with leading zeros ("010.001.002.003") are accepted as upstream accepts them in
 // existing objects (ParseIPSloppy, decimal) and canonicalised before anything renders them.
-import { z } from 'zod';
+// The namespace import lets the bundler (scripts/build.mjs) keep only the parts of zod used here.
+import * as z from 'zod/v4';
 import { canonicalIP, ipFamily, parseCIDR } from './ip.ts';
 import { ANNOTATION_LAST_CHANGE_TRIGGER_TIME, type K8sEndpointSlice, type K8sService, type ObjectKind, type Report } from './api.ts';
 
@@ -160,21 +161,27 @@ export const labelKey: Check = (s) => {
 // ---- special addresses ------------------------------------------------------------------------
 
 /**
+ * A dotted quad as canonicalIP prints it: four decimal octets 0-255 without leading zeros. An
+ * address written so (nearly every one) is its own canonical form and IPv4, so the rules below
+ * skip canonicalIP's parse for it and read its first octets as text prefixes.
+ */
+const CANONICAL_IPV4 = /^(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$/;
+
+/**
  * Why an address cannot be an endpoint address or external IP, or null: upstream's
  * ValidateEndpointIP (pkg/apis/core/validation), which refuses the unspecified, loopback,
  * link-local unicast and link-local multicast ranges (Go's net.IP IsUnspecified, IsLoopback,
  * IsLinkLocalUnicast, IsLinkLocalMulticast) and nothing else. `ip` must be canonical
- * (canonicalIP: IPv4-mapped IPv6 is already plain IPv4). Plain arithmetic on the text: this runs
- * for every endpoint of every slice.
+ * (canonicalIP: IPv4-mapped IPv6 is already plain IPv4; IPv4 text that is not a canonical dotted
+ * quad is no address here). Plain text tests: this runs for every endpoint of every slice.
  */
 export function endpointIPReason(ip: string, allowLoopback = false): string | null {
   if (!ip.includes(':')) {
-    const o = ip.split('.').map(Number);
-    if (o.length !== 4 || o.some((n) => !Number.isInteger(n) || n < 0 || n > 255)) return 'must be a valid IP address';
-    if (o[0] === 0 && o[1] === 0 && o[2] === 0 && o[3] === 0) return 'may not be unspecified';
-    if (o[0] === 127 && !allowLoopback) return 'may not be in the loopback range (127.0.0.0/8, ::1/128)';
-    if (o[0] === 169 && o[1] === 254) return 'may not be in the link-local range (169.254.0.0/16, fe80::/10)';
-    if (o[0] === 224 && o[1] === 0 && o[2] === 0) return 'may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)';
+    if (!CANONICAL_IPV4.test(ip)) return 'must be a valid IP address';
+    if (ip === '0.0.0.0') return 'may not be unspecified';
+    if (ip.startsWith('127.')) return allowLoopback ? null : 'may not be in the loopback range (127.0.0.0/8, ::1/128)';
+    if (ip.startsWith('169.254.')) return 'may not be in the link-local range (169.254.0.0/16, fe80::/10)';
+    if (ip.startsWith('224.0.0.')) return 'may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)';
     return null;
   }
   if (ip === '::') return 'may not be unspecified';
@@ -185,6 +192,9 @@ export function endpointIPReason(ip: string, allowLoopback = false): string | nu
   if (first >= 0xff00 && (first & 0x0f) === 0x02) return 'may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)';
   return null;
 }
+
+/** canonicalIP, without a parse for an address that is a canonical dotted quad already. */
+const canonicalAddress = (raw: string): string | null => (CANONICAL_IPV4.test(raw) ? raw : canonicalIP(raw));
 
 /**
  * An endpoint address the API server accepts but no mode can forward to (kproxy's own refusal,
@@ -200,18 +210,62 @@ export function unusableEndpointReason(ip: string): string | null {
 }
 
 // ---- zod building blocks ------------------------------------------------------------------------
+// zod 4 (zod/v4): its parsers allocate far less per object than zod 3's, which matters when a
+// render or a start-up validates every Service and EndpointSlice of a cluster. A check pushes
+// its issue onto the parse payload directly (Schema.check), with the message kproxy prints.
+
+/** The issue a check adds: the message is the one kproxy prints. */
+const customIssue = (input: unknown, message: string) => ({ code: 'custom' as const, message, input });
 
 const str = (check: Check) =>
-  z.string().superRefine((s, ctx) => {
-    const bad = check(s);
-    if (bad) ctx.addIssue({ code: z.ZodIssueCode.custom, message: bad });
+  z.string().check((ctx) => {
+    const bad = check(ctx.value);
+    if (bad) ctx.issues.push(customIssue(ctx.value, bad));
   });
 
 /** Absent or null means "not set", as in the API's JSON. */
-const opt = <T extends z.ZodTypeAny>(t: T) => t.nullish();
+const opt = <T extends z.ZodType>(t: T) => t.nullish();
 
+/**
+ * What kind of value `v` is, in the words of the messages (`must be a string, not number`): the
+ * names of zod 3's getParsedType (`nan`, `null`, `array`, `date`, ...), which kproxy's logs use.
+ */
+function receivedKind(v: unknown): string {
+  switch (typeof v) {
+    case 'number':
+      return Number.isNaN(v) ? 'nan' : 'number';
+    case 'object':
+      if (v === null) return 'null';
+      if (Array.isArray(v)) return 'array';
+      if (typeof (v as { then?: unknown }).then === 'function' && typeof (v as { catch?: unknown }).catch === 'function') return 'promise';
+      if (v instanceof Map) return 'map';
+      if (v instanceof Set) return 'set';
+      if (v instanceof Date) return 'date';
+      return 'object';
+    default:
+      return typeof v;
+  }
+}
+
+/** The message for a value of the wrong type: `required` when it is missing. */
+const wrongType = (expected: string, v: unknown) => (v === undefined ? 'required' : `must be ${expected}, not ${receivedKind(v)}`);
+
+/**
+ * An integer from `min` to `max`. Any number passes the type check, ±Infinity included (YAML's
+ * `.inf`), and is then refused as not an integer; a number that breaks both rules (-0.5) gets
+ * both messages. zod's own number type refuses ±Infinity as a wrong type and its int() check
+ * stops at the first rule broken, hence this one check.
+ */
 const int = (min: number, max: number) =>
-  z.number({ invalid_type_error: 'must be a number' }).int('must be an integer').min(min, `must be between ${min} and ${max}`).max(max, `must be between ${min} and ${max}`);
+  z.any().check((ctx) => {
+    const v: unknown = ctx.value;
+    if (typeof v !== 'number' || Number.isNaN(v)) {
+      ctx.issues.push(customIssue(v, wrongType('a number', v)));
+      return;
+    }
+    if (!Number.isInteger(v)) ctx.issues.push(customIssue(v, 'must be a integer, not float'));
+    if (v < min || v > max) ctx.issues.push(customIssue(v, `must be between ${min} and ${max}`));
+  }) as unknown as z.ZodNumber;
 
 /**
  * An array of at most `max` items: the length is checked before any item, so a huge array
@@ -226,13 +280,17 @@ const int = (min: number, max: number) =>
  */
 const API_ARRAY_MAX = (3 * 1024 * 1024) / 2;
 
-const boundedArray = <T extends z.ZodTypeAny>(item: T, max: number, min = 0) =>
+const boundedArray = <T extends z.ZodType>(item: T, max: number, min = 0) =>
   z
     .any()
-    .superRefine((v: unknown, ctx) => {
-      if (!Array.isArray(v)) ctx.addIssue({ code: z.ZodIssueCode.custom, message: `must be an array, not ${kindOf(v)}` });
-      else if (v.length > max) ctx.addIssue({ code: z.ZodIssueCode.custom, message: `must have at most ${max} items` });
-      else if (v.length < min) ctx.addIssue({ code: z.ZodIssueCode.custom, message: min === 1 ? 'must not be empty' : `must have at least ${min} items` });
+    .check((ctx) => {
+      const v: unknown = ctx.value;
+      const bad =
+        !Array.isArray(v) ? `must be an array, not ${kindOf(v)}`
+        : v.length > max ? `must have at most ${max} items`
+        : v.length < min ? (min === 1 ? 'must not be empty' : `must have at least ${min} items`)
+        : null;
+      if (bad) ctx.issues.push(customIssue(v, bad));
     })
     .pipe(z.array(item));
 
@@ -240,7 +298,29 @@ function kindOf(v: unknown): string {
   return v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v;
 }
 
-const labels = z.record(str(labelKey), str(labelValue));
+/**
+ * A label map (ValidateLabels): each key a qualified name, each value a label value. The entries
+ * are checked in the map's order, a key before its value, every own key included (a
+ * `__proto__` key from JSON too); the record then copies the map.
+ */
+const labels = z
+  .any()
+  .check((ctx) => {
+    const v: unknown = ctx.value;
+    if (receivedKind(v) !== 'object') {
+      ctx.issues.push(customIssue(v, wrongType('an object', v)));
+      return;
+    }
+    const map = v as Record<string, unknown>;
+    for (const key in map) {
+      const badKey = labelKey(key);
+      if (badKey) ctx.issues.push({ ...customIssue(key, badKey), path: [key] });
+      const value = map[key];
+      const badValue = typeof value === 'string' ? labelValue(value) : wrongType('a string', value);
+      if (badValue) ctx.issues.push({ ...customIssue(value, badValue), path: [key] });
+    }
+  })
+  .pipe(z.record(z.string(), z.string()));
 
 // '' is read as TCP, as convert.ts does (the API server defaults it)
 const protocol = z.enum(['TCP', 'UDP', 'SCTP', '']);
@@ -254,12 +334,13 @@ const servicePort = z.object({
   // before defaulting, or an IANA_SVC_NAME); validateServicePort's nodePort 0 (not set) to 65535
   port: int(1, 65535),
   targetPort: opt(
-    z.any().superRefine((v: unknown, ctx) => {
+    z.any().check((ctx) => {
+      const v: unknown = ctx.value;
       const bad =
         typeof v === 'number' ? (Number.isInteger(v) && v >= 0 && v <= 65535 ? null : 'must be between 1 and 65535')
         : typeof v === 'string' ? ianaSvcName(v)
         : `must be a number or a port name, not ${kindOf(v)}`;
-      if (bad) ctx.addIssue({ code: z.ZodIssueCode.custom, message: bad });
+      if (bad) ctx.issues.push(customIssue(v, bad));
     }),
   ),
   nodePort: opt(int(0, 65535)),
@@ -302,7 +383,7 @@ const serviceSchema = z.object({
       externalTrafficPolicy: opt(z.enum(['Cluster', 'Local', ''])),
       internalTrafficPolicy: opt(z.enum(['Cluster', 'Local', ''])),
       healthCheckNodePort: opt(int(0, 65535)),
-      trafficDistribution: opt(z.string().max(253)),
+      trafficDistribution: opt(z.string().max(253, 'String must contain at most 253 character(s)')),
       externalName: opt(z.string()),
     }),
   ),
@@ -343,11 +424,15 @@ const endpointSchema = z.object({
  * is kept (network_programming_duration_seconds is measured from it). Any other annotation,
  * or one that is not a short string, is dropped: annotations never make a slice invalid.
  */
-const sliceAnnotations = z.unknown().transform((v): Record<string, string> | undefined => {
-  if (v === null || typeof v !== 'object' || Array.isArray(v)) return undefined;
-  const t = (v as Record<string, unknown>)[ANNOTATION_LAST_CHANGE_TRIGGER_TIME];
-  return typeof t === 'string' && t.length <= 64 ? { [ANNOTATION_LAST_CHANGE_TRIGGER_TIME]: t } : undefined;
-});
+const sliceAnnotations = z
+  .unknown()
+  .transform((v): Record<string, string> | undefined => {
+    if (v === null || typeof v !== 'object' || Array.isArray(v)) return undefined;
+    const t = (v as Record<string, unknown>)[ANNOTATION_LAST_CHANGE_TRIGGER_TIME];
+    return typeof t === 'string' && t.length <= 64 ? { [ANNOTATION_LAST_CHANGE_TRIGGER_TIME]: t } : undefined;
+  })
+  // absent stays absent (no `annotations: undefined` key in the slice kept)
+  .optional();
 
 const sliceSchema = z.object({
   ...typeMeta,
@@ -455,14 +540,22 @@ function valueAt(root: unknown, path: ReadonlyArray<string | number>): unknown {
   return cur;
 }
 
+/**
+ * kproxy's message for each issue zod reports: a check's own message, or for a wrong type
+ * `required` / `must be a string, not number`, and for an enum `must be one of "TCP", "UDP"`
+ * (a value that is not even a string: `must be a 'TCP' | 'UDP', not number`).
+ */
 function zodIssues(raw: unknown, err: z.ZodError): Issue[] {
   return err.issues.slice(0, 20).map((i) => {
-    const value = valueAt(raw, i.path);
+    const value = valueAt(raw, i.path as Array<string | number>);
     let message = i.message;
-    if (i.code === z.ZodIssueCode.invalid_type) message = i.received === 'undefined' ? 'required' : `must be ${i.expected === 'object' ? 'an object' : i.expected === 'array' ? 'an array' : `a ${i.expected}`}, not ${i.received}`;
-    if (i.code === z.ZodIssueCode.invalid_union) message = 'has the wrong type or format';
-    if (i.code === z.ZodIssueCode.invalid_enum_value) message = `must be one of ${i.options.map((o) => JSON.stringify(o)).join(', ')}`;
-    return { path: formatPath(i.path), message, value: shortValue(value) };
+    if (i.code === 'invalid_type') message = wrongType(i.expected === 'object' || i.expected === 'record' ? 'an object' : i.expected === 'array' ? 'an array' : `a ${i.expected}`, value);
+    if (i.code === 'invalid_value') {
+      message = typeof value === 'string'
+        ? `must be one of ${i.values.map((o) => JSON.stringify(o)).join(', ')}`
+        : wrongType(`a ${i.values.map((o) => (typeof o === 'string' ? `'${o}'` : String(o))).join(' | ')}`, value);
+    }
+    return { path: formatPath(i.path as Array<string | number>), message, value: shortValue(value) };
   });
 }
 
@@ -470,8 +563,8 @@ const issue = (path: ReadonlyArray<string | number>, message: string, value: unk
 
 // ---- value rules that need more than one field ----------------------------------------------
 
-type ServiceOut = z.infer<typeof serviceSchema>;
-type SliceOut = z.infer<typeof sliceSchema>;
+type ServiceOut = z.output<typeof serviceSchema>;
+type SliceOut = z.output<typeof sliceSchema>;
 
 /**
  * A Service IP, canonical, or null with an issue. ClusterIPs and load-balancer ingress IPs are
@@ -479,7 +572,7 @@ type SliceOut = z.infer<typeof sliceSchema>;
  * external IPs also with ValidateEndpointIP (`endpointRules`).
  */
 function checkServiceIP(out: Issue[], path: ReadonlyArray<string | number>, raw: string, opts: ValidateOptions, endpointRules = false): string | null {
-  const ip = canonicalIP(raw);
+  const ip = canonicalAddress(raw);
   if (!ip) {
     out.push(issue(path, 'must be a valid IP address', raw));
     return null;
@@ -566,16 +659,17 @@ function sliceRules(slice: SliceOut, opts: ValidateOptions): Issue[] {
     return out;
   }
   const want = slice.addressType === 'IPv4' ? 4 : 6;
-  for (const [i, ep] of (slice.endpoints ?? []).entries()) {
-    for (const [j, a] of ep.addresses.entries()) {
-      const path = ['endpoints', i, 'addresses', j];
-      const ip = canonicalIP(a);
-      if (!ip || ipFamily(ip) !== want) {
-        out.push(issue(path, `must be a valid ${slice.addressType} address`, a));
-        continue;
-      }
-      const special = endpointIPReason(ip, opts.allowLoopback);
-      if (special) out.push(issue(path, special, a));
+  const endpoints = slice.endpoints ?? [];
+  for (let i = 0; i < endpoints.length; i++) {
+    const addresses = endpoints[i].addresses;
+    for (let j = 0; j < addresses.length; j++) {
+      const a = addresses[j];
+      const quad = CANONICAL_IPV4.test(a);
+      const ip = quad ? a : canonicalIP(a);
+      const bad =
+        !ip || (quad ? 4 : ipFamily(ip)) !== want ? `must be a valid ${slice.addressType} address`
+        : endpointIPReason(ip, opts.allowLoopback);
+      if (bad) out.push(issue(['endpoints', i, 'addresses', j], bad, a));
     }
   }
   return out;
@@ -583,8 +677,8 @@ function sliceRules(slice: SliceOut, opts: ValidateOptions): Issue[] {
 
 // ---- entry points ------------------------------------------------------------------------------
 
-function run<S extends z.ZodTypeAny, T>(schema: S, raw: unknown, rules: (v: z.infer<S>) => Issue[]): Validated<T> {
-  let r: z.SafeParseReturnType<unknown, z.infer<S>>;
+function run<S extends z.ZodType, T>(schema: S, raw: unknown, rules: (v: z.output<S>) => Issue[]): Validated<T> {
+  let r: z.ZodSafeParseResult<z.output<S>>;
   try {
     r = schema.safeParse(raw);
   } catch (e) {
