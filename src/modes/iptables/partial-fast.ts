@@ -18,7 +18,7 @@
 import type { ProxyState, ServicePort } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
 import { EMPTY, ruleCount, sameUnitIn, settingsKey, type AppliedBlocks, type BlockCache, type RenderContext } from './blocks.ts';
-import { routeLocalnet, type Plan } from './plan.ts';
+import { routeLocalnetWith, type Plan } from './plan.ts';
 import type { ServiceBlock } from './service-block.ts';
 import { chainLine, EMPTY_LINES, sameLines, type ChainUnit } from './units.ts';
 
@@ -42,48 +42,106 @@ export interface FastPlanRequest {
   deferStale: boolean;
   /** the stale chains earlier syncs left installed (Plan.deferredChains of the last applied plan) */
   deferred: ReadonlySet<string>;
+  /**
+   * With `changed`: each Service's port keys in `state` (the node view's servicePorts, built
+   * from the same state), so only the changed services' ports are visited. Without it, a walk
+   * over every port finds them.
+   */
+  servicePorts?: ReadonlyMap<string, readonly string[]>;
 }
 
 /** More services whose dispatch rules change than this: partial.ts rewrites the chains. */
 const MAX_DISPATCH_EDITS = 200;
 
-/** A service port whose block differs from the applied one: its key, the applied block, the new one (undefined: gone). */
-type Touched = [string, ServiceBlock | undefined, ServiceBlock | undefined];
+/**
+ * A service port whose block differs from the applied one: its key, the applied block, the
+ * new one (undefined: gone), its Service ("ns/name").
+ */
+type Touched = [string, ServiceBlock | undefined, ServiceBlock | undefined, string];
+
+const NO_KEYS: readonly string[] = [];
 
 /**
  * The ports whose block is not the applied one, and the endpoints of all blocks after this
- * sync. With `changed` (and the applied endpoint count), an unchanged port costs one Set
- * lookup: no map lookups, no block check (at 10,000 services the three lookups per port were
- * most of a change's CPU).
+ * sync. With `changed` and the applied endpoint count, only the changed services' ports are
+ * visited (their keys from `servicePorts`, or, without it, a walk over every port that costs
+ * one Set lookup per unchanged one); without them, every port.
  */
 function touchedPorts(req: FastPlanRequest, ctx: RenderContext): { touched: Touched[]; totalEndpoints: number } {
-  const { state, applied, cache } = req;
+  const changed = req.applied.totalEndpoints !== undefined ? req.changed : undefined;
+  if (changed && req.servicePorts) return touchedOfServices(req, ctx, changed, req.servicePorts);
+  return touchedByWalk(req, ctx, changed);
+}
+
+/** One port of the state: its block (checked against the applied one) and its endpoint count. */
+function visitPort(req: FastPlanRequest, ctx: RenderContext, sp: ServicePort, touched: Touched[]): { endpoints: number; old: ServiceBlock | undefined } {
+  const eps = req.state.endpoints.get(sp.key) ?? EMPTY;
+  // Unchanged services' blocks are the applied ones, compacted or not: no chains needed.
+  let b = req.cache.block(sp, eps, ctx, false);
+  const old = req.applied.blocks.get(sp.key);
+  if (old !== b) {
+    if (b.compact) b = req.cache.block(sp, eps, ctx, true);
+    touched.push([sp.key, old, b, sp.serviceKey]);
+  }
+  return { endpoints: eps.length, old };
+}
+
+/**
+ * O(changed services): a changed Service's ports now are the node view's (`servicePorts`, built
+ * from the same tracker state); those it had are the applied blocks' index. A port in the view
+ * but not in the state (a Service left out of this sync, modes/isolation.ts) is gone.
+ */
+function touchedOfServices(req: FastPlanRequest, ctx: RenderContext, changed: ReadonlySet<string>, servicePorts: ReadonlyMap<string, readonly string[]>): { touched: Touched[]; totalEndpoints: number } {
+  const { state, applied } = req;
+  const touched: Touched[] = [];
+  const gone: Touched[] = [];
+  let totalEndpoints = applied.totalEndpoints!;
+  for (const svc of changed) {
+    for (const key of servicePorts.get(svc) ?? NO_KEYS) {
+      const sp = state.services.get(key);
+      if (!sp) continue;
+      const { endpoints, old } = visitPort(req, ctx, sp, touched);
+      totalEndpoints += endpoints - (old?.endpoints ?? 0);
+    }
+    for (const key of applied.servicePorts.get(svc) ?? NO_KEYS) {
+      if (state.services.has(key)) continue;
+      const old = applied.blocks.get(key)!;
+      gone.push([key, old, undefined, svc]);
+      totalEndpoints -= old.endpoints;
+    }
+  }
+  for (const t of gone) touched.push(t);
+  return { touched, totalEndpoints };
+}
+
+/**
+ * Every port of the state, with `changed` one Set lookup per unchanged service's port (no map
+ * lookups, no block check: at 10,000 services the three lookups per port were most of a
+ * change's CPU), then the applied ports the state no longer has.
+ */
+function touchedByWalk(req: FastPlanRequest, ctx: RenderContext, changed: ReadonlySet<string> | undefined): { touched: Touched[]; totalEndpoints: number } {
+  const { state, applied } = req;
   const touched: Touched[] = [];
   let matched = 0;
-  const changed = applied.totalEndpoints !== undefined ? req.changed : undefined;
   let totalEndpoints = changed ? applied.totalEndpoints! : 0;
   for (const sp of state.services.values()) {
     if (changed && !changed.has(sp.serviceKey)) {
       matched++;
       continue;
     }
-    const eps = state.endpoints.get(sp.key) ?? EMPTY;
-    totalEndpoints += eps.length;
-    // Unchanged services' blocks are the applied ones, compacted or not: no chains needed.
-    let b = cache.block(sp, eps, ctx, false);
-    const old = applied.blocks.get(sp.key);
+    const { endpoints, old } = visitPort(req, ctx, sp, touched);
+    totalEndpoints += endpoints;
     if (old) matched++;
     if (changed && old) totalEndpoints -= old.endpoints;
-    if (old !== b) {
-      if (b.compact) b = cache.block(sp, eps, ctx, true);
-      touched.push([sp.key, old, b]);
-    }
   }
   if (matched < applied.blocks.size) {
-    for (const [key, old] of applied.blocks) {
-      if (state.services.has(key)) continue;
-      touched.push([key, old, undefined]);
-      if (changed) totalEndpoints -= old.endpoints;
+    for (const [svc, keys] of applied.servicePorts) {
+      for (const key of keys) {
+        if (state.services.has(key)) continue;
+        const old = applied.blocks.get(key)!;
+        touched.push([key, old, undefined, svc]);
+        if (changed) totalEndpoints -= old.endpoints;
+      }
     }
   }
   return { touched, totalEndpoints };
@@ -221,6 +279,13 @@ function natRuleDelta(touched: Touched[]): number {
   return delta;
 }
 
+/** The ports with a NodePort after this sync: an untouched port's block is the applied one. */
+function nodePortsAfter(applied: AppliedBlocks, touched: Touched[]): number {
+  let n = applied.nodePorts;
+  for (const [, old, b] of touched) n += (b?.nodePort ? 1 : 0) - (old?.nodePort ? 1 : 0);
+  return n;
+}
+
 /** A partial sync in O(changed services), or null when it does not apply (see the top of this file). */
 export function planPartialFast(req: FastPlanRequest): Plan | null {
   const { state, opts, applied } = req;
@@ -253,7 +318,7 @@ export function planPartialFast(req: FastPlanRequest): Plan | null {
   for (const c of edits.chains) chainDigests.set(c, '');
   const natRulesTotal = applied.natRulesTotal + natRuleDelta(touched);
   return {
-    sysctls: routeLocalnet(opts, state.services.values() as Iterable<ServicePort>),
+    sysctls: routeLocalnetWith(opts, nodePortsAfter(applied, touched) > 0),
     payload: fastPayload(edits, written.units, deletedChains),
     natRulesWritten,
     natRulesTotal,
@@ -265,7 +330,7 @@ export function planPartialFast(req: FastPlanRequest): Plan | null {
     largeClusterMode: ctx.largeClusterMode,
     chainDigests,
     skippedChains: written.skippedChains,
-    applied: { kind: 'update', updates: touched.map(([key, , b]) => [key, b]), natRulesTotal, totalEndpoints },
+    applied: { kind: 'update', updates: touched.map(([key, , b, svc]) => [key, b, svc]), natRulesTotal, totalEndpoints },
     deferredChains: defer ? gone : [],
   };
 }
