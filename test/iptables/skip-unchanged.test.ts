@@ -130,7 +130,7 @@ function countWalks(m: Map<string, unknown>): { n: number } {
 }
 
 for (const family of [4, 6] as const) {
-  test(`IPv${family}: partial syncs planned from the node view's per-Service ports (endpoint change, port added, port removed, Service removed, Service added) leave the kernel as a fresh full sync`, async () => {
+  test(`IPv${family}: partial syncs planned from the node view's per-Service ports (endpoint change, port added, port removed, Services removed and added) leave the kernel as a fresh full sync`, async () => {
     const v6 = family === 6;
     const cluster = (i: number) => (v6 ? `fd00:172:30::7:${i + 1}` : `172.30.7.${i + 1}`);
     const epIP = (i: number, e: number) => (v6 ? `fd00:10:180::7:${i * 16 + e}` : `10.180.7.${i * 16 + e}`);
@@ -180,6 +180,12 @@ for (const family of [4, 6] as const) {
       ['a NodePort Service added', () => put(4, service(4, { nodePort: true }), endpoints(4, 2))],
       ['a Service removed', () => put(3, null, null)],
       ['a Service added', () => put(5, service(5), endpoints(5, 1))],
+      ['Services added and removed in one sync', () => {
+        put(6, service(6, { nodePort: true }), endpoints(6, 1));
+        put(7, service(7, { twoPorts: true }), endpoints(7, 2, true));
+        put(2, null, null);
+        put(8, service(8), endpoints(8, 1));
+      }],
     ];
     const askedAt = new Map<string, string[]>();
     for (const [label, change] of steps) {
