@@ -7,6 +7,8 @@ import assert from 'node:assert/strict';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
 import { IptablesExecutor, RestoreError, restoreTimeoutMs } from '../../src/kernel/iptables/exec.ts';
 import type { CommandRunner, RunOptions } from '../../src/kernel/runner.ts';
+import type { Sysctl } from '../../src/kernel/sysctl.ts';
+import { buildNodeView, type NodeView } from '../../src/core/nodeview.ts';
 import { IptablesProxier, JUMP_RULES, KUBELET_JUMP_RULES } from '../../src/modes/iptables/proxier.ts';
 import { silentLogger } from '../../src/log.ts';
 import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
@@ -110,6 +112,108 @@ test('60 seeded random changes with partial syncs leave the kernel as a fresh fu
   for (const kind of kinds) assert.ok((seen.get(kind) ?? 0) > 0, `the sequence has ${kind} changes`);
   assert.ok(partialWithoutTopChains >= 10, `partial syncs left KUBE-SERVICES out ${partialWithoutTopChains} times`);
 });
+
+/** The asks of a sysctl that always reads 0: what a sync wants set, once per sync. */
+function askedSysctls(): { sysctl: Sysctl; asked: string[] } {
+  const asked: string[] = [];
+  return { asked, sysctl: { get: async () => '0', set: async (name, value) => void asked.push(`${name}=${value}`) } };
+}
+
+/** Counts the walks over a Map (values, keys, entries, forEach, for...of) from now on. */
+function countWalks(m: Map<string, unknown>): { n: number } {
+  const count = { n: 0 };
+  for (const name of ['values', 'keys', 'entries', 'forEach', Symbol.iterator] as const) {
+    const own = Map.prototype[name] as (...a: unknown[]) => unknown;
+    Object.defineProperty(m, name, { configurable: true, value: function (this: Map<string, unknown>, ...a: unknown[]) { count.n++; return own.apply(this, a); } });
+  }
+  return count;
+}
+
+for (const family of [4, 6] as const) {
+  test(`IPv${family}: partial syncs planned from the node view's per-Service ports (endpoint change, port added, port removed, Services removed and added) leave the kernel as a fresh full sync`, async () => {
+    const v6 = family === 6;
+    const cluster = (i: number) => (v6 ? `fd00:172:30::7:${i + 1}` : `172.30.7.${i + 1}`);
+    const epIP = (i: number, e: number) => (v6 ? `fd00:10:180::7:${i * 16 + e}` : `10.180.7.${i * 16 + e}`);
+    const nodeIPs = [v6 ? 'fd00:192::2' : '192.168.0.2'];
+    const config = testConfig();
+    const k = new FakeIptables(family);
+    const { sysctl, asked } = askedSysctls();
+    const p = new IptablesProxier({ runner: k, log: silentLogger(), config, sysctl });
+    const t = tracker(family);
+    const svcs: Array<K8sService | null> = [];
+    const slices: Array<K8sEndpointSlice | null> = [];
+    const put = (i: number, s: K8sService | null, e: K8sEndpointSlice | null) => {
+      if (svcs[i] || s) t.services.update(svcs[i] ?? null, s);
+      if (slices[i] || e) t.endpoints.update(slices[i] ?? null, e);
+      svcs[i] = s;
+      slices[i] = e;
+    };
+    const p81 = [{ name: 'p81', port: 81, protocol: 'TCP' as const }];
+    const service = (i: number, o: { nodePort?: boolean; twoPorts?: boolean } = {}) =>
+      svc(`ns${i}`, `svc${i}`, { clusterIP: cluster(i), type: o.nodePort ? 'NodePort' : 'ClusterIP', nodePort: o.nodePort ? 30700 + i : undefined, extraPorts: o.twoPorts ? p81 : undefined });
+    const endpoints = (i: number, n: number, twoPorts = false) =>
+      slice(`ns${i}`, `svc${i}`, 's', Array.from({ length: n }, (_, e) => ({ ip: epIP(i, e + 1) })), [{ port: 8080 }, ...(twoPorts ? [{ name: 'p81', port: 8081 }] : [])], family);
+    put(0, service(0), endpoints(0, 2));
+    put(1, service(1, { nodePort: true }), endpoints(1, 1));
+    put(2, service(2, { twoPorts: true }), endpoints(2, 2, true));
+    put(3, service(3), endpoints(3, 3));
+    // As the sync loop (src/sync/controller.ts planInput): the node view of a partial sync is
+    // built from the last one for the changed services only.
+    let view: NodeView | undefined;
+    const sync = async (full: boolean) => {
+      const changed = t.apply();
+      const base = planInput(t, config, family, nodeIPs);
+      const changes = full ? undefined : { services: changed, portKeysOf: (key: string) => t.services.portKeysOf(key) };
+      view = buildNodeView(base, changes && view, changes);
+      asked.length = 0;
+      const before = k.calls.length;
+      const stats = await p.sync({ ...base, view }, changed, full);
+      return { stats, restores: k.calls.slice(before).filter((c) => c.cmd.endsWith('-restore')).map((c) => c.input ?? '') };
+    };
+    await sync(true);
+    const walks = countWalks(t.state.services);
+    const steps: Array<[string, () => void]> = [
+      ['endpoint change', () => put(0, svcs[0], endpoints(0, 3))],
+      ['port added', () => put(0, service(0, { twoPorts: true }), endpoints(0, 3, true))],
+      ['port removed', () => put(2, service(2), endpoints(2, 2))],
+      ['the only NodePort Service removed', () => put(1, null, null)],
+      ['a NodePort Service added', () => put(4, service(4, { nodePort: true }), endpoints(4, 2))],
+      ['a Service removed', () => put(3, null, null)],
+      ['a Service added', () => put(5, service(5), endpoints(5, 1))],
+      ['Services added and removed in one sync', () => {
+        put(6, service(6, { nodePort: true }), endpoints(6, 1));
+        put(7, service(7, { twoPorts: true }), endpoints(7, 2, true));
+        put(2, null, null);
+        put(8, service(8), endpoints(8, 1));
+      }],
+    ];
+    const askedAt = new Map<string, string[]>();
+    for (const [label, change] of steps) {
+      change();
+      walks.n = 0;
+      const { stats, restores } = await sync(false);
+      assert.match(stats.diff ?? '', /^partial sync/, label);
+      // the fast path edits the dispatch chains in place: it never declares (rewrites) them
+      assert.equal(restores.length, 1, label);
+      assert.doesNotMatch(restores[0], /^:KUBE-(SERVICES|NODEPORTS) /m, label);
+      // An endpoint change visits only that Service's ports: no walk over the Services (a
+      // Service or port added or removed moves dispatch rules, which are placed by a walk).
+      if (label === 'endpoint change') assert.equal(walks.n, 0, `${label}: walks over the state's Services`);
+      const partialAsked = [...asked];
+      askedAt.set(label, partialAsked);
+      const fresh = new FakeIptables(family);
+      const ref = askedSysctls();
+      await new IptablesProxier({ runner: fresh, log: silentLogger(), config, sysctl: ref.sysctl }).sync({ ...planInput(t, config, family, nodeIPs) }, new Set(), true);
+      assert.equal(kernelState(k), kernelState(fresh), label);
+      assert.deepEqual(partialAsked, ref.asked, `${label}: route_localnet as a full sync asks it`);
+    }
+    // IPv4 (localhost NodePorts): route_localnet goes with the only NodePort Service and comes back with the next one
+    const localnet = v6 ? [] : ['net.ipv4.conf.all.route_localnet=1'];
+    assert.deepEqual(askedAt.get('port removed'), localnet);
+    assert.deepEqual(askedAt.get('the only NodePort Service removed'), []);
+    assert.deepEqual(askedAt.get('a NodePort Service added'), localnet);
+  });
+}
 
 async function endpointChange(n: number) {
   const config = testConfig();

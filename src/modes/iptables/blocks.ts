@@ -26,10 +26,34 @@ export interface AppliedBlocks {
   ctx?: RenderContext;
   /** sp.key → its block */
   blocks: Map<string, ServiceBlock>;
+  /**
+   * Each Service's ("ns/name") keys in `blocks`: a fast partial sync finds a changed Service's
+   * ports that went without a walk over every block.
+   */
+  servicePorts: Map<string, Set<string>>;
+  /** blocks of ports with a NodePort (plan.ts routeLocalnet), kept up to date by fast partial syncs */
+  nodePorts: number;
   /** nat rules of all blocks plus the dispatch and static chains (Plan.natRulesTotal) */
   natRulesTotal: number;
   /** endpoints of all blocks (large-cluster mode), kept up to date by fast partial syncs */
   totalEndpoints?: number;
+}
+
+/** Applies one port's change to the applied blocks: its block now (undefined: gone), of Service `svc`. */
+export function updateApplied(a: AppliedBlocks, key: string, b: ServiceBlock | undefined, svc: string): void {
+  const old = a.blocks.get(key);
+  if (old?.nodePort) a.nodePorts--;
+  if (b?.nodePort) a.nodePorts++;
+  let keys = a.servicePorts.get(svc);
+  if (b) {
+    a.blocks.set(key, b);
+    if (!keys) a.servicePorts.set(svc, (keys = new Set()));
+    keys.add(key);
+  } else {
+    a.blocks.delete(key);
+    keys?.delete(key);
+    if (keys?.size === 0) a.servicePorts.delete(svc);
+  }
 }
 
 /** Each service port's last rendered block, by its ServicePort object. */

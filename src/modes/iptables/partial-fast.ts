@@ -8,7 +8,11 @@
 // rules (nat KUBE-SERVICES / KUBE-NODEPORTS, every filter rule) differ, which is the case for
 // an endpoint change, the restore leaves those chains and the filter table alone; when some
 // do (a Service added or removed, a VIP, port or node port changed, endpoints appearing or
-// all going), they are edited in place (dispatchEdits) rather than rewritten.
+// all going), they are edited in place (dispatchEdits) rather than rewritten; placing them
+// takes one pass over the applied blocks when some are inserted, the one step in O(all
+// services), and only then.
+// The changed services' ports are the node view's per-Service index (`servicePorts`); those
+// they had, the applied blocks' own index.
 //
 // planPartialFast returns null when this shortcut does not apply (the sync state then plans
 // with partial.ts): the render settings changed (large-cluster mode on or off included), or
@@ -18,7 +22,7 @@
 import type { ProxyState, ServicePort } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
 import { EMPTY, ruleCount, sameUnitIn, settingsKey, type AppliedBlocks, type BlockCache, type RenderContext } from './blocks.ts';
-import { routeLocalnet, type Plan } from './plan.ts';
+import { routeLocalnetWith, type Plan } from './plan.ts';
 import type { ServiceBlock } from './service-block.ts';
 import { chainLine, EMPTY_LINES, sameLines, type ChainUnit } from './units.ts';
 
@@ -42,68 +46,137 @@ export interface FastPlanRequest {
   deferStale: boolean;
   /** the stale chains earlier syncs left installed (Plan.deferredChains of the last applied plan) */
   deferred: ReadonlySet<string>;
+  /**
+   * With `changed`: each Service's port keys in `state` (the node view's servicePorts, built
+   * from the same state), so only the changed services' ports are visited. Without it, a walk
+   * over every port finds them.
+   */
+  servicePorts?: ReadonlyMap<string, readonly string[]>;
 }
 
 /** More services whose dispatch rules change than this: partial.ts rewrites the chains. */
 const MAX_DISPATCH_EDITS = 200;
 
-/** A service port whose block differs from the applied one: its key, the applied block, the new one (undefined: gone). */
-type Touched = [string, ServiceBlock | undefined, ServiceBlock | undefined];
+/**
+ * A service port whose block differs from the applied one: its key, the applied block, the
+ * new one (undefined: gone), its Service ("ns/name").
+ */
+type Touched = [string, ServiceBlock | undefined, ServiceBlock | undefined, string];
+
+const NO_KEYS: readonly string[] = [];
+const NO_COUNTS: ReadonlyMap<string, number> = new Map();
 
 /**
  * The ports whose block is not the applied one, and the endpoints of all blocks after this
- * sync. With `changed` (and the applied endpoint count), an unchanged port costs one Set
- * lookup: no map lookups, no block check (at 10,000 services the three lookups per port were
- * most of a change's CPU).
+ * sync. With `changed` and the applied endpoint count, only the changed services' ports are
+ * visited (their keys from `servicePorts`, or, without it, a walk over every port that costs
+ * one Set lookup per unchanged one); without them, every port.
  */
 function touchedPorts(req: FastPlanRequest, ctx: RenderContext): { touched: Touched[]; totalEndpoints: number } {
-  const { state, applied, cache } = req;
+  const changed = req.applied.totalEndpoints !== undefined ? req.changed : undefined;
+  if (changed && req.servicePorts) return touchedOfServices(req, ctx, changed, req.servicePorts);
+  return touchedByWalk(req, ctx, changed);
+}
+
+/** One port of the state: its block (checked against the applied one) and its endpoint count. */
+function visitPort(req: FastPlanRequest, ctx: RenderContext, sp: ServicePort, touched: Touched[]): { endpoints: number; old: ServiceBlock | undefined } {
+  const eps = req.state.endpoints.get(sp.key) ?? EMPTY;
+  // Unchanged services' blocks are the applied ones, compacted or not: no chains needed.
+  let b = req.cache.block(sp, eps, ctx, false);
+  const old = req.applied.blocks.get(sp.key);
+  if (old !== b) {
+    if (b.compact) b = req.cache.block(sp, eps, ctx, true);
+    touched.push([sp.key, old, b, sp.serviceKey]);
+  }
+  return { endpoints: eps.length, old };
+}
+
+/**
+ * O(changed services): a changed Service's ports now are the node view's (`servicePorts`, built
+ * from the same tracker state); those it had are the applied blocks' index. A port in the view
+ * but not in the state (a Service left out of this sync, modes/isolation.ts) is gone.
+ */
+function touchedOfServices(req: FastPlanRequest, ctx: RenderContext, changed: ReadonlySet<string>, servicePorts: ReadonlyMap<string, readonly string[]>): { touched: Touched[]; totalEndpoints: number } {
+  const { state, applied } = req;
+  const touched: Touched[] = [];
+  const gone: Touched[] = [];
+  let totalEndpoints = applied.totalEndpoints!;
+  for (const svc of changed) {
+    for (const key of servicePorts.get(svc) ?? NO_KEYS) {
+      const sp = state.services.get(key);
+      if (!sp) continue;
+      const { endpoints, old } = visitPort(req, ctx, sp, touched);
+      totalEndpoints += endpoints - (old?.endpoints ?? 0);
+    }
+    for (const key of applied.servicePorts.get(svc) ?? NO_KEYS) {
+      if (state.services.has(key)) continue;
+      const old = applied.blocks.get(key)!;
+      gone.push([key, old, undefined, svc]);
+      totalEndpoints -= old.endpoints;
+    }
+  }
+  for (const t of gone) touched.push(t);
+  return { touched, totalEndpoints };
+}
+
+/**
+ * Every port of the state, with `changed` one Set lookup per unchanged service's port (no map
+ * lookups, no block check: at 10,000 services the three lookups per port were most of a
+ * change's CPU), then the applied ports the state no longer has.
+ */
+function touchedByWalk(req: FastPlanRequest, ctx: RenderContext, changed: ReadonlySet<string> | undefined): { touched: Touched[]; totalEndpoints: number } {
+  const { state, applied } = req;
   const touched: Touched[] = [];
   let matched = 0;
-  const changed = applied.totalEndpoints !== undefined ? req.changed : undefined;
   let totalEndpoints = changed ? applied.totalEndpoints! : 0;
   for (const sp of state.services.values()) {
     if (changed && !changed.has(sp.serviceKey)) {
       matched++;
       continue;
     }
-    const eps = state.endpoints.get(sp.key) ?? EMPTY;
-    totalEndpoints += eps.length;
-    // Unchanged services' blocks are the applied ones, compacted or not: no chains needed.
-    let b = cache.block(sp, eps, ctx, false);
-    const old = applied.blocks.get(sp.key);
+    const { endpoints, old } = visitPort(req, ctx, sp, touched);
+    totalEndpoints += endpoints;
     if (old) matched++;
     if (changed && old) totalEndpoints -= old.endpoints;
-    if (old !== b) {
-      if (b.compact) b = cache.block(sp, eps, ctx, true);
-      touched.push([sp.key, old, b]);
-    }
   }
   if (matched < applied.blocks.size) {
-    for (const [key, old] of applied.blocks) {
-      if (state.services.has(key)) continue;
-      touched.push([key, old, undefined]);
-      if (changed) totalEndpoints -= old.endpoints;
+    for (const [svc, keys] of applied.servicePorts) {
+      for (const key of keys) {
+        if (state.services.has(key)) continue;
+        const old = applied.blocks.get(key)!;
+        touched.push([key, old, undefined, svc]);
+        if (changed) totalEndpoints -= old.endpoints;
+      }
     }
   }
   return { touched, totalEndpoints };
 }
 
-// Per block: how many of its dispatch rules each "table/chain" holds.
-const dispatchCounts = new WeakMap<ServiceBlock, Map<string, number>>();
+/** How many of a block's dispatch rules each "table/chain" holds. */
+type DispatchCounts = ReadonlyArray<readonly [string, number]>;
 
-function countsOf(b: ServiceBlock): Map<string, number> {
-  let m = dispatchCounts.get(b);
-  if (m) return m;
-  m = new Map();
+// Per block, its counts; blocks with the same counts share one array (a few shapes for 100,000 blocks).
+const dispatchCounts = new WeakMap<ServiceBlock, DispatchCounts>();
+const countShapes = new Map<string, DispatchCounts>();
+
+function countsOf(b: ServiceBlock): DispatchCounts {
+  const hit = dispatchCounts.get(b);
+  if (hit) return hit;
+  const m = new Map<string, number>();
   for (const [table, lines] of [['nat', b.natTop], ['filter', b.filter]] as const) {
     for (const l of lines) {
       const k = `${table}/${l.slice(3, l.indexOf(' ', 3))}`;
       m.set(k, (m.get(k) ?? 0) + 1);
     }
   }
-  dispatchCounts.set(b, m);
-  return m;
+  const shape = [...m].join(' ');
+  let counts = countShapes.get(shape);
+  if (!counts) {
+    if (countShapes.size >= 1000) countShapes.clear();
+    countShapes.set(shape, (counts = [...m]));
+  }
+  dispatchCounts.set(b, counts);
+  return counts;
 }
 
 interface DispatchEditLines {
@@ -115,14 +188,46 @@ interface DispatchEditLines {
   chains: string[];
 }
 
-/** Rules of the services that sort before `key`, per "table/chain" (their new content). */
-function rulesBefore(key: string, current: Array<[string, ServiceBlock]>): Map<string, number> {
-  const before = new Map<string, number>();
-  for (const [k, other] of current) {
-    if (!(k < key)) continue;
-    for (const [c, n] of countsOf(other)) before.set(c, (before.get(c) ?? 0) + n);
+/** The first index of `keys` (sorted) whose key sorts after `k`. */
+function firstAfter(keys: string[], k: string): number {
+  let lo = 0;
+  let hi = keys.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (keys[mid] > k) hi = mid;
+    else lo = mid + 1;
   }
-  return before;
+  return lo;
+}
+
+/**
+ * For each of `sorted` (key order): the rules, per "table/chain", of the services whose key
+ * sorts before it, with their content after this sync. One pass over the applied blocks,
+ * whatever the number of services edited: a block that is not re-dispatched has the dispatch
+ * rules it was applied with (an untouched port's block is the applied one; a touched one's
+ * dispatch rules are the same lines).
+ */
+function rulesBeforeEach(sorted: Touched[], applied: AppliedBlocks): Array<Map<string, number>> {
+  const keys = sorted.map(([k]) => k);
+  const last = keys[keys.length - 1];
+  // buckets[j]: rules of the services that sort after keys[j - 1] and before keys[j]
+  const buckets = keys.map(() => new Map<string, number>());
+  const add = (k: string, b: ServiceBlock) => {
+    if (!(k < last)) return;
+    const m = buckets[firstAfter(keys, k)];
+    for (const [c, n] of countsOf(b)) m.set(c, (m.get(c) ?? 0) + n);
+  };
+  const redone = new Set(keys);
+  for (const [k, b] of applied.blocks) if (!redone.has(k)) add(k, b);
+  for (const [k, , b] of sorted) if (b) add(k, b);
+  const out: Array<Map<string, number>> = [];
+  let sum = new Map<string, number>();
+  for (const m of buckets) {
+    sum = new Map(sum);
+    for (const [c, n] of m) sum.set(c, (sum.get(c) ?? 0) + n);
+    out.push(sum);
+  }
+  return out;
 }
 
 /**
@@ -137,12 +242,14 @@ function rulesBefore(key: string, current: Array<[string, ServiceBlock]>): Map<s
  * Rewriting KUBE-SERVICES whole instead is one 20k-rule transaction at 10k services, which
  * iptables-nft commits in time quadratic in its size (docs/benchmarks.md).
  */
-function dispatchEdits(changed: Touched[], current: Array<[string, ServiceBlock]>): DispatchEditLines {
+function dispatchEdits(changed: Touched[], applied: AppliedBlocks): DispatchEditLines {
   const out: DispatchEditLines = { nat: [], filter: [], natInserted: 0, filterInserted: 0, chains: [] };
   const chains = new Set<string>();
   const sorted = [...changed].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
-  for (const [key, old, b] of sorted) {
-    const before = b ? rulesBefore(key, current) : new Map<string, number>();
+  // Only inserted rules need a place: removals alone are deletions by spec, in O(changed).
+  const rulesBefore = sorted.some(([, , b]) => b) ? rulesBeforeEach(sorted, applied) : [];
+  for (const [i, [, old, b]] of sorted.entries()) {
+    const before = rulesBefore[i] ?? NO_COUNTS;
     for (const [table, oldLines, newLines] of [['nat', old?.natTop, b?.natTop], ['filter', old?.filter, b?.filter]] as const) {
       const lines = out[table];
       for (const l of oldLines ?? EMPTY_LINES) {
@@ -221,11 +328,18 @@ function natRuleDelta(touched: Touched[]): number {
   return delta;
 }
 
+/** The ports with a NodePort after this sync: an untouched port's block is the applied one. */
+function nodePortsAfter(applied: AppliedBlocks, touched: Touched[]): number {
+  let n = applied.nodePorts;
+  for (const [, old, b] of touched) n += (b?.nodePort ? 1 : 0) - (old?.nodePort ? 1 : 0);
+  return n;
+}
+
 /** A partial sync in O(changed services), or null when it does not apply (see the top of this file). */
 export function planPartialFast(req: FastPlanRequest): Plan | null {
-  const { state, opts, applied } = req;
+  const { opts, applied } = req;
   // The applied settings, if the options are the same; large-cluster mode is checked after
-  // the scan, which counts the endpoints on the way (one pass over the services, not two).
+  // the changed ports are visited, which counts the endpoints on the way.
   const ctx = applied.ctx;
   if (!ctx || settingsKey(opts, ctx.largeClusterMode) !== ctx.key) return null;
   const { touched, totalEndpoints } = touchedPorts(req, ctx);
@@ -233,13 +347,9 @@ export function planPartialFast(req: FastPlanRequest): Plan | null {
   const redispatch = touched.filter(([, old, b]) => !sameLines(old?.natTop, b?.natTop) || !sameLines(old?.filter, b?.filter));
   // Many services' dispatch rules at once (a settings-like change): rewrite the chains whole.
   if (redispatch.length > MAX_DISPATCH_EDITS) return null;
-  // Every port's block in state order, only when dispatch rules move (a Service added or
-  // removed...): a second pass; an endpoint change, the common case, allocates nothing per port.
-  const current: Array<[string, ServiceBlock]> = [];
-  if (redispatch.length) {
-    for (const sp of state.services.values()) current.push([sp.key, req.cache.block(sp, state.endpoints.get(sp.key) ?? EMPTY, ctx, false)]);
-  }
-  const edits = dispatchEdits(redispatch, current);
+  // Only when dispatch rules move (a Service added or removed...), one pass over the applied
+  // blocks places them; an endpoint change, the common case, visits no other port.
+  const edits = dispatchEdits(redispatch, applied);
   // Outside large-cluster mode nothing is ever deferred; inside, until the cleanup is due.
   const defer = ctx.largeClusterMode && req.deferStale;
   const written = changedChains(touched);
@@ -253,7 +363,7 @@ export function planPartialFast(req: FastPlanRequest): Plan | null {
   for (const c of edits.chains) chainDigests.set(c, '');
   const natRulesTotal = applied.natRulesTotal + natRuleDelta(touched);
   return {
-    sysctls: routeLocalnet(opts, state.services.values() as Iterable<ServicePort>),
+    sysctls: routeLocalnetWith(opts, nodePortsAfter(applied, touched) > 0),
     payload: fastPayload(edits, written.units, deletedChains),
     natRulesWritten,
     natRulesTotal,
@@ -265,7 +375,7 @@ export function planPartialFast(req: FastPlanRequest): Plan | null {
     largeClusterMode: ctx.largeClusterMode,
     chainDigests,
     skippedChains: written.skippedChains,
-    applied: { kind: 'update', updates: touched.map(([key, , b]) => [key, b]), natRulesTotal, totalEndpoints },
+    applied: { kind: 'update', updates: touched.map(([key, , b, svc]) => [key, b, svc]), natRulesTotal, totalEndpoints },
     deferredChains: defer ? gone : [],
   };
 }

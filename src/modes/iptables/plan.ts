@@ -11,7 +11,7 @@ import {
   KUBE_PROXY_FIREWALL, KUBE_SERVICES, isServiceChainName,
 } from './names.ts';
 import { NFACCT_CT_STATE_INVALID_DROPPED, type IptablesOptions } from './options.ts';
-import { EMPTY, renderContext, ruleCount, sameUnitIn, type AppliedBlocks, type RenderContext } from './blocks.ts';
+import { EMPTY, renderContext, ruleCount, sameUnitIn, updateApplied, type AppliedBlocks, type RenderContext } from './blocks.ts';
 import type { ServiceBlock } from './service-block.ts';
 import { groupByChain, unitDigest, type ChainUnit } from './units.ts';
 
@@ -50,7 +50,13 @@ export interface Plan {
 /** How the applied blocks change when a plan is applied. */
 export type AppliedChange =
   | { kind: 'replace'; blocks: AppliedBlocks }
-  | { kind: 'update'; updates: Array<[string, ServiceBlock | undefined]>; natRulesTotal: number; totalEndpoints: number };
+  | {
+    kind: 'update';
+    /** per changed port: its key, its block now (undefined: gone), its Service ("ns/name") */
+    updates: Array<[string, ServiceBlock | undefined, string]>;
+    natRulesTotal: number;
+    totalEndpoints: number;
+  };
 
 /** the sysctl localhost NodePorts need: packets to 127.0.0.0/8 may be DNATed and routed off lo */
 export const SYSCTL_ROUTE_LOCALNET = 'net.ipv4.conf.all.route_localnet';
@@ -244,8 +250,14 @@ export function unchangedLeftOut(table: string, units: ChainUnit[], digests: Map
  */
 export function routeLocalnet(opts: IptablesOptions, services: Iterable<ServicePort>): Plan['sysctls'] {
   if (opts.family === 6 || !opts.localhostNodePorts) return [];
-  for (const sp of services) if (sp.nodePort !== 0) return [{ name: SYSCTL_ROUTE_LOCALNET, value: '1' }];
+  for (const sp of services) if (sp.nodePort !== 0) return routeLocalnetWith(opts, true);
   return [];
+}
+
+/** routeLocalnet when it is known whether some service port has a NodePort. */
+export function routeLocalnetWith(opts: IptablesOptions, someNodePort: boolean): Plan['sysctls'] {
+  if (opts.family === 6 || !opts.localhostNodePorts || !someNodePort) return [];
+  return [{ name: SYSCTL_ROUTE_LOCALNET, value: '1' }];
 }
 
 export function hasServiceChain(chains: Iterable<string>): boolean {
@@ -277,11 +289,10 @@ export function rulesetPlan(r: Ruleset, req: { opts: IptablesOptions; installedN
 
 /** The blocks a plan leaves applied, for the next partial sync. */
 function appliedBlocks(r: Ruleset, natTotal: number): AppliedChange {
-  const blocks = new Map<string, ServiceBlock>();
-  let endpoints = 0;
+  const applied: AppliedBlocks = { ctx: r.ctx, blocks: new Map(), servicePorts: new Map(), nodePorts: 0, natRulesTotal: natTotal, totalEndpoints: 0 };
   for (const [sp, b] of r.blocks) {
-    blocks.set(sp.key, b);
-    endpoints += b.endpoints;
+    updateApplied(applied, sp.key, b, sp.serviceKey);
+    applied.totalEndpoints! += b.endpoints;
   }
-  return { kind: 'replace', blocks: { ctx: r.ctx, blocks, natRulesTotal: natTotal, totalEndpoints: endpoints } };
+  return { kind: 'replace', blocks: applied };
 }

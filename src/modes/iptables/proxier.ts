@@ -273,7 +273,8 @@ export class IptablesProxier implements Proxier {
         fs.sync.dispatchChunkLines = this.deps.dispatchChunkLines;
         deferredJumps = await this.ensureJumps(fs);
       }
-      const plan = fs.sync.plan(input.state, opts, changed, doFull, this.now(), syncPeriodMs);
+      // the view's per-Service port index: a partial sync visits only the changed services' ports
+      const plan = fs.sync.plan(input.state, opts, changed, doFull, this.now(), syncPeriodMs, input.view?.servicePorts);
       // Before the restore: the localhost NodePort rules need route_localnet to work.
       if (this.deps.sysctl) for (const { name, value } of plan.sysctls) await ensureSysctl(this.deps.sysctl, name, value);
       // Nothing differs from what is installed: no restore at all. A chunked full sync is

@@ -38,6 +38,8 @@ export interface ServiceBlock {
   units: ChainUnit[];
   /** how many endpoints it was rendered with (a fast partial sync's endpoint count) */
   endpoints: number;
+  /** the port has a NodePort (a fast partial sync's count of them: plan.ts routeLocalnet) */
+  nodePort: boolean;
   /**
    * The block cache (blocks.ts BlockCache.compact) dropped `chains`, `rules` and `units`
    * (the text of the service's own chains, needed only when they are written): a write
@@ -202,7 +204,7 @@ function endpointChains(b: ServiceBlock, v: PortView, n: PortNames, largeCluster
 
 /** One service port's block, from the port as the node view decides it. */
 export function renderServiceBlock(v: PortView, s: BlockSettings): ServiceBlock {
-  const b: ServiceBlock = { filter: [], natTop: [], chains: [], rules: [], active: [], units: [], endpoints: v.endpoints.length };
+  const b: ServiceBlock = { filter: [], natTop: [], chains: [], rules: [], active: [], units: [], endpoints: v.endpoints.length, nodePort: v.sp.nodePort !== 0 };
   const n = portNames(v);
   frontendRules(b, v, s.opts, n);
   clusterIPMasquerade(b, v, s, n);

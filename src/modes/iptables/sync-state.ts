@@ -9,7 +9,7 @@
 // the stale chains whose deletion large-cluster mode defers, deleted when the cleanup is due.
 import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
-import { BlockCache, type AppliedBlocks } from './blocks.ts';
+import { BlockCache, updateApplied, type AppliedBlocks } from './blocks.ts';
 import type { InstalledChains } from './canonical.ts';
 import { hasServiceChain, type Plan } from './plan.ts';
 import { planFull } from './full.ts';
@@ -17,7 +17,7 @@ import { planPartial } from './partial.ts';
 import { planPartialFast } from './partial-fast.ts';
 import { planRestart } from './restart.ts';
 
-const NO_BLOCKS: AppliedBlocks = { blocks: new Map(), natRulesTotal: 0 };
+const NO_BLOCKS: AppliedBlocks = { blocks: new Map(), servicePorts: new Map(), nodePorts: 0, natRulesTotal: 0 };
 
 export class IptablesSyncState {
   /** nat chains believed installed; null until the first full sync told us */
@@ -52,16 +52,20 @@ export class IptablesSyncState {
   /**
    * Plans one sync. `full` forces a full sync; one happens anyway after a failure or at
    * the start. In large-cluster mode stale chains are only deleted once per syncPeriod, as
-   * upstream (they are harmless, unreferenced).
+   * upstream (they are harmless, unreferenced). `servicePorts`, each Service's port keys in
+   * `state` (the node view's), lets a partial sync visit only the changed services' ports.
    */
-  plan(state: ProxyState, opts: IptablesOptions, changed: Set<string>, full: boolean, nowMs = Date.now(), syncPeriodMs = 0): Plan & { full: boolean } {
+  plan(
+    state: ProxyState, opts: IptablesOptions, changed: Set<string>, full: boolean, nowMs = Date.now(), syncPeriodMs = 0,
+    servicePorts?: ReadonlyMap<string, readonly string[]>,
+  ): Plan & { full: boolean } {
     const doFull = full || this.needFullSync;
     const installed = doFull ? this.installed : null;
     this.installed = null;
     const skipCleanup = nowMs - this.lastCleanupMs <= syncPeriodMs;
     // O(changed) when only changed services' own chains differ (partial-fast.ts).
     if (!doFull && this.applied && this.chainDigests && this.installedNatChains) {
-      const fast = planPartialFast({ state, opts, applied: this.applied, cache: this.blocks, changed, deferStale: skipCleanup, deferred: this.deferred });
+      const fast = planPartialFast({ state, opts, applied: this.applied, cache: this.blocks, changed, deferStale: skipCleanup, deferred: this.deferred, servicePorts });
       if (fast) {
         if (!fast.largeClusterMode || !skipCleanup) this.pendingCleanupMs = nowMs;
         return { ...fast, full: false };
@@ -111,10 +115,7 @@ export class IptablesSyncState {
       const a = plan.applied;
       if (a.kind === 'replace') this.applied = a.blocks;
       else if (this.applied) {
-        for (const [key, b] of a.updates) {
-          if (b) this.applied.blocks.set(key, b);
-          else this.applied.blocks.delete(key);
-        }
+        for (const [key, b, svc] of a.updates) updateApplied(this.applied, key, b, svc);
         this.applied.natRulesTotal = a.natRulesTotal;
         this.applied.totalEndpoints = a.totalEndpoints;
       }
