@@ -88,7 +88,8 @@ const LIVE_OLD_FILTER_PREROUTING = 'filter-prerouting';
  * chains of every table lead any packet to (the firewall check and the Service dispatch of
  * prerouting, the checks of a forwarded packet), upstream's names (plan.ts C). Each would
  * otherwise be one more read: at 10,000 Services a NodePort's walk reads in three reads what
- * it read in nine. A name a table does not hold is not found and costs nothing more.
+ * it read in nine. A name a table does not hold is not found (nft reports it, listObjects
+ * leaves it out); the walk treats it as it treats any object it asked for and did not get.
  */
 const LIVE_FIRST_CHAINS = [C.firewallCheck, C.services, C.serviceEndpointsCheck, C.clusterIPsCheck];
 const LIVE_FIRST_SETS: Array<[kind: 'set' | 'map', name: string]> = [
