@@ -102,8 +102,8 @@ const LIVE_FIRST_SETS: Array<[kind: 'set' | 'map', name: string]> = [
 ];
 /** Reads of a live trace at most: each is one step deeper in the walk (about three for a NodePort). */
 const LIVE_READS_MAX = 16;
-/** Chains of one read from which on they are listed by two nft processes, half the tables each. */
-const LIVE_SPLIT_CHAINS = 16;
+/** Chains (or sets and maps) of one read from which on they are listed by two nft processes, half the tables each. */
+const LIVE_SPLIT = 16;
 /** the layer 4 protocols a Service uses, as `nft -p` prints them */
 const PROTOCOL_NAMES: Record<string, string> = { '6': 'tcp', '17': 'udp', '132': 'sctp' };
 
@@ -125,12 +125,12 @@ function protocolNames(set: NftSet): void {
 }
 
 /**
- * One read of objects: the chains by one `nft -i` (two, half the tables each, from
- * LIVE_SPLIT_CHAINS chains: each command costs nft some milliseconds of CPU, as it fetches
- * the elements of every set of the chain's table, so on two cores the read takes half the
- * time), the sets and maps by another, beside it, with numeric protocols (listObjects). Each
- * answer is parsed as it comes and handed to `take`, a table's chains all in one answer, in
- * the order asked.
+ * One read of objects: the chains by one `nft -i`, the sets and maps by another beside it,
+ * with numeric protocols (listObjects); from LIVE_SPLIT of a kind, that kind by two, half the
+ * tables each: each `list chain` costs nft some milliseconds of CPU, as it fetches the elements
+ * of every set of the chain's table, and the sets and maps of 10,000 Services are 1.7 MB of
+ * text, so on two cores the read takes half the time. Each answer is parsed as it comes and
+ * handed to `take`, a table's objects of a kind all in one answer, in the order asked.
  */
 async function readObjects(exec: NftExecutor, family: 'ip' | 'ip6', objects: NftObjectRef[], take: (rs: Ruleset) => void): Promise<void> {
   const chains = objects.filter((o) => o.kind === 'chain');
@@ -145,14 +145,17 @@ async function readObjects(exec: NftExecutor, family: 'ip' | 'ip6', objects: Nft
         }
       }),
     );
-  if (chains.length >= LIVE_SPLIT_CHAINS) {
+  for (const [some, numeric] of [[chains, false], [sets, true]] as const) {
+    if (some.length < LIVE_SPLIT) {
+      if (some.length) read([...some], numeric);
+      continue;
+    }
     // cut between tables, near the middle
-    let cut = Math.ceil(chains.length / 2);
-    while (cut < chains.length && chains[cut].table === chains[cut - 1].table) cut++;
-    read(chains.slice(0, cut), false);
-    if (cut < chains.length) read(chains.slice(cut), false);
-  } else if (chains.length) read(chains, false);
-  if (sets.length) read(sets, true);
+    let cut = Math.ceil(some.length / 2);
+    while (cut < some.length && some[cut].table === some[cut - 1].table) cut++;
+    read(some.slice(0, cut), numeric);
+    if (cut < some.length) read(some.slice(cut), numeric);
+  }
   await Promise.all(parts);
 }
 
