@@ -10,13 +10,18 @@
 // each, one after the other, and prints the medians. Every trace's answer is checked (the
 // Service's endpoints and masquerade) so a fast wrong answer is not a result.
 //
-//   sudo node --import tsx bench/trace-live.ts [--quick] [--n 10000] [--runs 3] [--json FILE]
+//   sudo node --import tsx bench/trace-live.ts [--quick] [--n 10000] [--runs 3] [--variants iptables-legacy,nftables]
+//        [--baseline DIR] [--json FILE]
+//
+// --baseline DIR times a second kproxy (another checkout, its bundle built: `node
+// scripts/build.mjs` there) in the same namespace, each run right after this one's trace, so
+// that a change is measured against what it changes under the same load.
 //
 // kproxy runs as users run it: `node bin/kproxy.js`, which uses the esbuild bundle (dist/) when
 // it is fresh; the bench builds the bundle first when it is not (scripts/build.mjs, what
 // `npm ci` runs). IPVS is not here: the host kernel has no IPVS (bench/ipvs-in-vm.ts).
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -42,6 +47,9 @@ export interface TraceLiveRow {
   rawMs: number[];
   /** `kproxy trace --live`, ms per run */
   traceMs: number[];
+  /** the --baseline kproxy's `trace --live`, ms per run, timed right after each of traceMs */
+  baselineMs?: number[];
+  baselineMedianMs?: number;
   rawMedianMs: number;
   traceMedianMs: number;
   /** lines of the raw read */
@@ -81,7 +89,7 @@ function expectation(n: number): { to: string; endpoints: string } {
   return { to: `${NODE_IP}:${30_000 + i}`, endpoints: eps.join(', ') };
 }
 
-export async function measureVariant(nss: Namespaces, variant: TraceVariant, n: number, runs: number, work: string): Promise<TraceLiveRow> {
+export async function measureVariant(nss: Namespaces, variant: TraceVariant, n: number, runs: number, work: string, baseline?: string): Promise<TraceLiveRow> {
   const mode = variant === 'iptables-legacy' ? 'iptables' : variant;
   const w = new Workload(n, ENDPOINTS, benchConfig(mode));
   const rendered = modes[mode].render(w.input());
@@ -94,9 +102,16 @@ export async function measureVariant(nss: Namespaces, variant: TraceVariant, n: 
     const tables = [...rendered.matchAll(/^add table ip (\S+)/gm)].map((m) => m[1]);
     const want = expectation(n);
     // the NodePort on the node's address: the longest path (KUBE-SERVICES, then KUBE-NODEPORTS; every table)
-    const traceArgs = ['netns', 'exec', ns, process.execPath, join(repoRoot, 'bin/kproxy.js'), 'trace', '--live', '--mode', mode, '--from', CLIENT, '--to', want.to, '--json'];
+    const argsOf = (root: string) => ['netns', 'exec', ns, process.execPath, join(root, 'bin/kproxy.js'), 'trace', '--live', '--mode', mode, '--from', CLIENT, '--to', want.to, '--json'];
     const rawMs: number[] = [];
     const traceMs: number[] = [];
+    const baselineMs: number[] = [];
+    const check = (stdout: string, who: string) => {
+      const got = JSON.parse(stdout) as { output: string; masq: boolean };
+      if (got.output !== want.endpoints || got.masq !== true) {
+        throw new Error(`KPROXY_BENCH_TRACE: ${variant} at ${n}: ${who} trace --live answered ${JSON.stringify(got.output)} masq ${got.masq}, want ${want.endpoints} masq true`);
+      }
+    };
     let rawLines = 0;
     for (let r = 0; r < runs; r++) {
       let ms = 0;
@@ -107,14 +122,18 @@ export async function measureVariant(nss: Namespaces, variant: TraceVariant, n: 
         rawLines += raw.stdout.split('\n').length - 1;
       }
       rawMs.push(ms);
-      const t = timed('ip', traceArgs, env);
+      const t = timed('ip', argsOf(repoRoot), env);
       traceMs.push(t.ms);
-      const got = JSON.parse(t.stdout) as { output: string; masq: boolean };
-      if (got.output !== want.endpoints || got.masq !== true) {
-        throw new Error(`KPROXY_BENCH_TRACE: ${variant} at ${n}: trace --live answered ${JSON.stringify(got.output)} masq ${got.masq}, want ${want.endpoints} masq true`);
+      check(t.stdout, 'this');
+      if (baseline) {
+        const b = timed('ip', argsOf(baseline), env);
+        baselineMs.push(b.ms);
+        check(b.stdout, 'the baseline');
+        if (b.stdout !== t.stdout) throw new Error(`KPROXY_BENCH_TRACE: ${variant} at ${n}: the baseline's trace differs:\n${b.stdout}\nthis one:\n${t.stdout}`);
       }
     }
-    return { variant, n, rawMs, traceMs, rawMedianMs: median(rawMs), traceMedianMs: median(traceMs), rawLines };
+    const row: TraceLiveRow = { variant, n, rawMs, traceMs, rawMedianMs: median(rawMs), traceMedianMs: median(traceMs), rawLines };
+    return baseline ? { ...row, baselineMs, baselineMedianMs: median(baselineMs) } : row;
   } finally {
     await nss.delete(ns);
   }
@@ -122,14 +141,16 @@ export async function measureVariant(nss: Namespaces, variant: TraceVariant, n: 
 
 function table(rows: TraceLiveRow[], runs: number): string {
   const s = (ms: number) => `${(ms / 1000).toFixed(2)} s`;
+  const withBaseline = rows.some((r) => r.baselineMedianMs !== undefined);
   const out = [
     `\`kproxy trace --live\` (process start to answer; NodePort of the last Service, ${ENDPOINTS} endpoints each; median of ${runs} runs) beside the raw read of the same rules`,
     '',
-    '| Services | mode | trace --live | raw read | raw read command (lines) |',
-    '|---:|---|---:|---:|---|',
+    `| Services | mode | trace --live |${withBaseline ? ' baseline |' : ''} raw read | raw read command (lines) |`,
+    `|---:|---|---:|${withBaseline ? '---:|' : ''}---:|---|`,
   ];
   for (const r of rows) {
-    out.push(`| ${r.n.toLocaleString('en-US')} | ${r.variant} | ${s(r.traceMedianMs)} | ${s(r.rawMedianMs)} | \`${rawName(r.variant)}\` (${r.rawLines.toLocaleString('en-US')}) |`);
+    const b = withBaseline ? ` ${r.baselineMedianMs === undefined ? '-' : s(r.baselineMedianMs)} |` : '';
+    out.push(`| ${r.n.toLocaleString('en-US')} | ${r.variant} | ${s(r.traceMedianMs)} |${b} ${s(r.rawMedianMs)} | \`${rawName(r.variant)}\` (${r.rawLines.toLocaleString('en-US')}) |`);
   }
   return out.join('\n') + '\n';
 }
@@ -141,6 +162,7 @@ async function main(): Promise<void> {
       n: { type: 'string' },
       runs: { type: 'string' },
       variants: { type: 'string' },
+      baseline: { type: 'string' },
       json: { type: 'string' },
     },
   });
@@ -149,6 +171,8 @@ async function main(): Promise<void> {
   const variants = (values.variants ?? TRACE_VARIANTS.join(',')).split(',') as TraceVariant[];
   for (const v of variants) if (!(TRACE_VARIANTS as readonly string[]).includes(v)) throw new Error(`KPROXY_BENCH_ARGS: unknown variant ${v}`);
   if (!(runs >= 3) || sizes.some((n) => !(n >= 1))) throw new Error('KPROXY_BENCH_ARGS: --runs wants 3 or more, --n positive sizes');
+  const baseline = values.baseline === undefined ? undefined : resolve(values.baseline);
+  if (baseline && !existsSync(join(baseline, 'dist/kproxy.js'))) throw new Error(`KPROXY_BENCH_ARGS: --baseline ${baseline} has no bundle (dist/kproxy.js): run node scripts/build.mjs there`);
   ensureBundle('trace-live');
   const nss = new Namespaces(`${process.pid}`);
   const work = mkdtempSync(join(tmpdir(), 'kpb-trace-'));
@@ -158,8 +182,9 @@ async function main(): Promise<void> {
   try {
     for (const n of sizes) {
       for (const v of variants) {
-        const row = await measureVariant(nss, v, n, runs, work);
-        process.stderr.write(`trace-live: ${v} at ${n}: trace ${row.traceMs.map((x) => x.toFixed(0)).join(' ')} ms, raw ${row.rawMs.map((x) => x.toFixed(0)).join(' ')} ms\n`);
+        const row = await measureVariant(nss, v, n, runs, work, baseline);
+        const base = row.baselineMs ? `, baseline ${row.baselineMs.map((x) => x.toFixed(0)).join(' ')} ms` : '';
+        process.stderr.write(`trace-live: ${v} at ${n}: trace ${row.traceMs.map((x) => x.toFixed(0)).join(' ')} ms${base}, raw ${row.rawMs.map((x) => x.toFixed(0)).join(' ')} ms\n`);
         rows.push(row);
       }
     }

@@ -10,6 +10,7 @@ import { getChain, parseIptablesSave, ruleCount } from '../../src/kernel/iptable
 import { traceIptables, type TracePacket } from '../../src/modes/iptables/trace.ts';
 import { traceLiveChains, type ChainReader } from '../../src/modes/iptables/trace-live.ts';
 import { indexSaveChains } from '../../src/kernel/iptables/save.ts';
+import fc from 'fast-check';
 
 const NS = `kpt-trc-${process.pid}`;
 const NODE_IPS = ['192.168.0.2', '192.168.1.2', '192.168.99.11', '2001:db8::1', '2001:db8:1::2'];
@@ -184,6 +185,47 @@ describe('the live trace over the chains its walk reaches', () => {
     assert.equal(read('filter', 'A'), ':A - [0:0]\n-A A -j ACCEPT\n');
     assert.equal(read('nat', 'NONE'), null);
     assert.equal(read('mangle', 'A'), null);
+  });
+
+  /**
+   * What indexSaveChains gives, read the plain way: the text's lines one by one; in the
+   * sections of the table (from a `*TABLE` line to the next `*` line), the last `:CHAIN`
+   * declaration (its name the first word after the colon) and every `-A CHAIN` line (the name
+   * up to the first space), in order, each with its newline.
+   */
+  function chainLines(text: string, table: string, chain: string): string | null {
+    const lines = text.split('\n');
+    let inTable = false;
+    let decl: string | null = null;
+    let rules = '';
+    let found = false;
+    lines.forEach((line, i) => {
+      if (line.startsWith('*')) inTable = line.slice(1).trim() === table;
+      else if (!inTable) return;
+      else if (line.startsWith(':') && line.trim().slice(1).split(/\s+/)[0] === chain) [decl, found] = [line.trim(), true];
+      else if (line.startsWith('-A ') && line.slice(3).split(' ')[0] === chain) [rules, found] = [rules + line + (i < lines.length - 1 ? '\n' : ''), true];
+    });
+    if (!found) return null;
+    const out = (decl === null ? '' : `${decl}\n`) + rules;
+    return out === '' || out.endsWith('\n') ? out : `${out}\n`;
+  }
+
+  test('indexSaveChains finds every chain as a line-by-line reading does, whatever the lines (tables twice, runs split, CRLF, odd spacing)', () => {
+    const line = fc.oneof(
+      fc.constantFrom('*nat', '*filter', '*nat ', ' *nat', '*mangle', 'COMMIT', '# comment', '', ':A - [0:0]', ':A', ':A\t-', ':A\u00a0-', ':B ACCEPT [1:2]', ': A', ':AB -'),
+      fc.constantFrom('-A A -j B', '-A A', '-A A -j DNAT --to-destination 10.0.0.1:80', '-A AB -j X', '-A B -j RETURN', '-A  A -j Y', '-A A  -j C', '-I A -j Z', '[1:2] -A A -j B'),
+      fc.string({ maxLength: 6, unit: fc.constantFrom('A', 'B', ' ', '\t', ':', '-', '*', '\u00a0', 'x') }),
+    );
+    fc.assert(
+      fc.property(fc.array(line, { maxLength: 30 }), fc.boolean(), fc.boolean(), (lines, crlf, newlineAtEnd) => {
+        const text = lines.join(crlf ? '\r\n' : '\n') + (newlineAtEnd ? '\n' : '');
+        const read = indexSaveChains(text);
+        for (const table of ['nat', 'filter', 'mangle']) {
+          for (const chain of ['A', 'B', 'AB', 'A\r', 'X']) assert.equal(read(table, chain), chainLines(text, table, chain), `${table} ${chain} in ${JSON.stringify(text)}`);
+        }
+      }),
+      { numRuns: 3000 },
+    );
   });
 
   for (const f of FLOWS) {

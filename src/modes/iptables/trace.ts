@@ -449,6 +449,18 @@ function addrCondMatches(values: string[], ip: string, value: bigint, neg: boole
 /** "10.0.0.0/8", "172.30.0.41/32", "10.0.0.1", "10.0.0.0/255.0.0.0", IPv6 alike. */
 function parseNet(s: string): Net | null {
   const slash = s.indexOf('/');
+  // a dotted IPv4 address with a prefix length, what iptables-save prints for every `-d`/`-s`
+  // (20,000 of them in the two chains a NodePort's walk reads at 10,000 Services): read in place
+  const v4 = IPV4_NET.exec(s);
+  if (v4) {
+    const octets = [v4[1], v4[2], v4[3], v4[4]].map(Number);
+    if (octets.every((o) => o <= 255)) {
+      const prefix = v4[5] === undefined ? 32 : parseInt(v4[5], 10);
+      if (prefix > 32) return null;
+      const mask = prefix === 0 ? 0 : (0xffffffff << (32 - prefix)) | 0;
+      return { v6: false, value: ((octets[0] << 24) | (octets[1] << 16) | (octets[2] << 8) | octets[3]) | 0, mask };
+    }
+  }
   const ip = canonicalIP(slash < 0 ? s : s.slice(0, slash));
   if (!ip) return null;
   const v6 = ip.includes(':');
@@ -468,6 +480,8 @@ function parseNet(s: string): Net | null {
   const mask = prefix === 0 ? 0 : (0xffffffff << (32 - prefix)) | 0;
   return { v6, value: Number(ipToBigInt(ip)) | 0, mask };
 }
+
+const IPV4_NET = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?:\/(\d+))?$/;
 
 function maskPrefix(mask: bigint, bits: number): number {
   let n = 0;

@@ -17,8 +17,8 @@ import { kubeProxyTableNames, TABLE } from './names.ts';
 import { BASE_CHAINS, C, optionsFromInput, UNALLOCATED_CHAINS } from './plan.ts';
 import { NftProxier } from './proxier.ts';
 import { NftWithLocalhostNodePorts } from './localhost-nodeports.ts';
-import { dumpRuleset, newRuleset, type Ruleset } from './ruleset.ts';
-import { traceTables } from './trace.ts';
+import { dumpRuleset, elementKey, newRuleset, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
+import { traceTables, type ExactIndexes } from './trace.ts';
 import { parseNftText } from './parse.ts';
 import { planShardedRulesets, type ShardOptions } from './shards.ts';
 import { skippedVIPNotes } from '../../core/vip.ts';
@@ -83,27 +83,89 @@ async function cleanup(runner: CommandRunner, log: Logger): Promise<void> {
 const LIVE_BASE_CHAINS = [...BASE_CHAINS, ...UNALLOCATED_CHAINS].filter((c) => c.hook === 'prerouting' || c.hook === 'forward' || c.hook === 'input').map((c) => c.name);
 /** upstream's filter prerouting chain before v1.31, read where filter-prerouting-pre-dnat is not */
 const LIVE_OLD_FILTER_PREROUTING = 'filter-prerouting';
-/** Reads of a live trace at most: each is one step deeper in the walk (about six for a NodePort). */
+/**
+ * Read with the base chains, in every table, before the walk asks for them: what the base
+ * chains of every table lead any packet to (the firewall check and the Service dispatch of
+ * prerouting, the checks of a forwarded packet), upstream's names (plan.ts C). Each would
+ * otherwise be one more read: at 10,000 Services a NodePort's walk reads in three reads what
+ * it read in nine. A name a table does not hold is not found (nft reports it, listObjects
+ * leaves it out); the walk treats it as it treats any object it asked for and did not get.
+ */
+const LIVE_FIRST_CHAINS = [C.firewallCheck, C.services, C.serviceEndpointsCheck, C.clusterIPsCheck];
+const LIVE_FIRST_SETS: Array<[kind: 'set' | 'map', name: string]> = [
+  ['map', C.firewallIPs],
+  ['map', C.serviceIPs],
+  ['set', C.nodePortIPs],
+  ['map', C.serviceNodePorts],
+  ['map', C.noEndpointServices],
+  ['set', C.clusterIPs],
+];
+/** Reads of a live trace at most: each is one step deeper in the walk (about three for a NodePort). */
 const LIVE_READS_MAX = 16;
+/** Chains (or sets and maps) of one read from which on they are listed by two nft processes, half the tables each. */
+const LIVE_SPLIT = 16;
+/** the layer 4 protocols a Service uses, as `nft -p` prints them */
+const PROTOCOL_NAMES: Record<string, string> = { '6': 'tcp', '17': 'udp', '132': 'sctp' };
 
 /**
- * listObjects over two nft processes at once when there are many objects: each command
- * costs nft some milliseconds of CPU (it reads the table's chain list), so on a node with
- * two cores or more the read takes half the time.
+ * The key parts of a set read with `nft -p` as nft prints them otherwise: a protocol number
+ * of an `inet_proto` part as its name (tcp, udp, sctp: what the walk looks up; another protocol
+ * stays a number, and matches no packet the tracer walks either way).
  */
-async function listInParallel(exec: NftExecutor, family: 'ip' | 'ip6', objects: NftObjectRef[]): Promise<string> {
-  if (objects.length < 16) return exec.listObjects(family, objects);
-  const half = Math.ceil(objects.length / 2);
-  const parts = await Promise.all([exec.listObjects(family, objects.slice(0, half)), exec.listObjects(family, objects.slice(half))]);
-  return parts.join('');
+function protocolNames(set: NftSet): void {
+  const parts = set.type.split(' : ')[0].split(' . ');
+  const at = parts.flatMap((p, i) => (p.trim() === 'inet_proto' ? [i] : []));
+  if (!at.length) return;
+  const elements = new Map<string, NftElement>();
+  for (const el of set.elements.values()) {
+    for (const i of at) if (el.key[i] !== undefined) el.key[i] = PROTOCOL_NAMES[el.key[i]] ?? el.key[i];
+    elements.set(elementKey(el.key), el);
+  }
+  set.elements = elements;
+}
+
+/**
+ * One read of objects: the chains by one `nft -i`, the sets and maps by another beside it,
+ * with numeric protocols (listObjects); from LIVE_SPLIT of a kind, that kind by two, half the
+ * tables each: each `list chain` costs nft some milliseconds of CPU, as it fetches the elements
+ * of every set of the chain's table, and the sets and maps of 10,000 Services are 1.7 MB of
+ * text, so on two cores the read takes half the time. Each answer is parsed as it comes and
+ * handed to `take`, a table's objects of a kind all in one answer, in the order asked.
+ */
+async function readObjects(exec: NftExecutor, family: 'ip' | 'ip6', objects: NftObjectRef[], take: (rs: Ruleset) => void): Promise<void> {
+  const chains = objects.filter((o) => o.kind === 'chain');
+  const sets = objects.filter((o) => o.kind !== 'chain');
+  const parts: Array<Promise<void>> = [];
+  const read = (some: NftObjectRef[], numeric: boolean) =>
+    parts.push(
+      exec.listObjects(family, some, { numericProtocol: numeric }).then((text) => {
+        for (const rs of parseNftText(text).values()) {
+          if (numeric) for (const set of rs.sets.values()) protocolNames(set);
+          take(rs);
+        }
+      }),
+    );
+  for (const [some, numeric] of [[chains, false], [sets, true]] as const) {
+    if (some.length < LIVE_SPLIT) {
+      if (some.length) read([...some], numeric);
+      continue;
+    }
+    // cut between tables, near the middle
+    let cut = Math.ceil(some.length / 2);
+    while (cut < some.length && some[cut].table === some[cut - 1].table) cut++;
+    read(some.slice(0, cut), numeric);
+    if (cut < some.length) read(some.slice(cut), numeric);
+  }
+  await Promise.all(parts);
 }
 
 /**
  * The packet through the kernel's kube-proxy tables of its family, reading only what the walk
- * reaches: the base chains by name, then in each round the chains, sets and maps the walk
- * looked for and did not have, one `nft -i` for all of them (NftExecutor.listObjects), until
+ * reaches: the base chains by name with what they lead every packet to (LIVE_FIRST_CHAINS,
+ * LIVE_FIRST_SETS), then in each read the chains, sets and maps the walk looked for and did
+ * not have (and with a Service's external chain its service chain, the one it goes to), until
  * the walk needs nothing more. At 10,000 Services in 16 tables a NodePort's walk reads some 250
- * small objects in eight reads, where the whole tables are 280,000 lines. The tables are walked in name order
+ * small objects in three reads, where the whole tables are 280,000 lines. The tables are walked in name order
  * (kube-proxy, then kube-proxy-0, -1, ...): the order the mode creates them in; nft prints a
  * table's handle (its creation order) only when listing the whole table.
  */
@@ -121,25 +183,34 @@ async function traceLive(req: TraceRequest, runner: CommandRunner): Promise<Trac
   }
   const tables = new Map(names.map((n) => [n, newRuleset(family, n)]));
   const asked = new Set<string>();
-  let want: NftObjectRef[] = names.flatMap((table) => LIVE_BASE_CHAINS.map((name) => ({ kind: 'chain' as const, table, name })));
+  // the sets read do not change between walks: each one's lookup index is built once
+  const indexes: ExactIndexes = new Map();
+  let want: NftObjectRef[] = names.flatMap((table) => [
+    ...[...LIVE_BASE_CHAINS, ...LIVE_FIRST_CHAINS].map((name) => ({ kind: 'chain' as const, table, name })),
+    ...LIVE_FIRST_SETS.map(([kind, name]) => ({ kind, table, name })),
+  ]);
   for (let read = 1; ; read++) {
     for (const o of want) asked.add(`${o.kind} ${o.table} ${o.name}`);
-    for (const rs of parseNftText(await listInParallel(exec, family, want)).values()) {
+    await readObjects(exec, family, want, (rs) => {
       const into = tables.get(rs.table);
-      if (!into || rs.family !== family) continue;
+      if (!into || rs.family !== family) return;
       for (const [n, c] of rs.chains) into.chains.set(n, c);
       for (const [n, x] of rs.sets) into.sets.set(n, x);
-    }
+    });
     const next = new Map<string, NftObjectRef>();
+    const ask = (table: string, kind: NftObjectRef['kind'], name: string) => next.set(`${kind} ${table} ${name}`, { kind, table, name });
     const missing = (rs: Ruleset, kind: 'chain' | 'set' | 'map', name: string): boolean => {
       // a lookup's syntax says set or map; one asked as the one and not found is asked as the other
       const kinds = kind === 'chain' ? ['chain' as const] : [kind, kind === 'set' ? ('map' as const) : ('set' as const)];
       const k = kinds.find((x) => !asked.has(`${x} ${rs.table} ${name}`));
       if (!k || read >= LIVE_READS_MAX) return false;
-      next.set(`${k} ${rs.table} ${name}`, { kind: k, table: rs.table, name });
+      ask(rs.table, k, name);
+      // an external chain goes to its service chain (names.ts): read together
+      const service = k === 'chain' && name.startsWith('external-') ? `service-${name.slice('external-'.length)}` : null;
+      if (service && !asked.has(`chain ${rs.table} ${service}`)) ask(rs.table, 'chain', service);
       return true;
     };
-    const r = traceTables([...tables.values()], pkt, { localIPs: await localIPs, missing });
+    const r = traceTables([...tables.values()], pkt, { localIPs: await localIPs, missing, indexes });
     if (read === 1) {
       for (const rs of tables.values()) if (!rs.chains.has(C.filterPreroutingPreDNAT)) missing(rs, 'chain', LIVE_OLD_FILTER_PREROUTING);
     }

@@ -44,6 +44,13 @@ interface Pkt {
 const MAX_DEPTH = 64;
 
 /**
+ * Per set without intervals, its elements by canonical key (null for a set with CIDR keys),
+ * built on a walk's first lookup in the set. A caller that walks the same sets again, unchanged
+ * (a live trace walks once per read), passes one map to every walk so that each is built once.
+ */
+export type ExactIndexes = Map<NftSet, Map<string, NftElement> | null>;
+
+/**
  * Told of each chain, set or map the walk looks for in a table and does not find; true when
  * the caller will read it and trace again (a live trace reads the kernel's objects on demand):
  * the walk then goes on past a missing chain instead of ending there. False, or no callback:
@@ -67,6 +74,8 @@ class Tracer {
     private readonly tables: Ruleset[],
     private readonly local: Set<string>,
     private readonly missing?: MissingObject,
+    /** per set without intervals, its elements by canonical key (built on first lookup) */
+    private readonly exact: ExactIndexes = new Map(),
   ) {
     this.rs = tables[0];
   }
@@ -87,9 +96,6 @@ class Tracer {
     if (!s && this.missing?.(this.rs, kind, name)) this.pending = true;
     return s;
   }
-
-  /** per set without intervals, its elements by canonical key (built on first lookup, this walk only) */
-  private readonly exact = new Map<NftSet, Map<string, NftElement> | null>();
 
   /** key parts against packet fields; IP parts may be CIDRs (interval sets) */
   private elementFor(set: NftSet | undefined, want: string[]): { value?: string } | undefined {
@@ -334,9 +340,9 @@ export function traceRuleset(rs: Ruleset, pkt: NftPacket, opts: { localIPs: stri
 }
 
 /** Traces a packet through several tables of one family at once (the shards), in hook order. */
-export function traceTables(tables: Ruleset[], pkt: NftPacket, opts: { localIPs: string[]; missing?: MissingObject }): NftTraceResult {
+export function traceTables(tables: Ruleset[], pkt: NftPacket, opts: { localIPs: string[]; missing?: MissingObject; indexes?: ExactIndexes }): NftTraceResult {
   const local = new Set(opts.localIPs.map((a) => canonicalIP(a) ?? a));
-  const t = new Tracer(tables, local, opts.missing);
+  const t = new Tracer(tables, local, opts.missing, opts.indexes);
   const p: Pkt = {
     src: canonicalIP(pkt.sourceIP) ?? pkt.sourceIP,
     proto: (pkt.protocol || 'TCP').toLowerCase(),
