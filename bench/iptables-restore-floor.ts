@@ -32,6 +32,7 @@ import { changedServiceIndexes, timedSync, type SyncSample } from './measure.ts'
 import { isWrite, LEGACY_IPTABLES, Namespaces, TimedRunner } from './netns.ts';
 import { fmtMs, median } from './stats.ts';
 import { benchConfig, MAX_SERVICES, Workload } from './workload.ts';
+import { inputText } from '../src/kernel/runner.ts';
 
 export const FLOOR_VARIANTS = ['iptables', 'iptables-legacy'] as const;
 export type FloorVariant = (typeof FLOOR_VARIANTS)[number];
@@ -50,7 +51,7 @@ class RecordingRunner extends TimedRunner {
   override async run(cmd: string, args: string[], opts?: RunOptions): Promise<RunResult> {
     const r = await super.run(cmd, args, opts);
     const rec = this.records[this.records.length - 1];
-    if (rec && isWrite(rec) && r.code === 0) this.writes.push({ cmd, args, input: opts?.input ?? '' });
+    if (rec && isWrite(rec) && r.code === 0) this.writes.push({ cmd, args, input: inputText(opts?.input) });
     return r;
   }
 

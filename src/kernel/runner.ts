@@ -11,8 +11,15 @@ export interface RunResult {
   stderr: string;
 }
 
+/**
+ * A command's input in parts, each built when the pipe is ready for it: a full nftables
+ * transaction at 10,000 Services is 33 MB of text, which need not exist whole (one table's
+ * part at a time). Called once per run; a fake reads it whole (inputText).
+ */
+export type InputParts = () => Iterable<string>;
+
 export interface RunOptions {
-  input?: string;
+  input?: string | InputParts;
   /**
    * Time limit in ms. Absent, zero, negative or not finite means DEFAULT_TIMEOUT_MS: no
    * command runs unbounded (a hung iptables lock or a stuck modprobe would otherwise hang
@@ -138,7 +145,15 @@ export const hostRunner: CommandRunner = {
       });
       // EPIPE when the child exits without reading its input: its exit code tells the story
       child.stdin?.on('error', () => {});
-      if (child.stdin) writeInput(child.stdin, opts.input ?? '');
+      if (child.stdin) {
+        writeInput(child.stdin, opts.input ?? '', INPUT_CHUNK, (e) => {
+          // Input that could not be built whole must not reach the tool as a shorter input
+          // (nft -f would apply what it read): the group dies before its stdin closes.
+          killGroup(child);
+          child.stdin?.destroy();
+          finish(() => reject(new ExecError('KPROXY_EXEC_FAILED', `${[cmd, ...args].join(' ')}: its input could not be built: ${(e as Error).message}; the process was killed`)));
+        });
+      }
     });
   },
 };
@@ -146,24 +161,55 @@ export const hostRunner: CommandRunner = {
 /** Characters of the input handed to the pipe at a time (64 KiB: four times the pipe's highWaterMark). */
 export const INPUT_CHUNK = 64 * 1024;
 
+/** The whole input, for a fake runner that reads it at once. */
+export function inputText(input: string | InputParts | undefined): string {
+  if (typeof input !== 'function') return input ?? '';
+  let text = '';
+  for (const part of input()) text += part;
+  return text;
+}
+
 /**
  * Writes `input` to a child's stdin a slice at a time, the next slice when the pipe drains,
  * then ends it. One write of the whole string would encode all of it into one buffer beside
  * the string (a full sync's restore input at 10,000 Services is tens of MB; nft's up to
  * ~100 MB: measured as arrayBuffers in process.memoryUsage()) and hold it until the tool had
  * read it all; slices keep that copy to one slice. A slice never ends between the two halves
- * of a surrogate pair, so every slice encodes to valid UTF-8 on its own.
+ * of a surrogate pair, so every slice encodes to valid UTF-8 on its own. Parts (InputParts)
+ * are taken one at a time, when the last one is written; if taking one throws, `failed` gets
+ * the error and stdin is neither written nor ended again.
  */
-export function writeInput(stdin: Writable, input: string, chunk = INPUT_CHUNK): void {
+export function writeInput(stdin: Writable, input: string | InputParts, chunk = INPUT_CHUNK, failed: (e: unknown) => void = () => stdin.destroy()): void {
+  let parts: Iterator<string>;
+  try {
+    parts = (typeof input === 'function' ? input() : [input])[Symbol.iterator]();
+  } catch (e) {
+    failed(e);
+    return;
+  }
+  let part = '';
   let at = 0;
   const next = (): void => {
-    while (at < input.length) {
+    for (;;) {
       // the child went away (EPIPE) or the time limit destroyed the pipe: nothing more to write
       if (stdin.destroyed || stdin.writableEnded) return;
-      let end = Math.min(at + chunk, input.length);
-      const last = input.charCodeAt(end - 1);
-      if (end < input.length && last >= 0xd800 && last <= 0xdbff) end++;
-      const slice = input.slice(at, end);
+      if (at >= part.length) {
+        let r: IteratorResult<string>;
+        try {
+          r = parts.next();
+        } catch (e) {
+          failed(e);
+          return;
+        }
+        if (r.done) break;
+        part = r.value;
+        at = 0;
+        continue;
+      }
+      let end = Math.min(at + chunk, part.length);
+      const last = part.charCodeAt(end - 1);
+      if (end < part.length && last >= 0xd800 && last <= 0xdbff) end++;
+      const slice = part.slice(at, end);
       at = end;
       if (!stdin.write(slice)) {
         stdin.once('drain', next);

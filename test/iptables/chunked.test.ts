@@ -35,6 +35,7 @@ import { chunkedDispatchEdits, STATIC_GROUP, type DispatchChain } from '../../sr
 import { chunkLinesFor, DEFAULT_CHUNK_LINES, IptablesProxier } from '../../src/modes/iptables/proxier.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
 import { kernelState, rng } from '../support/iptables-state.ts';
+import { inputText } from '../../src/kernel/runner.ts';
 
 /** The nat chains reachable from `chain` (its own service's chains), with their rules. */
 function closure(k: FakeIptables, chain: string): string {
@@ -99,8 +100,8 @@ class Watching implements CommandRunner {
   constructor(readonly k: FakeIptables) {}
   async run(cmd: string, args: string[], opts?: RunOptions): Promise<RunResult> {
     const r = await this.k.run(cmd, args, opts);
-    if (cmd.endsWith('-restore') && r.code === 0 && (opts?.input?.includes('*nat') || opts?.input?.includes('*filter'))) {
-      this.restores.push(opts.input!);
+    if (cmd.endsWith('-restore') && r.code === 0 && (inputText(opts?.input).includes('*nat') || inputText(opts?.input).includes('*filter'))) {
+      this.restores.push(inputText(opts?.input));
       this.snapshots.push(reachable(this.k));
       this.dispatch.push(dispatchRules(this.k));
     }

@@ -14,6 +14,7 @@ import { IptablesProxier } from '../../src/modes/iptables/proxier.ts';
 import { endpoint, label63, port, stateOf } from '../support/ports.ts';
 import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 import { testConfig } from './helpers.ts';
+import { inputText } from '../../src/kernel/runner.ts';
 
 const NODE = { nodeName: 'test-node', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
 const config = testConfig();
@@ -32,7 +33,7 @@ class RefusingKernel extends FakeIptables {
   override async run(cmd: string, args: string[], opts: RunOptions = {}): Promise<RunResult> {
     if (cmd === 'iptables-restore') {
       this.restores++;
-      const n = (opts.input ?? '').split('\n').findIndex((l) => l.includes(this.poison));
+      const n = inputText(opts.input).split('\n').findIndex((l) => l.includes(this.poison));
       if (n >= 0) {
         this.refused++;
         const host = this.poison;

@@ -9,7 +9,7 @@
 // also on failure.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { hostRunner, type CommandRunner, type RunOptions } from '../../src/kernel/runner.ts';
+import { hostRunner, type CommandRunner, type RunOptions, inputText } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { DEFAULT_FACTS } from '../../src/modes/iptables/options.ts';
 import { IptablesProxier } from '../../src/modes/iptables/proxier.ts';
@@ -35,7 +35,7 @@ const bin = (cmd: string, backend: Backend) => (backend === 'legacy' ? cmd.repla
 function nsRunner(ns: () => Netns, backend: Backend, calls: Array<{ cmd: string; input?: string }> = []): CommandRunner {
   return {
     run: (cmd: string, args: string[], opts?: RunOptions) => {
-      calls.push({ cmd, input: opts?.input });
+      calls.push({ cmd, input: opts?.input === undefined ? undefined : inputText(opts.input) });
       return hostRunner.run('ip', ['netns', 'exec', ns().name, bin(cmd, backend), ...args], { timeoutMs: 60_000, ...opts });
     },
   };

@@ -12,7 +12,7 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
-import { hostRunner, type CommandRunner, type RunOptions } from '../../src/kernel/runner.ts';
+import { hostRunner, type CommandRunner, type RunOptions, inputText } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { isServiceChainName } from '../../src/modes/iptables/names.ts';
 import { DEFAULT_FACTS } from '../../src/modes/iptables/options.ts';
@@ -42,7 +42,7 @@ const bin = (cmd: string, backend: Backend) => (backend === 'legacy' ? cmd.repla
 function nsRunner(ns: () => Netns, backend: Backend, inputs: string[] = []): CommandRunner {
   return {
     run: (cmd: string, args: string[], opts?: RunOptions) => {
-      if (cmd.endsWith('-restore') && opts?.input) inputs.push(opts.input);
+      if (cmd.endsWith('-restore') && opts?.input) inputs.push(inputText(opts.input));
       return hostRunner.run('ip', ['netns', 'exec', ns().name, bin(cmd, backend), ...args], { timeoutMs: 60_000, ...opts });
     },
   };

@@ -21,7 +21,7 @@
 // Every namespace and process is removed in `after`, also on failure.
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { hostRunner, type CommandRunner, type RunOptions } from '../../src/kernel/runner.ts';
+import { hostRunner, type CommandRunner, type RunOptions, inputText } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { getMode } from '../../src/modes/registry.ts';
 import { IptablesProxier, jumpsPayload } from '../../src/modes/iptables/proxier.ts';
@@ -47,7 +47,7 @@ class Recording implements CommandRunner {
   restores: string[] = [];
   constructor(private readonly ns: Netns, private readonly legacy: boolean) {}
   async run(cmd: string, args: string[], opts?: RunOptions) {
-    if (cmd.endsWith('-restore') && opts?.input) this.restores.push(opts.input);
+    if (cmd.endsWith('-restore') && opts?.input) this.restores.push(inputText(opts.input));
     const bin = this.legacy && /^ip6?tables/.test(cmd) ? legacyName(cmd) : cmd;
     return hostRunner.run('ip', ['netns', 'exec', this.ns.name, bin, ...args], { timeoutMs: 60_000, ...opts });
   }

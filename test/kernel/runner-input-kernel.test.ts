@@ -6,7 +6,7 @@
 // `after`, also on failure.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { hostRunner, INPUT_CHUNK, type CommandRunner, type RunOptions } from '../../src/kernel/runner.ts';
+import { hostRunner, INPUT_CHUNK, type CommandRunner, type RunOptions, inputText } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { IptablesProxier } from '../../src/modes/iptables/proxier.ts';
 import { NftProxier } from '../../src/modes/nftables/proxier.ts';
@@ -33,7 +33,7 @@ after(async () => {
 class Recording implements CommandRunner {
   inputs: Array<{ cmd: string; args: string[]; input: string }> = [];
   async run(cmd: string, args: string[], opts: RunOptions = {}) {
-    if (opts.input && (cmd.endsWith('-restore') || (cmd === 'nft' && args.includes('-f')))) this.inputs.push({ cmd, args, input: opts.input });
+    if (opts.input && (cmd.endsWith('-restore') || (cmd === 'nft' && args.includes('-f')))) this.inputs.push({ cmd, args, input: inputText(opts.input) });
     return hostRunner.run('ip', ['netns', 'exec', kproxyNs.name, cmd, ...args], { ...opts, timeoutMs: 120_000 });
   }
 }

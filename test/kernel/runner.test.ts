@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createHash } from 'node:crypto';
 import { Writable } from 'node:stream';
-import { DEFAULT_TIMEOUT_MS, effectiveTimeoutMs, ExecError, hostRunner, INPUT_CHUNK, writeInput } from '../../src/kernel/runner.ts';
+import { DEFAULT_TIMEOUT_MS, effectiveTimeoutMs, ExecError, hostRunner, INPUT_CHUNK, inputText, writeInput } from '../../src/kernel/runner.ts';
 
 const runnerUrl = new URL('../../src/kernel/runner.ts', import.meta.url).href;
 const root = fileURLToPath(new URL('../..', import.meta.url));
@@ -196,4 +196,65 @@ test('writeInput hands the pipe one slice at a time, the next one after it drain
   }
   await ended;
   assert.deepEqual(writes, Array(10).fill(100));
+});
+
+test('writeInput takes an input in parts one part at a time, as the pipe drains, and writes them whole and in order', async () => {
+  const written: string[] = [];
+  let pendingCallbacks: Array<() => void> = [];
+  const sink = new Writable({
+    highWaterMark: 16,
+    decodeStrings: false,
+    write(chunk: string, _enc, cb) {
+      written.push(chunk);
+      pendingCallbacks.push(cb);
+    },
+  });
+  const ended = new Promise<void>((r) => sink.on('finish', () => r()));
+  let taken = 0;
+  const parts = function* (): Iterable<string> {
+    for (let i = 0; i < 5; i++) {
+      taken++;
+      yield `part ${i}\n`.repeat(30); // 210 chars: three slices of 100 or fewer
+    }
+  };
+  writeInput(sink, parts, 100);
+  assert.equal(taken, 1, 'only the first part is built before the pipe drains');
+  for (let i = 0; i < 100 && pendingCallbacks.length; i++) {
+    const cbs = pendingCallbacks;
+    pendingCallbacks = [];
+    for (const cb of cbs) cb();
+    await new Promise((r) => setImmediate(r));
+  }
+  await ended;
+  assert.equal(taken, 5);
+  assert.equal(written.join(''), [...parts()].join(''));
+  assert.ok(written.every((w) => w.length <= 100), 'every write is one slice');
+});
+
+test('hostRunner: an input whose parts cannot be built kills the command before it sees the end of its input', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kproxy-parts-'));
+  try {
+    const parts = function* (): Iterable<string> {
+      yield 'first line\n';
+      throw new Error('a part failed');
+    };
+    // the command marks having read its whole input; killed first, it never does
+    const script = `cat > ${dir}/input; echo done > ${dir}/done`;
+    await assert.rejects(hostRunner.run('sh', ['-c', script], { input: parts, timeoutMs: 30_000 }), (e: unknown) => {
+      assert.ok(e instanceof ExecError);
+      assert.equal(e.code, 'KPROXY_EXEC_FAILED');
+      assert.match(e.message, /a part failed/);
+      return true;
+    });
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(existsSync(join(dir, 'done')), false, 'the command did not go on as if its input were whole');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('inputText: a string as it is, parts joined, nothing as empty', () => {
+  assert.equal(inputText('a\nb\n'), 'a\nb\n');
+  assert.equal(inputText(() => ['a\n', 'b\n']), 'a\nb\n');
+  assert.equal(inputText(undefined), '');
 });

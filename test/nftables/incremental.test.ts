@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
-import { hostRunner, runChecked, type CommandRunner, type RunOptions } from '../../src/kernel/runner.ts';
+import { hostRunner, runChecked, type CommandRunner, type RunOptions, inputText } from '../../src/kernel/runner.ts';
 import { applyTimeoutMs, NftExecutor } from '../../src/kernel/nft/exec.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
@@ -64,7 +64,7 @@ class RecordingNft implements CommandRunner {
   private readonly inner = nsRunner(NS.partial);
   async run(cmd: string, args: string[], opts: RunOptions = {}) {
     const r = await this.inner.run(cmd, args, opts);
-    if (cmd === 'nft' && args[0] === '-f' && r.code === 0) this.texts.push(opts.input ?? '');
+    if (cmd === 'nft' && args[0] === '-f' && r.code === 0) this.texts.push(inputText(opts.input));
     return r;
   }
 }

@@ -13,7 +13,7 @@ import assert from 'node:assert/strict';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
-import { hostRunner, runChecked, type CommandRunner } from '../../src/kernel/runner.ts';
+import { hostRunner, runChecked, type CommandRunner, inputText } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { dumpRuleset } from '../../src/modes/nftables/ruleset.ts';
@@ -32,7 +32,7 @@ class RecordingRunner implements CommandRunner {
   sent: string[] = [];
   constructor(private readonly ns: string) {}
   run(cmd: string, args: string[], opts?: Parameters<CommandRunner['run']>[2]) {
-    if (cmd === 'nft' && args[0] === '-f') this.sent.push(opts?.input ?? '');
+    if (cmd === 'nft' && args[0] === '-f') this.sent.push(inputText(opts?.input));
     return hostRunner.run('ip', ['netns', 'exec', this.ns, cmd, ...args], opts);
   }
   take(): string[] {

@@ -14,7 +14,7 @@ import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { hostRunner, runChecked, type CommandRunner } from '../../src/kernel/runner.ts';
+import { hostRunner, runChecked, type CommandRunner, inputText } from '../../src/kernel/runner.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { K8sEndpointSlice, K8sService } from '../../src/core/api.ts';
@@ -310,7 +310,7 @@ test('a reshard (1 → 4 → 1 tables) is one transaction and keeps an unchanged
   const input: PlanInput = { state: tracker.state, config, node: NODE };
   const runner = nsRunner(NS.node);
   const sent: string[] = [];
-  const recording: CommandRunner = { run: (cmd, args, opts) => (cmd === 'nft' && args[0] === '-f' && sent.push(opts?.input ?? ''), runner.run(cmd, args, opts)) };
+  const recording: CommandRunner = { run: (cmd, args, opts) => (cmd === 'nft' && args[0] === '-f' && sent.push(inputText(opts?.input)), runner.run(cmd, args, opts)) };
   await runChecked(runner, 'nft', ['add', 'table', 'ip', 'kube-proxy-2'], { timeoutMs: 10_000 });
   const proxier = new NftProxier({ runner: recording, log: silentLogger(), shards: SHARDS });
   await proxier.sync(input, tracker.apply(), true);

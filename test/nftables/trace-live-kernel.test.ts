@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { Netns, uniqueName } from '../support/netns.ts';
 import { allocationConfig, effectiveConfig, resolveNodeName, type CommonOptions } from '../../src/cli/options.ts';
 import { plansFromManifests } from '../../src/cli/state.ts';
-import { hostRunner, type CommandRunner } from '../../src/kernel/runner.ts';
+import { hostRunner, type CommandRunner, inputText } from '../../src/kernel/runner.ts';
 import { modes } from '../../src/modes/registry.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 
@@ -47,7 +47,7 @@ let input: PlanInput;
 const calls: string[] = [];
 const inNs: CommandRunner = {
   run: (cmd, args, opts) => {
-    calls.push([cmd, ...args].join(' ') + (opts?.input ? ` < ${opts.input.trim().split('\n').join('; ')}` : ''));
+    calls.push([cmd, ...args].join(' ') + (opts?.input ? ` < ${inputText(opts.input).trim().split('\n').join('; ')}` : ''));
     return hostRunner.run('ip', ['netns', 'exec', ns.name, cmd, ...args], opts);
   },
 };

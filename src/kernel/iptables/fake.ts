@@ -10,6 +10,7 @@
 import type { CommandRunner, RunOptions, RunResult } from '../runner.ts';
 import { forEachSaveLine } from './save.ts';
 import { quoteArg, splitRuleArgs } from './tokenize.ts';
+import { inputText } from '../runner.ts';
 
 export const BUILTIN_CHAINS: Record<string, string[]> = {
   filter: ['INPUT', 'FORWARD', 'OUTPUT'],
@@ -71,9 +72,9 @@ export class FakeIptables implements CommandRunner {
   }
 
   async run(cmd: string, args: string[], opts: RunOptions = {}): Promise<RunResult> {
-    this.calls.push({ cmd, args, input: opts.input });
+    this.calls.push({ cmd, args, input: opts.input === undefined ? undefined : inputText(opts.input) });
     const a = args.filter((x, i) => !(x === '-w' || args[i - 1] === '-w'));
-    if (cmd === `${this.prefix}-restore`) return this.restore(opts.input ?? '', a.includes('--noflush'));
+    if (cmd === `${this.prefix}-restore`) return this.restore(inputText(opts.input), a.includes('--noflush'));
     if (cmd === `${this.prefix}-save`) {
       const only = a[0] === '-t' ? a[1] : undefined;
       if (only && !this.tables.has(only)) return fail(`${this.prefix}-save: table '${only}' does not exist`);

@@ -1,7 +1,7 @@
 // The nft executor: applies a transaction with `nft -f -` (payload on stdin, so the whole
 // text is one atomic netlink batch: all of it or none of it), reads the live table back with
 // `nft list table`, and deletes tables. Errors name the failing line of the transaction.
-import { ExecError, type CommandRunner } from '../runner.ts';
+import { ExecError, inputText, type CommandRunner, type InputParts } from '../runner.ts';
 
 export type NftFamilyName = 'ip' | 'ip6';
 
@@ -103,12 +103,17 @@ export class NftExecutor {
     return r.stdout.trim();
   }
 
-  /** Runs the transaction atomically. On failure nothing changed and the error names the line. */
-  async apply(transaction: string): Promise<void> {
-    const lines = countLines(transaction);
+  /**
+   * Runs the transaction atomically. On failure nothing changed and the error names the line.
+   * A transaction in parts (InputParts: e.g. one table's text each) is built part by part as
+   * nft reads it, with its line count given.
+   */
+  async apply(transaction: string | { parts: InputParts; lines: number }): Promise<void> {
+    const lines = typeof transaction === 'string' ? countLines(transaction) : transaction.lines;
+    const input = typeof transaction === 'string' ? transaction : transaction.parts;
     const limitMs = applyTimeoutMs(lines, this.timeoutMs);
     const started = Date.now();
-    const r = await this.runner.run('nft', ['-f', '-'], { input: transaction, timeoutMs: limitMs }).catch((e: unknown) => {
+    const r = await this.runner.run('nft', ['-f', '-'], { input, timeoutMs: limitMs }).catch((e: unknown) => {
       if (e instanceof ExecError && e.code === 'KPROXY_EXEC_TIMEOUT') throw new NftTimeoutError(limitMs, lines, e.result?.stderr ?? '');
       throw e;
     });
@@ -118,7 +123,7 @@ export class NftExecutor {
       throw new NftTimeoutError(limitMs, lines, r.stderr);
     }
     const lineNo = failingLine(r.stderr);
-    const line = lineNo !== null ? (transaction.split('\n')[lineNo - 1] ?? null) : null;
+    const line = lineNo !== null ? (inputText(input).split('\n')[lineNo - 1] ?? null) : null;
     const first = r.stderr.split('\n').find((l) => l.includes('Error')) ?? r.stderr.trim();
     throw new NftApplyError(
       `nft rejected the transaction${lineNo !== null ? ` at line ${lineNo}: ${line}` : ''}: ${first.trim()} (the previous ruleset is unchanged)`,

@@ -9,6 +9,7 @@
 // another type; deleting what does not exist, or a chain or set still referenced. Listings
 // come in `nft list` block form. Used by tests only; pure (no I/O).
 import type { CommandRunner, RunOptions, RunResult } from '../runner.ts';
+import { inputText } from '../runner.ts';
 
 interface FakeChain {
   name: string;
@@ -111,10 +112,10 @@ export class FakeNft implements CommandRunner {
 
   async run(cmd: string, args: string[], opts: RunOptions = {}): Promise<RunResult> {
     if (cmd !== 'nft') return fail(`fake nft: unexpected command ${cmd}`);
-    this.calls.push({ args, input: opts.input });
+    this.calls.push({ args, input: opts.input === undefined ? undefined : inputText(opts.input) });
     const a = args.filter((x) => x !== '-a' && x !== '-t');
     if (a[0] === '--version') return ok('nftables v1.0.6 (Lester Gooch #5)\n');
-    if (a[0] === '-f' || (a[0] === '-c' && a[1] === '-f')) return this.transaction(opts.input ?? '', a[0] === '-c');
+    if (a[0] === '-f' || (a[0] === '-c' && a[1] === '-f')) return this.transaction(inputText(opts.input), a[0] === '-c');
     if (a[0] === 'list') return this.list(a.slice(1), args.includes('-a'));
     if (a[0] === 'delete' && a[1] === 'table') return this.transaction(`delete table ${a[2]} ${a[3]}\n`, false);
     return fail(`fake nft: unexpected arguments ${args.join(' ')}`);

@@ -34,6 +34,8 @@ export interface NftProxierOptions extends RetireOptions {
 
 /** a successful transaction longer than this is not kept for lastTransactionText() */
 export const MAX_KEPT_TRANSACTION_CHARS = 1 << 20;
+/** Operations rendered into one part of a transaction's text (~0.5 MB). */
+const OPS_PER_PART = 4096;
 
 export class NftProxier implements Proxier {
   private readonly exec: NftExecutor;
@@ -274,16 +276,25 @@ export class NftProxier implements Proxier {
     for (const table of drop) ops.push({ verb: 'delete', in: { family, table }, kind: 'table' });
     if (ops.length === 0) return;
     this.lastOps = ops;
-    const text = renderOps(ops);
+    // memory: a full transaction at 10,000 Services is 33 MB of text, which never exists whole:
+    // nft reads it a few thousand lines at a time, each part rendered when its turn comes
+    let chars = 0;
+    const parts = function* (): Iterable<string> {
+      chars = 0;
+      for (let at = 0; at < ops.length; at += OPS_PER_PART) {
+        const part = renderOps(ops.slice(at, at + OPS_PER_PART));
+        chars += part.length;
+        yield part;
+      }
+    };
     try {
-      await this.exec.apply(text);
+      await this.exec.apply({ parts, lines: ops.length });
     } catch (e) {
       for (const i of prepared.keys()) this.writers[i].applyFailed();
       throw e;
     }
-    // memory: a full transaction at 10,000 Services is tens of MiB of text (33 MB); its
-    // operations are needed only to name the Services of refused lines, right after a failure
-    if (text.length > MAX_KEPT_TRANSACTION_CHARS) this.lastOps = [];
+    // its operations are needed only to name the Services of refused lines, right after a failure
+    if (chars > MAX_KEPT_TRANSACTION_CHARS) this.lastOps = [];
   }
 
   private async syncAttempt(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
