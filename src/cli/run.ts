@@ -72,8 +72,10 @@ export async function runCommand(o: CommonOptions): Promise<void> {
   // A long-running kproxy logs an error that escapes every handler and keeps going (node's
   // default would exit 1 and leave the node unserviced until a restart).
   installProcessGuards(log);
-  // before the load: its garbage would otherwise grow the heap to the process's peak (src/sync/memory.ts)
-  boundHeapGrowth();
+  // Before the load: its garbage would otherwise grow the heap to the process's peak
+  // (src/sync/memory.ts). The cap costs more collections; in the userspace mode the CPU is the
+  // data plane's, so that mode keeps V8's own sizing.
+  if (cfg.mode !== 'userspace') boundHeapGrowth();
   const nodeName = resolveNodeName(cfg);
   const source = await createSource(o, cfg, nodeName, log);
   const mode = modes[cfg.mode];
