@@ -17,6 +17,8 @@
 //   planned ones on a fake that models positions, each restore within its budget, each
 //   Service's edits in one restore;
 // - the backend decides: legacy is never chunked, nf_tables is by default;
+// - a full sync's restores reach iptables-restore in parts, made as they are read, with the
+//   text plan's lines, chunked or not, in both families;
 // - a refused line in a middle chunk (a cold start's, or a restart's dispatch restore) still
 //   excludes only its Service.
 import { test } from 'node:test';
@@ -573,4 +575,42 @@ test('the dispatch restores\' default budget: the chunk size, a quarter of the d
   const fresh = new FakeIptables(4);
   await new IptablesProxier({ runner: fresh, log: silentLogger(), config: testConfig(), chunkLines: 0 }).sync(planInput(next), next.apply(), true);
   assert.equal(kernelState(k), kernelState(fresh));
+});
+
+test('a full sync reaches iptables-restore in parts, made as it is read: the same text as the plan, chunked or not, in both families', async () => {
+  for (const family of [4, 6] as const) {
+    for (const chunkLines of [0, 2_000]) {
+      const k = new FakeIptables(family);
+      const inputs: Array<{ streamed: boolean; parts: number; text: string }> = [];
+      const runner: CommandRunner = {
+        run: (cmd, args, opts?: RunOptions) => {
+          if (cmd.endsWith('-restore') && opts?.input !== undefined) {
+            const streamed = typeof opts.input === 'function';
+            const parts = streamed ? [...(opts.input as () => Iterable<string>)()].length : 1;
+            inputs.push({ streamed, parts, text: inputText(opts.input) });
+          }
+          return k.run(cmd, args, opts);
+        },
+      };
+      const t = tracker(family);
+      for (let i = 0; i < 400; i++) {
+        const ip = family === 6 ? `fd00:172:30::${i.toString(16)}` : `172.30.${i >> 8}.${(i & 255) + 1}`;
+        t.services.update(null, svc(`ns${i}`, `svc${i}`, { clusterIP: ip, type: 'NodePort', nodePort: 30000 + i }));
+        const eps = [1, 2, 3].map((e) => ({ ip: family === 6 ? `fd00:10:180::${i.toString(16)}:${e}` : `10.${180 + e}.${i >> 8}.${i & 255}` }));
+        t.endpoints.update(null, slice(`ns${i}`, `svc${i}`, 's', eps, [{ port: 8080 }], family));
+      }
+      const input = planInput(t, testConfig(), family, [family === 6 ? 'fd00::2' : '192.168.0.2']);
+      const p = new IptablesProxier({ runner, log: silentLogger(), config: testConfig(), chunkLines });
+      await p.sync(input, t.apply(), true);
+      const what = `IPv${family}, chunkLines ${chunkLines}`;
+      const services = inputs.filter((x) => x.text.includes('KUBE-SVC-'));
+      assert.ok(services.length >= 1 && services.every((x) => x.streamed), `${what}: every service restore made as it is read`);
+      if (chunkLines === 0) assert.ok(services[0].parts >= 3, `${what}: one restore in ${services[0].parts} parts`);
+      else assert.ok(services.length > 3, `${what}: ${services.length} chunks`);
+      // The lines written are the text plan's (the jumps into KUBE-SERVICES aside, which a cold start appends).
+      const plan = planFull({ state: input.state, opts: optionsFromConfig(testConfig(), input.node, DEFAULT_FACTS), chunkLines, installedNatChains: new Set(['KUBE-SERVICES', 'KUBE-NODEPORTS']) });
+      const body = (s: string) => s.split('\n').filter((l) => l && l !== '*nat' && l !== '*filter' && l !== 'COMMIT' && !/^-I (PREROUTING|OUTPUT) /.test(l)).sort();
+      assert.deepEqual(body(inputs.filter((x) => x.streamed).map((x) => x.text).join('')), body(plan.chunks ? plan.chunks.join('') : plan.payload), what);
+    }
+  }
 });

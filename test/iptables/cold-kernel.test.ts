@@ -9,7 +9,7 @@
 // The three namespaces are removed in `after`, also on failure.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { hostRunner, type CommandRunner } from '../../src/kernel/runner.ts';
+import { hostRunner, inputText, type CommandRunner, type RunOptions } from '../../src/kernel/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { getMode } from '../../src/modes/registry.ts';
 import { IptablesProxier, jumpsPayload } from '../../src/modes/iptables/proxier.ts';
@@ -31,8 +31,8 @@ after(async () => {
 /** Runs in kproxyNs and keeps every restore input. */
 class Recording implements CommandRunner {
   restores: string[] = [];
-  async run(cmd: string, args: string[], opts?: { input?: string; timeoutMs?: number }) {
-    if (cmd.endsWith('-restore') && opts?.input) this.restores.push(opts.input);
+  async run(cmd: string, args: string[], opts?: RunOptions) {
+    if (cmd.endsWith('-restore') && opts?.input) this.restores.push(inputText(opts.input));
     return hostRunner.run('ip', ['netns', 'exec', kproxyNs.name, cmd, ...args], { timeoutMs: 60_000, ...opts });
   }
 }

@@ -4,7 +4,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { BlockCache } from '../../src/modes/iptables/blocks.ts';
-import { planFull } from '../../src/modes/iptables/full.ts';
+import { planFull, withText } from '../../src/modes/iptables/full.ts';
 import { planPartial } from '../../src/modes/iptables/partial.ts';
 import type { Plan } from '../../src/modes/iptables/plan.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
@@ -48,11 +48,11 @@ test('the sync state after a compacted full sync: an endpoint change writes the 
     const opts = optionsFromConfig(input.config, input.node);
     const sync = new IptablesSyncState({ skipUnchangedChains: true });
     sync.installedNatChains = new Set();
-    const first = sync.plan(t.state, opts, new Set(), true);
+    const first = withText(sync.plan(t.state, opts, new Set(), true));
     sync.commit(first);
     if (compact) sync.blocks.compact(t.state);
     t.endpoints.update(null, slice('ns2', 'svc2', 'svc2-1', [{ ip: '10.0.2.1' }, { ip: '10.0.2.9' }], [{ port: 80 }]));
-    const second = sync.plan(t.state, opts, t.apply(), false);
+    const second = withText(sync.plan(t.state, opts, t.apply(), false));
     return { first: first.payload, second: second.payload, written: second.natRulesWritten, total: second.natRulesTotal };
   };
   const plain = run(false);

@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { BlockCache } from '../../src/modes/iptables/blocks.ts';
-import { planFull } from '../../src/modes/iptables/full.ts';
+import { planFull, withText } from '../../src/modes/iptables/full.ts';
 import { planPartial } from '../../src/modes/iptables/partial.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
 import { IptablesSyncState } from '../../src/modes/iptables/sync-state.ts';
@@ -32,7 +32,7 @@ test('partial sync writes only changed services and deletes chains that became s
   const opts = optsFor(t);
   const sync = new IptablesSyncState();
   sync.installedNatChains = new Set();
-  const first = sync.plan(t.state, opts, t.apply(), false);
+  const first = withText(sync.plan(t.state, opts, t.apply(), false));
   assert.equal(first.full, true, 'the first sync is full');
   assert.deepEqual(undeclaredJumps(first.payload), []);
   sync.commit(first);
@@ -46,7 +46,7 @@ test('partial sync writes only changed services and deletes chains that became s
   t.endpoints.update(null, slice('ns3', 'svc3', 'svc3-1', [{ ip: '10.0.3.1' }], [{ port: 80 }]));
   const changed = t.apply();
   assert.deepEqual([...changed].sort(), ['ns2/svc2', 'ns3/svc3']);
-  const second = sync.plan(t.state, opts, changed, false);
+  const second = withText(sync.plan(t.state, opts, changed, false));
   assert.equal(second.full, false);
   const p = second.payload;
   // svc1 is unchanged: its KUBE-SERVICES rule is rewritten, its own chains are not.
@@ -66,7 +66,7 @@ test('partial sync writes only changed services and deletes chains that became s
   sync.commit(second);
 
   // Nothing changed: nothing is deleted again, only the top-level chains are written.
-  const third = sync.plan(t.state, opts, new Set(), false);
+  const third = withText(sync.plan(t.state, opts, new Set(), false));
   assert.deepEqual(third.deletedChains, []);
   assert.equal(lines(third.payload, /^:KUBE-(SVC|SEP)-/).length, 0);
 });
@@ -78,9 +78,9 @@ test('after a failure the next sync is full', () => {
   const sync = new IptablesSyncState();
   const opts = optsFor(t);
   sync.commit(sync.plan(t.state, opts, t.apply(), false));
-  assert.equal(sync.plan(t.state, opts, new Set(), false).full, false);
+  assert.equal(withText(sync.plan(t.state, opts, new Set(), false)).full, false);
   sync.fail();
-  const again = sync.plan(t.state, opts, new Set(), false);
+  const again = withText(sync.plan(t.state, opts, new Set(), false));
   assert.equal(again.full, true);
   assert.ok(again.payload.includes(':KUBE-SVC-'), 'full sync writes every service chain');
 });
@@ -237,10 +237,10 @@ test('large-cluster mode defers stale-chain deletion to once per syncPeriod, as 
   sync.commit(sync.plan(t.state, opts, t.apply(), true, 1_000, 30_000));
   t.services.update(svc('ns2', 'small', { clusterIP: '172.30.0.42' }), null);
   const changed = t.apply();
-  const soon = sync.plan(t.state, opts, changed, false, 2_000, 30_000);
+  const soon = withText(sync.plan(t.state, opts, changed, false, 2_000, 30_000));
   assert.equal(soon.largeClusterMode, true);
   assert.deepEqual(soon.deletedChains, [], 'within syncPeriod of the last cleanup: stale chains stay');
   sync.commit(soon);
-  const later = sync.plan(t.state, opts, new Set(), false, 40_000, 30_000);
+  const later = withText(sync.plan(t.state, opts, new Set(), false, 40_000, 30_000));
   assert.equal(later.deletedChains.length, 2, 'svc2 SVC and SEP chains deleted once syncPeriod passed');
 });

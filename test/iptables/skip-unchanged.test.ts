@@ -14,7 +14,7 @@ import { silentLogger } from '../../src/log.ts';
 import { FakeIptables } from '../../src/kernel/iptables/fake.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
 import { ownerOfPayloadLine } from '../../src/modes/iptables/blocks.ts';
-import { planFull } from '../../src/modes/iptables/full.ts';
+import { planFull, withText } from '../../src/modes/iptables/full.ts';
 import { planPartialFast } from '../../src/modes/iptables/partial-fast.ts';
 import { IptablesSyncState } from '../../src/modes/iptables/sync-state.ts';
 import { planInput, slice, svc, testConfig, tracker } from './helpers.ts';
@@ -330,12 +330,12 @@ test('the fast partial plan: an endpoint change writes no dispatch chain, a new 
   const opts = optionsFromConfig(config, input.node);
   const s = new IptablesSyncState({ skipUnchangedChains: true });
   s.installedNatChains = new Set();
-  const full = s.plan(t.state, opts, t.apply(), true);
+  const full = withText(s.plan(t.state, opts, t.apply(), true));
   s.commit(full);
   // An endpoint replaced: only svc3's KUBE-SVC and the new KUBE-SEP, the old KUBE-SEP deleted.
   t.endpoints.update(slices[3], slice('ns3', 'svc3', 's', [{ ip: '10.180.9.99' }], [{ port: 8080 }]));
   const changed = t.apply();
-  const partial = s.plan(t.state, opts, changed, false);
+  const partial = withText(s.plan(t.state, opts, changed, false));
   assert.equal(partial.applied.kind, 'update', 'the fast path planned it');
   assert.equal(partial.writtenServices, 1);
   assert.equal(partial.deletedChains.length, 1);
@@ -348,7 +348,7 @@ test('the fast partial plan: an endpoint change writes no dispatch chain, a new 
   t.services.update(null, svc('nsx', 'svcx', { clusterIP: '172.30.9.200', type: 'NodePort', nodePort: 30499 }));
   t.endpoints.update(null, slice('nsx', 'svcx', 's', [{ ip: '10.180.9.200' }], [{ port: 8080 }]));
   const added = t.apply();
-  const next = s.plan(t.state, opts, added, false);
+  const next = withText(s.plan(t.state, opts, added, false));
   assert.equal(next.applied.kind, 'update', 'the fast path planned it');
   assert.doesNotMatch(next.payload, /^:KUBE-(SERVICES|NODEPORTS) /m);
   assert.match(next.payload, /^-I KUBE-SERVICES 21 .*-d 172\.30\.9\.200 .*-j KUBE-SVC-/m);
@@ -365,7 +365,7 @@ test('the fast partial plan: an endpoint change writes no dispatch chain, a new 
   const many = t.apply();
   const applied = (s as unknown as { applied: Parameters<typeof planPartialFast>[0]['applied'] }).applied;
   assert.equal(planPartialFast({ state: t.state, opts, applied, cache: s.blocks, deferStale: true, deferred: new Set() }), null);
-  const rewrite = s.plan(t.state, opts, many, false);
+  const rewrite = withText(s.plan(t.state, opts, many, false));
   assert.equal(rewrite.applied.kind, 'replace');
   assert.match(rewrite.payload, /^:KUBE-SERVICES /m);
 });

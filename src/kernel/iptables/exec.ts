@@ -3,7 +3,7 @@
 // Payloads go to iptables-restore on stdin (--noflush: other chains are left alone;
 // --counters: counters are kept; -w: wait for the xtables lock). A restore is atomic: when
 // it fails nothing changed, and the error names the failing line with context around it.
-import { ExecError, type CommandRunner, type RunResult } from '../runner.ts';
+import { ExecError, inputText, type CommandRunner, type InputParts, type RunResult } from '../runner.ts';
 import type { ErrorCode } from '../../errors.ts';
 import type { Family, Table } from './save.ts';
 
@@ -72,6 +72,13 @@ function killedAtLimit(e: unknown): RunResult {
   throw e;
 }
 
+/** A payload made a part at a time as iptables-restore reads it, with its line count (the time limit). */
+export interface RestoreParts {
+  lines: number;
+  /** called again for a refused restore's error context */
+  parts: InputParts;
+}
+
 export class IptablesExecutor {
   readonly bin: ReturnType<typeof binaries>;
 
@@ -82,12 +89,18 @@ export class IptablesExecutor {
     this.bin = binaries(family);
   }
 
-  /** Applies a full multi-table payload atomically; throws RestoreError with context on failure. */
-  async restore(payload: string): Promise<void> {
-    const lines = countLines(payload);
+  /**
+   * Applies a multi-table payload atomically; throws RestoreError with context on failure.
+   * A payload in parts reaches iptables-restore as it is made (a full sync's text never
+   * exists whole); if making a part fails, the runner kills the restore before it reads a
+   * shortened payload's end, and nothing is applied.
+   */
+  async restore(payload: string | RestoreParts): Promise<void> {
+    const lines = typeof payload === 'string' ? countLines(payload) : payload.lines;
+    const input = typeof payload === 'string' ? payload : payload.parts;
     const timeoutMs = restoreTimeoutMs(lines);
     const started = Date.now();
-    const r = await this.runner.run(this.bin.restore, [...WAIT, '--noflush', '--counters'], { input: payload, timeoutMs }).catch(killedAtLimit);
+    const r = await this.runner.run(this.bin.restore, [...WAIT, '--noflush', '--counters'], { input, timeoutMs }).catch(killedAtLimit);
     if (r.code === 0) return;
     // The runner kills at the limit (KPROXY_EXEC_TIMEOUT, or code 128 from a runner that only
     // kills) and says nothing about the payload: say it here.
@@ -102,7 +115,7 @@ export class IptablesExecutor {
       );
     }
     const line = failedLine(r.stderr);
-    const where = line ? `; around line ${line}:\n${extractLines(payload, line)}` : '';
+    const where = line ? `; around line ${line}:\n${extractLines(inputText(input), line)}` : '';
     throw new RestoreError(line, `${this.bin.restore} failed (exit ${r.code}): ${r.stderr.trim()}${where}`, r);
   }
 

@@ -4,7 +4,7 @@
 import { applyObject, stateOf, trackerFor, type CaseOutcome, type ConformanceAdapter, type ConformanceCase } from '../../conformance/case.ts';
 import { caseLocalIPs, caseOptions } from './case-options.ts';
 import { diffLines, normalizeRestoreText, undeclaredJumps } from './normalize.ts';
-import { planFull } from './full.ts';
+import { planFull, withText } from './full.ts';
 import { IptablesSyncState } from './sync-state.ts';
 import { loadTracer } from './tracer-link.ts';
 import { parseIptablesSave } from '../../kernel/iptables/parse.ts';
@@ -31,7 +31,7 @@ function runSteps(c: ConformanceCase): CaseOutcome {
     for (const o of step.objects) applyObject(tracker, 'add', o);
     for (const ev of step.events) applyObject(tracker, ev.op, ev.object);
     const changed = tracker.apply();
-    const plan = sync.plan(tracker.state, opts, changed, i === 0);
+    const plan = withText(sync.plan(tracker.state, opts, changed, i === 0));
     sync.commit(plan);
     if (step.expected !== undefined) {
       const diff = diffLines(normalizeRestoreText(step.expected), normalizeRestoreText(plan.payload));

@@ -5,10 +5,10 @@ import type { ProxyState } from '../../core/model.ts';
 import type { IptablesOptions } from './options.ts';
 import { BlockCache } from './blocks.ts';
 import {
-  collectRuleset, DISPATCH_CHAINS, hasServiceChain, rulesetPlan, staleChains, unchangedLeftOut, type Plan,
-  type Ruleset,
+  collectRuleset, DISPATCH_CHAINS, hasServiceChain, restoreText, rulesetPlan, staleChains, unchangedLeftOut, type Plan,
+  type RestoreInput, type Ruleset,
 } from './plan.ts';
-import { chainLine, EMPTY_LINES, ruleTotal, tableSection, type ChainUnit } from './units.ts';
+import { chainLine, EMPTY_LINES, ruleTotal, sectionLines, sectionParts, tableSection, type ChainUnit } from './units.ts';
 
 export interface FullPlanRequest {
   state: ProxyState;
@@ -31,8 +31,26 @@ export function fullRuleset(state: ProxyState, opts: IptablesOptions, cache: Blo
   return collectRuleset(state, opts, (sp, eps, ctx) => ({ block: cache.block(sp, eps, ctx, true), write: true }));
 }
 
-/** The restore payload(s) of a full sync. */
+/** The restore payload(s) of a full sync, as text (render, the conformance goldens, dumps). */
 export function planFull(req: FullPlanRequest): Plan {
+  return withText(planFullStreamed(req));
+}
+
+/** A plan with its restores as text (`payload`, or `chunks` when chunked); a plan in text as it is. */
+export function withText<P extends Plan>(streamed: P): P {
+  const { restores, ...plan } = streamed;
+  if (!restores) return streamed;
+  const texts = restores.map(restoreText);
+  const chunked = plan.chunks !== undefined;
+  return { ...plan, payload: chunked ? '' : texts.join(''), chunks: chunked ? texts : undefined } as P;
+}
+
+/**
+ * A full sync whose restores are made as iptables-restore reads them (`restores`; `payload`
+ * '' and `chunks` [] when chunked, undefined otherwise): the proxier's form, which holds one
+ * restore's text at a time.
+ */
+export function planFullStreamed(req: FullPlanRequest): Plan {
   const { state, opts } = req;
   const r = fullRuleset(state, opts, req.cache ?? new BlockCache());
   const deletedChains = staleChains(req.installedNatChains, r.active, req.deleteStale !== false);
@@ -44,22 +62,65 @@ export function planFull(req: FullPlanRequest): Plan {
   const natLines = natRulesWritten + natUnits.length + deletedChains.length * 2;
   const chunkLines = req.chunkLines ?? 0;
   const filterSection = tableSection('filter', filterUnits, []);
-  let chunks: string[] | undefined;
+  let restores: RestoreInput[];
+  let chunked = false;
   if (chunkLines && natLines > chunkLines) {
     // A cold start (no service chain installed, so the dispatch chains lead nowhere yet) can
     // publish each chunk's services with it; otherwise the dispatch chains are replaced at once.
     const cold = !deletedChains.length && req.installedNatChains !== undefined && !hasServiceChain(req.installedNatChains);
-    chunks = chunkedPayloads(r, chunkLines, filterSection, deletedChains, cold);
+    restores = chunkedPayloads(r, chunkLines, filterSection, deletedChains, cold);
+    chunked = true;
+  } else {
+    restores = [{
+      lines: countLines(filterSection) + sectionLines(natUnits, deletedChains),
+      parts: function* () {
+        yield filterSection;
+        yield* sectionParts('nat', natUnits, deletedChains);
+      },
+    }];
   }
   return rulesetPlan(r, req, {
-    payload: chunks ? '' : filterSection + tableSection('nat', natUnits, deletedChains),
+    payload: '',
     natRulesWritten,
     filterRules: ruleTotal(filterUnits),
     deletedChains,
     chainDigests,
     skippedChains: 0,
-    chunks,
+    chunks: chunked ? [] : undefined,
+    restores,
   });
+}
+
+/** Lines of a text whose every line ends in a newline. */
+function countLines(text: string): number {
+  let n = 0;
+  for (let i = text.indexOf('\n'); i >= 0; i = text.indexOf('\n', i + 1)) n++;
+  return n;
+}
+
+/** One chunk's nat section: `declare` declared, `units`' rules, then `tops`; made when read. */
+interface ChunkSpec {
+  filter: boolean;
+  declare: string[];
+  units: ChainUnit[];
+  tops: (readonly string[])[];
+}
+
+function chunkRestore(c: ChunkSpec, filterSection: string): RestoreInput {
+  let lines = 2 + c.declare.length + (c.filter ? countLines(filterSection) : 0);
+  for (const u of c.units) lines += u.rules.length;
+  for (const t of c.tops) lines += t.length;
+  return {
+    lines,
+    parts: function* () {
+      const out = ['*nat'];
+      for (const name of c.declare) out.push(chainLine(name));
+      for (const u of c.units) for (const l of u.rules) out.push(l);
+      for (const t of c.tops) for (const l of t) out.push(l);
+      out.push('COMMIT', '');
+      yield (c.filter ? filterSection : '') + out.join('\n');
+    },
+  };
 }
 
 /**
@@ -83,28 +144,31 @@ export function planFull(req: FullPlanRequest): Plan {
  * jump targets included, in a sorted linked list (nft-cache.c cache_chain_list_insert), so
  * one last chunk with 20,000 dispatch rules that jump to 20,000 chains costs seconds at
  * 10,000 services (docs/benchmarks.md); here each chunk's targets are the chains it declares anyway.
+ * The chunks' texts are made as each restore reads them.
  */
-function chunkedPayloads(r: Ruleset, maxLines: number, filterSection: string, deleted: string[], cold: boolean): string[] {
-  const chunks: string[] = [];
-  let decls: string[] = [];
-  let lines: string[] = [];
-  let tops: string[] = [];
+function chunkedPayloads(r: Ruleset, maxLines: number, filterSection: string, deleted: string[], cold: boolean): RestoreInput[] {
+  const chunks: RestoreInput[] = [];
+  let c: ChunkSpec = { filter: cold, declare: [], units: [], tops: [] };
+  let size = 0;
   const flush = () => {
-    if (!decls.length && !lines.length && !tops.length) return;
-    chunks.push((chunks.length === 0 && cold ? filterSection : '') + ['*nat', ...decls, ...lines, ...tops, 'COMMIT', ''].join('\n'));
-    decls = [];
-    lines = [];
-    tops = [];
+    if (!size) return;
+    chunks.push(chunkRestore(c, filterSection));
+    c = { filter: false, declare: [], units: [], tops: [] };
+    size = 0;
   };
   const add = (u: ChainUnit) => {
-    if (u.declare) decls.push(chainLine(u.name));
-    for (const l of u.rules) lines.push(l);
+    if (u.declare) c.declare.push(u.name);
+    c.units.push(u);
+    size += (u.declare ? 1 : 0) + u.rules.length;
   };
   const dispatch: ChainUnit[] = [];
   for (const u of r.natStaticUnits) {
     if (!DISPATCH_CHAINS.has(u.name)) add(u);
     else if (!cold) dispatch.push(u);
-    else if (u.declare) decls.push(chainLine(u.name));
+    else if (u.declare) {
+      c.declare.push(u.name);
+      size++;
+    }
   }
   const { units, starts } = r.written;
   for (let s = 0; s < starts.length; s++) {
@@ -112,17 +176,23 @@ function chunkedPayloads(r: Ruleset, maxLines: number, filterSection: string, de
     const own = cold ? r.written.tops[s] : EMPTY_LINES;
     let n = own.length;
     for (let i = starts[s]; i < end; i++) n += 1 + units[i].rules.length;
-    const size = decls.length + lines.length + tops.length;
     if (size && size + n > maxLines) flush();
     for (let i = starts[s]; i < end; i++) add(units[i]);
-    for (const l of own) tops.push(l);
+    if (own.length) {
+      c.tops.push(own);
+      size += own.length;
+    }
   }
   flush();
   if (cold) {
-    if (r.natTail.length) chunks.push(['*nat', ...r.natTail, 'COMMIT', ''].join('\n'));
+    if (r.natTail.length) {
+      const tail = ['*nat', ...r.natTail, 'COMMIT', ''].join('\n');
+      chunks.push({ lines: r.natTail.length + 2, parts: () => [tail] });
+    }
     return chunks;
   }
-  chunks.push(filterSection + dispatchChunk(dispatch, deleted));
+  const last = filterSection + dispatchChunk(dispatch, deleted);
+  chunks.push({ lines: countLines(last), parts: () => [last] });
   return chunks;
 }
 

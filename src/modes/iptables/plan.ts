@@ -15,6 +15,16 @@ import { EMPTY, renderContext, ruleCount, sameUnitIn, updateApplied, type Applie
 import type { ServiceBlock } from './service-block.ts';
 import { groupByChain, unitDigest, type ChainUnit } from './units.ts';
 
+/**
+ * One iptables-restore's input, made a part at a time as the restore reads it, so a full
+ * sync's text (20 MB at 10,000 Services) never exists whole; `lines` sets the restore's time
+ * limit. `parts` can be called again: a refused restore's text is made again for its error.
+ */
+export interface RestoreInput {
+  lines: number;
+  parts: () => Iterable<string>;
+}
+
 export interface Plan {
   payload: string;
   natRulesWritten: number;
@@ -39,6 +49,11 @@ export interface Plan {
    * (which is then ''): a chunked full sync, a restart. Otherwise undefined.
    */
   chunks?: string[];
+  /**
+   * A full sync's restores in order, made as they are read (planFullStreamed); `payload` is
+   * then '' and `chunks` undefined.
+   */
+  restores?: RestoreInput[];
   /** stale service chains this plan leaves installed (large-cluster mode defers their deletion) */
   deferredChains?: string[];
   /** a restart: chains found as planned in the kernel, not written */
@@ -265,8 +280,21 @@ export function hasServiceChain(chains: Iterable<string>): boolean {
   return false;
 }
 
+/** The restores a plan runs, in order: text, or made as it is read. */
+export function planRestores(plan: Plan): Array<string | RestoreInput> {
+  return plan.restores ?? plan.chunks ?? (plan.payload ? [plan.payload] : []);
+}
+
+/** A restore's whole text. */
+export function restoreText(r: string | RestoreInput): string {
+  if (typeof r === 'string') return r;
+  let text = '';
+  for (const part of r.parts()) text += part;
+  return text;
+}
+
 /** What a sync writes: the part of its Plan each strategy (full, partial, restart) decides itself. */
-export type WrittenPart = Pick<Plan, 'payload' | 'natRulesWritten' | 'filterRules' | 'deletedChains' | 'chainDigests' | 'skippedChains' | 'chunks' | 'adoptedChains'>;
+export type WrittenPart = Pick<Plan, 'payload' | 'natRulesWritten' | 'filterRules' | 'deletedChains' | 'chainDigests' | 'skippedChains' | 'chunks' | 'restores' | 'adoptedChains'>;
 
 /**
  * The Plan of a sync that collected the whole ruleset: what it writes (`written`) and what

@@ -27,6 +27,7 @@ import { isServiceChainName } from './names.ts';
 import { optionsFromConfig, type IptablesOptions, type RuntimeFacts, DEFAULT_FACTS } from './options.ts';
 import { ownerOfPayloadLine } from './blocks.ts';
 import { planFull } from './full.ts';
+import { planRestores, restoreText, type RestoreInput } from './plan.ts';
 import { IptablesSyncState } from './sync-state.ts';
 import { installedChains } from './canonical.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../isolation.ts';
@@ -162,6 +163,19 @@ export function chunkLinesFor(backend: IptablesBackend, override?: number): numb
   return backend === 'legacy' ? 0 : DEFAULT_CHUNK_LINES;
 }
 
+/** A restore with the cold start's deferred nat jumps appended (ensureJumps). */
+function withJumps(last: string | RestoreInput, jumps: string): string | RestoreInput {
+  if (typeof last === 'string') return last + jumps;
+  const jumpLines = jumps.split('\n').length - 1;
+  return {
+    lines: last.lines + jumpLines,
+    parts: function* () {
+      yield* last.parts();
+      yield jumps;
+    },
+  };
+}
+
 /** The service restore payload a sync attempt was refused, with what it was planned from. */
 interface Refusal {
   error: RestoreError;
@@ -280,16 +294,16 @@ export class IptablesProxier implements Proxier {
       // Nothing differs from what is installed: no restore at all. A chunked full sync is
       // several restores (leaf chains first, the dispatch rules last), each atomic; a cold
       // start's nat jumps into KUBE-SERVICES come with the last one (ensureJumps).
-      const payloads = plan.chunks ?? (plan.payload ? [plan.payload] : []);
+      const restores = [...planRestores(plan)];
       if (deferredJumps) {
-        if (payloads.length) payloads[payloads.length - 1] += deferredJumps;
-        else payloads.push(deferredJumps);
+        const last = restores.pop();
+        restores.push(last === undefined ? deferredJumps : withJumps(last, deferredJumps));
       }
-      for (const payload of payloads) {
+      for (const payload of restores) {
         try {
           await fs.exec.restore(payload);
         } catch (e) {
-          if (e instanceof RestoreError) refusal.last = { error: e, payload, state: input.state, opts };
+          if (e instanceof RestoreError) refusal.last = { error: e, payload: restoreText(payload), state: input.state, opts };
           throw e;
         }
       }
@@ -301,11 +315,11 @@ export class IptablesProxier implements Proxier {
       const diff = `${kind} sync (IPv${family}): ${plan.writtenServices} service ports written, ${plan.natRulesWritten} of ${plan.natRulesTotal} nat rules, ${plan.filterRules} filter rules` +
         (plan.skippedChains ? `, ${plan.skippedChains} unchanged chains left out` : '') +
         (plan.adoptedChains ? `, ${plan.adoptedChains} chains found installed as planned` : '') +
-        (plan.chunks ? `, in ${plan.chunks.length} restores` : '') +
+        (restores.length > 1 ? `, in ${restores.length} restores` : '') +
         (plan.deletedChains.length ? `, deleted ${plan.deletedChains.join(' ')}` : '');
       this.deps.log.debug({ family, full: plan.full, natRulesWritten: plan.natRulesWritten, natRulesTotal: plan.natRulesTotal }, diff);
-      // the filter table is written whole by every sync that writes anything
-      const rulesByTable = { nat: { total: plan.natRulesTotal, written: plan.natRulesWritten }, filter: { total: plan.filterRules, written: plan.payload ? plan.filterRules : 0 } };
+      // the filter table is written whole by every sync that writes anything, and by every full sync
+      const rulesByTable = { nat: { total: plan.natRulesTotal, written: plan.natRulesWritten }, filter: { total: plan.filterRules, written: plan.payload || plan.restores ? plan.filterRules : 0 } };
       return { rulesWritten: plan.natRulesWritten, rulesTotal: plan.natRulesTotal, diff, rulesByTable };
     } catch (e) {
       // The change history is consumed: only a full sync can be trusted next.

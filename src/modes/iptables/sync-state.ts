@@ -12,7 +12,7 @@ import type { IptablesOptions } from './options.ts';
 import { BlockCache, updateApplied, type AppliedBlocks } from './blocks.ts';
 import type { InstalledChains } from './canonical.ts';
 import { hasServiceChain, type Plan } from './plan.ts';
-import { planFull } from './full.ts';
+import { planFullStreamed } from './full.ts';
 import { planPartial } from './partial.ts';
 import { planPartialFast } from './partial-fast.ts';
 import { planRestart } from './restart.ts';
@@ -92,7 +92,7 @@ export class IptablesSyncState {
     if (installed && hasServiceChain(installed.get('nat')?.keys() ?? [])) {
       return planRestart({ state, opts, installed, installedNatChains, deleteStale, chunkLines: this.chunkLines, dispatchChunkLines: this.dispatchChunkLines, cache: this.blocks });
     }
-    return planFull({ state, opts, installedNatChains, deleteStale, chunkLines: this.chunkLines, cache: this.blocks });
+    return planFullStreamed({ state, opts, installedNatChains, deleteStale, chunkLines: this.chunkLines, cache: this.blocks });
   }
 
   /** A partial sync that visits every service (partial.ts). */

@@ -49,13 +49,41 @@ export function ruleTotal(units: readonly ChainUnit[]): number {
   return n;
 }
 
-/** One table's restore section: declarations, stale chains flushed, rules, stale chains deleted. */
-export function tableSection(table: string, units: readonly ChainUnit[], deleted: readonly string[]): string {
-  const out: string[] = [`*${table}`];
-  for (const u of units) if (u.declare) out.push(chainLine(u.name));
-  for (const c of deleted) out.push(chainLine(c));
-  for (const u of units) for (const r of u.rules) out.push(r);
-  for (const c of deleted) out.push(`-X ${c}`);
+/** Lines per part of a streamed section: about 300 KB of text at a time. */
+const SECTION_PART_LINES = 4096;
+
+/**
+ * One table's restore section a part at a time (each part whole lines): declarations, stale
+ * chains flushed, rules, stale chains deleted. A full sync's restore reads it as it is made.
+ */
+export function* sectionParts(table: string, units: readonly ChainUnit[], deleted: readonly string[]): Generator<string> {
+  let out: string[] = [`*${table}`];
+  const take = (l: string) => {
+    out.push(l);
+    if (out.length < SECTION_PART_LINES) return undefined;
+    const part = out.join('\n') + '\n';
+    out = [];
+    return part;
+  };
+  let part: string | undefined;
+  for (const u of units) if (u.declare && (part = take(chainLine(u.name)))) yield part;
+  for (const c of deleted) if ((part = take(chainLine(c)))) yield part;
+  for (const u of units) for (const r of u.rules) if ((part = take(r))) yield part;
+  for (const c of deleted) if ((part = take(`-X ${c}`))) yield part;
   out.push('COMMIT');
-  return out.join('\n') + '\n';
+  yield out.join('\n') + '\n';
+}
+
+/** The lines of sectionParts(table, units, deleted). */
+export function sectionLines(units: readonly ChainUnit[], deleted: readonly string[]): number {
+  let n = 2 + deleted.length * 2;
+  for (const u of units) n += (u.declare ? 1 : 0) + u.rules.length;
+  return n;
+}
+
+/** One table's restore section as one text. */
+export function tableSection(table: string, units: readonly ChainUnit[], deleted: readonly string[]): string {
+  let text = '';
+  for (const part of sectionParts(table, units, deleted)) text += part;
+  return text;
 }
