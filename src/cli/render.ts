@@ -1,7 +1,8 @@
+import { once } from 'node:events';
 import { type CommonOptions, allocationConfig, effectiveConfig, resolveNodeName } from './options.ts';
 import { modes } from '../modes/registry.ts';
 import { plansFromManifests } from './state.ts';
-import { familySection } from '../sync/controller.ts';
+import { familySectionMarker } from '../sync/controller.ts';
 import { kproxyError } from '../errors.ts';
 
 export async function renderCommand(o: CommonOptions): Promise<void> {
@@ -13,6 +14,25 @@ export async function renderCommand(o: CommonOptions): Promise<void> {
   const alloc = { config: allocationConfig(o), statePath: o.manifestsState };
   const inputs = await plansFromManifests(o.manifests, cfg, resolveNodeName(cfg), o.nodeIp, undefined, undefined, alloc);
   const mode = modes[cfg.mode];
-  if (inputs.length === 1) process.stdout.write(mode.render(inputs[0]));
-  else process.stdout.write(inputs.map((i) => familySection(i.node.family, mode.render(i))).join(''));
+  const text = (i: (typeof inputs)[number]) => mode.renderParts?.(i) ?? [mode.render(i)];
+  if (inputs.length === 1) {
+    for (const part of text(inputs[0])) await write(part);
+    return;
+  }
+  for (const input of inputs) {
+    // familySection, written as the payload is made
+    await write(`${familySectionMarker(input.node.family)}\n`);
+    let last = '';
+    for (const part of text(input)) {
+      if (!part) continue;
+      await write(part);
+      last = part;
+    }
+    if (last && !last.endsWith('\n')) await write('\n');
+  }
+}
+
+/** Writes to stdout, waiting while its buffer is full: a part of tens of MB is not queued behind others. */
+async function write(text: string): Promise<void> {
+  if (!process.stdout.write(text)) await once(process.stdout, 'drain');
 }

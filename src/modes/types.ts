@@ -62,6 +62,8 @@ export interface ModeModule {
   name: ModeName;
   /** dry run: the text that would be applied for this state (no root, no host access) */
   render(input: PlanInput): string;
+  /** render's text in parts, each made when it is taken (the modes whose text runs to tens of MB) */
+  renderParts?(input: PlanInput): Iterable<string>;
   /** checks prerequisites (binaries, kernel modules) and returns a proxier */
   createProxier(deps: ModeDeps): Promise<Proxier>;
   /** removes everything this mode may have left on the host; idempotent, ignores absence */

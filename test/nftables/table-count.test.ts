@@ -2,7 +2,8 @@
 // `kproxy render` and a freshly started proxier agree at every Service count, around the
 // thresholds too; `nftables.tables: n` is always n tables (1: upstream's one `kube-proxy`
 // table, even at 1,500 Services), and the sync reports the count for kproxy_nftables_tables.
-// In-process: the kernel is the nft fake, which also reads render's text.
+// render in parts is the same text, a table at a time. In-process: the kernel is the nft
+// fake, which also reads render's text.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { resolveConfig, type NftablesTables } from '../../src/config/config.ts';
@@ -10,7 +11,8 @@ import { ProxyStateTracker } from '../../src/core/tracker.ts';
 import type { PlanInput } from '../../src/core/nodeview.ts';
 import { FakeNft } from '../../src/kernel/nft/fake.ts';
 import { silentLogger } from '../../src/log.ts';
-import { mode } from '../../src/modes/nftables/index.ts';
+import { dumpRuleset, mode, optionsFromInput } from '../../src/modes/nftables/index.ts';
+import { planShardedRulesets } from '../../src/modes/nftables/shards.ts';
 import { nodePortService, numberedSlice } from '../support/builders.ts';
 
 const NODE = { nodeName: 'node-a', nodeIPs: ['192.168.0.2'], nodeLabels: {}, family: 4 as const };
@@ -64,4 +66,13 @@ test('nftables.tables: 1 keeps upstream\'s one kube-proxy table at 1,500 Service
   const three = inputOf(10, 3);
   assert.deepEqual(await renderedTables(three.input), ['ip kube-proxy-0', 'ip kube-proxy-1', 'ip kube-proxy-2']);
   assert.deepEqual(await proxierTables(three.input, three.changed), { tables: ['ip kube-proxy-0', 'ip kube-proxy-1', 'ip kube-proxy-2'], reported: 3 });
+});
+
+test('render in parts is render a table at a time: the same text, one part per table', async () => {
+  for (const n of [10, 1_500]) {
+    const { input } = inputOf(n);
+    const parts = [...mode.renderParts!(input)];
+    assert.equal(parts.join(''), planShardedRulesets(input.state, optionsFromInput(input)).map(dumpRuleset).join(''));
+    assert.equal(parts.length, (await renderedTables(input)).length, `${n} Services`);
+  }
 });

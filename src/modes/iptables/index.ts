@@ -14,7 +14,7 @@ import type { TraceRequest, TraceResult } from '../trace-types.ts';
 import type { PlanInput } from '../../core/nodeview.ts';
 import { iptablesConformance } from './conformance.ts';
 import { optionsFromConfig, type RuntimeFacts } from './options.ts';
-import { planFull } from './full.ts';
+import { planFull, planFullStreamed } from './full.ts';
 import { IptablesProxier } from './proxier.ts';
 import { checkedFlow, loadTracer } from './tracer-link.ts';
 import { traceLiveChains, type ChainReader } from './trace-live.ts';
@@ -25,6 +25,11 @@ import { kproxyError } from '../../errors.ts';
 /** Dry run: the restore payload of a full sync of this state. */
 export function render(input: PlanInput): string {
   return planFull({ state: input.state, opts: optionsFromConfig(input.config, input.node) }).payload;
+}
+
+/** render's payload in parts, made as they are taken. */
+function renderParts(input: PlanInput): Iterable<string> {
+  return planFullStreamed({ state: input.state, opts: optionsFromConfig(input.config, input.node) }).restores![0].parts();
 }
 
 async function probeFacts(runner: CommandRunner, family: 4 | 6): Promise<RuntimeFacts> {
@@ -106,5 +111,5 @@ async function trace(req: TraceRequest, deps: { runner: CommandRunner }): Promis
   return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)] };
 }
 
-export const mode: ModeModule = { name: 'iptables', render, createProxier, cleanup, trace };
+export const mode: ModeModule = { name: 'iptables', render, renderParts, createProxier, cleanup, trace };
 export const conformance: ConformanceAdapter | undefined = iptablesConformance;

@@ -20,7 +20,7 @@ import { NftWithLocalhostNodePorts } from './localhost-nodeports.ts';
 import { dumpRuleset, elementKey, newRuleset, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
 import { traceTables, type ExactIndexes } from './trace.ts';
 import { parseNftText } from './parse.ts';
-import { planShardedRulesets, type ShardOptions } from './shards.ts';
+import { eachShardedRuleset, planShardedRulesets, type ShardOptions } from './shards.ts';
 import { skippedVIPNotes } from '../../core/vip.ts';
 import { kproxyError } from '../../errors.ts';
 
@@ -32,8 +32,12 @@ export { runShardedCase } from './conformance-sharded.ts';
 
 /** The table as it would be applied for this state (knftables dump form; valid `nft -f` input). */
 function render(input: PlanInput): string {
-  // from 1,000 Services the mode writes several tables (shards.ts): all of them, in order
-  return planShardedRulesets(input.state, optionsFromInput(input), { tables: input.config.nftables?.tables }).map(dumpRuleset).join('');
+  return [...renderParts(input)].join('');
+}
+
+/** render's text a table at a time: from 1,000 Services the mode writes several tables (shards.ts), all of them, in order. */
+function* renderParts(input: PlanInput): Generator<string> {
+  for (const r of eachShardedRuleset(input.state, optionsFromInput(input), { tables: input.config.nftables?.tables })) yield dumpRuleset(r);
 }
 
 async function createProxier(deps: ModeDeps): Promise<Proxier> {
@@ -237,5 +241,5 @@ export function tracePlanned(req: TraceRequest, shards?: ShardOptions): TraceRes
   return { output: r.output, masq: r.masq, rules: r.rules, notes: [...(r.notes ?? []), ...skippedVIPNotes(req)], tables: tables.map((t) => t.table) };
 }
 
-export const mode: ModeModule = { name: 'nftables', render, createProxier, cleanup, trace };
+export const mode: ModeModule = { name: 'nftables', render, renderParts, createProxier, cleanup, trace };
 export const conformance: ConformanceAdapter | undefined = nftablesConformance;

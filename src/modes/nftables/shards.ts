@@ -184,8 +184,18 @@ export class ShardStates {
 
 /** The tables the mode writes for a state from scratch (a fresh start's chooseTables), in shard order. */
 export function planShardedRulesets(state: ProxyState, o: NftPlanOptions, opts: ShardOptions = {}): Ruleset[] {
+  return [...eachShardedRuleset(state, o, opts)];
+}
+
+/** planShardedRulesets one table at a time, each planned when it is taken (a dry run holds one table's plan). */
+export function* eachShardedRuleset(state: ProxyState, o: NftPlanOptions, opts: ShardOptions = {}): Generator<Ruleset> {
   const k = chooseTables(serviceCount(state, o.family), 0, { ...DEFAULT_SHARDS, ...opts });
-  return planShards(state, o, k);
+  if (k <= 1) {
+    yield planRuleset(state, o);
+    return;
+  }
+  const names = shardTables(k);
+  for (const [i, st] of splitState(state, k, (key) => shardOf(key, k))) yield planRuleset(st, { ...o, table: names[i], sharded: true });
 }
 
 /**
