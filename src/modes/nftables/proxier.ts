@@ -16,6 +16,7 @@ import { opAtLine, renderOp, renderOps, type NftFamily, type NftOp } from '../..
 import type { Logger } from '../../log.ts';
 import type { Proxier, SyncStats } from '../types.ts';
 import type { PlanInput } from '../../core/nodeview.ts';
+import type { ProxyState } from '../../core/model.ts';
 import { kubeProxyTableNames, SHARD_TABLE_NAMES, shardOf } from './names.ts';
 import { chooseTables, DEFAULT_SHARDS, serviceCount, ShardStates, shardTables, type ShardOptions } from './shards.ts';
 import { exclusionMessage, isTransientRefusal, MAX_ISOLATION_RETRIES, ServiceExclusions } from '../isolation.ts';
@@ -36,6 +37,27 @@ export interface NftProxierOptions extends RetireOptions {
 export const MAX_KEPT_TRANSACTION_CHARS = 1 << 20;
 /** Operations rendered into one part of a transaction's text (~0.5 MB). */
 const OPS_PER_PART = 4096;
+
+/** A written table's preparation (TableWriter.prepare), run when the transaction reaches the table. */
+interface TablePreparation {
+  /** the table's writer */
+  i: number;
+  /** a partial transaction for the table (else it is written whole) */
+  partial: boolean;
+  prepare: () => PreparedSync;
+}
+
+/** A table's own lines in a full transaction, beside its Services' (base chains, maps, flushes). */
+const TABLE_LINES = 200;
+/** Lines a full transaction writes at most per service port and per endpoint. */
+const LINES_PER_PORT_OR_ENDPOINT = 6;
+
+/** A full transaction's lines for a table's state, at most (fullTransactionLines). */
+function stateLines(state: ProxyState): number {
+  let n = state.services.size;
+  for (const eps of state.endpoints.values()) n += eps.length;
+  return n * LINES_PER_PORT_OR_ENDPOINT;
+}
 
 export class NftProxier implements Proxier {
   private readonly exec: NftExecutor;
@@ -242,70 +264,127 @@ export class NftProxier implements Proxier {
   }
 
   /**
-   * Each written table's operations. The chain and set names a full transaction needs (to
-   * delete what the table no longer wants): for several tables one listing of the family's
-   * names (`nft list chains` and terse sets and maps, 0.4 s at 10,000 in 16 tables), not one
-   * `nft list table` per table (each walks the whole family's rules in the kernel: 0.5–1.2 s
-   * apiece, 9–12 s for 16).
+   * Each written table's preparation, run when the transaction reaches it. What a full one
+   * needs from the kernel is read first: the chain and set names (to delete what the table no
+   * longer wants), for several tables from one listing of the family's names (`nft list
+   * chains` and terse sets and maps, 0.4 s at 10,000 in 16 tables), not one `nft list table`
+   * per table (each walks the whole family's rules in the kernel: 0.5–1.2 s apiece, 9–12 s for 16).
    */
-  private async prepareTables(input: PlanInput, changed: Set<string>, full: boolean, which: number[]): Promise<Map<number, PreparedSync>> {
+  private async tablePreparations(input: PlanInput, changed: Set<string>, full: boolean, which: number[]): Promise<TablePreparation[]> {
     const k = this.writers.length;
     const family: NftFamily = input.node.family === 6 ? 'ip6' : 'ip';
     const fullOnes = which.filter((i) => full || this.writers[i].needsFull);
     const known = fullOnes.length >= 2 ? await this.liveNamesOf(family, fullOnes.map((i) => this.writers[i].table)) : null;
-    const prepared = new Map<number, PreparedSync>();
+    const out: TablePreparation[] = [];
     for (const i of which) {
       const w = this.writers[i];
       const own = k <= 1 ? changed : new Set([...changed].filter((key) => this.shardOfKey(key) === i));
-      const state = k <= 1 ? input.state : this.shardStates!.state(i);
-      // the table's changed port keys: its planner looks at those only (O(changed))
-      const portKeys = k <= 1 ? undefined : this.shardStates!.touchedIn(i);
       const knownLive = known?.get(w.table);
-      prepared.set(i, await w.prepare({ ...input, state: this.exclusions.filter(state) }, { changed: own, full, portKeys, ...(knownLive !== undefined ? { knownLive } : {}) }));
-      if (k > 1) this.shardStates!.planned(i);
+      const req = await w.readyToPrepare({ changed: own, full, ...(knownLive !== undefined ? { knownLive } : {}) });
+      out.push({
+        i,
+        partial: !(full || w.needsFull),
+        prepare: () => {
+          const state = k <= 1 ? input.state : this.shardStates!.state(i);
+          // the table's changed port keys: its planner looks at those only (O(changed))
+          const portKeys = k <= 1 ? undefined : this.shardStates!.touchedIn(i);
+          const prepared = w.prepare({ ...input, state: this.exclusions.filter(state) }, { ...req, portKeys });
+          if (k > 1) this.shardStates!.planned(i);
+          return prepared;
+        },
+      });
     }
-    return prepared;
+    return out;
   }
 
-  /** Applies every prepared table's operations, then the unused tables' deletion, as one `nft -f`. */
-  private async applyAll(prepared: Map<number, PreparedSync>, drop: string[], family: NftFamily): Promise<void> {
+  /**
+   * Applies every table's operations, then the unused tables' deletion, as one `nft -f`; returns
+   * each table's prepared sync. A full sync's tables are prepared as nft reads the transaction,
+   * so kproxy plans a table while nft parses the one before; a partial sync's first, as it
+   * may have nothing to write. Memory: a full transaction at 10,000 Services is 33 MB of text,
+   * which never exists whole: nft reads it a few thousand lines at a time, each part rendered
+   * when its turn comes.
+   */
+  private async applyAll(preps: TablePreparation[], drop: string[], family: NftFamily, state: ProxyState): Promise<Map<number, PreparedSync>> {
+    const prepared = new Map<number, PreparedSync>();
     const ops: NftOp[] = [];
-    for (const x of prepared.values()) for (const op of x.tx.ops) ops.push(op);
+    this.lastOps = ops;
+    let next = 0;
+    const prepareNext = () => {
+      const p = preps[next++];
+      const x = p.prepare();
+      prepared.set(p.i, x);
+      for (const op of x.tx.ops) ops.push(op);
+    };
     // `delete table` after the new tables are written: one commit, so a packet sees the old
     // tables or the new ones, never neither.
-    for (const table of drop) ops.push({ verb: 'delete', in: { family, table }, kind: 'table' });
-    if (ops.length === 0) return;
-    this.lastOps = ops;
-    // memory: a full transaction at 10,000 Services is 33 MB of text, which never exists whole:
-    // nft reads it a few thousand lines at a time, each part rendered when its turn comes
-    let chars = 0;
-    const parts = function* (): Iterable<string> {
-      chars = 0;
-      for (let at = 0; at < ops.length; at += OPS_PER_PART) {
-        const part = renderOps(ops.slice(at, at + OPS_PER_PART));
-        chars += part.length;
-        yield part;
-      }
+    let dropped = false;
+    const prepareRest = () => {
+      while (next < preps.length) prepareNext();
+      if (dropped) return;
+      dropped = true;
+      for (const table of drop) ops.push({ verb: 'delete', in: { family, table }, kind: 'table' });
     };
+    const streamed = !preps.some((p) => p.partial);
+    if (!streamed) {
+      prepareRest();
+      if (ops.length === 0) return prepared;
+    }
+    let chars = 0;
+    let taken = false;
+    // Called again (for a refused line's text) it renders what the first call prepared.
+    const parts = function* (): Iterable<string> {
+      let from = 0;
+      const rendered = (end: number) => {
+        const part = renderOps(ops.slice(from, end));
+        from = end;
+        chars += part.length;
+        return part;
+      };
+      if (!taken) {
+        taken = true;
+        // each table's operations go as soon as it is prepared: nft parses them meanwhile
+        while (next < preps.length) {
+          prepareNext();
+          while (from < ops.length) yield rendered(Math.min(ops.length, from + OPS_PER_PART));
+        }
+      }
+      prepareRest();
+      while (from < ops.length) yield rendered(Math.min(ops.length, from + OPS_PER_PART));
+    };
+    const lines = streamed ? this.fullTransactionLines(preps, state) : ops.length;
     try {
-      await this.exec.apply({ parts, lines: ops.length });
+      await this.exec.apply({ parts, lines });
+      prepareRest();
     } catch (e) {
       for (const i of prepared.keys()) this.writers[i].applyFailed();
       throw e;
     }
     // its operations are needed only to name the Services of refused lines, right after a failure
     if (chars > MAX_KEPT_TRANSACTION_CHARS) this.lastOps = [];
+    return prepared;
+  }
+
+  /**
+   * The lines of a full transaction before it is prepared, for nft's time limit (applyTimeoutMs):
+   * at most about 6 per service port and endpoint (10,000 Services × 5 endpoints write 280,000),
+   * and the tables' own.
+   */
+  private fullTransactionLines(preps: TablePreparation[], state: ProxyState): number {
+    let n = 0;
+    for (const { i } of preps) n += TABLE_LINES + stateLines(this.writers.length <= 1 ? state : this.shardStates!.state(i));
+    return n;
   }
 
   private async syncAttempt(input: PlanInput, changed: Set<string>, full: boolean): Promise<SyncStats> {
     const family: NftFamily = input.node.family === 6 ? 'ip6' : 'ip';
-    const prepared = await this.prepareTables(input, changed, full, this.tablesToWrite(changed, full));
-    this.lastAttemptPartial = [...prepared.values()].some((x) => x.partial);
+    const preps = await this.tablePreparations(input, changed, full, this.tablesToWrite(changed, full));
+    this.lastAttemptPartial = preps.some((p) => p.partial);
     // Tables no longer used (a reshard; leftovers of an earlier K or run), as the kernel has
     // them (probed by name), go in the same transaction when every table is written whole.
     const scan = this.needTableScan && !this.lastAttemptPartial;
     const drop = scan ? (await this.unusedTables(family)).sort() : [];
-    await this.applyAll(prepared, drop, family);
+    const prepared = await this.applyAll(preps, drop, family, input.state);
     if (drop.length) this.log.info({ family, tables: drop }, `deleted nftables tables ${drop.join(', ')}`);
     if (scan) this.needTableScan = false;
     return this.commitTables(prepared, drop);

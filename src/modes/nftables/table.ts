@@ -261,7 +261,18 @@ export class TableWriter {
    * table's operations without applying them, so the proxier applies every table's in one
    * `nft -f`. `input` is already filtered by the exclusions.
    */
-  async prepare(input: PlanInput, req: PrepareRequest): Promise<PreparedSync> {
+  /**
+   * What prepare needs from the kernel, read: a full transaction's live chain and set names
+   * (req.knownLive when the caller listed them). prepare runs later, when the transaction
+   * reaches this table.
+   */
+  async readyToPrepare(req: PrepareRequest): Promise<PrepareRequest> {
+    if (!(req.full || this.needsFull) || req.knownLive !== undefined) return req;
+    return { ...req, knownLive: await this.liveNames() };
+  }
+
+  /** This sync's transaction for the table; a full one needs readyToPrepare's request. */
+  prepare(input: PlanInput, req: PrepareRequest): PreparedSync {
     const fullSync = req.full || this.needsFull;
     // a shard's table (`kube-proxy-<n>`) is one of several: NftPlanOptions.sharded
     const options = this.table === TABLE ? optionsFromInput(input) : { ...optionsFromInput(input), table: this.table, sharded: true };
@@ -272,7 +283,8 @@ export class TableWriter {
     /** whether a full transaction deletes every set of the table it does not want */
     let deletesStaleSets = false;
     if (fullSync) {
-      const live = req.knownLive !== undefined ? req.knownLive : await this.liveNames();
+      if (req.knownLive === undefined) throw new Error('a full transaction is prepared after readyToPrepare');
+      const live = req.knownLive;
       deletesStaleSets = live !== null;
       tx = fullTransaction(desired, live, { recreateBaseChains: !this.baseChainsRecreated, owners: this.planner.allOwners() });
     } else {
