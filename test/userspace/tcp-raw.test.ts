@@ -145,6 +145,7 @@ test('raw: a slow reader makes writes queue; every byte arrives in order, reader
   assert.ok(after.pauses > before.pauses, 'some readers were stopped for back-pressure');
   assert.ok(after.pooled <= RAW_POOL_MAX, `free list ${after.pooled} > ${RAW_POOL_MAX}`);
   await waitFor('every pair closed', () => counters.active === 0 && fwd.openClients === 0, 10_000);
+  assert.ok(rawStats().pooled > 0, 'the copy buffers held by queued writes came back to the free list');
   await waitFor(`fds back to baseline ${baseline} (now ${openFds()})`, () => openFds() <= baseline, 10_000);
   assert.equal(counters.accepted, payloads.length);
   assert.equal(counters.failed, 0);

@@ -9,12 +9,14 @@
 // Per connection there is one plain object (Conn) and the two handles; the callbacks are
 // shared functions that find the Conn on the handle or request (no closures per
 // connection). Every handle reads into ONE buffer of the process (useUserBuffer, as net's
-// `onread` option); each read is copied into a 64 KB buffer of a free list and written to
-// the peer: a write the kernel took at once (the common case) returns its buffer at once, a
-// write that went asynchronous keeps it until it completes and, above HIGH_WATER bytes
-// queued, stops reading the source until the peer drained (back-pressure). A FIN read on one
-// side becomes a shutdown of the other once its writes are done (half-close); the pair is
-// closed when both directions are shut, or at once on an error. Dial timeouts are one coarse
+// `onread` option); each read is copied into a 64 KB copy buffer and written to the peer: a
+// write the kernel took at once (the common case) leaves the copy buffer free for the next
+// read, with no allocation; a write that went asynchronous keeps it until it completes (the
+// next reads copy into another, from a free list) and, above HIGH_WATER bytes queued, stops
+// reading the source until the peer drained (back-pressure). A FIN read on one side becomes
+// a shutdown of the other once its writes are done (half-close); the pair is closed when
+// both directions are shut, or when both FINs are read and no write is queued (close()
+// sends the FINs), or at once on an error. Dial timeouts are one coarse
 // timer per forwarder over FIFO queues (one per attempt: same timeout, so deadline order),
 // not a timer per dial.
 //
@@ -444,12 +446,12 @@ export class RawTcpForwarder extends ListeningForwarder {
     c.flags |= SPLICED | ACTIVE;
     c.counters.active++;
     c.lastActiveMs = coarseNow;
-    for (const h of [c.client, up]) {
-      h.useUserBuffer(READ_BUF);
-      h.onread = onRead;
-      const err = h.readStart();
-      if (err !== 0) return this.closeConn(c);
-    }
+    const cl = c.client;
+    cl.useUserBuffer(READ_BUF);
+    cl.onread = onRead;
+    up.useUserBuffer(READ_BUF);
+    up.onread = onRead;
+    if (cl.readStart() !== 0 || up.readStart() !== 0) return this.closeConn(c);
     if (this.idleMs > 0) this.startSweep();
   }
 
@@ -528,9 +530,16 @@ function onRead(this: StreamHandle): void {
   }
   if (n === 0) return;
   if (n !== UV_EOF) return c.fwd.closeConn(c);
-  // FIN: shut the peer's write side once its queued writes are out (uv_shutdown waits for them).
   c.flags |= fromClient ? C_EOF : U_EOF;
   this.readStop();
+  // Both FINs read: nothing more can come from either side. With no write queued to either,
+  // closing both sends each its FIN at once (their receive queues are empty: close() sends a
+  // FIN, not a reset), as the shutdowns would, without a shutdown request, its POLLOUT round
+  // through epoll and its callback: the common end of a connection whose server closes first.
+  if ((c.flags & (C_EOF | U_EOF)) === (C_EOF | U_EOF) && c.client.writeQueueSize === 0 && c.up!.writeQueueSize === 0) {
+    return c.fwd.closeConn(c);
+  }
+  // FIN: shut the peer's write side once its queued writes are out (uv_shutdown waits for them).
   const dst = fromClient ? c.up! : c.client;
   const req = new B!.ShutdownWrap();
   req.kp = c;
@@ -541,23 +550,35 @@ function onRead(this: StreamHandle): void {
   else if (err !== 0) c.fwd.closeConn(c);
 }
 
+/** The copy buffer of the next forward: a write the kernel takes at once leaves it free. */
+let out: Buffer = Buffer.allocUnsafeSlow(READ_SIZE);
+/** views of `out` by length, so that a forward allocates no Buffer (bounded; dropped with `out`) */
+let outViews = new Map<number, Buffer>();
+const VIEWS_MAX = 2048;
+
 function forward(c: Conn, fromClient: boolean, n: number): void {
   const dst = fromClient ? c.up! : c.client;
-  const buf = pool.pop() ?? Buffer.allocUnsafeSlow(READ_SIZE);
+  const buf = out;
   READ_BUF.copy(buf, 0, 0, n);
+  let view = n === READ_SIZE ? buf : outViews.get(n);
+  if (view === undefined) {
+    if (outViews.size >= VIEWS_MAX) outViews.clear();
+    view = buf.subarray(0, n);
+    outViews.set(n, view);
+  }
   const req = spareWrite ?? new B!.WriteWrap();
   spareWrite = null;
-  const err = dst.writeBuffer(req, n === READ_SIZE ? buf : buf.subarray(0, n));
-  if (err !== 0) {
-    pool.push(buf);
-    return c.fwd.closeConn(c);
-  }
+  const err = dst.writeBuffer(req, view);
+  if (err !== 0) return c.fwd.closeConn(c);
   if (B!.state[B!.kLastWriteWasAsync] === 0) {
     // Written at once: the buffer and the request are free again.
-    pool.push(buf);
     spareWrite = req;
     return;
   }
+  // The write holds `out` until it completes (onWritten returns it to the free list): the
+  // next forward copies into another.
+  out = pool.pop() ?? Buffer.allocUnsafeSlow(READ_SIZE);
+  outViews = new Map();
   req.kp = c;
   req.buf = buf;
   req.toClient = !fromClient;
