@@ -15,7 +15,8 @@
 // paths (syscalls, connect, accept, close, send, receive, epoll, softirq).
 //
 //   node --import tsx bench/userspace-flame.ts [--out docs/bench] [--duration 6]
-//        [--loads conn,keepalive,c1] [--peers kproxy,nginx] [--freq 999]
+//        [--loads conn,keepalive,c1] [--peers kproxy,nginx] [--freq 999] [--base DIR]
+//   (--base DIR: also kproxy from another checkout, key kproxy-base, files userspace-flame-kproxy-base-LOAD.*)
 //   node --import tsx bench/userspace-flame.ts --render FILE.folded [--title T]   # redraw one
 //
 // perf's sampling (cpu-clock at --freq Hz) costs the profiled process a few per cent; the
@@ -104,7 +105,7 @@ async function profileLoad(ns: Netns, peer: Peer, load: string, durationS: numbe
   const w = parseWrk(await wrk);
   const script = await run('perf', ['script', '-i', data], 300_000);
   rmSync(data, { force: true });
-  const folded = foldPerfScript(script, peer.key === 'nginx' ? 'nginx' : 'kproxy');
+  const folded = foldPerfScript(script, peer.key);
   const name = peer.key === 'kproxy' ? `userspace-flame-${load}` : `userspace-flame-${peer.key}-${load}`;
   writeFileSync(join(out, `${name}.folded`), foldedText(folded));
   const samples = [...folded.values()].reduce((a, b) => a + b, 0);
@@ -140,6 +141,7 @@ async function main(): Promise<void> {
       freq: { type: 'string', default: '999' },
       render: { type: 'string' },
       title: { type: 'string' },
+      base: { type: 'string' },
     },
   });
   if (values.render) {
@@ -162,6 +164,10 @@ async function main(): Promise<void> {
       ['--perf-basic-prof', '--interpreted-frames-native-stack'], { KPROXY_USERSPACE_TCP: 'raw' }),
     ...peers(0).filter((p) => p.key === 'nginx'),
   ].filter((p) => wanted.includes(p.key));
+  if (values.base) {
+    list.push(kproxyPeer(`kproxy at ${values.base}`, 'kproxy-base', '127.0.0.9', 0, { metrics: 10279, healthz: 10286 },
+      ['--perf-basic-prof', '--interpreted-frames-native-stack'], { KPROXY_USERSPACE_TCP: 'raw' }, resolve(values.base)));
+  }
   for (const tool of ['nginx', 'wrk', 'perf']) await run('sh', ['-c', `command -v ${tool}`], 5000).catch(() => { throw new Error(`${tool} is not installed`); });
 
   const dir = mkdtempSync(join(tmpdir(), 'kproxy-flame-'));

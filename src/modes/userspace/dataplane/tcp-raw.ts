@@ -552,19 +552,33 @@ function onRead(this: StreamHandle): void {
 
 /** The copy buffer of the next forward: a write the kernel takes at once leaves it free. */
 let out: Buffer = Buffer.allocUnsafeSlow(READ_SIZE);
-/** views of `out` by length, so that a forward allocates no Buffer (bounded; dropped with `out`) */
+/**
+ * Views of READ_BUF and of `out` by length, so that a forward allocates nothing (Buffer#copy
+ * of a part makes a Uint8Array, subarray a Buffer): bounded, those of `out` dropped with it.
+ */
+const readViews = new Map<number, Buffer>();
 let outViews = new Map<number, Buffer>();
 const VIEWS_MAX = 2048;
 
 function forward(c: Conn, fromClient: boolean, n: number): void {
   const dst = fromClient ? c.up! : c.client;
   const buf = out;
-  READ_BUF.copy(buf, 0, 0, n);
-  let view = n === READ_SIZE ? buf : outViews.get(n);
-  if (view === undefined) {
-    if (outViews.size >= VIEWS_MAX) outViews.clear();
-    view = buf.subarray(0, n);
-    outViews.set(n, view);
+  let view: Buffer | undefined;
+  if (n === READ_SIZE) {
+    buf.set(READ_BUF, 0);
+    view = buf;
+  } else {
+    let from = readViews.get(n);
+    if (from === undefined) {
+      if (readViews.size >= VIEWS_MAX) readViews.clear();
+      readViews.set(n, (from = READ_BUF.subarray(0, n)));
+    }
+    buf.set(from, 0);
+    view = outViews.get(n);
+    if (view === undefined) {
+      if (outViews.size >= VIEWS_MAX) outViews.clear();
+      outViews.set(n, (view = buf.subarray(0, n)));
+    }
   }
   const req = spareWrite ?? new B!.WriteWrap();
   spareWrite = null;
