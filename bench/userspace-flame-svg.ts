@@ -39,7 +39,7 @@ export function foldPerfScript(text: string, root: string): Folded {
     if (!m) continue;
     let sym = m[1].replace(/\+0x[0-9a-f]+$/, '');
     const dso = m[2];
-    if (sym === '[unknown]' || sym === '') sym = `[${dso.split('/').pop() || 'unknown'}]`;
+    if (sym === '[unknown]' || sym === '') sym = dso.startsWith('[') ? dso : `[${dso.split('/').pop() || 'unknown'}]`;
     if (dso === '[kernel.kallsyms]') sym += '_[k]';
     frames.push(sym.replace(/;/g, ':'));
   }
@@ -72,8 +72,9 @@ export function kindOf(frame: string): Kind {
   if (/^(JS|LazyCompile|Function|Builtin|BytecodeHandler|Stub|Handler|InterpretedFunction|Script|RegExp|Baseline|Maglev|Turbofan|Sparkplug):/.test(frame)) return 'js';
   if (/Heap::|Scavenge|MarkCompact|MinorMC|Sweeper|ConcurrentMarking|GCTracer|MemoryAllocator|Evacuat|IncrementalMarking|MemoryReducer|\bGC\b/.test(frame)) return 'gc';
   if (/^uv_|^uv__/.test(frame)) return 'libuv';
-  if (/^\[libc|^__libc|^_?_?memcpy|^_?_?memmove|^malloc|^free$|^cfree|^_int_|^__GI_|^epoll_wait$|^__(write|read|close|accept|connect|send|recv|socket|setsockopt|shutdown)/.test(frame)) return 'libc';
-  if (/^\[node\]$|^node::|^v8::|^Builtins_|^\[perf-\d+\.map\]/.test(frame)) return frame.startsWith('[perf-') ? 'js' : 'node/v8';
+  if (/^\[perf-\d+\.map\]$/.test(frame)) return 'js';
+  if (/^\[libc|^__libc|^_?_?mem(cpy|move|set)|^malloc|^free$|^cfree|^_int_|^__GI_|^(read|write|writev|epoll_wait|epoll_pwait|epoll_ctl|syscall|accept4|__socket|__close|close|__getsockopt|__libc_connect|recv|send|clock_gettime)(@|$)|^__(write|read|close|accept|connect|send|recv|socket|setsockopt|getsockopt|shutdown)|^pthread_|^__pthread|^__GI___pthread/.test(frame)) return 'libc';
+  if (/^\[node\]$|^node::|^v8::|^Builtins_|^non-virtual thunk to (node|v8)::|^std::|^cppgc::/.test(frame)) return 'node/v8';
   return 'other';
 }
 

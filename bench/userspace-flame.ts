@@ -7,15 +7,16 @@
 //   keepalive   wrk -t1 -c32
 //   c1          wrk -t1 -c1 --latency                 (the p99 load)
 //
-// For each peer and load it writes DIR/userspace-flame[-PEER]-LOAD.folded (folded stacks,
-// root first: they open in speedscope, inferno or flamegraph.pl too) and .svg (a flame graph,
-// bench/userspace-flame-svg.ts), and prints per load the requests/s, the CPU the profiled
+// For each peer and load it writes DIR/userspace-flame[-PEER]-LOAD.svg (a flame graph,
+// bench/userspace-flame-svg.ts) and, with --folded FDIR, FDIR/userspace-flame[-PEER]-LOAD.folded
+// (folded stacks, root first: they open in speedscope, inferno or flamegraph.pl too; --render
+// redraws one), and DIR/userspace-flame.json (the figures below); and prints per load the requests/s, the CPU the profiled
 // process used (utime + stime from /proc, % of one core, and µs per request), and the share
 // of samples per kind of code (kernel, JS, GC, node/V8, libuv, libc) and under a few kernel
 // paths (syscalls, connect, accept, close, send, receive, epoll, softirq).
 //
 //   node --import tsx bench/userspace-flame.ts [--out docs/bench] [--duration 6]
-//        [--loads conn,keepalive,c1] [--peers kproxy,nginx] [--freq 999] [--base DIR]
+//        [--loads conn,keepalive,c1] [--peers kproxy,nginx] [--freq 999] [--base DIR] [--folded FDIR]
 //   (--base DIR: also kproxy from another checkout, key kproxy-base, files userspace-flame-kproxy-base-LOAD.*)
 //   node --import tsx bench/userspace-flame.ts --render FILE.folded [--title T]   # redraw one
 //
@@ -91,7 +92,7 @@ export interface LoadProfile {
   loadAverage: number;
 }
 
-async function profileLoad(ns: Netns, peer: Peer, load: string, durationS: number, freq: number, dir: string, out: string): Promise<LoadProfile> {
+async function profileLoad(ns: Netns, peer: Peer, load: string, durationS: number, freq: number, dir: string, out: string, foldedDir?: string): Promise<LoadProfile> {
   const pids = peer.procs.flatMap((p) => processTree(p.pid!));
   const url = `http://${peer.host}:${peer.httpPort}/`;
   const loadAverage = Number(readFileSync('/proc/loadavg', 'utf8').split(' ')[0]);
@@ -107,7 +108,7 @@ async function profileLoad(ns: Netns, peer: Peer, load: string, durationS: numbe
   rmSync(data, { force: true });
   const folded = foldPerfScript(script, peer.key);
   const name = peer.key === 'kproxy' ? `userspace-flame-${load}` : `userspace-flame-${peer.key}-${load}`;
-  writeFileSync(join(out, `${name}.folded`), foldedText(folded));
+  if (foldedDir) writeFileSync(join(foldedDir, `${name}.folded`), foldedText(folded));
   const samples = [...folded.values()].reduce((a, b) => a + b, 0);
   writeFileSync(join(out, `${name}.svg`), flameSvg(folded, `${peer.name}: ${LOADS[load].what}`,
     `perf record -F ${freq} -g, ${samples} samples; ${Math.round(w.rps).toLocaleString('en-US')} req/s under the profiler, ` +
@@ -142,6 +143,7 @@ async function main(): Promise<void> {
       render: { type: 'string' },
       title: { type: 'string' },
       base: { type: 'string' },
+      folded: { type: 'string' },
     },
   });
   if (values.render) {
@@ -153,6 +155,8 @@ async function main(): Promise<void> {
   }
   const out = resolve(values.out);
   mkdirSync(out, { recursive: true });
+  const foldedDir = values.folded ? resolve(values.folded) : undefined;
+  if (foldedDir) mkdirSync(foldedDir, { recursive: true });
   const durationS = Number(values.duration);
   const freq = Number(values.freq);
   const loads = values.loads.split(',');
@@ -191,7 +195,7 @@ async function main(): Promise<void> {
     }
     for (const load of loads) {
       for (const p of list) {
-        const r = await profileLoad(ns, p, load, durationS, freq, dir, out);
+        const r = await profileLoad(ns, p, load, durationS, freq, dir, out, foldedDir);
         results.push(r);
         process.stderr.write(`${p.key} ${load}: ${Math.round(r.rps)} req/s, ${pct(r.cpuCore)} of a core, ${r.samples} samples\n`);
       }
