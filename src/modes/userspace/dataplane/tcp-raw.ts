@@ -52,6 +52,7 @@ interface StreamHandle {
 }
 interface ServerHandle {
   onconnection: ((this: ServerHandle, err: number, h: StreamHandle | undefined) => void) | null;
+  setNoDelay?(on: boolean): number;
   kpFwd?: RawTcpForwarder;
 }
 interface WriteReq {
@@ -233,6 +234,8 @@ export class RawTcpForwarder extends ListeningForwarder {
   /** dials in flight, one FIFO per attempt (same timeout: deadline order) */
   private readonly dialing: Set<Conn>[];
   private dialTimer: NodeJS.Timeout | null = null;
+  /** accepted sockets need their own TCP_NODELAY (not inherited from the listening socket) */
+  private clientNoDelay = true;
 
   constructor(opts: TcpForwarderOptions) {
     if (!B) {
@@ -268,6 +271,9 @@ export class RawTcpForwarder extends ListeningForwarder {
     }
     h.kpFwd = this;
     h.onconnection = onConnection;
+    // Linux's accepted sockets inherit TCP_NODELAY from the listening socket (sk_clone_lock
+    // copies the socket): one setsockopt per listener, not one per connection.
+    if (process.platform === 'linux' && typeof h.setNoDelay === 'function' && h.setNoDelay(true) === 0) this.clientNoDelay = false;
   }
 
   /** Open client connections of this listener. */
@@ -327,7 +333,7 @@ export class RawTcpForwarder extends ListeningForwarder {
     stats.accepted++;
     const c = new Conn(this, h, clientIP, this.counters);
     h.kp = c;
-    h.setNoDelay(true);
+    if (this.clientNoDelay) h.setNoDelay(true);
     this.conns.add(c);
     this.dial(c);
   }
