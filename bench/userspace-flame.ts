@@ -16,7 +16,8 @@
 // paths (syscalls, connect, accept, close, send, receive, epoll, softirq).
 //
 //   node --import tsx bench/userspace-flame.ts [--out docs/bench] [--duration 6]
-//        [--loads conn,keepalive,c1] [--peers kproxy,nginx] [--freq 999] [--base DIR] [--folded FDIR]
+//        [--loads conn,keepalive,c1] [--peers kproxy,nginx] [--freq 999] [--repeat 1] [--base DIR] [--folded FDIR]
+//   (--repeat N: N interleaved runs per peer and load, the stacks summed, the figures medians)
 //   (--base DIR: also kproxy from another checkout, key kproxy-base, files userspace-flame-kproxy-base-LOAD.*)
 //   node --import tsx bench/userspace-flame.ts --render FILE.folded [--title T]   # redraw one
 //
@@ -29,7 +30,7 @@ import { tmpdir } from 'node:os';
 import { basename, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { Netns, uniqueName } from '../test/support/netns.ts';
-import { BACKEND, HTTP_PORT, inNs, kproxyPeer, nginxBackendConf, parseWrk, peers, processTree, waitListening, type Peer } from './userspace.ts';
+import { BACKEND, HTTP_PORT, inNs, kproxyPeer, median, nginxBackendConf, parseWrk, peers, processTree, waitListening, type Peer } from './userspace.ts';
 import { flameSvg, foldPerfScript, foldedText, inclusiveShare, parseFolded, selfShares, type Folded, type Kind } from './userspace-flame-svg.ts';
 
 const LOADS: Record<string, { args: string[]; what: string }> = {
@@ -79,56 +80,83 @@ function cpuSeconds(pids: number[]): number {
 
 const pct = (x: number) => `${(x * 100).toFixed(1)}%`;
 
-export interface LoadProfile {
-  peer: string;
-  load: string;
+/** One profiled run of one load on one peer. */
+interface Sample {
+  folded: Folded;
   rps: number;
-  p99us: number;
   cpuCore: number;
-  cpuUsPerReq: number;
-  samples: number;
-  self: Record<Kind, number>;
-  paths: Record<string, number>;
   loadAverage: number;
 }
 
-async function profileLoad(ns: Netns, peer: Peer, load: string, durationS: number, freq: number, dir: string, out: string, foldedDir?: string): Promise<LoadProfile> {
+export interface LoadProfile {
+  peer: string;
+  load: string;
+  /** medians over the repetitions */
+  rps: number;
+  cpuCore: number;
+  cpuUsPerReq: number;
+  /** CPU µs per request of each repetition */
+  cpuUsPerReqRuns: number[];
+  samples: number;
+  self: Record<Kind, number>;
+  paths: Record<string, number>;
+  loadAverages: number[];
+}
+
+async function profileLoad(ns: Netns, peer: Peer, load: string, durationS: number, freq: number, dir: string): Promise<Sample> {
   const pids = peer.procs.flatMap((p) => processTree(p.pid!));
   const url = `http://${peer.host}:${peer.httpPort}/`;
   const loadAverage = Number(readFileSync('/proc/loadavg', 'utf8').split(' ')[0]);
   const wrk = inNs(ns, 'wrk', [...LOADS[load].args, `-d${durationS}s`, url], (durationS + 30) * 1000);
   await new Promise((r) => setTimeout(r, 500));
   const data = join(dir, `${peer.key}-${load}.perf.data`);
+  // The CPU is the profiled process's while perf records (the middle of wrk's run), the
+  // requests/s wrk's over its run: a steady load makes them one window's.
   const cpu0 = cpuSeconds(pids);
   const t0 = process.hrtime.bigint();
   await run('perf', ['record', '-F', String(freq), '-g', '-o', data, '-p', pids.join(','), '--', 'sleep', String(Math.max(1, durationS - 1.5))], (durationS + 30) * 1000);
-  const cpu = (cpuSeconds(pids) - cpu0) / (Number(process.hrtime.bigint() - t0) / 1e9);
+  const cpuCore = (cpuSeconds(pids) - cpu0) / (Number(process.hrtime.bigint() - t0) / 1e9);
   const w = parseWrk(await wrk);
   const script = await run('perf', ['script', '-i', data], 300_000);
   rmSync(data, { force: true });
-  const folded = foldPerfScript(script, peer.key);
+  return { folded: foldPerfScript(script, peer.key), rps: w.rps, cpuCore, loadAverage };
+}
+
+function merge(into: Folded, f: Folded): void {
+  for (const [k, n] of f) into.set(k, (into.get(k) ?? 0) + n);
+}
+
+/** Writes the flame graph (and the folded stacks) of one peer and load over its repetitions. */
+function report(peer: Peer, load: string, runs: Sample[], freq: number, out: string, foldedDir?: string): LoadProfile {
+  const folded: Folded = new Map();
+  for (const r of runs) merge(folded, r.folded);
+  const us = runs.map((r) => (r.cpuCore * 1e6) / r.rps);
+  const p: LoadProfile = {
+    peer: peer.key, load, rps: median(runs.map((r) => r.rps)), cpuCore: median(runs.map((r) => r.cpuCore)),
+    cpuUsPerReq: median(us), cpuUsPerReqRuns: us, samples: [...folded.values()].reduce((a, b) => a + b, 0),
+    self: selfShares(folded), paths: {}, loadAverages: runs.map((r) => r.loadAverage),
+  };
+  for (const [k, re] of PATHS) p.paths[k] = inclusiveShare(folded, re);
   const name = peer.key === 'kproxy' ? `userspace-flame-${load}` : `userspace-flame-${peer.key}-${load}`;
   if (foldedDir) writeFileSync(join(foldedDir, `${name}.folded`), foldedText(folded));
-  const samples = [...folded.values()].reduce((a, b) => a + b, 0);
   writeFileSync(join(out, `${name}.svg`), flameSvg(folded, `${peer.name}: ${LOADS[load].what}`,
-    `perf record -F ${freq} -g, ${samples} samples; ${Math.round(w.rps).toLocaleString('en-US')} req/s under the profiler, ` +
-    `${(cpu * 100).toFixed(0)}% of a core, ${((cpu * 1e6) / w.rps).toFixed(1)} µs CPU per request; load average ${loadAverage}`));
-  const paths: Record<string, number> = {};
-  for (const [k, re] of PATHS) paths[k] = inclusiveShare(folded, re);
-  return { peer: peer.key, load, rps: w.rps, p99us: w.p99us, cpuCore: cpu, cpuUsPerReq: (cpu * 1e6) / w.rps, samples, self: selfShares(folded), paths, loadAverage };
+    `perf record -F ${freq} -g, ${p.samples} samples over ${runs.length} run(s); medians: ${Math.round(p.rps).toLocaleString('en-US')} req/s under the profiler, ` +
+    `${(p.cpuCore * 100).toFixed(0)}% of a core, ${p.cpuUsPerReq.toFixed(1)} µs CPU per request; load average ${median(p.loadAverages)}`));
+  return p;
 }
 
 export function summary(ps: LoadProfile[]): string {
   const cols = ps.map((p) => `${p.peer} ${p.load}`);
   const lines = [`| | ${cols.join(' | ')} |`, `|---|${cols.map(() => '---:').join('|')}|`];
   const row = (name: string, f: (p: LoadProfile) => string) => lines.push(`| ${name} | ${ps.map(f).join(' | ')} |`);
-  row('req/s (under perf)', (p) => Math.round(p.rps).toLocaleString('en-US'));
-  row('CPU, % of one core', (p) => pct(p.cpuCore));
-  row('CPU µs per request', (p) => p.cpuUsPerReq.toFixed(1));
+  row('req/s (under perf, median)', (p) => Math.round(p.rps).toLocaleString('en-US'));
+  row('CPU, % of one core (median)', (p) => pct(p.cpuCore));
+  row('CPU µs per request (median)', (p) => p.cpuUsPerReq.toFixed(1));
+  row('CPU µs per request (each run)', (p) => p.cpuUsPerReqRuns.map((x) => x.toFixed(0)).join(', '));
   row('samples', (p) => String(p.samples));
   for (const k of Object.keys(ps[0]?.self ?? {}) as Kind[]) row(`self: ${k}`, (p) => pct(p.self[k]));
   for (const [k] of PATHS) row(`under ${k}`, (p) => pct(p.paths[k]));
-  row('load average (1 min)', (p) => String(p.loadAverage));
+  row('load average (1 min)', (p) => p.loadAverages.join(', '));
   return lines.join('\n');
 }
 
@@ -144,6 +172,7 @@ async function main(): Promise<void> {
       title: { type: 'string' },
       base: { type: 'string' },
       folded: { type: 'string' },
+      repeat: { type: 'string', default: '1' },
     },
   });
   if (values.render) {
@@ -193,18 +222,26 @@ async function main(): Promise<void> {
       await p.start(ns, dir);
       await inNs(ns, 'wrk', ['-t1', '-c32', '-d2s', `http://${p.host}:${p.httpPort}/`], 30_000);
     }
-    for (const load of loads) {
-      for (const p of list) {
-        const r = await profileLoad(ns, p, load, durationS, freq, dir, out, foldedDir);
-        results.push(r);
-        process.stderr.write(`${p.key} ${load}: ${Math.round(r.rps)} req/s, ${pct(r.cpuCore)} of a core, ${r.samples} samples\n`);
+    // Repetitions interleaved: each load runs on every peer before its next repetition, each
+    // repetition starting one peer further on.
+    const repeat = Number(values.repeat);
+    const runs = new Map<string, Sample[]>();
+    for (let rep = 0; rep < repeat; rep++) {
+      for (const load of loads) {
+        const k = rep % list.length;
+        for (const p of [...list.slice(k), ...list.slice(0, k)]) {
+          const r = await profileLoad(ns, p, load, durationS, freq, dir);
+          runs.set(`${p.key} ${load}`, [...(runs.get(`${p.key} ${load}`) ?? []), r]);
+          process.stderr.write(`rep ${rep + 1} ${p.key} ${load}: ${Math.round(r.rps)} req/s, ${pct(r.cpuCore)} of a core, ${((r.cpuCore * 1e6) / r.rps).toFixed(1)} µs CPU per request\n`);
+        }
       }
     }
+    for (const load of loads) for (const p of list) results.push(report(p, load, runs.get(`${p.key} ${load}`) ?? [], freq, out, foldedDir));
   } finally {
     await cleanup();
   }
   console.log(summary(results));
-  writeFileSync(join(out, 'userspace-flame.json'), JSON.stringify({ date: new Date().toISOString(), durationS, freq, results }, null, 2) + '\n');
+  writeFileSync(join(out, 'userspace-flame.json'), JSON.stringify({ date: new Date().toISOString(), durationS, freq, repeat: Number(values.repeat), results }, null, 2) + '\n');
 }
 
 if (import.meta.url === `file://${process.argv[1]}` || process.argv[1]?.endsWith('bench/userspace-flame.ts')) {
