@@ -8,15 +8,65 @@
 /** Counts per stack, root first, frames joined by ';'. */
 export type Folded = Map<string, number>;
 
+/** Names an address of a process's JIT code; undefined when no code was there. */
+export type Resolver = (addr: number) => string | undefined;
+
+/**
+ * A resolver over a /tmp/perf-PID.map (`start size name` per line, hex, in the order V8
+ * wrote them). V8 reuses the addresses of freed code, so ranges overlap: the entry written
+ * last wins (perf itself picks one of the overlapping ones at random, and a long-lived
+ * process's hot functions come out named after start-up code that was once there).
+ */
+export function perfMapResolver(text: string): Resolver {
+  const starts: number[] = [];
+  const ends: number[] = [];
+  const names: string[] = [];
+  for (const line of text.split('\n')) {
+    const m = /^([0-9a-fA-F]+) ([0-9a-fA-F]+) (.*)$/.exec(line);
+    if (!m) continue;
+    const start = parseInt(m[1], 16);
+    starts.push(start);
+    ends.push(start + parseInt(m[2], 16));
+    names.push(m[3]);
+  }
+  // Entries sorted by start (ties: later written last); a lookup walks back from the last
+  // entry starting at or below the address, as far as the longest entry reaches.
+  const order = starts.map((_, i) => i).sort((a, b) => starts[a] - starts[b] || a - b);
+  const sStart = order.map((i) => starts[i]);
+  let maxLen = 0;
+  for (let i = 0; i < starts.length; i++) maxLen = Math.max(maxLen, ends[i] - starts[i]);
+  const cache = new Map<number, string | undefined>();
+  return (addr) => {
+    if (cache.has(addr)) return cache.get(addr);
+    let lo = 0;
+    let hi = sStart.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (sStart[mid] <= addr) lo = mid + 1;
+      else hi = mid;
+    }
+    let best = -1;
+    for (let j = lo - 1; j >= 0 && sStart[j] > addr - maxLen - 1; j--) {
+      const i = order[j];
+      if (addr < ends[i] && i > best) best = i;
+    }
+    const name = best >= 0 ? names[best] : undefined;
+    cache.set(addr, name);
+    return name;
+  };
+}
+
 /**
  * Parses `perf script` output (the default fields: a header line per sample, then one
  * indented `addr symbol+off (dso)` line per frame, leaf first, a blank line after) into
- * folded stacks rooted at `root`. Unknown symbols are named by their DSO.
+ * folded stacks rooted at `root`. Frames in a process's JIT code are named by `jit` (its
+ * perf map, by pid) when given; other unknown symbols are named by their DSO.
  */
-export function foldPerfScript(text: string, root: string): Folded {
+export function foldPerfScript(text: string, root: string, jit: Map<number, Resolver> = new Map()): Folded {
   const out: Folded = new Map();
   let frames: string[] = [];
   let inSample = false;
+  let resolve: Resolver | undefined;
   const flush = () => {
     if (inSample && frames.length) {
       const key = [root, ...frames.reverse()].join(';');
@@ -33,12 +83,14 @@ export function foldPerfScript(text: string, root: string): Folded {
     if (!/^\s/.test(line)) {
       flush();
       inSample = true;
+      resolve = jit.get(Number(/^\S.*?\s(\d+)(?:\/\d+)?\s/.exec(line)?.[1]));
       continue;
     }
-    const m = /^\s*[0-9a-f]+\s+(.*?)\s+\(([^)]*)\)\s*$/.exec(line);
+    const m = /^\s*([0-9a-f]+)\s+(.*?)\s+\(([^)]*)\)\s*$/.exec(line);
     if (!m) continue;
-    let sym = m[1].replace(/\+0x[0-9a-f]+$/, '');
-    const dso = m[2];
+    const dso = m[3];
+    let sym = m[2].replace(/\+0x[0-9a-f]+$/, '');
+    if (resolve && (/perf-\d+\.map$/.test(dso) || dso === '[unknown]')) sym = resolve(parseInt(m[1], 16)) ?? sym;
     if (sym === '[unknown]' || sym === '') sym = dso.startsWith('[') ? dso : `[${dso.split('/').pop() || 'unknown'}]`;
     if (dso === '[kernel.kallsyms]') sym += '_[k]';
     frames.push(sym.replace(/;/g, ':'));

@@ -31,7 +31,7 @@ import { basename, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { Netns, uniqueName } from '../test/support/netns.ts';
 import { BACKEND, HTTP_PORT, inNs, kproxyPeer, median, nginxBackendConf, parseWrk, peers, processTree, waitListening, type Peer } from './userspace.ts';
-import { flameSvg, foldPerfScript, foldedText, inclusiveShare, parseFolded, selfShares, type Folded, type Kind } from './userspace-flame-svg.ts';
+import { flameSvg, foldPerfScript, foldedText, inclusiveShare, parseFolded, perfMapResolver, selfShares, type Folded, type Kind, type Resolver } from './userspace-flame-svg.ts';
 
 const LOADS: Record<string, { args: string[]; what: string }> = {
   conn: { args: ['-t1', '-c16', '-H', 'Connection: close'], what: "new connections (wrk -t1 -c16 -H 'Connection: close')" },
@@ -103,6 +103,9 @@ export interface LoadProfile {
   loadAverages: number[];
 }
 
+/** the perf maps of the node processes profiled (node leaves them behind; removed at the end) */
+const perfMaps = new Set<string>();
+
 async function profileLoad(ns: Netns, peer: Peer, load: string, durationS: number, freq: number, dir: string): Promise<Sample> {
   const pids = peer.procs.flatMap((p) => processTree(p.pid!));
   const url = `http://${peer.host}:${peer.httpPort}/`;
@@ -119,7 +122,17 @@ async function profileLoad(ns: Netns, peer: Peer, load: string, durationS: numbe
   const w = parseWrk(await wrk);
   const script = await run('perf', ['script', '-i', data], 300_000);
   rmSync(data, { force: true });
-  return { folded: foldPerfScript(script, peer.key), rps: w.rps, cpuCore, loadAverage };
+  // JIT frames named from node's perf map here, the entry written last winning (perfMapResolver).
+  const jit = new Map<number, Resolver>();
+  for (const pid of pids) {
+    perfMaps.add(`/tmp/perf-${pid}.map`);
+    try {
+      jit.set(pid, perfMapResolver(readFileSync(`/tmp/perf-${pid}.map`, 'utf8')));
+    } catch {
+      // not a node process (nginx), or no map
+    }
+  }
+  return { folded: foldPerfScript(script, peer.key, jit), rps: w.rps, cpuCore, loadAverage };
 }
 
 function merge(into: Folded, f: Folded): void {
@@ -208,6 +221,7 @@ async function main(): Promise<void> {
   const cleanup = async () => {
     await ns.destroy();
     rmSync(dir, { recursive: true, force: true });
+    for (const f of perfMaps) rmSync(f, { force: true });
   };
   const onSignal = () => void cleanup().then(() => process.exit(130));
   process.once('SIGINT', onSignal);

@@ -3,7 +3,7 @@
 // graph's frame widths.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { flameSvg, foldPerfScript, foldedText, inclusiveShare, kindOf, parseFolded, selfShares } from '../../bench/userspace-flame-svg.ts';
+import { flameSvg, foldPerfScript, foldedText, inclusiveShare, kindOf, parseFolded, perfMapResolver, selfShares } from '../../bench/userspace-flame-svg.ts';
 
 const SCRIPT = `node 4242 52127.593756:    1001001 cpu-clock:ppp: 
 \tffffffff8160a9f3 tcp_sendmsg+0xd3 ([kernel.kallsyms])
@@ -60,4 +60,18 @@ test('flame graph: one rect per frame, width proportional to its samples, a titl
   assert.ok(Math.abs(byName.get('c')!.w - all.w / 4) < 0.02);
   assert.ok(Math.abs(byName.get('c')!.x - (byName.get('b')!.x + byName.get('b')!.w)) < 0.02, 'siblings side by side');
   assert.match(svg, /<title>b \(3 samples, 75\.00%\)<\/title>/);
+});
+
+test('perf map: overlapping JIT code ranges resolve to the entry written last; addresses outside every entry are unknown', () => {
+  const r = perfMapResolver(['1000 100 Eval:~ startup.js:1:1', '2000 10 JS:*tiny a.js:1:1', '1040 20 JS:*onRead tcp-raw.ts:1:8240', 'garbage', ''].join('\n'));
+  assert.equal(r(0x1000), 'Eval:~ startup.js:1:1');
+  assert.equal(r(0x1045), 'JS:*onRead tcp-raw.ts:1:8240');
+  assert.equal(r(0x1060), 'Eval:~ startup.js:1:1', 'past the later entry, the earlier one is still there');
+  assert.equal(r(0x200f), 'JS:*tiny a.js:1:1', 'sizes are hex too');
+  assert.equal(r(0x2010), undefined);
+  assert.equal(r(0xfff), undefined);
+  // perf script's own (wrong) pick is replaced for the process whose map it is.
+  const text = 'node 4242 1.0:    1001001 cpu-clock:ppp: \n\t    1045 Eval:~ startup.js:1:1+0x45 (/tmp/perf-4242.map)\n\t  5a1b2c uv__io_poll+0x1c (/usr/bin/node)\n';
+  assert.deepEqual([...foldPerfScript(text, 'k', new Map([[4242, r]]))], [['k;uv__io_poll;JS:*onRead tcp-raw.ts:1:8240', 1]]);
+  assert.deepEqual([...foldPerfScript(text, 'k', new Map([[7, r]]))], [['k;uv__io_poll;Eval:~ startup.js:1:1', 1]]);
 });
