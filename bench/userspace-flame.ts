@@ -17,7 +17,8 @@
 //
 //   node --import tsx bench/userspace-flame.ts [--out docs/bench] [--duration 6]
 //        [--loads conn,keepalive,c1] [--peers kproxy,nginx] [--freq 999] [--repeat 1] [--base DIR] [--folded FDIR]
-//   (--repeat N: N interleaved runs per peer and load, the stacks summed, the figures medians)
+//   (--repeat N: N interleaved runs per peer and load, the stacks summed, the figures medians;
+//    --node-arg A (repeatable): another node option for kproxy, e.g. --node-arg=--trace-gc)
 //   (--base DIR: also kproxy from another checkout, key kproxy-base, files userspace-flame-kproxy-base-LOAD.*)
 //   node --import tsx bench/userspace-flame.ts --render FILE.folded [--title T]   # redraw one
 //
@@ -186,6 +187,7 @@ async function main(): Promise<void> {
       base: { type: 'string' },
       folded: { type: 'string' },
       repeat: { type: 'string', default: '1' },
+      'node-arg': { type: 'string', multiple: true, default: [] },
     },
   });
   if (values.render) {
@@ -207,7 +209,7 @@ async function main(): Promise<void> {
   // kproxy as bench/userspace.ts runs it (raw handles, 1 process), with JS frame names for perf.
   const list: Peer[] = [
     kproxyPeer('kproxy userspace (1 worker, raw handles)', 'kproxy', '127.0.0.6', 0, { metrics: 10249, healthz: 10256 },
-      ['--perf-basic-prof', '--interpreted-frames-native-stack'], { KPROXY_USERSPACE_TCP: 'raw' }),
+      ['--perf-basic-prof', '--interpreted-frames-native-stack', ...values['node-arg']], { KPROXY_USERSPACE_TCP: 'raw' }),
     ...peers(0).filter((p) => p.key === 'nginx'),
   ].filter((p) => wanted.includes(p.key));
   if (values.base) {

@@ -27,6 +27,7 @@
 //        [--base DIR]   # also kproxy from another checkout DIR (key kproxy-base), e.g. a
 //                       # `git archive REV | tar -x -C DIR` with node_modules linked: before/after in one run
 //   node --import tsx bench/userspace.ts --report FILE.json [--svg FILE]   # redraw from a run
+// Where each proxy's CPU goes under these loads (perf flame graphs): bench/userspace-flame.ts.
 import { execFile, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
