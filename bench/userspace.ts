@@ -24,7 +24,10 @@
 //   sudo scripts/setup-system.sh           # nginx + stream module, haproxy, iperf3, wrk
 //   sudo node --import tsx bench/userspace.ts [--duration 3] [--repeat 3] [--workers 2]
 //        [--idle 5000] [--only direct,naive,...] [--json FILE] [--svg docs/bench/userspace.svg]
+//        [--base DIR]   # also kproxy from another checkout DIR (key kproxy-base), e.g. a
+//                       # `git archive REV | tar -x -C DIR` with node_modules linked: before/after in one run
 //   node --import tsx bench/userspace.ts --report FILE.json [--svg FILE]   # redraw from a run
+// Where each proxy's CPU goes under these loads (perf flame graphs): bench/userspace-flame.ts.
 import { execFile, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -266,7 +269,7 @@ endpoints:
 }
 
 /** `node [nodeArgs] bin/kproxy.js run --mode userspace` serving one ClusterIP Service on `vip` (ports 80 and 5201). */
-export function kproxyPeer(name: string, key: string, vip: string, workers: number, ports: { metrics: number; healthz: number }, nodeArgs: string[] = [], env: NodeJS.ProcessEnv = {}): Peer {
+export function kproxyPeer(name: string, key: string, vip: string, workers: number, ports: { metrics: number; healthz: number }, nodeArgs: string[] = [], env: NodeJS.ProcessEnv = {}, root = repoRoot): Peer {
   const p: Peer = {
     name, key, host: vip, httpPort: 80, iperfPort: IPERF_PORT, procs: [],
     async start(ns, dir) {
@@ -280,7 +283,7 @@ export function kproxyPeer(name: string, key: string, vip: string, workers: numb
       // in one namespace need their own metrics and healthz ports in the file.
       writeFileSync(cfg, `apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\n` +
         `metricsBindAddress: 127.0.0.1:${ports.metrics}\nhealthzBindAddress: 127.0.0.1:${ports.healthz}\n${userspace}`);
-      p.procs.push(ns.spawn(process.execPath, [...nodeArgs, resolve(repoRoot, 'bin/kproxy.js'), 'run', '--config', cfg, '--manifests', mdir, '--hostname-override', 'bench-node',
+      p.procs.push(ns.spawn(process.execPath, [...nodeArgs, resolve(root, 'bin/kproxy.js'), 'run', '--config', cfg, '--manifests', mdir, '--hostname-override', 'bench-node',
         '--log-level', 'warn'],
         { env: { KPROXY_USERSPACE_REDIRECT: '0', ...env }, onOutput: (s) => process.stderr.write(`[${key}] ${s}`) }));
       await waitListening(ns, vip, 80, 60_000);
@@ -484,6 +487,7 @@ async function main(): Promise<void> {
       svg: { type: 'string' },
       report: { type: 'string' },
       'max-minutes': { type: 'string', default: '20' },
+      base: { type: 'string' },
     },
   });
   if (values.report) {
@@ -504,6 +508,9 @@ async function main(): Promise<void> {
   const deadline = Date.now() + Number(values['max-minutes']) * 60_000;
   const only = values.only ? new Set(values.only.split(',')) : null;
   const list = peers(workers).filter((p) => !only || only.has(p.key));
+  if (values.base) {
+    list.push(kproxyPeer(`kproxy at ${values.base} (1 worker, raw handles)`, 'kproxy-base', '127.0.0.9', 0, { metrics: 10279, healthz: 10286 }, [], { KPROXY_USERSPACE_TCP: 'raw' }, resolve(values.base)));
+  }
 
   const dir = mkdtempSync(join(tmpdir(), 'kproxy-bench-us-'));
   const ns = Netns.create(uniqueName('kpb-us'));

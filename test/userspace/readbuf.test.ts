@@ -111,7 +111,9 @@ for (const path of TCP_PATHS) test(`TCP on ${path}: many connections at once, ea
     const pooled = path === 'net' ? readBufferStats().pooled : rawStats().pooled;
     const max = path === 'net' ? POOL_MAX : RAW_POOL_MAX;
     assert.ok(pooled <= max, `free list ${pooled} > ${max}`);
-    assert.ok(pooled > 0, 'large reads were copied into (and returned to) the free list');
+    // net: every large read goes through the free list. raw: a copy buffer goes to the free
+    // list only when a write holding it went asynchronous (tcp-raw.test.ts makes them).
+    if (path === 'net') assert.ok(pooled > 0, 'large reads were copied into (and returned to) the free list');
   } finally {
     fwd.destroy();
     await new Promise<void>((r) => be.server.close(() => r()));

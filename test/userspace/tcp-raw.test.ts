@@ -8,7 +8,7 @@
 // Loopback only, ephemeral ports.
 import { afterEach, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import net from 'node:net';
 import { Writable } from 'node:stream';
@@ -145,6 +145,7 @@ test('raw: a slow reader makes writes queue; every byte arrives in order, reader
   assert.ok(after.pauses > before.pauses, 'some readers were stopped for back-pressure');
   assert.ok(after.pooled <= RAW_POOL_MAX, `free list ${after.pooled} > ${RAW_POOL_MAX}`);
   await waitFor('every pair closed', () => counters.active === 0 && fwd.openClients === 0, 10_000);
+  assert.ok(rawStats().pooled > 0, 'the copy buffers held by queued writes came back to the free list');
   await waitFor(`fds back to baseline ${baseline} (now ${openFds()})`, () => openFds() <= baseline, 10_000);
   assert.equal(counters.accepted, payloads.length);
   assert.equal(counters.failed, 0);
@@ -175,6 +176,44 @@ test('raw: the upstream\'s FIN first: the client still sends, the backend still 
   assert.equal(counters.active, 1, 'the pair stays while one direction is open');
   c.end();
   await waitFor('both directions shut, the pair closed', () => backendSawEnd && counters.active === 0, 5000);
+});
+
+/** TCP_NODELAY of sockets of this process, read by python3 through pidfd_getfd (Linux ≥ 5.6, root). */
+function noDelayOf(fds: number[]): number[] {
+  const py = `import ctypes, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+pidfd = os.pidfd_open(int(sys.argv[1]))
+out = []
+for fd in map(int, sys.argv[2:]):
+    n = libc.syscall(438, pidfd, fd, 0)
+    if n < 0: raise OSError(ctypes.get_errno(), 'pidfd_getfd')
+    s = socket.socket(fileno=n)
+    out.append(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+    s.close()
+print(' '.join(map(str, out)))`;
+  return execFileSync('python3', ['-c', py, String(process.pid), ...fds.map(String)], { encoding: 'utf8', timeout: 10_000 }).trim().split(' ').map(Number);
+}
+
+test('raw: both sockets of a pair have TCP_NODELAY (the accepted one through the listening socket)', async () => {
+  const port = await server((s) => s.pipe(s));
+  const counters = newCounters();
+  const fwd = new RawTcpForwarder({ host: '127.0.0.1', port: 0, balancer: balancerTo(port), counters, log: silentLogger() });
+  cleanups.push(() => fwd.destroy());
+  const lp = await fwd.listen();
+  const c = net.connect({ host: '127.0.0.1', port: lp });
+  cleanups.push(() => void c.destroy());
+  await new Promise<void>((r) => c.once('connect', () => r()));
+  await waitFor('the pair spliced', () => counters.active === 1, 5000);
+  const conn = [...(fwd as unknown as { conns: Set<{ client: { fd: number }; up: { fd: number } }> }).conns][0];
+  // The probe itself: a plain accepted socket has Nagle on (Linux's default).
+  const plain = await new Promise<{ fd: number }>((resolve) => {
+    const srv = net.createServer((s) => resolve((s as unknown as { _handle: { fd: number } })._handle));
+    srv.listen(0, '127.0.0.1', () => {
+      const p = net.connect((srv.address() as net.AddressInfo).port, '127.0.0.1');
+      cleanups.push(() => void p.destroy(), () => void srv.close());
+    });
+  });
+  assert.deepEqual(noDelayOf([conn.client.fd, conn.up.fd, plain.fd]), [1, 1, 0]);
 });
 
 /**

@@ -9,12 +9,14 @@
 // Per connection there is one plain object (Conn) and the two handles; the callbacks are
 // shared functions that find the Conn on the handle or request (no closures per
 // connection). Every handle reads into ONE buffer of the process (useUserBuffer, as net's
-// `onread` option); each read is copied into a 64 KB buffer of a free list and written to
-// the peer: a write the kernel took at once (the common case) returns its buffer at once, a
-// write that went asynchronous keeps it until it completes and, above HIGH_WATER bytes
-// queued, stops reading the source until the peer drained (back-pressure). A FIN read on one
-// side becomes a shutdown of the other once its writes are done (half-close); the pair is
-// closed when both directions are shut, or at once on an error. Dial timeouts are one coarse
+// `onread` option); each read is copied into a 64 KB copy buffer and written to the peer: a
+// write the kernel took at once (the common case) leaves the copy buffer free for the next
+// read, with no allocation; a write that went asynchronous keeps it until it completes (the
+// next reads copy into another, from a free list) and, above HIGH_WATER bytes queued, stops
+// reading the source until the peer drained (back-pressure). A FIN read on one side becomes
+// a shutdown of the other once its writes are done (half-close); the pair is closed when
+// both directions are shut, or when both FINs are read and no write is queued (close()
+// sends the FINs), or at once on an error. Dial timeouts are one coarse
 // timer per forwarder over FIFO queues (one per attempt: same timeout, so deadline order),
 // not a timer per dial.
 //
@@ -50,6 +52,7 @@ interface StreamHandle {
 }
 interface ServerHandle {
   onconnection: ((this: ServerHandle, err: number, h: StreamHandle | undefined) => void) | null;
+  setNoDelay?(on: boolean): number;
   kpFwd?: RawTcpForwarder;
 }
 interface WriteReq {
@@ -231,6 +234,8 @@ export class RawTcpForwarder extends ListeningForwarder {
   /** dials in flight, one FIFO per attempt (same timeout: deadline order) */
   private readonly dialing: Set<Conn>[];
   private dialTimer: NodeJS.Timeout | null = null;
+  /** accepted sockets need their own TCP_NODELAY (not inherited from the listening socket) */
+  private clientNoDelay = true;
 
   constructor(opts: TcpForwarderOptions) {
     if (!B) {
@@ -266,6 +271,9 @@ export class RawTcpForwarder extends ListeningForwarder {
     }
     h.kpFwd = this;
     h.onconnection = onConnection;
+    // Linux's accepted sockets inherit TCP_NODELAY from the listening socket (sk_clone_lock
+    // copies the socket): one setsockopt per listener, not one per connection.
+    if (process.platform === 'linux' && typeof h.setNoDelay === 'function' && h.setNoDelay(true) === 0) this.clientNoDelay = false;
   }
 
   /** Open client connections of this listener. */
@@ -325,7 +333,7 @@ export class RawTcpForwarder extends ListeningForwarder {
     stats.accepted++;
     const c = new Conn(this, h, clientIP, this.counters);
     h.kp = c;
-    h.setNoDelay(true);
+    if (this.clientNoDelay) h.setNoDelay(true);
     this.conns.add(c);
     this.dial(c);
   }
@@ -444,12 +452,12 @@ export class RawTcpForwarder extends ListeningForwarder {
     c.flags |= SPLICED | ACTIVE;
     c.counters.active++;
     c.lastActiveMs = coarseNow;
-    for (const h of [c.client, up]) {
-      h.useUserBuffer(READ_BUF);
-      h.onread = onRead;
-      const err = h.readStart();
-      if (err !== 0) return this.closeConn(c);
-    }
+    const cl = c.client;
+    cl.useUserBuffer(READ_BUF);
+    cl.onread = onRead;
+    up.useUserBuffer(READ_BUF);
+    up.onread = onRead;
+    if (cl.readStart() !== 0 || up.readStart() !== 0) return this.closeConn(c);
     if (this.idleMs > 0) this.startSweep();
   }
 
@@ -528,9 +536,16 @@ function onRead(this: StreamHandle): void {
   }
   if (n === 0) return;
   if (n !== UV_EOF) return c.fwd.closeConn(c);
-  // FIN: shut the peer's write side once its queued writes are out (uv_shutdown waits for them).
   c.flags |= fromClient ? C_EOF : U_EOF;
   this.readStop();
+  // Both FINs read: nothing more can come from either side. With no write queued to either,
+  // closing both sends each its FIN at once (their receive queues are empty: close() sends a
+  // FIN, not a reset), as the shutdowns would, without a shutdown request, its POLLOUT round
+  // through epoll and its callback: the common end of a connection whose server closes first.
+  if ((c.flags & (C_EOF | U_EOF)) === (C_EOF | U_EOF) && c.client.writeQueueSize === 0 && c.up!.writeQueueSize === 0) {
+    return c.fwd.closeConn(c);
+  }
+  // FIN: shut the peer's write side once its queued writes are out (uv_shutdown waits for them).
   const dst = fromClient ? c.up! : c.client;
   const req = new B!.ShutdownWrap();
   req.kp = c;
@@ -541,23 +556,49 @@ function onRead(this: StreamHandle): void {
   else if (err !== 0) c.fwd.closeConn(c);
 }
 
+/** The copy buffer of the next forward: a write the kernel takes at once leaves it free. */
+let out: Buffer = Buffer.allocUnsafeSlow(READ_SIZE);
+/**
+ * Views of READ_BUF and of `out` by length, so that a forward allocates nothing (Buffer#copy
+ * of a part makes a Uint8Array, subarray a Buffer): bounded, those of `out` dropped with it.
+ */
+const readViews = new Map<number, Buffer>();
+let outViews = new Map<number, Buffer>();
+const VIEWS_MAX = 2048;
+
 function forward(c: Conn, fromClient: boolean, n: number): void {
   const dst = fromClient ? c.up! : c.client;
-  const buf = pool.pop() ?? Buffer.allocUnsafeSlow(READ_SIZE);
-  READ_BUF.copy(buf, 0, 0, n);
+  const buf = out;
+  let view: Buffer | undefined;
+  if (n === READ_SIZE) {
+    buf.set(READ_BUF, 0);
+    view = buf;
+  } else {
+    let from = readViews.get(n);
+    if (from === undefined) {
+      if (readViews.size >= VIEWS_MAX) readViews.clear();
+      readViews.set(n, (from = READ_BUF.subarray(0, n)));
+    }
+    buf.set(from, 0);
+    view = outViews.get(n);
+    if (view === undefined) {
+      if (outViews.size >= VIEWS_MAX) outViews.clear();
+      outViews.set(n, (view = buf.subarray(0, n)));
+    }
+  }
   const req = spareWrite ?? new B!.WriteWrap();
   spareWrite = null;
-  const err = dst.writeBuffer(req, n === READ_SIZE ? buf : buf.subarray(0, n));
-  if (err !== 0) {
-    pool.push(buf);
-    return c.fwd.closeConn(c);
-  }
+  const err = dst.writeBuffer(req, view);
+  if (err !== 0) return c.fwd.closeConn(c);
   if (B!.state[B!.kLastWriteWasAsync] === 0) {
     // Written at once: the buffer and the request are free again.
-    pool.push(buf);
     spareWrite = req;
     return;
   }
+  // The write holds `out` until it completes (onWritten returns it to the free list): the
+  // next forward copies into another.
+  out = pool.pop() ?? Buffer.allocUnsafeSlow(READ_SIZE);
+  outViews = new Map();
   req.kp = c;
   req.buf = buf;
   req.toClient = !fromClient;
