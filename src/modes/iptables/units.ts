@@ -29,7 +29,10 @@ export function groupByChain(declared: string[], rules: string[]): ChainUnit[] {
     if (!u) units.set(name, (u = { name, declare: false, rules: [] }));
     u.rules.push(r);
   }
-  return [...units.values()];
+  // Exact-size arrays (a pushed-to array reserves 17 slots; most chains have one to three rules).
+  const out: ChainUnit[] = [];
+  for (const u of units.values()) out.push({ name: u.name, declare: u.declare, rules: u.rules.slice() });
+  return out.slice();
 }
 
 export const EMPTY_LINES: string[] = [];
