@@ -2,6 +2,7 @@
 // Nothing from an API object reaches a rule without passing through here: names that could
 // break a rule, bad IPs, ports out of range and unknown protocols are reported and skipped.
 // Pure: no I/O; problems go to the `report` callback.
+import { flat } from './flat.ts';
 import { canonicalIP, ipFamily, parseCIDR, joinHostPort, type IPFamily } from './ip.ts';
 import {
   PROTOCOLS,
@@ -284,7 +285,7 @@ export function endpointsOfSlices(
         report(`unknown protocol ${JSON.stringify(p.protocol)} skipped`, who);
         continue;
       }
-      const key = `${svcKey}:${portName}`;
+      const key = flat`${svcKey}:${portName}`;
       let set = byPort.get(key);
       if (!set) byPort.set(key, (set = new Map()));
       for (const ep of slice.endpoints ?? []) {

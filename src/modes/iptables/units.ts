@@ -1,8 +1,9 @@
 // Chains as the restore payload holds them: a declaration (`:chain - [0:0]`, which flushes
 // it) and its `-A` rules. Every planner strategy assembles its payloads from these. Pure.
 import { hash } from 'node:crypto';
+import { flat } from '../../core/flat.ts';
 
-export const chainLine = (c: string) => `:${c} - [0:0]`;
+export const chainLine = (c: string) => flat`:${c} - [0:0]`;
 
 /** One chain of the payload: its declaration (flush) and rules; the digest is memoised. */
 export interface ChainUnit {
