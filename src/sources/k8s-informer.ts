@@ -158,11 +158,16 @@ async function listRaw<T extends KubernetesObject>(
   const mod = url.protocol === 'https:' ? https : http;
   return new Promise((resolve, reject) => {
     const req = mod.get(url, { agent: init.agent as http.Agent, headers, signal }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
+      // Decoded as it arrives: each read's buffer (native memory, outside the heap) is freed
+      // at once instead of all of them being held, then copied whole, until the end (a list
+      // of 10,000 EndpointSlices is tens of MB, and both lists arrive together at start).
+      const parts: string[] = [];
+      res.setEncoding('utf8');
+      res.on('data', (s: string) => parts.push(s));
       res.on('error', reject);
       res.on('end', () => {
-        const body = Buffer.concat(chunks).toString('utf8');
+        const body = parts.join('');
+        parts.length = 0;
         let parsed: unknown;
         try {
           parsed = JSON.parse(body);
