@@ -3,7 +3,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { portOf } from '../../src/core/nodeview.ts';
-import { renderContext } from '../../src/modes/iptables/blocks.ts';
+import { BlockCache, renderContext, ruleCount } from '../../src/modes/iptables/blocks.ts';
 import { planFull } from '../../src/modes/iptables/full.ts';
 import { optionsFromConfig } from '../../src/modes/iptables/options.ts';
 import { endpointChainName } from '../../src/modes/iptables/names.ts';
@@ -50,4 +50,19 @@ test('an endpoint object rendered for two ports gets each port\'s KUBE-SEP name 
   assert.deepEqual(seps(other), [endpointChainName('ns2/other:p80', 'tcp', '10.180.1.1:80')]);
   assert.deepEqual(seps(lb), [endpointChainName('ns1/lb:p80', 'tcp', '10.180.1.1:80')]);
   assert.deepEqual(seps(other), [endpointChainName('ns2/other:p80', 'tcp', '10.180.1.1:80')]);
+});
+
+test('a block\'s chain declarations and rules are its chains\' (made from active and units), and read empty once compacted', () => {
+  const { t, opts } = world();
+  const sp = [...t.state.services.values()].find((s) => s.serviceKey === 'ns1/lb')!;
+  const block = renderServiceBlock(portOf(opts.node, sp, t.state.endpoints.get(sp.key)!), renderContext(t.state, opts));
+  assert.deepEqual(block.chains, block.active.map((c) => `:${c} - [0:0]`));
+  assert.deepEqual([...block.rules].sort(), block.units.flatMap((u) => u.rules).sort());
+  for (const r of block.rules) assert.ok(block.active.includes(r.split(' ')[1]), `a rule of an own chain: ${r}`);
+  assert.equal(block.rules.length, 14);
+  const cache = new BlockCache();
+  const cached = cache.block(sp, t.state.endpoints.get(sp.key)!, renderContext(t.state, opts));
+  cache.compact(t.state);
+  assert.deepEqual([cached.chains, cached.rules, cached.units], [[], [], []]);
+  assert.equal(ruleCount(cached), 14);
 });

@@ -29,28 +29,64 @@ export interface ServiceBlock {
   filter: string[];
   /** nat KUBE-SERVICES / KUBE-NODEPORTS rules (always rendered; written unless unchanged) */
   natTop: string[];
-  /** declarations of the service's own nat chains (written when the service changed) */
-  chains: string[];
-  /** rules of the service's own nat chains */
-  rules: string[];
+  /** declarations of the service's own nat chains (written when the service changed); made from `active` when read */
+  readonly chains: string[];
+  /** rules of the service's own nat chains; made from `units` when read */
+  readonly rules: string[];
   /** the service's own nat chains */
   active: string[];
-  /** `chains` + `rules` grouped per chain (built once, with the block) */
+  /** the service's own chains' rules, grouped per chain (built once, with the block) */
   units: ChainUnit[];
   /** how many endpoints it was rendered with (a fast partial sync's endpoint count) */
   endpoints: number;
   /** the port has a NodePort (a fast partial sync's count of them: plan.ts routeLocalnet) */
   nodePort: boolean;
   /**
-   * The block cache (blocks.ts BlockCache.compact) dropped `chains`, `rules` and `units`
-   * (the text of the service's own chains, needed only when they are written): a write
-   * renders the block again.
+   * The block cache (blocks.ts BlockCache.compact) dropped `units` (the text of the
+   * service's own chains, needed only when they are written; `chains` and `rules` then read
+   * empty): a write renders the block again.
    */
   compact?: {
     ruleCount: number;
     /** each declared chain's digest (unitDigest): a partial sync still skips unchanged chains */
     chains: Map<string, string>;
   };
+}
+
+/**
+ * A rendered block. Its chain declarations and rules are not kept beside `units`, which
+ * holds the same rules per chain: the blocks of every Service are live together during a full
+ * sync, and the two lists cost ~7 MB at 10,000 Services.
+ */
+class RenderedBlock implements ServiceBlock {
+  compact?: ServiceBlock['compact'];
+
+  constructor(
+    public filter: string[],
+    public natTop: string[],
+    public active: string[],
+    public units: ChainUnit[],
+    public endpoints: number,
+    public nodePort: boolean,
+  ) {}
+
+  get chains(): string[] {
+    return this.compact ? [] : this.active.map(chainLine);
+  }
+
+  get rules(): string[] {
+    const out: string[] = [];
+    for (const u of this.units) for (const r of u.rules) out.push(r);
+    return out;
+  }
+}
+
+/** What the render functions fill in: the block's lists while it is rendered. */
+interface Draft {
+  filter: string[];
+  natTop: string[];
+  rules: string[];
+  active: string[];
 }
 
 /** The view's verdict as a filter rule's comment and target. */
@@ -79,7 +115,7 @@ function portNames(v: PortView): PortNames {
 }
 
 /** The port's dispatch rules: nat KUBE-SERVICES / KUBE-NODEPORTS jumps, filter verdicts and accepts. */
-function frontendRules(b: ServiceBlock, v: PortView, opts: IptablesOptions, n: PortNames): void {
+function frontendRules(b: Draft, v: PortView, opts: IptablesOptions, n: PortNames): void {
   const { sp } = v;
   const svcName = n.nameString;
   const { proto, ext } = n;
@@ -118,13 +154,12 @@ function frontendRules(b: ServiceBlock, v: PortView, opts: IptablesOptions, n: P
   }
 }
 
-function declare(b: ServiceBlock, chain: string): void {
-  b.chains.push(chainLine(chain));
+function declare(b: Draft, chain: string): void {
   b.active.push(chain);
 }
 
 /** Off-cluster traffic to the cluster IP may be routed back off-node: it is masqueraded. */
-function clusterIPMasquerade(b: ServiceBlock, v: PortView, s: BlockSettings, n: PortNames): void {
+function clusterIPMasquerade(b: Draft, v: PortView, s: BlockSettings, n: PortNames): void {
   const { sp } = v;
   if (!v.hasInternalEndpoints || !sp.clusterIP) return;
   const args = flat`-m comment --comment "${n.nameString} cluster IP" ${n.proto} -d ${sp.clusterIP} --dport ${sp.port}`;
@@ -133,7 +168,7 @@ function clusterIPMasquerade(b: ServiceBlock, v: PortView, s: BlockSettings, n: 
 }
 
 /** KUBE-EXT-: masquerade (or short-circuit) external traffic, then the external policy's chain. */
-function externalChain(b: ServiceBlock, v: PortView, s: BlockSettings, n: PortNames): void {
+function externalChain(b: Draft, v: PortView, s: BlockSettings, n: PortNames): void {
   if (!v.usesExternalPath) return;
   const { ext, nameString: svcName } = n;
   declare(b, ext);
@@ -150,7 +185,7 @@ function externalChain(b: ServiceBlock, v: PortView, s: BlockSettings, n: PortNa
 }
 
 /** KUBE-FW-: the load balancer's source ranges; everything else falls through to KUBE-PROXY-FIREWALL's drop. */
-function firewallChain(b: ServiceBlock, v: PortView, n: PortNames): void {
+function firewallChain(b: Draft, v: PortView, n: PortNames): void {
   if (!v.usesFirewallPath) return;
   const { fw, ext } = n;
   declare(b, fw);
@@ -174,7 +209,7 @@ function sepName(svcName: string, protocol: string, ep: Endpoint): string {
 }
 
 /** KUBE-SVC- / KUBE-SVL-: affinity checks, then a random pick among the endpoints. */
-function policyChain(b: ServiceBlock, sp: ServicePort, n: PortNames, chain: string, endpoints: Endpoint[], largeClusterMode: boolean): void {
+function policyChain(b: Draft, sp: ServicePort, n: PortNames, chain: string, endpoints: Endpoint[], largeClusterMode: boolean): void {
   declare(b, chain);
   const comment = (ep: Endpoint) => (largeClusterMode ? '' : ` -m comment --comment "${n.nameString} -> ${ep.key}"`);
   if (sp.stickyMaxAgeSeconds > 0) {
@@ -192,7 +227,7 @@ function policyChain(b: ServiceBlock, sp: ServicePort, n: PortNames, chain: stri
 }
 
 /** KUBE-SEP-: hairpin masquerade and the DNAT (recording affinity). */
-function endpointChains(b: ServiceBlock, v: PortView, n: PortNames, largeClusterMode: boolean): void {
+function endpointChains(b: Draft, v: PortView, n: PortNames, largeClusterMode: boolean): void {
   const c = largeClusterMode ? '' : ` -m comment --comment ${n.nameString}`;
   for (const ep of v.allReachableEndpoints) {
     const sep = sepName(n.nameString, n.protocol, ep);
@@ -206,7 +241,7 @@ function endpointChains(b: ServiceBlock, v: PortView, n: PortNames, largeCluster
 
 /** One service port's block, from the port as the node view decides it. */
 export function renderServiceBlock(v: PortView, s: BlockSettings): ServiceBlock {
-  const b: ServiceBlock = { filter: [], natTop: [], chains: [], rules: [], active: [], units: [], endpoints: v.endpoints.length, nodePort: v.sp.nodePort !== 0 };
+  const b: Draft = { filter: [], natTop: [], rules: [], active: [] };
   const n = portNames(v);
   frontendRules(b, v, s.opts, n);
   clusterIPMasquerade(b, v, s, n);
@@ -215,14 +250,7 @@ export function renderServiceBlock(v: PortView, s: BlockSettings): ServiceBlock 
   if (v.usesClusterPath) policyChain(b, v.sp, n, n.svc, v.clusterEndpoints, s.largeClusterMode);
   if (v.usesLocalPath) policyChain(b, v.sp, n, n.svl, v.localEndpoints, s.largeClusterMode);
   endpointChains(b, v, n, s.largeClusterMode);
-  b.units = groupByChain(b.active, b.rules);
   // Exact-size copies: an array grown by push from empty reserves 17 slots (V8), ~150 bytes
-  // per array where most of these hold one to three lines; the blocks of every Service are
-  // live together during a full sync.
-  b.filter = b.filter.slice();
-  b.natTop = b.natTop.slice();
-  b.chains = b.chains.slice();
-  b.rules = b.rules.slice();
-  b.active = b.active.slice();
-  return b;
+  // per array where most of these hold one to three lines.
+  return new RenderedBlock(b.filter.slice(), b.natTop.slice(), b.active.slice(), groupByChain(b.active, b.rules), v.endpoints.length, v.sp.nodePort !== 0);
 }
