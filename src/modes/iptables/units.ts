@@ -53,13 +53,17 @@ export function ruleTotal(units: readonly ChainUnit[]): number {
   return n;
 }
 
-/** One table's restore section: declarations, stale chains flushed, rules, stale chains deleted. */
-export function tableSection(table: string, units: readonly ChainUnit[], deleted: readonly string[]): string {
-  const out: string[] = [`*${table}`];
+/**
+ * One table's restore section: declarations, stale chains flushed, rules, stale chains deleted;
+ * `before` (another table's section) ahead of it. One join: a payload of tens of MB built by
+ * `+` is a tree V8 copies whole when the payload is first read.
+ */
+export function tableSection(table: string, units: readonly ChainUnit[], deleted: readonly string[], before = ''): string {
+  const out: string[] = [before + `*${table}`];
   for (const u of units) if (u.declare) out.push(chainLine(u.name));
   for (const c of deleted) out.push(chainLine(c));
   for (const u of units) for (const r of u.rules) out.push(r);
   for (const c of deleted) out.push(`-X ${c}`);
-  out.push('COMMIT');
-  return out.join('\n') + '\n';
+  out.push('COMMIT', '');
+  return out.join('\n');
 }
