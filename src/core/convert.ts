@@ -2,6 +2,7 @@
 // Nothing from an API object reaches a rule without passing through here: names that could
 // break a rule, bad IPs, ports out of range and unknown protocols are reported and skipped.
 // Pure: no I/O; problems go to the `report` callback.
+import { flat } from './flat.ts';
 import { canonicalIP, ipFamily, parseCIDR, joinHostPort, type IPFamily } from './ip.ts';
 import {
   PROTOCOLS,
@@ -284,7 +285,7 @@ export function endpointsOfSlices(
         report(`unknown protocol ${JSON.stringify(p.protocol)} skipped`, who);
         continue;
       }
-      const key = `${svcKey}:${portName}`;
+      const key = flat`${svcKey}:${portName}`;
       let set = byPort.get(key);
       if (!set) byPort.set(key, (set = new Map()));
       for (const ep of slice.endpoints ?? []) {
@@ -310,8 +311,8 @@ export function endpointsOfSlices(
           ready: c.ready === undefined || c.ready === null || c.ready === true,
           serving: c.serving === undefined || c.serving === null || c.serving === true,
           terminating: c.terminating === true,
-          nodeName: ep.nodeName,
-          zone: ep.zone,
+          nodeName: shared(ep.nodeName),
+          zone: shared(ep.zone),
           zoneHints: hintNames(ep.hints?.forZones),
           nodeHints: hintNames(ep.hints?.forNodes),
         };
@@ -324,6 +325,20 @@ export function endpointsOfSlices(
     out.set(key, [...set.values()].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0)));
   }
   return out;
+}
+
+// Node and zone names repeat across endpoints (a few hundred nodes, 50,000 endpoints), but each
+// parsed object carries its own copy of the text: the endpoints share one string per name.
+// Bounded by clearing: names that come and go over a long run must not pile up.
+const names = new Map<string, string>();
+
+function shared(name: string | undefined): string | undefined {
+  if (name === undefined) return undefined;
+  const hit = names.get(name);
+  if (hit !== undefined) return hit;
+  if (names.size >= 10_000) names.clear();
+  names.set(name, name);
+  return name;
 }
 
 /** No hints (nearly every endpoint): one shared frozen array, not two per endpoint (50,000 at 10k × 5). */

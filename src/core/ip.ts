@@ -1,4 +1,5 @@
 // IP and CIDR helpers. Pure: no I/O.
+import { flat } from './flat.ts';
 //
 // Kubernetes accepts "sloppy" IPv4 forms in old objects (leading zeros such as
 // "010.001.002.003", which Go's ParseIPSloppy reads as decimal). Everything that reaches a
@@ -191,7 +192,7 @@ export function cidrContains(cidr: CIDR | string, ip: string): boolean {
 
 /** "ip:port" for IPv4, "[ip]:port" for IPv6, as Go's net.JoinHostPort. */
 export function joinHostPort(ip: string, port: number): string {
-  return ip.includes(':') ? `[${ip}]:${port}` : `${ip}:${port}`;
+  return ip.includes(':') ? flat`[${ip}]:${port}` : flat`${ip}:${port}`;
 }
 
 export function isLoopback(ip: string): boolean {

@@ -1,6 +1,7 @@
 // The proxy's view of the world: service ports and their endpoints, already validated and
 // canonical. Everything downstream (trackers, planners, the userspace proxy) works on
 // these types, never on raw API objects. Pure: no I/O.
+import { flat } from './flat.ts';
 
 export type Protocol = 'TCP' | 'UDP' | 'SCTP';
 export const PROTOCOLS: readonly Protocol[] = ['TCP', 'UDP', 'SCTP'];
@@ -15,12 +16,12 @@ export interface ServicePortName {
 }
 
 export function servicePortKey(n: { namespace: string; name: string; port: string }): string {
-  return `${n.namespace}/${n.name}:${n.port}`;
+  return flat`${n.namespace}/${n.name}:${n.port}`;
 }
 
 /** "ns/name" of a Service. */
 export function serviceKey(namespace: string, name: string): string {
-  return `${namespace}/${name}`;
+  return flat`${namespace}/${name}`;
 }
 
 export interface ServicePort {

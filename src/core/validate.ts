@@ -26,6 +26,7 @@
 // existing objects (ParseIPSloppy, decimal) and canonicalised before anything renders them.
 // The namespace import lets the bundler (scripts/build.mjs) keep only the parts of zod used here.
 import * as z from 'zod/v4';
+import { flat } from './flat.ts';
 import { canonicalIP, ipFamily, parseCIDR } from './ip.ts';
 import { ANNOTATION_LAST_CHANGE_TRIGGER_TIME, type K8sEndpointSlice, type K8sService, type ObjectKind, type Report } from './api.ts';
 
@@ -721,7 +722,7 @@ export function objectIdentity(raw: unknown, namespaced = true): string | null {
   if (typeof name !== 'string' || name === '') return null;
   if (!namespaced) return name;
   if (typeof ns !== 'string' || ns === '') return null;
-  return `${ns}/${name}`;
+  return flat`${ns}/${name}`;
 }
 
 // ---- reporting: one warning per object and field, rate-limited --------------------------------

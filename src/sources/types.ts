@@ -1,8 +1,9 @@
 // A source of Services, EndpointSlices and this node's Node object. It delivers (old, new)
 // pairs: add = (null, obj), delete = (obj, null). The old object of an update or delete is
 // only sure to carry the object's identity (kind, metadata.name, metadata.namespace): the
-// Kubernetes source hands over the whole object as its informer had it, the manifests source
-// keeps only a digest of each object between scans (memory) and hands over its identity.
+// Kubernetes source keeps each object's identity and resourceVersion (memory; k8s-informer.ts
+// slimObject) and hands those over, the manifests source keeps only a digest of each object
+// between scans (memory) and hands over its identity.
 // The trackers use the old object for its identity only. It calls onSynced once both Services and
 // EndpointSlices have been listed completely; nothing is written to the kernel before that.
 import type { K8sEndpointSlice, K8sService, ObjectKind } from '../core/api.ts';

@@ -39,3 +39,14 @@ test('service chain names are recognised by prefix; top-level chains are not', (
   for (const c of ['KUBE-SVC-X', 'KUBE-SVL-X', 'KUBE-EXT-X', 'KUBE-FW-X', 'KUBE-SEP-X']) assert.ok(isServiceChainName(c), c);
   for (const c of ['KUBE-SERVICES', 'KUBE-NODEPORTS', 'KUBE-MARK-MASQ', 'KUBE-FIREWALL', 'DOCKER']) assert.ok(!isServiceChainName(c), c);
 });
+
+test('names are the same for a replaced ServicePort object (the cache is per object, the names per text)', () => {
+  const [a] = servicePortsOf(svc('ns5', 'svc5', { clusterIP: '172.30.0.45' }), 4);
+  const [b] = servicePortsOf(svc('ns5', 'svc5', { clusterIP: '172.30.0.46' }), 4);
+  const [c] = servicePortsOf(svc('ns5', 'svc6', { clusterIP: '172.30.0.45' }), 4);
+  assert.notEqual(a, b);
+  assert.strictEqual(serviceChains(a), serviceChains(a));
+  assert.deepEqual(serviceChains(b), serviceChains(a));
+  assert.equal(serviceChains(a).svc, 'KUBE-SVC-NUKIZ6OKUXPJNT4C');
+  assert.equal(serviceChains(c).svc, 'KUBE-SVC-' + hash16('ns5/svc6:p80tcp'));
+});

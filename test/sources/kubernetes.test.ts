@@ -4,7 +4,8 @@ import assert from 'node:assert/strict';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createKubernetesSource, loadKubeConfig, masterURL, KubernetesSourceError, type KubernetesSource } from '../../src/sources/kubernetes.ts';
-import { backoffDelay, isUnreachable, resolveBackoff } from '../../src/sources/k8s-informer.ts';
+import { backoffDelay, isUnreachable, resolveBackoff, type ResilientInformer } from '../../src/sources/k8s-informer.ts';
+import type { KubernetesObject } from '@kubernetes/client-node';
 import { silentLogger } from '../../src/log.ts';
 import { TestApiServer, tempDir, type TestApiServerOptions } from '../support/apiserver.ts';
 import { Recorder, captureLogger, node, sleep, slice, svc, versions, waitFor } from './k8s-fixtures.ts';
@@ -139,7 +140,9 @@ describe('kubernetes source: list and sync', () => {
       const [add, upd, del] = r.rec.services.slice(n0);
       assert.equal(add.old, null);
       assert.equal(add.new?.metadata?.name, 'new');
-      assert.equal(upd.old?.spec?.ports?.[0].port, 80);
+      // the old object is what the informer keeps: identity and the replaced resourceVersion (slimObject)
+      assert.equal(upd.old?.spec, undefined);
+      assert.ok(upd.old?.metadata?.resourceVersion && upd.old.metadata.resourceVersion !== upd.new?.metadata?.resourceVersion);
       assert.equal(upd.new?.spec?.ports?.[0].port, 8081);
       assert.equal(upd.old?.metadata?.name, 'web');
       assert.equal(del.old?.metadata?.name, 'api');
@@ -154,7 +157,8 @@ describe('kubernetes source: list and sync', () => {
       r.server.update('endpointslices', s2);
       await waitFor(() => r.rec.slices.length === m0 + 2, 'two slice events');
       const [su, sd] = r.rec.slices.slice(m0);
-      assert.equal(su.old?.endpoints?.length, 2);
+      assert.equal(su.old?.metadata?.name, 'web-abc');
+      assert.equal(su.old?.endpoints, undefined);
       assert.equal(su.new?.endpoints?.length, 3);
       assert.equal(sd.old?.metadata?.name, 'api-abc');
       assert.equal(sd.new, null);
@@ -169,6 +173,60 @@ describe('kubernetes source: list and sync', () => {
       await waitFor(() => r.rec.nodes.length === k0 + 2, 'node delete');
       assert.equal(r.rec.nodes[k0 + 1], null);
       await converged(r);
+    } finally {
+      await r.done();
+    }
+  });
+});
+
+describe('kubernetes source: what the informers keep', () => {
+  test('both caches (ours and ListWatch\'s) keep each object\'s identity and resourceVersion only; changes and a relist still deliver whole new objects and no more', async () => {
+    const r = await rig({ seed: seedBasic });
+    try {
+      await waitFor(() => r.rec.syncedCalls === 1, 'synced');
+      await waitFor(() => r.server.watchCount() === 3, 'three watches open');
+      type Informer = ResilientInformer<KubernetesObject>;
+      const inf = r.source as unknown as { services: Informer; slices: Informer };
+      const kept = (i: Informer) => {
+        const lw = [...i.listWatchCache().values()].flatMap((m) => [...m.values()]);
+        return { ours: [...i.snapshot().values()], lw };
+      };
+      const checkSlim = (what: string) => {
+        for (const [resource, i] of [['services', inf.services], ['endpointslices', inf.slices]] as const) {
+          const { ours, lw } = kept(i);
+          assert.ok(ours.length >= 2 && lw.length === ours.length, `${what}: ${resource} cached`);
+          for (const o of [...ours, ...lw]) {
+            assert.deepEqual(Object.keys(o.metadata ?? {}).sort(), ['name', 'namespace', 'resourceVersion', 'uid'].filter((k) => k in (o.metadata ?? {})));
+            assert.ok(!('spec' in o) && !('endpoints' in o) && !('status' in o), `${what}: ${o.metadata?.name} slim`);
+            const live = r.server.get(resource, o.metadata?.namespace, o.metadata!.name!);
+            assert.equal(o.metadata?.resourceVersion, live?.metadata?.resourceVersion, `${what}: ${o.metadata?.name} at the server's version`);
+          }
+        }
+      };
+      checkSlim('after the list');
+      // the handler got whole objects
+      assert.equal(r.rec.services.find((e) => e.new?.metadata?.name === 'web')?.new?.spec?.ports?.[0].port, 80);
+
+      const n0 = r.rec.services.length;
+      const web = r.server.get('services', 'default', 'web')!;
+      web.spec.ports[0].port = 8081;
+      r.server.update('services', web);
+      await waitFor(() => r.rec.services.length === n0 + 1, 'the update');
+      assert.equal(r.rec.services[n0].new?.spec?.ports?.[0].port, 8081);
+      checkSlim('after an update');
+
+      // a relist (history compacted while away): only what changed is delivered
+      const m0 = r.rec.slices.length;
+      r.server.dropWatches();
+      const api = r.server.get('services', 'default', 'api')!;
+      api.spec.ports[0].port = 444;
+      r.server.update('services', api);
+      r.server.compact();
+      await converged(r);
+      await waitFor(() => r.server.watchCount() === 3, 'watches open again');
+      assert.deepEqual(r.rec.services.slice(n0 + 1).map((e) => [e.old?.metadata?.name, e.new?.spec?.ports?.[0].port]), [['api', 444]]);
+      assert.equal(r.rec.slices.length, m0, 'unchanged slices are not delivered again');
+      checkSlim('after a relist');
     } finally {
       await r.done();
     }
@@ -226,7 +284,7 @@ describe('kubernetes source: resilience', () => {
       const sdel = r.rec.slices.find((e) => e.new === null);
       assert.equal(sdel?.old?.metadata?.name, 'api-abc');
       const upd = r.rec.services.find((e) => e.old?.metadata?.name === 'web' && e.new);
-      assert.equal(upd?.old?.spec?.ports?.[0].port, 80);
+      assert.equal(upd?.old?.metadata?.namespace, 'default');
       assert.equal(upd?.new?.spec?.ports?.[0].port, 81);
       assert.equal(r.rec.syncedCalls, 1, 'onSynced is not repeated on relist');
       await waitFor(() => r.source.health().connected, 'connected');

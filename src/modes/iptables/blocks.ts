@@ -7,7 +7,7 @@ import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
 import { NO_ENDPOINTS, portOf } from '../../core/nodeview.ts';
 import type { IptablesOptions } from './options.ts';
 import { renderServiceBlock, type BlockSettings, type ServiceBlock } from './service-block.ts';
-import { sameLines, unitDigest, type ChainUnit } from './units.ts';
+import { ruleTotal, sameLines, unitDigest, type ChainUnit } from './units.ts';
 
 export const EMPTY: Endpoint[] = NO_ENDPOINTS;
 
@@ -86,9 +86,7 @@ export class BlockCache {
       const b = hit.block;
       const chains = new Map<string, string>();
       for (const u of b.units) if (u.declare) chains.set(u.name, unitDigest(u));
-      b.compact = { ruleCount: b.rules.length, chains };
-      b.chains = [];
-      b.rules = [];
+      b.compact = { ruleCount: ruleTotal(b.units), chains };
       b.units = [];
     }
   }
@@ -143,7 +141,7 @@ export function ownerOfPayloadLine(state: ProxyState, opts: IptablesOptions, tex
 
 /** the rules of a block's own chains, also once compacted */
 export function ruleCount(b: ServiceBlock | undefined): number {
-  return b ? (b.compact?.ruleCount ?? b.rules.length) : 0;
+  return b ? (b.compact?.ruleCount ?? ruleTotal(b.units)) : 0;
 }
 
 /** Whether `block` has a declared chain named as `u` with the same rules. */

@@ -1,7 +1,8 @@
 // Chain names exactly as upstream's (pkg/proxy/iptables/proxier.go): SHA-256 of
 // servicePortName + protocol [+ endpoint], base32 (std alphabet), first 16 characters.
-// Names are cached because a large sync asks for the same ones again and again. Pure.
+// Names are cached per object because a large sync asks for the same ones again and again. Pure.
 import { hash } from 'node:crypto';
+import { flat } from '../../core/flat.ts';
 import type { ServicePort } from '../../core/model.ts';
 
 export const KUBE_SERVICES = 'KUBE-SERVICES';
@@ -48,7 +49,7 @@ export function hash16(text: string): string {
 /** upstream's ServicePortName.String(): "ns/name:port", or "ns/name" for an unnamed port. */
 export function servicePortNameString(sp: ServicePort): string {
   const n = sp.portName;
-  return n.port === '' ? `${n.namespace}/${n.name}` : `${n.namespace}/${n.name}:${n.port}`;
+  return n.port === '' ? flat`${n.namespace}/${n.name}` : flat`${n.namespace}/${n.name}:${n.port}`;
 }
 
 export interface ServiceChains {
@@ -60,35 +61,29 @@ export interface ServiceChains {
   ext: string;
 }
 
-// Caches are bounded by clearing: churn over a long run must not grow them forever.
-const MAX_CACHE = 500_000;
-const serviceCache = new Map<string, ServiceChains>();
-const endpointCache = new Map<string, string>();
+// Cached per ServicePort object: the trackers replace a ServicePort whenever its Service
+// changes, so an entry is never stale, and the WeakMap drops it with the object (a cache keyed
+// by name text would keep every name ever asked for: ~4 MB at 10,000 Services).
+const serviceCache = new WeakMap<ServicePort, ServiceChains>();
 
 export function serviceChains(sp: ServicePort): ServiceChains {
-  const nameString = servicePortNameString(sp);
-  const protocol = sp.protocol.toLowerCase();
-  const key = nameString + '\0' + protocol;
-  let c = serviceCache.get(key);
+  let c = serviceCache.get(sp);
   if (!c) {
+    const nameString = servicePortNameString(sp);
+    const protocol = sp.protocol.toLowerCase();
     const h = hash16(nameString + protocol);
-    c = { nameString, protocol, svc: PREFIX_SVC + h, svl: PREFIX_SVL + h, fw: PREFIX_FW + h, ext: PREFIX_EXT + h };
-    if (serviceCache.size >= MAX_CACHE) serviceCache.clear();
-    serviceCache.set(key, c);
+    c = { nameString, protocol, svc: flat`${PREFIX_SVC}${h}`, svl: flat`${PREFIX_SVL}${h}`, fw: flat`${PREFIX_FW}${h}`, ext: flat`${PREFIX_EXT}${h}` };
+    serviceCache.set(sp, c);
   }
   return c;
 }
 
-/** KUBE-SEP-… for one endpoint ("ip:port" / "[ip]:port") of a service port. */
+/**
+ * KUBE-SEP-… for one endpoint ("ip:port" / "[ip]:port") of a service port. Not cached here:
+ * the renderer caches it per Endpoint object (service-block.ts sepName).
+ */
 export function endpointChainName(nameString: string, protocol: string, endpoint: string): string {
-  const key = nameString + '\0' + protocol + '\0' + endpoint;
-  let c = endpointCache.get(key);
-  if (!c) {
-    c = PREFIX_SEP + hash16(nameString + protocol + endpoint);
-    if (endpointCache.size >= MAX_CACHE) endpointCache.clear();
-    endpointCache.set(key, c);
-  }
-  return c;
+  return flat`${PREFIX_SEP}${hash16(nameString + protocol + endpoint)}`;
 }
 
 /** Per-service chains kproxy owns (the ones stale-chain cleanup may delete). */
