@@ -9,6 +9,9 @@
 //               beside a raw ipset/ipvsadm restore and beside iptables in the same VM
 //   userspace   bench/userspace.ts: the userspace data plane beside nginx, haproxy and a naive
 //               Node pipe
+//   userspace-flame  bench/userspace-flame.ts: where the userspace worker's and nginx's CPU goes
+//               under the same loads (perf flame graphs, CPU per request), 3 × 5 s per load
+//               (--quick: 1 × 1 s)
 //   trace       bench/trace-live.ts: `kproxy trace --live` end to end per kernel mode (iptables,
 //               iptables-legacy, nftables) beside the raw read of the same rules, at 10,000
 //               Services (--quick: 2,000)
@@ -22,7 +25,7 @@
 //               kernel's per-commit floor (its restore replayed) on the same loaded state,
 //               nf_tables and legacy, at 100,000 Services (--quick: 1,000)
 //
-//   sudo npm run bench [-- --quick] [--only scale,ipvs,userspace,trace,soak,render,iptables-floor] [--out docs/bench]
+//   sudo npm run bench [-- --quick] [--only scale,ipvs,userspace,userspace-flame,trace,soak,render,iptables-floor] [--out docs/bench]
 //
 // The host benches run one after the other (each figure is measured beside its anchor in the
 // same run; two benches at once would load each other). The VM runs under software emulation
@@ -30,7 +33,8 @@
 // benches (one busy core more for them), to keep the whole under 5 minutes; without it, after
 // them. --quick is the sized-down run; without it, the full sizes (50,000 Services on the host,
 // 10,000 in the VM: over an hour here; the soak one hour more). Outputs: OUT/{scale,ipvs,userspace,trace,soak,render,iptables-floor}-quick.json or
-// OUT/{scale,ipvs,userspace,trace,soak,render,iptables-floor}-full.json, and the plots the report shows in OUT/quick/ or OUT/full/. Needs root (network
+// OUT/{scale,ipvs,userspace,trace,soak,render,iptables-floor}-full.json, and the plots the report shows in OUT/quick/ or OUT/full/
+// (with the flame graphs' figures, userspace-flame.json). Needs root (network
 // namespaces) and the peers of bench/userspace.ts (scripts/setup-system.sh installs them).
 import { spawn } from 'node:child_process';
 import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
@@ -38,7 +42,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 
-export const BENCHES = ['scale', 'ipvs', 'userspace', 'trace', 'soak', 'render', 'iptables-floor'] as const;
+export const BENCHES = ['scale', 'ipvs', 'userspace', 'userspace-flame', 'trace', 'soak', 'render', 'iptables-floor'] as const;
 type Bench = (typeof BENCHES)[number];
 
 const repoRoot = resolve(import.meta.dirname, '..');
@@ -70,6 +74,7 @@ export function benchArgs(bench: Bench, quick: boolean, out: string, work: strin
   if (bench === 'trace') return { file: 'bench/trace-live.ts', args: [...q, '--json', join(out, `trace-${quick ? 'quick' : 'full'}.json`)] };
   if (bench === 'render') return { file: 'bench/render.ts', args: [...q, '--json', join(out, `render-${quick ? 'quick' : 'full'}.json`)] };
   if (bench === 'iptables-floor') return { file: 'bench/iptables-restore-floor.ts', args: [...q, '--json', join(out, `iptables-floor-${quick ? 'quick' : 'full'}.json`)] };
+  if (bench === 'userspace-flame') return { file: 'bench/userspace-flame.ts', args: [...(quick ? ['--duration', '1'] : ['--duration', '5', '--repeat', '3']), '--out', plots] };
   if (bench === 'soak') return { file: 'bench/soak.ts', args: [...q, '--json', join(out, `soak-${quick ? 'quick' : 'full'}.json`), '--svg', join(plots, 'soak.svg')] };
   // --quick: the peers the report compares (kproxy's net.Socket path and its workers only in the full run)
   const sized = quick ? ['--duration', '1', '--repeat', '1', '--idle', '2000', '--only', 'direct,naive,nginx,haproxy,kproxy'] : [];

@@ -15,7 +15,7 @@
 // of samples per kind of code (kernel, JS, GC, node/V8, libuv, libc) and under a few kernel
 // paths (syscalls, connect, accept, close, send, receive, epoll, softirq).
 //
-//   node --import tsx bench/userspace-flame.ts [--out docs/bench] [--duration 6]
+//   node --import tsx bench/userspace-flame.ts [--out docs/bench/full] [--duration 6]
 //        [--loads conn,keepalive,c1] [--peers kproxy,nginx] [--freq 999] [--repeat 1] [--base DIR] [--folded FDIR]
 //   (--repeat N: N interleaved runs per peer and load, the stacks summed, the figures medians;
 //    --node-arg A (repeatable): another node option for kproxy, e.g. --node-arg=--trace-gc)
@@ -177,7 +177,7 @@ export function summary(ps: LoadProfile[]): string {
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
-      out: { type: 'string', default: 'docs/bench' },
+      out: { type: 'string', default: 'docs/bench/full' },
       duration: { type: 'string', default: '6' },
       loads: { type: 'string', default: 'conn,keepalive,c1' },
       peers: { type: 'string', default: 'kproxy,nginx' },

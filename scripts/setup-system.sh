@@ -2,12 +2,12 @@
 # Installs the system packages the tests and the benchmarks need (Debian). Idempotent: does
 # nothing when every tool is present. The IPVS VM runner installs its own host packages (qemu, ...).
 # The benchmarks' peers and load tools (bench/userspace.ts): nginx with its stream module,
-# haproxy, iperf3, wrk; their daemons are stopped after the install (the bench runs its own).
+# haproxy, iperf3, wrk, and perf for the flame graphs (bench/userspace-flame.ts); their daemons are stopped after the install (the bench runs its own).
 set -euo pipefail
 need=()
 for pair in iptables:iptables nft:nftables ipset:ipset conntrack:conntrack ip:iproute2 socat:socat \
             curl:curl ipvsadm:ipvsadm modprobe:kmod sysctl:procps openssl:openssl python3:python3 \
-            nginx:nginx haproxy:haproxy iperf3:iperf3 wrk:wrk; do
+            nginx:nginx haproxy:haproxy iperf3:iperf3 wrk:wrk perf:linux-perf; do
   cmd=${pair%%:*}; pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
