@@ -33,8 +33,10 @@ after(async () => {
 class Recording implements CommandRunner {
   inputs: Array<{ cmd: string; args: string[]; input: string }> = [];
   async run(cmd: string, args: string[], opts: RunOptions = {}) {
-    if (opts.input && (cmd.endsWith('-restore') || (cmd === 'nft' && args.includes('-f')))) this.inputs.push({ cmd, args, input: inputText(opts.input) });
-    return hostRunner.run('ip', ['netns', 'exec', kproxyNs.name, cmd, ...args], { ...opts, timeoutMs: 120_000 });
+    // read once, as the tool reads it, and the same text written
+    const input = opts.input === undefined ? undefined : inputText(opts.input);
+    if (input && (cmd.endsWith('-restore') || (cmd === 'nft' && args.includes('-f')))) this.inputs.push({ cmd, args, input });
+    return hostRunner.run('ip', ['netns', 'exec', kproxyNs.name, cmd, ...args], { ...opts, input, timeoutMs: 120_000 });
   }
 }
 

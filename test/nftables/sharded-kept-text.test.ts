@@ -1,7 +1,8 @@
 // The nftables proxier does not keep a big transaction's text between syncs (at 10,000
 // Services it would be a large share of the mode's RSS): after a
 // successful one over MAX_KEPT_TRANSACTION_CHARS lastTransactionText() is '', as NftProxier's;
-// a small one is kept for /debug. In-process only: the kernel is the nft fake (the kernel
+// a small one is kept for /debug. A line refused in a big one is named from nft's error, and
+// its Service left out. In-process only: the kernel is the nft fake (the kernel
 // tests apply the same texts for real).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -39,4 +40,17 @@ test('a big successful transaction is not kept; a small one is', async () => {
   const q = new NftProxier({ runner: new FakeNft(), log: silentLogger(), shards });
   await q.sync(small.input, small.keys, true);
   assert.match(q.lastTransactionText(), /^add table ip kube-proxy /m, 'a small one is kept');
+});
+
+test('a line refused in a big full transaction still excludes its Service: the line is named from nft\'s error, the operations are not kept', async () => {
+  const shards = { threshold: 100, perTable: 100, maxTables: 4 };
+  const big = input(3000);
+  // the kernel refuses svc1234's cluster IP, as nft refuses an address it cannot take
+  const kernel = new FakeNft({ refuse: (line) => (line.includes('172.30.4.211 ') ? 'Could not process rule: Invalid argument' : null) });
+  const p = new NftProxier({ runner: kernel, log: silentLogger(), shards });
+  const stats = await p.sync(big.input, big.keys, true);
+  assert.deepEqual(stats.excludedServices, ['ns/svc1234']);
+  assert.ok(kernel.applied.at(-1)!.length > MAX_KEPT_TRANSACTION_CHARS, 'the repaired transaction is big too');
+  assert.doesNotMatch(kernel.applied.at(-1)!, /172\.30\.4\.211 /);
+  assert.match(kernel.applied.at(-1)!, /172\.30\.4\.212 /, 'the next Service is programmed');
 });

@@ -69,6 +69,23 @@ export function failingLine(stderr: string): number | null {
   return m ? parseInt(m[1], 10) : null;
 }
 
+/** The input line nft shows under its error at line `lineNo` (nft prints it after the error), or null. */
+export function erroredLineText(stderr: string, lineNo: number): string | null {
+  const lines = stderr.split('\n');
+  const re = new RegExp(`(?:/dev/stdin|-|<cmdline>):${lineNo}:\\d+(?:-\\d+)?: Error`);
+  const at = lines.findIndex((l) => re.test(l));
+  return at >= 0 && at + 1 < lines.length && lines[at + 1] !== '' ? lines[at + 1] : null;
+}
+
+/** Line `lineNo` of an input; null when an input in parts cannot be made again (a large one is made once). */
+function inputLine(input: string | InputParts, lineNo: number): string | null {
+  try {
+    return inputText(input).split('\n')[lineNo - 1] ?? null;
+  } catch {
+    return null;
+  }
+}
+
 /** Every distinct line number nft's errors name, in order. */
 export function failingLines(stderr: string): number[] {
   const out: number[] = [];
@@ -123,7 +140,7 @@ export class NftExecutor {
       throw new NftTimeoutError(limitMs, lines, r.stderr);
     }
     const lineNo = failingLine(r.stderr);
-    const line = lineNo !== null ? (inputText(input).split('\n')[lineNo - 1] ?? null) : null;
+    const line = lineNo !== null ? (erroredLineText(r.stderr, lineNo) ?? inputLine(input, lineNo)) : null;
     const first = r.stderr.split('\n').find((l) => l.includes('Error')) ?? r.stderr.trim();
     throw new NftApplyError(
       `nft rejected the transaction${lineNo !== null ? ` at line ${lineNo}: ${line}` : ''}: ${first.trim()} (the previous ruleset is unchanged)`,

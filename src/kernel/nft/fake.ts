@@ -112,10 +112,12 @@ export class FakeNft implements CommandRunner {
 
   async run(cmd: string, args: string[], opts: RunOptions = {}): Promise<RunResult> {
     if (cmd !== 'nft') return fail(`fake nft: unexpected command ${cmd}`);
-    this.calls.push({ args, input: opts.input === undefined ? undefined : inputText(opts.input) });
+    // read once, as nft reads its stdin
+    const input = opts.input === undefined ? undefined : inputText(opts.input);
+    this.calls.push({ args, input });
     const a = args.filter((x) => x !== '-a' && x !== '-t');
     if (a[0] === '--version') return ok('nftables v1.0.6 (Lester Gooch #5)\n');
-    if (a[0] === '-f' || (a[0] === '-c' && a[1] === '-f')) return this.transaction(inputText(opts.input), a[0] === '-c');
+    if (a[0] === '-f' || (a[0] === '-c' && a[1] === '-f')) return this.transaction(input ?? '', a[0] === '-c');
     if (a[0] === 'list') return this.list(a.slice(1), args.includes('-a'));
     if (a[0] === 'delete' && a[1] === 'table') return this.transaction(`delete table ${a[2]} ${a[3]}\n`, false);
     return fail(`fake nft: unexpected arguments ${args.join(' ')}`);

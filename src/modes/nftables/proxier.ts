@@ -11,7 +11,7 @@
 // Services to leave out (modes/isolation.ts).
 import { onlyServices, SkippedVIPReporter } from '../skipped-vips.ts';
 import type { CommandRunner } from '../../kernel/runner.ts';
-import { NftApplyError, NftExecutor } from '../../kernel/nft/exec.ts';
+import { erroredLineText, NftApplyError, NftExecutor } from '../../kernel/nft/exec.ts';
 import { opAtLine, renderOp, renderOps, type NftFamily, type NftOp } from '../../kernel/nft/model.ts';
 import type { Logger } from '../../log.ts';
 import type { Proxier, SyncStats } from '../types.ts';
@@ -68,6 +68,8 @@ export class NftProxier implements Proxier {
   private needTableScan = true;
   /** the operations last sent to nft, to name the Services of refused lines (excludeRefused) */
   private lastOps: NftOp[] = [];
+  /** per line of the last transaction: the table's writer (-1: none) and the operation's owner, to name the Services of refused lines */
+  private lastLines: { writers: number[]; owners: Array<string | undefined> } = { writers: [], owners: [] };
   private lastAttemptPartial = false;
   /** reshards done (tests, /debug) */
   reshards = 0;
@@ -115,7 +117,7 @@ export class NftProxier implements Proxier {
     return this.writers.flatMap((w) => w.lingeringElements());
   }
 
-  /** the last transaction sent to nft (for /debug and tests); '' after a successful one over MAX_KEPT_TRANSACTION_CHARS */
+  /** the last transaction sent to nft (for /debug and tests); '' after one over MAX_KEPT_TRANSACTION_CHARS */
   lastTransactionText(): string {
     return renderOps(this.lastOps);
   }
@@ -208,13 +210,15 @@ export class NftProxier implements Proxier {
     const errors = stderr.split('\n').filter((l) => l.includes('Error'));
     let found = false;
     for (const n of e.lineNos) {
-      const op = opAtLine(this.lastOps, n);
-      const writer = op && this.writers.find((w) => w.table === op.in.table);
-      const sp = op?.owner !== undefined ? writer?.planner.servicePort(op.owner) : undefined;
-      if (!op || !sp || this.exclusions.has(sp.serviceKey)) continue;
+      const writer = this.writers[this.lastLines.writers[n - 1] ?? -1];
+      const owner = this.lastLines.owners[n - 1];
+      const sp = owner !== undefined ? writer?.planner.servicePort(owner) : undefined;
+      if (!sp || this.exclusions.has(sp.serviceKey)) continue;
       found = true;
       const why = errors.find((l) => new RegExp(`:${n}:\\d+`).test(l))?.replace(/^.*?Error: /, '') ?? 'refused';
-      const reason = `line ${n}: ${why.trim()}: ${renderOp(op)}`.slice(0, 500);
+      const op = opAtLine(this.lastOps, n);
+      const text = erroredLineText(stderr, n) ?? (op ? renderOp(op) : '');
+      const reason = `line ${n}: ${why.trim()}: ${text}`.slice(0, 500);
       if (this.exclusions.exclude(sp.serviceKey, why)) this.log.warn({ service: sp.serviceKey, line: n }, exclusionMessage(sp.serviceKey, 'nft', reason));
     }
     return found;
@@ -301,20 +305,33 @@ export class NftProxier implements Proxier {
    * Applies every table's operations, then the unused tables' deletion, as one `nft -f`; returns
    * each table's prepared sync. A full sync's tables are prepared as nft reads the transaction,
    * so kproxy plans a table while nft parses the one before; a partial sync's first, as it
-   * may have nothing to write. Memory: a full transaction at 10,000 Services is 33 MB of text,
-   * which never exists whole: nft reads it a few thousand lines at a time, each part rendered
-   * when its turn comes.
+   * may have nothing to write. Memory: a full transaction at 10,000 Services is 33 MB of text
+   * and 400,000 operations, neither of which exists whole: nft reads it a few thousand lines at
+   * a time, each part rendered when its turn comes, and a rendered operation is dropped; each
+   * line keeps only its table and owner (excludeRefused).
    */
   private async applyAll(preps: TablePreparation[], drop: string[], family: NftFamily, state: ProxyState): Promise<Map<number, PreparedSync>> {
     const prepared = new Map<number, PreparedSync>();
-    const ops: NftOp[] = [];
-    this.lastOps = ops;
+    const lineWriters: number[] = [];
+    const lineOwners: Array<string | undefined> = [];
+    this.lastLines = { writers: lineWriters, owners: lineOwners };
+    /** prepared, not yet rendered */
+    let pending: NftOp[] = [];
+    /** every operation, while the transaction is small (lastTransactionText) */
+    let kept: NftOp[] | null = [];
+    this.lastOps = [];
+    let chars = 0;
+    const add = (op: NftOp, writer: number) => {
+      pending.push(op);
+      lineWriters.push(writer);
+      lineOwners.push(op.owner);
+    };
     let next = 0;
     const prepareNext = () => {
       const p = preps[next++];
       const x = p.prepare();
-      prepared.set(p.i, x);
-      for (const op of x.tx.ops) ops.push(op);
+      for (const op of x.tx.ops) add(op, p.i);
+      prepared.set(p.i, { ...x, tx: { ...x.tx, ops: [] } });
     };
     // `delete table` after the new tables are written: one commit, so a packet sees the old
     // tables or the new ones, never neither.
@@ -323,45 +340,52 @@ export class NftProxier implements Proxier {
       while (next < preps.length) prepareNext();
       if (dropped) return;
       dropped = true;
-      for (const table of drop) ops.push({ verb: 'delete', in: { family, table }, kind: 'table' });
+      for (const table of drop) add({ verb: 'delete', in: { family, table }, kind: 'table' }, -1);
+    };
+    const rendered = function* (): Generator<string> {
+      for (let from = 0; from < pending.length; from += OPS_PER_PART) {
+        const slice = pending.slice(from, from + OPS_PER_PART);
+        const part = renderOps(slice);
+        chars += part.length;
+        if (kept && chars <= MAX_KEPT_TRANSACTION_CHARS) for (const op of slice) kept.push(op);
+        else kept = null;
+        yield part;
+      }
+      pending = [];
     };
     const streamed = !preps.some((p) => p.partial);
     if (!streamed) {
       prepareRest();
-      if (ops.length === 0) return prepared;
+      if (lineWriters.length === 0) return prepared;
     }
-    let chars = 0;
     let taken = false;
-    // Called again (for a refused line's text) it renders what the first call prepared.
+    // Made once, as nft reads it; called again it renders the transaction if it was small
+    // (lastTransactionText), else refuses: a refused line's text is in nft's error.
     const parts = function* (): Iterable<string> {
-      let from = 0;
-      const rendered = (end: number) => {
-        const part = renderOps(ops.slice(from, end));
-        from = end;
-        chars += part.length;
-        return part;
-      };
-      if (!taken) {
-        taken = true;
-        // each table's operations go as soon as it is prepared: nft parses them meanwhile
-        while (next < preps.length) {
-          prepareNext();
-          while (from < ops.length) yield rendered(Math.min(ops.length, from + OPS_PER_PART));
-        }
+      if (taken) {
+        if (!kept) throw new Error('a full transaction over MAX_KEPT_TRANSACTION_CHARS is made once, as nft reads it');
+        yield renderOps(kept);
+        return;
+      }
+      taken = true;
+      // each table's operations go as soon as it is prepared: nft parses them meanwhile
+      while (next < preps.length) {
+        prepareNext();
+        yield* rendered();
       }
       prepareRest();
-      while (from < ops.length) yield rendered(Math.min(ops.length, from + OPS_PER_PART));
+      yield* rendered();
     };
-    const lines = streamed ? this.fullTransactionLines(preps, state) : ops.length;
+    const lines = streamed ? this.fullTransactionLines(preps, state) : lineWriters.length;
     try {
       await this.exec.apply({ parts, lines });
       prepareRest();
     } catch (e) {
       for (const i of prepared.keys()) this.writers[i].applyFailed();
       throw e;
+    } finally {
+      this.lastOps = kept ?? [];
     }
-    // its operations are needed only to name the Services of refused lines, right after a failure
-    if (chars > MAX_KEPT_TRANSACTION_CHARS) this.lastOps = [];
     return prepared;
   }
 

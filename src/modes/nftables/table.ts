@@ -67,6 +67,8 @@ export interface PreparedSync {
   ridingEls: LingeringElement[];
   deletesStaleSets: boolean;
   partial: boolean;
+  /** the transaction's operations: tx.ops may be dropped once sent (NftProxier.applyAll) */
+  opCount: number;
 }
 
 /** What prepare() needs besides the (already filtered) input. */
@@ -295,7 +297,7 @@ export class TableWriter {
         ? partialTransactionFor(desired, plan.previous, { ...popts, owners: plan.owners ?? this.planner.allOwners() })
         : partialTransaction(desired, this.applied!, { ...popts, owners: this.planner.allOwners() });
     }
-    return this.withRiders({ tx, desired, options, riders: { chains: [], sets: [] }, ridingEls: [], deletesStaleSets, partial: !fullSync });
+    return this.withRiders({ tx, desired, options, riders: { chains: [], sets: [] }, ridingEls: [], deletesStaleSets, partial: !fullSync, opCount: tx.ops.length });
   }
 
   /**
@@ -308,7 +310,7 @@ export class TableWriter {
     const ridingEls = this.lingering.due(this.delayMs).items.filter(({ set, el }) => !revived.has(`${set} ${elementKey(el.key)}`));
     const riders = this.dueStale(p.desired);
     const ops = [...p.tx.ops, ...deleteElementsOps(this.ref, ridingEls), ...deleteRetiredOps(this.ref, riders.chains, riders.sets)];
-    return { ...p, tx: { ...p.tx, ops }, riders, ridingEls };
+    return { ...p, tx: { ...p.tx, ops }, riders, ridingEls, opCount: ops.length };
   }
 
   /** The second half of a sync, once its transaction is in the kernel: bookkeeping, then the retired chains' deletion (own transactions). */
@@ -329,15 +331,15 @@ export class TableWriter {
     // Retired chains are tracked in staleChains, not here, so partial syncs diff only live content.
     this.applied = desired;
     this.appliedParts = { options, generation: this.planner.generation };
-    this.log.debug({ ops: tx.ops.length, table: this.table }, tx.summary);
+    this.log.debug({ ops: prepared.opCount, table: this.table }, tx.summary);
     // After the change is in the kernel, not before: `delete chain` makes nft 1.0.6 list every
     // chain of the table (half a second at 10,000 Services), which must not delay the change.
     // An idle sync (nothing written) or a full one (it listed the table anyway) may delete;
     // a sync that carried a change leaves them, so a stream of changes never waits for it.
-    await this.deleteStaleChains(desired, tx.ops.length === 0 || !prepared.partial);
+    await this.deleteStaleChains(desired, prepared.opCount === 0 || !prepared.partial);
     const cleanupFailures = this.cleanupFailures;
     this.cleanupFailures = 0;
-    return { rulesWritten: tx.ops.length, rulesTotal: this.planner.objectCount, diff: tx.summary, ...(cleanupFailures ? { cleanupFailures } : {}) };
+    return { rulesWritten: prepared.opCount, rulesTotal: this.planner.objectCount, diff: tx.summary, ...(cleanupFailures ? { cleanupFailures } : {}) };
   }
 
   /** The table as last applied, as upstream's dump of one table. */
