@@ -56,26 +56,32 @@ export function ruleTotal(units: readonly ChainUnit[]): number {
 /** Lines per part of a streamed section: about 300 KB of text at a time. */
 const SECTION_PART_LINES = 4096;
 
+/** One table's restore section, line by line: declarations, stale chains flushed, rules, stale chains deleted. */
+function* sectionLineTexts(table: string, units: readonly ChainUnit[], deleted: readonly string[]): Generator<string> {
+  yield `*${table}`;
+  for (const u of units) if (u.declare) yield chainLine(u.name);
+  for (const c of deleted) yield chainLine(c);
+  for (const u of units) yield* u.rules;
+  for (const c of deleted) yield `-X ${c}`;
+  yield 'COMMIT';
+}
+
 /**
- * One table's restore section a part at a time (each part whole lines): declarations, stale
- * chains flushed, rules, stale chains deleted. A full sync's restore reads it as it is made.
+ * One table's restore section a part at a time, each part whole lines joined once (a text
+ * built by `+` is a tree V8 copies whole when it is first read). A full sync's restore reads
+ * it as it is made.
  */
 export function* sectionParts(table: string, units: readonly ChainUnit[], deleted: readonly string[]): Generator<string> {
-  let out: string[] = [`*${table}`];
-  const take = (l: string) => {
-    out.push(l);
-    if (out.length < SECTION_PART_LINES) return undefined;
+  let out: string[] = [];
+  for (const line of sectionLineTexts(table, units, deleted)) {
+    out.push(line);
+    if (out.length < SECTION_PART_LINES) continue;
     out.push('');
-    const part = out.join('\n');
+    yield out.join('\n');
     out = [];
-    return part;
-  };
-  let part: string | undefined;
-  for (const u of units) if (u.declare && (part = take(chainLine(u.name)))) yield part;
-  for (const c of deleted) if ((part = take(chainLine(c)))) yield part;
-  for (const u of units) for (const r of u.rules) if ((part = take(r))) yield part;
-  for (const c of deleted) if ((part = take(`-X ${c}`))) yield part;
-  out.push('COMMIT', '');
+  }
+  if (!out.length) return;
+  out.push('');
   yield out.join('\n');
 }
 
@@ -86,16 +92,7 @@ export function sectionLines(units: readonly ChainUnit[], deleted: readonly stri
   return n;
 }
 
-/**
- * One table's restore section as one text: declarations, stale chains flushed, rules, stale
- * chains deleted. One join: a text built by `+` is a tree V8 copies whole when it is first read.
- */
+/** One table's restore section as one text. */
 export function tableSection(table: string, units: readonly ChainUnit[], deleted: readonly string[]): string {
-  const out: string[] = [`*${table}`];
-  for (const u of units) if (u.declare) out.push(chainLine(u.name));
-  for (const c of deleted) out.push(chainLine(c));
-  for (const u of units) for (const r of u.rules) out.push(r);
-  for (const c of deleted) out.push(`-X ${c}`);
-  out.push('COMMIT', '');
-  return out.join('\n');
+  return [...sectionParts(table, units, deleted)].join('');
 }
