@@ -47,6 +47,8 @@ export function canonicalIP(raw: string): string | null {
 }
 
 function canonicalIPv4(s: string): string | null {
+  // node:net's grammar has no leading zeros: a match is already canonical.
+  if (IPV4_RE.test(s)) return s;
   const parts = s.split('.');
   if (parts.length !== 4) return null;
   const out: number[] = [];

@@ -149,9 +149,12 @@ function elementLine(op: NftOp & { kind: 'element' }): string {
 
 /** A transaction's `nft -f` text: one line per operation, in order. */
 export function renderOps(ops: readonly NftOp[]): string {
-  let text = '';
-  for (const op of ops) text += renderOp(op) + '\n';
-  return text;
+  // One join writes one sequential string: `text +=` would build a tree of 2 nodes a line,
+  // which the writer to nft then flattens.
+  const lines = new Array<string>(ops.length + 1);
+  for (let i = 0; i < ops.length; i++) lines[i] = renderOp(ops[i]);
+  lines[ops.length] = '';
+  return ops.length ? lines.join('\n') : '';
 }
 
 /** The operation nft's error names by line number (1-based) in renderOps(ops)'s text. */

@@ -1,7 +1,7 @@
 // Chain names exactly as upstream's (pkg/proxy/iptables/proxier.go): SHA-256 of
 // servicePortName + protocol [+ endpoint], base32 (std alphabet), first 16 characters.
 // Names are cached per object because a large sync asks for the same ones again and again. Pure.
-import { hash } from 'node:crypto';
+import { sha256Base32Prefix } from '../../core/chain-hash.ts';
 import { flat } from '../../core/flat.ts';
 import type { ServicePort } from '../../core/model.ts';
 
@@ -22,28 +22,8 @@ const PREFIX_EXT = 'KUBE-EXT-';
 const PREFIX_SEP = 'KUBE-SEP-';
 const SERVICE_CHAIN_PREFIXES = [PREFIX_SVC, PREFIX_SVL, PREFIX_SEP, PREFIX_FW, PREFIX_EXT];
 
-const B32 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
-
-/** First 16 characters of the RFC 4648 base32 encoding (10 bytes give exactly 16 chars). */
-function base32First16(buf: Buffer): string {
-  let out = '';
-  let bits = 0;
-  let value = 0;
-  for (let i = 0; i < 10; i++) {
-    value = (value << 8) | buf[i];
-    bits += 8;
-    while (bits >= 5) {
-      out += B32[(value >>> (bits - 5)) & 31];
-      bits -= 5;
-    }
-    value &= (1 << bits) - 1;
-  }
-  return out;
-}
-
 export function hash16(text: string): string {
-  // One-shot: a Hash object per name costs more than the hashing (50k names at 10k services).
-  return base32First16(hash('sha256', text, 'buffer'));
+  return sha256Base32Prefix(text, 16);
 }
 
 /** upstream's ServicePortName.String(): "ns/name:port", or "ns/name" for an unnamed port. */

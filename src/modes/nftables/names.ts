@@ -3,7 +3,8 @@
 // "HASH-ns/name/proto/port__ip/port" for endpoint chains, where HASH is the first 8
 // characters of base32(sha256(name)). The hash keeps truncated names unique and makes
 // near-identical names easy to tell apart. Pure.
-import { createHash } from 'node:crypto';
+import { hash } from 'node:crypto';
+import { sha256Base32Prefix } from '../../core/chain-hash.ts';
 import type { ServicePort } from '../../core/model.ts';
 
 /** nftables' limit on object names (knftables.NameLengthMax). */
@@ -24,7 +25,7 @@ export function shardTable(n: number): string {
  */
 export function shardOf(serviceKey: string, k: number): number {
   if (k <= 1) return 0;
-  return createHash('sha256').update(serviceKey).digest().readUInt32BE(0) % k;
+  return hash('sha256', serviceKey, 'buffer').readUInt32BE(0) % k;
 }
 
 /**
@@ -82,20 +83,8 @@ export function nftComment(text: string): string {
   return s;
 }
 
-const BASE32 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
-
-/** RFC 4648 base32 of the first 5 bytes: exactly the first 8 characters of the full encoding. */
-function base32Prefix8(buf: Buffer): string {
-  let bits = 0n;
-  for (let i = 0; i < 5; i++) bits = (bits << 8n) | BigInt(buf[i]);
-  let out = '';
-  for (let i = 7; i >= 0; i--) out += BASE32[Number((bits >> BigInt(i * 5)) & 31n)];
-  return out;
-}
-
 export function hashAndTruncate(name: string): string {
-  const hash = createHash('sha256').update(name, 'utf8').digest();
-  let out = `${base32Prefix8(hash)}-${name}`;
+  let out = `${sha256Base32Prefix(name, 8)}-${name}`;
   if (out.length > CHAIN_NAME_BASE_LENGTH_MAX) out = out.slice(0, CHAIN_NAME_BASE_LENGTH_MAX - 3) + '...';
   return out;
 }
