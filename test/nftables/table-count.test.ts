@@ -68,11 +68,28 @@ test('nftables.tables: 1 keeps upstream\'s one kube-proxy table at 1,500 Service
   assert.deepEqual(await proxierTables(three.input, three.changed), { tables: ['ip kube-proxy-0', 'ip kube-proxy-1', 'ip kube-proxy-2'], reported: 3 });
 });
 
-test('render in parts is render a table at a time: the same text, one part per table', async () => {
+test('render in parts is render a table at a time, each table in parts of whole lines', async () => {
   for (const n of [10, 1_500]) {
     const { input } = inputOf(n);
     const parts = [...mode.renderParts!(input)];
-    assert.equal(parts.join(''), planShardedRulesets(input.state, optionsFromInput(input)).map(dumpRuleset).join(''));
-    assert.equal(parts.length, (await renderedTables(input)).length, `${n} Services`);
+    const tables = planShardedRulesets(input.state, optionsFromInput(input)).map(dumpRuleset);
+    assert.equal(parts.join(''), tables.join(''));
+    // no part spans two tables, and every part ends a line
+    let t = 0;
+    let rest = tables[0];
+    for (const part of parts) {
+      assert.ok(part.endsWith('\n'), `${n} Services: a part ends a line`);
+      assert.ok(rest.startsWith(part), `${n} Services: a part within table ${t}`);
+      rest = rest.slice(part.length);
+      if (rest === '') rest = tables[++t] ?? '';
+    }
+    assert.equal(t, tables.length);
+    assert.equal(tables.length, (await renderedTables(input)).length, `${n} Services`);
   }
+  // one table of 1,500 Services is written in more than one part
+  const one = inputOf(1500, 1);
+  const oneParts = [...mode.renderParts!(one.input)];
+  assert.ok(oneParts.length > 1, `${oneParts.length} parts`);
+  assert.equal(oneParts.join(''), mode.render(one.input));
+  assert.equal((await renderedTables(one.input)).length, 1);
 });

@@ -17,7 +17,7 @@ import { kubeProxyTableNames, TABLE } from './names.ts';
 import { BASE_CHAINS, C, optionsFromInput, UNALLOCATED_CHAINS } from './plan.ts';
 import { NftProxier } from './proxier.ts';
 import { NftWithLocalhostNodePorts } from './localhost-nodeports.ts';
-import { dumpRuleset, elementKey, newRuleset, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
+import { dumpRuleset, dumpRulesetParts, elementKey, newRuleset, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
 import { traceTables, type ExactIndexes } from './trace.ts';
 import { parseNftText } from './parse.ts';
 import { eachShardedRuleset, planShardedRulesets, type ShardOptions } from './shards.ts';
@@ -37,7 +37,7 @@ function render(input: PlanInput): string {
 
 /** render's text a table at a time: from 1,000 Services the mode writes several tables (shards.ts), all of them, in order. */
 function* renderParts(input: PlanInput): Generator<string> {
-  for (const r of eachShardedRuleset(input.state, optionsFromInput(input), { tables: input.config.nftables?.tables })) yield dumpRuleset(r);
+  for (const r of eachShardedRuleset(input.state, optionsFromInput(input), { tables: input.config.nftables?.tables })) yield* dumpRulesetParts(r);
 }
 
 async function createProxier(deps: ModeDeps): Promise<Proxier> {

@@ -2,7 +2,7 @@
 // the same Ruleset renders to the golden "dump" text, to an `nft -f` transaction, and feeds
 // the tracer. Pure.
 import { kproxyError } from '../../errors.ts';
-import { elementKey, renderOps, type NftChain, type NftElement, type NftFamily, type NftOp, type NftSet, type NftTableRef } from '../../kernel/nft/model.ts';
+import { elementKey, renderOp, type NftChain, type NftElement, type NftFamily, type NftOp, type NftSet, type NftTableRef } from '../../kernel/nft/model.ts';
 
 export { elementKey, ruleText, type NftChain, type NftElement, type NftFamily, type NftRule, type NftSet } from '../../kernel/nft/model.ts';
 
@@ -57,13 +57,41 @@ export function tableOf(rs: { family: NftFamily; table: string }): NftTableRef {
  * table.
  */
 export function dumpRuleset(rs: Ruleset): string {
+  return [...dumpRulesetParts(rs)].join('');
+}
+
+/** Lines per part of dumpRulesetParts: about half a megabyte of text. */
+const DUMP_PART_LINES = 4096;
+
+/**
+ * dumpRuleset's text in parts, each made when it is read: a line's operation and pieces are
+ * garbage before the next collection, and no table's text exists whole (render writes part
+ * after part).
+ */
+export function* dumpRulesetParts(rs: Ruleset): Generator<string> {
+  let lines: string[] = [];
+  for (const op of rulesetOps(rs)) {
+    lines.push(renderOp(op));
+    if (lines.length === DUMP_PART_LINES) {
+      lines.push('');
+      yield lines.join('\n');
+      lines = [];
+    }
+  }
+  if (lines.length) {
+    lines.push('');
+    yield lines.join('\n');
+  }
+}
+
+/** The operations that declare a ruleset, declarations before uses. */
+function* rulesetOps(rs: Ruleset): Generator<NftOp> {
   const t = tableOf(rs);
-  const ops: NftOp[] = [{ verb: 'add', in: t, kind: 'table', comment: rs.comment }];
-  for (const s of rs.sets.values()) ops.push({ verb: 'add', in: t, kind: 'set', setKind: s.kind, name: s.name, spec: s });
-  for (const ch of rs.chains.values()) ops.push({ verb: 'add', in: t, kind: 'chain', name: ch.name, spec: ch });
-  for (const ch of rs.chains.values()) for (const rule of ch.rules) ops.push({ verb: 'add', in: t, kind: 'rule', chain: ch.name, rule });
-  for (const s of rs.sets.values()) for (const el of s.elements.values()) ops.push({ verb: 'add', in: t, kind: 'element', set: s.name, elements: [el] });
-  return renderOps(ops);
+  yield { verb: 'add', in: t, kind: 'table', comment: rs.comment };
+  for (const s of rs.sets.values()) yield { verb: 'add', in: t, kind: 'set', setKind: s.kind, name: s.name, spec: s };
+  for (const ch of rs.chains.values()) yield { verb: 'add', in: t, kind: 'chain', name: ch.name, spec: ch };
+  for (const ch of rs.chains.values()) for (const rule of ch.rules) yield { verb: 'add', in: t, kind: 'rule', chain: ch.name, rule };
+  for (const s of rs.sets.values()) for (const el of s.elements.values()) yield { verb: 'add', in: t, kind: 'element', set: s.name, elements: [el] };
 }
 
 /** Number of objects (chains, rules, sets, elements) in a ruleset, for sync statistics. */
