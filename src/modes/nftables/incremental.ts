@@ -80,6 +80,13 @@ interface MergedChain {
 type FragmentOf = (portKey: string) => PortFragment;
 
 /**
+ * An element no port adds any more, in the middle of patch(): it keeps its place, as the
+ * table's element does when a new fragment adds it again (the order of a set's elements is
+ * the order a whole-table diff deletes them in).
+ */
+const GONE: ElementRef = Object.freeze({ adders: [], conflict: false }) as ElementRef;
+
+/**
  * A port's fragment planned from a copy of its ServicePort: the caches keyed by the
  * ServicePort object (the node view's PortView, names.ts's chain names) are neither read nor
  * written. For a previous fragment whose ServicePort is still current (its endpoints changed):
@@ -138,7 +145,8 @@ class TableIndex {
   private readonly sets = new Map<string, string>();
   /**
    * set → element key → the port that adds it, or the ports (several ports of one Service
-   * share its ClusterIP); by set, so the fragments' key strings are the only ones kept
+   * share its ClusterIP); by set, so the fragments' key strings are the only ones kept. In the
+   * table's order of the set's elements.
    */
   private readonly elements = new Map<string, Map<string, string | ElementRef>>();
   /** countObjects() of the table, kept up to date by patch() */
@@ -170,7 +178,13 @@ class TableIndex {
 
   /** Whether the element is in the table (fixed elements aside). */
   private hasElement(set: string, key: string): boolean {
-    return this.elements.get(set)?.has(key) ?? false;
+    const r = this.elements.get(set)?.get(key);
+    return r !== undefined && r !== GONE;
+  }
+
+  /** The keys of a shared set's port elements, in the table's order. */
+  elementKeys(set: string): Iterable<string> {
+    return this.elements.get(set)?.keys() ?? [];
   }
 
   chain(name: string, fragmentOf: FragmentOf, owners: ChainOwners): NftChain | undefined {
@@ -198,7 +212,7 @@ class TableIndex {
     const fixed = this.fixed.sets.get(set)?.elements.get(key);
     if (fixed) return fixed;
     const r = this.elements.get(set)?.get(key);
-    if (r === undefined) return undefined;
+    if (r === undefined || r === GONE) return undefined;
     if (typeof r === 'string') return elementOf(fragmentOf(r), set, key);
     // Ports that agree give the same element. Ports that disagree: the table holds the one
     // assembled last, in port key order (patch() never changes such an element).
@@ -213,9 +227,10 @@ class TableIndex {
   }
 
   /**
-   * A port's fragment adds (d = 1) or no longer adds (d = -1) its elements. Whether ports
-   * disagree is decided against the element the first adder gave; `fragmentOf` gives the
-   * fragment a port adds at this point of the plan.
+   * A port's fragment adds (d = 1) or no longer adds (d = -1) its elements; one no port adds
+   * is GONE until sweep(). Whether ports disagree is decided against the element the first
+   * adder gave (agreeing adders all give it); `fragmentOf` gives the fragment a port adds at
+   * this point of the plan.
    */
   private addRefs(portKey: string, f: PortFragment, d: 1 | -1, fragmentOf: FragmentOf): void {
     for (const { set, key, el } of f.elements) {
@@ -223,30 +238,38 @@ class TableIndex {
       if (!refs) this.elements.set(set, (refs = new Map()));
       const r = refs.get(key);
       if (d === 1) {
-        if (r === undefined) refs.set(key, portKey);
+        if (r === undefined || r === GONE) refs.set(key, portKey);
         else if (typeof r === 'string') refs.set(key, { adders: [r, portKey], conflict: differs(elementOf(fragmentOf(r), set, key), el) });
         else {
-          // Agreeing adders all give the first one's element; a disagreement stays.
+          // a disagreement stays
           if (!r.conflict && differs(elementOf(fragmentOf(r.adders[0]), set, key), el)) r.conflict = true;
           r.adders.push(portKey);
         }
-      } else if (r !== undefined) {
-        if (typeof r === 'string') refs.delete(key);
+      } else if (r !== undefined && r !== GONE) {
+        if (typeof r === 'string') refs.set(key, GONE);
         else {
           const i = r.adders.lastIndexOf(portKey);
           r.adders.splice(i >= 0 ? i : r.adders.length - 1, 1);
-          if (r.adders.length === 0) refs.delete(key);
+          if (r.adders.length === 0) refs.set(key, GONE);
         }
       }
+    }
+  }
+
+  /** Drops the GONE elements (the table deletes them). */
+  private sweep(present: ReadonlyMap<string, ReadonlyMap<string, boolean>>): void {
+    for (const [set, keys] of present) {
+      const refs = this.elements.get(set);
+      if (refs) for (const key of keys.keys()) if (refs.get(key) === GONE) refs.delete(key);
     }
   }
 
   /**
    * The index of the table assembled from every port's fragment (assembleRuleset): chains
    * merged in port key order where names clash, an affinity set from the first port naming
-   * it; adders counted in `planOrder` (the planner's cache order). `keys` in port key order.
+   * it, elements in the order of the ports' keys (`keys`).
    */
-  rebuild(keys: readonly string[], fragmentOf: FragmentOf, planOrder: Iterable<string>): void {
+  rebuild(keys: readonly string[], fragmentOf: FragmentOf): void {
     this.chains.clear();
     this.merged.clear();
     this.sets.clear();
@@ -276,7 +299,7 @@ class TableIndex {
         n += 1 + s.elements.size;
       }
     });
-    for (const k of planOrder) this.addRefs(k, fragmentOf(k), 1, fragmentOf);
+    for (const k of keys) this.addRefs(k, fragmentOf(k), 1, fragmentOf);
     for (const refs of this.elements.values()) n += refs.size;
     this.objectCount = n;
   }
@@ -318,6 +341,7 @@ class TableIndex {
     }
     touched.old.forEach((f, i) => this.addRefs(touched.oldKeys[i], f, -1, after));
     touched.new.forEach((f, i) => this.addRefs(touched.newKeys[i], f, 1, after));
+    this.sweep(present);
     for (const [set, keys] of present) for (const key of keys.keys()) if (this.conflicted(set, key)) return false;
     const removed = new Set<string>();
     for (const f of touched.old) for (const { name } of f.chains) removed.add(name);
@@ -445,7 +469,7 @@ export class IncrementalPlanner {
     if (fresh) {
       // The options changed on a partial plan: the whole table is diffed against the one before
       // (planned aside when the node facts changed: the node view holds the new ones' views).
-      const previousTable = changedServices !== null && this.index ? this.assembled(JSON.stringify(o.node) !== JSON.stringify(this.options!.node)) : null;
+      const previousTable = changedServices !== null && this.index ? this.lastTable(JSON.stringify(o.node) !== JSON.stringify(this.options!.node)) : null;
       return { ...this.planAfresh(state, o), previousTable };
     }
     const index = this.index!;
@@ -517,7 +541,7 @@ export class IncrementalPlanner {
     const after = this.memo(news);
     const before = this.memo(olds);
     const previous = index.previousValues(touched, before);
-    if (!index.patch(touched, before, after)) index.rebuild(this.keys, after, this.cache.keys());
+    if (!index.patch(touched, before, after)) index.rebuild(this.keys, after);
     return { desired: index.lookup(after, chainOwners(touched.new, touched.newKeys)), table: null, previous, previousTable: null, planned, owners: touched.owners };
   }
 
@@ -542,7 +566,7 @@ export class IncrementalPlanner {
     const table = assembleRuleset(o, this.keys.map((k) => frags.get(k)!));
     const index = (this.index = new TableIndex(o, this.portKeys));
     const fragmentOf = (key: string) => frags.get(key)!;
-    index.rebuild(this.keys, fragmentOf, this.cache.keys());
+    index.rebuild(this.keys, fragmentOf);
     // The lookup answers from the index: the fragments go once the full transaction is written.
     return { desired: index.lookup(this.memo(new Map())), table, previous: null, planned: frags.size, owners };
   }
@@ -564,6 +588,23 @@ export class IncrementalPlanner {
   /** The table last planned, planned again from every port's objects (the table before an options change). */
   assembled(aside = false): Ruleset {
     return assembleRuleset(this.options!, this.fragments(aside));
+  }
+
+  /**
+   * The table last planned, its shared sets' elements in the order the table has them (a
+   * whole-table diff deletes the ones that go in that order).
+   */
+  private lastTable(aside: boolean): Ruleset {
+    const rs = this.assembled(aside);
+    for (const set of rs.sets.values()) {
+      const keys = [...this.index!.elementKeys(set.name)];
+      if (keys.length === 0) continue;
+      const els = new Map<string, NftElement>();
+      for (const k of keys) els.set(k, set.elements.get(k)!);
+      for (const [k, el] of set.elements) if (!els.has(k)) els.set(k, el);
+      set.elements = els;
+    }
+    return rs;
   }
 
   /** The table last planned is in the kernel. */
