@@ -421,8 +421,6 @@ export class IncrementalPlanner {
   plannedTotal = 0;
   /** the table last planned, by name */
   private index: TableIndex | null = null;
-  /** incremented by every plan(): tells a caller whether fragments() is still what it applied */
-  generation = 0;
   /**
    * Every planned port key, for the index. Made here, not where the index is: a closure keeps
    * its whole scope's context alive (there, every fragment of a full plan).
@@ -463,7 +461,6 @@ export class IncrementalPlanner {
    * state.
    */
   plan(state: ProxyState, o: NftPlanOptions, changedServices: ReadonlySet<string> | null, portKeys?: ReadonlySet<string>): IncrementalPlan {
-    this.generation++;
     const optionsKey = JSON.stringify(o);
     const fresh = changedServices === null || optionsKey !== this.optionsKey || !this.index;
     if (fresh) {
