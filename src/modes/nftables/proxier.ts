@@ -47,6 +47,45 @@ interface TablePreparation {
   prepare: () => PreparedSync;
 }
 
+/**
+ * Each line of a transaction: its table's writer (-1: none) and its operation's owner, to name
+ * the Services of refused lines (excludeRefused). Kept as runs of lines with the same two
+ * (a port's chains, rules and elements come together): a full transaction at 10,000 Services
+ * has 280,000 lines and ~50,000 runs.
+ */
+export class LineOwners {
+  /** the first line (0-based) of each run */
+  private readonly starts: number[] = [];
+  private readonly writers: number[] = [];
+  private readonly owners: Array<string | undefined> = [];
+  /** lines so far */
+  count = 0;
+
+  push(writer: number, owner: string | undefined): void {
+    const last = this.starts.length - 1;
+    if (last < 0 || this.writers[last] !== writer || this.owners[last] !== owner) {
+      this.starts.push(this.count);
+      this.writers.push(writer);
+      this.owners.push(owner);
+    }
+    this.count++;
+  }
+
+  /** Line n's (1-based) writer and owner; undefined past the end. */
+  at(n: number): { writer: number; owner: string | undefined } | undefined {
+    const i = n - 1;
+    if (i < 0 || i >= this.count) return undefined;
+    let lo = 0;
+    let hi = this.starts.length - 1;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (this.starts[mid] <= i) lo = mid;
+      else hi = mid - 1;
+    }
+    return { writer: this.writers[lo], owner: this.owners[lo] };
+  }
+}
+
 /** A table's own lines in a full transaction, beside its Services' (base chains, maps, flushes). */
 const TABLE_LINES = 200;
 /** Lines a full transaction writes at most per service port and per endpoint. */
@@ -68,8 +107,8 @@ export class NftProxier implements Proxier {
   private needTableScan = true;
   /** the operations last sent to nft, to name the Services of refused lines (excludeRefused) */
   private lastOps: NftOp[] = [];
-  /** per line of the last transaction: the table's writer (-1: none) and the operation's owner, to name the Services of refused lines */
-  private lastLines: { writers: number[]; owners: Array<string | undefined> } = { writers: [], owners: [] };
+  /** per line of the transaction being applied (dropped once it succeeds), to name the Services of refused lines */
+  private lastLines = new LineOwners();
   private lastAttemptPartial = false;
   /** reshards done (tests, /debug) */
   reshards = 0;
@@ -210,8 +249,9 @@ export class NftProxier implements Proxier {
     const errors = stderr.split('\n').filter((l) => l.includes('Error'));
     let found = false;
     for (const n of e.lineNos) {
-      const writer = this.writers[this.lastLines.writers[n - 1] ?? -1];
-      const owner = this.lastLines.owners[n - 1];
+      const line = this.lastLines.at(n);
+      const writer = this.writers[line?.writer ?? -1];
+      const owner = line?.owner;
       const sp = owner !== undefined ? writer?.planner.servicePort(owner) : undefined;
       if (!sp || this.exclusions.has(sp.serviceKey)) continue;
       found = true;
@@ -307,14 +347,14 @@ export class NftProxier implements Proxier {
    * so kproxy plans a table while nft parses the one before; a partial sync's first, as it
    * may have nothing to write. Memory: a full transaction at 10,000 Services is 33 MB of text
    * and 400,000 operations, neither of which exists whole: nft reads it a few thousand lines at
-   * a time, each part rendered when its turn comes, and a rendered operation is dropped; each
-   * line keeps only its table and owner (excludeRefused).
+   * a time, each part rendered when its turn comes, and a rendered operation is dropped; the
+   * lines keep only their tables and owners, as runs (LineOwners), until nft accepts them. A
+   * table's whole desired table is dropped once its operations are made (PreparedSync keeps
+   * a lookup by name).
    */
   private async applyAll(preps: TablePreparation[], drop: string[], family: NftFamily, state: ProxyState): Promise<Map<number, PreparedSync>> {
     const prepared = new Map<number, PreparedSync>();
-    const lineWriters: number[] = [];
-    const lineOwners: Array<string | undefined> = [];
-    this.lastLines = { writers: lineWriters, owners: lineOwners };
+    const lines = (this.lastLines = new LineOwners());
     /** prepared, not yet rendered */
     let pending: NftOp[] = [];
     /** every operation, while the transaction is small (lastTransactionText) */
@@ -323,8 +363,7 @@ export class NftProxier implements Proxier {
     let chars = 0;
     const add = (op: NftOp, writer: number) => {
       pending.push(op);
-      lineWriters.push(writer);
-      lineOwners.push(op.owner);
+      lines.push(writer, op.owner);
     };
     let next = 0;
     const prepareNext = () => {
@@ -356,7 +395,7 @@ export class NftProxier implements Proxier {
     const streamed = !preps.some((p) => p.partial);
     if (!streamed) {
       prepareRest();
-      if (lineWriters.length === 0) return prepared;
+      if (lines.count === 0) return prepared;
     }
     let taken = false;
     // Made once, as nft reads it; called again it renders the transaction if it was small
@@ -376,10 +415,11 @@ export class NftProxier implements Proxier {
       prepareRest();
       yield* rendered();
     };
-    const lines = streamed ? this.fullTransactionLines(preps, state) : lineWriters.length;
     try {
-      await this.exec.apply({ parts, lines });
+      await this.exec.apply({ parts, lines: streamed ? this.fullTransactionLines(preps, state) : lines.count });
       prepareRest();
+      // applied: no line is refused any more
+      this.lastLines = new LineOwners();
     } catch (e) {
       for (const i of prepared.keys()) this.writers[i].applyFailed();
       throw e;

@@ -1,5 +1,5 @@
-// One table of the nftables mode, between syncs: what kproxy last wrote into it, its planner's
-// per-port fragments, and what it retires later. A sync prepares the table's operations
+// One table of the nftables mode, between syncs: what kproxy last wrote into it (its planner's
+// index of the table and each port's inputs), and what it retires later. A sync prepares the table's operations
 // (full on the first sync, after a failure and when asked; otherwise only the difference
 // from what it last applied), the proxier applies every table's in one `nft -f`, then each
 // table commits. Unused chains are flushed at once and deleted later: with a transaction
@@ -13,9 +13,9 @@ import type { PlanInput } from '../../core/nodeview.ts';
 import type { SyncStats } from '../types.ts';
 import { coded } from '../../errors.ts';
 import { parseNftText } from './parse.ts';
-import { assembleRuleset, optionsFromInput, type NftPlanOptions } from './plan.ts';
+import { optionsFromInput } from './plan.ts';
 import { IncrementalPlanner } from './incremental.ts';
-import { dumpRuleset, type NftElement, type NftFamily, type Ruleset } from './ruleset.ts';
+import { dumpRuleset, type NftElement, type NftFamily } from './ruleset.ts';
 import { TABLE } from './names.ts';
 import {
   deleteElementsOps,
@@ -26,6 +26,7 @@ import {
   partialTransactionFor,
   type LingeringElement,
   type LiveNames,
+  type TableLookup,
   type Transaction,
 } from './transaction.ts';
 
@@ -61,8 +62,8 @@ export interface RetireOptions {
 /** A table's sync planned as operations, not applied yet (TableWriter.prepare → apply → commit). */
 export interface PreparedSync {
   tx: Transaction;
-  desired: Ruleset;
-  options: NftPlanOptions;
+  /** the table after the sync, by name (never the whole table: a full one is dropped once its operations are written) */
+  desired: TableLookup;
   riders: { chains: string[]; sets: string[] };
   ridingEls: LingeringElement[];
   deletesStaleSets: boolean;
@@ -137,7 +138,8 @@ export class TableWriter {
   private readonly maxWaitMs: number;
   private readonly deferElementDeletes: boolean;
   private lastChainDeletion = Number.NEGATIVE_INFINITY;
-  private applied: Ruleset | null = null;
+  /** whether a transaction of this table was applied (the planner's table is the kernel's) */
+  private applied = false;
   private needFull = true;
   /** failed stale-chain deletions since the last successful sync (nftables_cleanup_failures_total) */
   private cleanupFailures = 0;
@@ -148,10 +150,8 @@ export class TableWriter {
   private readonly staleSets = new Map<string, number>();
   /** elements removed from the desired table but left in the kernel, deleted with the chains */
   private readonly lingering: LingeringElements;
-  /** per-port fragments kept between syncs, so a partial sync replans only what changed */
+  /** each port's inputs and an index of the table, kept between syncs, so a partial sync replans only what changed */
   readonly planner = new IncrementalPlanner();
-  /** what `applied` was assembled from, for dump() in planRuleset's order (fragments: the planner's, at that generation) */
-  private appliedParts: { options: NftPlanOptions; generation: number } | null = null;
 
   constructor(
     family: NftFamily,
@@ -194,7 +194,7 @@ export class TableWriter {
   }
 
   /** Chains and affinity sets retired at least delayMs ago that the desired table does not use again. */
-  private dueStale(desired: Ruleset): { chains: string[]; sets: string[]; oldest: number } {
+  private dueStale(desired: TableLookup): { chains: string[]; sets: string[]; oldest: number } {
     const due = { chains: [] as string[], sets: [] as string[], oldest: Infinity };
     // A chain a lingering element still jumps to goes in a later transaction than the element
     // (a kernel older than 6.2 sees it referenced by an element deleted in the same batch).
@@ -204,8 +204,8 @@ export class TableWriter {
       if (target !== undefined) held.add(target);
     }
     for (const [map, has, out] of [
-      [this.staleChains, (n: string) => desired.chains.has(n), due.chains],
-      [this.staleSets, (n: string) => desired.sets.has(n), due.sets],
+      [this.staleChains, (n: string) => desired.hasChain(n), due.chains],
+      [this.staleSets, (n: string) => desired.hasSet(n), due.sets],
     ] as const) {
       for (const [name, since] of map) {
         if (has(name)) map.delete(name);
@@ -243,7 +243,7 @@ export class TableWriter {
    * after an idle or full sync or once one has been due maxWaitMs. Lingering elements go
    * first, in their own transaction: the chains they jump to are due only after.
    */
-  private async deleteStaleChains(desired: Ruleset, quiet: boolean): Promise<void> {
+  private async deleteStaleChains(desired: TableLookup, quiet: boolean): Promise<void> {
     if (this.now() - this.lastChainDeletion < this.batchMs) return;
     const els = this.lingering.due(this.delayMs);
     if (els.items.length && (quiet || this.now() - els.oldest >= this.delayMs + this.maxWaitMs)) {
@@ -279,25 +279,22 @@ export class TableWriter {
     // a shard's table (`kube-proxy-<n>`) is one of several: NftPlanOptions.sharded
     const options = this.table === TABLE ? optionsFromInput(input) : { ...optionsFromInput(input), table: this.table, sharded: true };
     // A full sync plans every port afresh (and so also resets the fragment cache).
+    if (fullSync && req.knownLive === undefined) throw new Error('a full transaction is prepared after readyToPrepare');
     const plan = this.planner.plan(input.state, options, fullSync ? null : req.changed, req.portKeys);
-    const desired = plan.desired;
     let tx: Transaction;
     /** whether a full transaction deletes every set of the table it does not want */
     let deletesStaleSets = false;
     if (fullSync) {
-      if (req.knownLive === undefined) throw new Error('a full transaction is prepared after readyToPrepare');
-      const live = req.knownLive;
+      const live = req.knownLive!;
       deletesStaleSets = live !== null;
-      tx = fullTransaction(desired, live, { recreateBaseChains: !this.baseChainsRecreated, owners: this.planner.allOwners() });
+      tx = fullTransaction(plan.table!, live, { recreateBaseChains: !this.baseChainsRecreated, owners: plan.owners });
     } else {
-      const popts = { lingering: this.lingering.bySet, deferRemovals: this.deferElementDeletes };
+      const popts = { lingering: this.lingering.bySet, deferRemovals: this.deferElementDeletes, owners: plan.owners };
       // plan.previous: only some ports were replanned; otherwise the options changed (e.g.
       // node addresses): every port was replanned, diff it all.
-      tx = plan.previous
-        ? partialTransactionFor(desired, plan.previous, { ...popts, owners: plan.owners ?? this.planner.allOwners() })
-        : partialTransaction(desired, this.applied!, { ...popts, owners: this.planner.allOwners() });
+      tx = plan.previous ? partialTransactionFor(plan.desired, plan.previous, popts) : partialTransaction(plan.table!, plan.previousTable!, popts);
     }
-    return this.withRiders({ tx, desired, options, riders: { chains: [], sets: [] }, ridingEls: [], deletesStaleSets, partial: !fullSync, opCount: tx.ops.length });
+    return this.withRiders({ tx, desired: plan.desired, riders: { chains: [], sets: [] }, ridingEls: [], deletesStaleSets, partial: !fullSync, opCount: tx.ops.length });
   }
 
   /**
@@ -315,7 +312,7 @@ export class TableWriter {
 
   /** The second half of a sync, once its transaction is in the kernel: bookkeeping, then the retired chains' deletion (own transactions). */
   async commit(prepared: PreparedSync): Promise<SyncStats> {
-    const { tx, desired, options, riders, ridingEls, deletesStaleSets } = prepared;
+    const { tx, desired, riders, ridingEls, deletesStaleSets } = prepared;
     this.forgetStale(riders);
     this.lingering.remove(ridingEls);
     // A full transaction flushed every set: nothing lingers; a partial one may leave elements.
@@ -323,14 +320,13 @@ export class TableWriter {
     this.lingering.remove(tx.revived);
     this.lingering.add(tx.lingering);
     // The full transaction deleted the retired sets itself.
-    if (deletesStaleSets) for (const s of this.staleSets.keys()) if (!desired.sets.has(s)) this.staleSets.delete(s);
+    if (deletesStaleSets) for (const s of this.staleSets.keys()) if (!desired.hasSet(s)) this.staleSets.delete(s);
     this.baseChainsRecreated = true;
     this.needFull = false;
     for (const c of tx.staleChains) if (!this.staleChains.has(c)) this.staleChains.set(c, this.now());
     for (const s of tx.staleSets) if (!this.staleSets.has(s)) this.staleSets.set(s, this.now());
-    // Retired chains are tracked in staleChains, not here, so partial syncs diff only live content.
-    this.applied = desired;
-    this.appliedParts = { options, generation: this.planner.generation };
+    this.applied = true;
+    this.planner.committed();
     this.log.debug({ ops: prepared.opCount, table: this.table }, tx.summary);
     // After the change is in the kernel, not before: `delete chain` makes nft 1.0.6 list every
     // chain of the table (half a second at 10,000 Services), which must not delay the change.
@@ -342,13 +338,13 @@ export class TableWriter {
     return { rulesWritten: prepared.opCount, rulesTotal: this.planner.objectCount, diff: tx.summary, ...(cleanupFailures ? { cleanupFailures } : {}) };
   }
 
-  /** The table as last applied, as upstream's dump of one table. */
+  /**
+   * The table as last applied, as upstream's dump of one table, in planRuleset's order:
+   * planned again from every port's inputs. A partial attempt that failed has replanned in
+   * place: then its table is shown (the next sync is a full one).
+   */
   dump(): string {
-    // A partial sync patches the table (new objects last); dump it in the planner's order.
-    if (!this.appliedParts || !this.applied) return '';
-    // A later attempt that failed has replanned (and patched the table in place): then only
-    // the table object is left, in its patched order.
-    if (this.appliedParts.generation !== this.planner.generation) return dumpRuleset(this.applied);
-    return dumpRuleset(assembleRuleset(this.appliedParts.options, this.planner.fragments()));
+    if (!this.applied) return '';
+    return dumpRuleset(this.planner.appliedTable());
   }
 }

@@ -9,7 +9,7 @@
 // 10,000 Services), so the proxier deletes them when idle. Affinity sets that fall out of use
 // go the same way (`flush set` now, `delete set` later). Pure.
 import { elementKey, ruleText, type NftOp, type NftTableRef } from '../../kernel/nft/model.ts';
-import { tableOf, type NftChain, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
+import { tableOf, type NftChain, type NftElement, type NftFamily, type NftSet, type Ruleset } from './ruleset.ts';
 import { isAffinitySetName } from './names.ts';
 import type { Owners, PreviousValues } from './incremental.ts';
 
@@ -18,6 +18,35 @@ export interface LiveNames {
   chains: Set<string>;
   /** name → kind */
   sets: Map<string, 'set' | 'map'>;
+}
+
+/**
+ * The desired table as a partial diff reads it: by name, never whole. A partial sync's table
+ * is not kept as objects between syncs (incremental.ts TableIndex answers from the ports'
+ * fragments); a whole Ruleset answers through rulesetLookup.
+ */
+export interface TableLookup {
+  readonly family: NftFamily;
+  readonly table: string;
+  hasChain(name: string): boolean;
+  chain(name: string): NftChain | undefined;
+  hasSet(name: string): boolean;
+  /** the set's declaration (its elements are not necessarily all there: read them with element()) */
+  set(name: string): NftSet | undefined;
+  element(set: string, key: string): NftElement | undefined;
+}
+
+/** A whole Ruleset as a TableLookup. */
+export function rulesetLookup(rs: Ruleset): TableLookup {
+  return {
+    family: rs.family,
+    table: rs.table,
+    hasChain: (name) => rs.chains.has(name),
+    chain: (name) => rs.chains.get(name),
+    hasSet: (name) => rs.sets.has(name),
+    set: (name) => rs.sets.get(name),
+    element: (set, key) => rs.sets.get(set)?.elements.get(key),
+  };
 }
 
 export const NO_OWNERS: Owners = { chain: () => undefined, set: () => undefined, element: () => undefined };
@@ -123,7 +152,7 @@ class ElementDiff {
   readonly revived: LingeringElement[] = [];
 
   constructor(
-    private readonly desired: Ruleset,
+    private readonly desired: TableLookup,
     private readonly w: OpWriter,
     private readonly flushed: ReadonlySet<string>,
     private readonly kept: Lingering,
@@ -140,7 +169,7 @@ class ElementDiff {
         this.dels.push(this.w.element('delete', setName, old));
       }
     } else this.dels.push(this.w.element('delete', setName, prev));
-    this.adds.push(this.w.element('add', setName, el, this.desired.sets.get(setName)!));
+    this.adds.push(this.w.element('add', setName, el, this.desired.set(setName)!));
   }
 
   remove(setName: string, el: NftElement): void {
@@ -158,7 +187,7 @@ class ElementDiff {
       for (const [k, el] of els) {
         if (taken.has(`${set} ${k}`)) continue;
         const target = lingeringTarget(el);
-        if (target === undefined || !this.desired.chains.has(target)) continue;
+        if (target === undefined || !this.desired.hasChain(target)) continue;
         this.dels.push(this.w.element('delete', set, el));
         this.revived.push({ set, el });
       }
@@ -261,7 +290,7 @@ interface PartialParts {
   changedChains: string[];
 }
 
-function partialParts(desired: Ruleset, owners: Owners | undefined): PartialParts {
+function partialParts(desired: TableLookup, owners: Owners | undefined): PartialParts {
   return { w: new OpWriter(tableOf(desired), owners ?? NO_OWNERS), sets: [], declared: new Set(), chains: [], rules: [], changedChains: [] };
 }
 
@@ -280,9 +309,10 @@ function rewriteChain(p: PartialParts, ch: NftChain, old: NftChain | undefined):
 
 /** Partial sync: only the differences from `applied` (the table as kproxy last wrote it). */
 export function partialTransaction(desired: Ruleset, applied: Ruleset, opts: PartialOptions = {}): Transaction {
-  const p = partialParts(desired, opts.owners);
+  const lookup = rulesetLookup(desired);
+  const p = partialParts(lookup, opts.owners);
   const staleChains = [...applied.chains.keys()].filter((c) => !desired.chains.has(c)).sort();
-  const els = new ElementDiff(desired, p.w, new Set(staleChains), opts.lingering ?? new Map(), opts.deferRemovals ?? true);
+  const els = new ElementDiff(lookup, p.w, new Set(staleChains), opts.lingering ?? new Map(), opts.deferRemovals ?? true);
 
   for (const s of desired.sets.values()) {
     const old = applied.sets.get(s.name);
@@ -302,7 +332,7 @@ export function partialTransaction(desired: Ruleset, applied: Ruleset, opts: Par
     if (old && sameChain(old, ch)) continue;
     rewriteChain(p, ch, old);
   }
-  declareReferencedSets(desired, p);
+  declareReferencedSets(lookup, p);
 
   const staleSets = [...applied.sets.values()].filter((s) => !desired.sets.has(s.name)).map((s) => [s.name, s.kind] as const).sort();
   return assemblePartial(p, els, staleChains, staleSets);
@@ -314,11 +344,11 @@ export function partialTransaction(desired: Ruleset, applied: Ruleset, opts: Par
  * specification, the sets the rewritten chains use. Re-declaring keeps a set's elements
  * (affinity entries survive).
  */
-function declareReferencedSets(desired: Ruleset, p: PartialParts): void {
+function declareReferencedSets(desired: TableLookup, p: PartialParts): void {
   for (const name of p.changedChains) {
-    for (const r of desired.chains.get(name)!.rules) {
+    for (const r of desired.chain(name)!.rules) {
       for (const m of r.rule.matchAll(/@(\S+)/g)) {
-        const s = desired.sets.get(m[1]);
+        const s = desired.set(m[1]);
         if (s && !p.declared.has(s.name)) declareSet(p, s);
       }
     }
@@ -330,15 +360,15 @@ function declareReferencedSets(desired: Ruleset, p: PartialParts): void {
  * partialTransaction would write, found by comparing only the objects the replanned ports
  * name with their previous values, so its cost follows the change, not the table.
  */
-export function partialTransactionFor(desired: Ruleset, previous: PreviousValues, opts: PartialOptions = {}): Transaction {
+export function partialTransactionFor(desired: TableLookup, previous: PreviousValues, opts: PartialOptions = {}): Transaction {
   const p = partialParts(desired, opts.owners);
   for (const [name, old] of previous.sets) {
-    const s = desired.sets.get(name);
+    const s = desired.set(name);
     if (s && !old) declareSet(p, s);
   }
   const staleChains: string[] = [];
   for (const [name, old] of previous.chains) {
-    const ch = desired.chains.get(name);
+    const ch = desired.chain(name);
     if (!ch) {
       if (old) staleChains.push(name);
       continue;
@@ -348,9 +378,8 @@ export function partialTransactionFor(desired: Ruleset, previous: PreviousValues
   }
   const els = new ElementDiff(desired, p.w, new Set(staleChains), opts.lingering ?? new Map(), opts.deferRemovals ?? true);
   for (const [setName, prevEls] of previous.elements) {
-    const want = desired.sets.get(setName)?.elements;
     for (const [k, prev] of prevEls) {
-      const el = want?.get(k);
+      const el = desired.element(setName, k);
       if (el && prev && (el === prev || sameElement(prev, el))) continue;
       if (el) els.add(setName, el, prev);
       else if (prev) els.remove(setName, prev);
@@ -358,7 +387,7 @@ export function partialTransactionFor(desired: Ruleset, previous: PreviousValues
   }
   declareReferencedSets(desired, p);
   staleChains.sort();
-  const staleSets = [...previous.sets].filter(([s, old]) => old && !desired.sets.has(s)).map(([s, old]) => [s, old!.kind] as const).sort();
+  const staleSets = [...previous.sets].filter(([s, old]) => old && !desired.hasSet(s)).map(([s, old]) => [s, old!.kind] as const).sort();
   return assemblePartial(p, els, staleChains, staleSets);
 }
 
