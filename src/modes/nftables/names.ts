@@ -127,8 +127,8 @@ export interface ServiceChainNames {
 /**
  * A flat copy of a string built by concatenation. V8 keeps a template literal's result as a
  * tree of its pieces (32 bytes a node, 3 to 6 nodes a rule); hashing it as a Map key then adds
- * a flat copy beside the tree. Names and rules kept between syncs are flat: same text, about
- * half the memory.
+ * a flat copy beside the tree. Names kept between syncs, and the rules of a table a full sync
+ * is writing, are flat: same text, about half the memory.
  */
 export function flatString(s: string): string {
   // A JSON round trip always yields a fresh sequential string; in-place flattening (hashing,

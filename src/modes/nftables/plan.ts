@@ -360,17 +360,18 @@ function addEndpointChains(rs: Ruleset, o: NftPlanOptions, cat: PortView, names:
 /**
  * What one service port contributes to the table: its own chains and (affinity) sets, and
  * its elements of the shared sets and maps (cluster-ips, service-ips, ...). A fragment
- * depends only on the ServicePort, its endpoints and the options, so a proxier can keep it
- * until one of those changes. Fragments are shared between rulesets: never mutate one.
+ * depends only on the ServicePort, its endpoints and the options, so the same inputs plan it
+ * again exactly (a diff plans a changed port's previous fragment from its previous inputs).
+ * Fragments are shared between rulesets: never mutate one.
  */
 export interface PortFragment {
-  /** its own chains, in declaration order (an array, not a Map: 10^4 fragments are kept) */
+  /** its own chains, in declaration order (an array, not a Map: a table's fragments are live together) */
   chains: NftChain[];
   /** the port's own sets (affinity), in declaration order */
   sets: Map<string, NftSet>;
   /**
    * its elements of the shared sets and maps, by set in declaration order, then in insertion
-   * order (an array, not a Map per set: 10^4 fragments keep them between syncs)
+   * order (an array, not a Map per set: a table's fragments are live together)
    */
   elements: FragmentElement[];
   /** addresses of the port left out because they can never be a Service VIP (vip.ts) */
@@ -417,7 +418,8 @@ export function planPortFragment(o: NftPlanOptions, original: ServicePort, endpo
   return frag;
 }
 
-// ---- memory: fragments are kept between syncs (10^5 chains and rules at 10,000 Services) ----
+// ---- memory: a table's fragments are live together while a full sync writes it (10^4 chains
+// and rules per table at 10,000 Services, 10^5 at 100,000): flat and shared, they hold the peak ----
 
 /** shared by the fragments of ports without affinity sets (never mutated: fragments are read-only) */
 const NO_SETS: Map<string, NftSet> = new Map();
