@@ -111,6 +111,7 @@ export function servicePortsOf(svc: K8sService, family: IPFamily, report: Report
 
   const out: ServicePort[] = [];
   const seen = new Set<string>();
+  const svcKey = serviceKey(svc.metadata!.namespace!, svc.metadata!.name!);
   for (const p of spec.ports ?? []) {
     const port = validServicePort(p, type, who, report);
     if (!port) continue;
@@ -121,22 +122,39 @@ export function servicePortsOf(svc: K8sService, family: IPFamily, report: Report
       continue;
     }
     seen.add(key);
+    // Every field written out in one literal, in one order: V8 then gives all ServicePorts
+    // one hidden class with the fields inside the object. Spreading `shared` in, or building
+    // portName by spreading `names`, put fields in a separate property array and gave each
+    // portName a hidden class of its own (~270 bytes more per port, measured at 10,000).
     out.push({
       key,
-      serviceKey: serviceKey(names.namespace, names.name),
-      portName: { ...names, protocol: port.protocol },
+      serviceKey: svcKey,
+      portName: { namespace: names.namespace, name: names.name, port: names.port, protocol: port.protocol },
       protocol: port.protocol,
       clusterIP,
       port: port.port,
       nodePort: port.nodePort,
       targetPort: p.targetPort,
-      ...shared,
+      externalIPs: shared.externalIPs,
+      loadBalancerVIPs: shared.loadBalancerVIPs,
+      loadBalancerSourceRanges: shared.loadBalancerSourceRanges,
+      stickyMaxAgeSeconds: shared.stickyMaxAgeSeconds,
+      externalPolicyLocal: shared.externalPolicyLocal,
+      internalPolicyLocal: shared.internalPolicyLocal,
+      healthCheckNodePort: shared.healthCheckNodePort,
       trafficDistribution: spec.trafficDistribution,
       family,
     });
   }
   return out;
 }
+
+/**
+ * An empty list of names or addresses (no topology hints: nearly every endpoint; no external
+ * IPs, load balancer IPs or source ranges: most Services): one shared frozen array, not one
+ * per endpoint or port (50,000 endpoints × 2 and 10,000 ports × 3 at 10,000 Services).
+ */
+const NONE: string[] = Object.freeze([]) as unknown as string[];
 
 /** What every port of a Service shares (addresses, policies, affinity), for one family. */
 type ServiceWide = Pick<
@@ -160,7 +178,7 @@ function serviceWideFields(svc: K8sService, family: IPFamily, who: string, repor
   const lbIngress = (svc.status?.loadBalancer?.ingress ?? [])
     .filter((i) => i.ip && (i.ipMode === undefined || i.ipMode === null || i.ipMode === 'VIP'))
     .map((i) => i.ip as string);
-  const loadBalancerVIPs = spec.type === 'LoadBalancer' ? ipsOfFamily(lbIngress, 'load balancer ingress IP', family, who, report) : [];
+  const loadBalancerVIPs = spec.type === 'LoadBalancer' ? ipsOfFamily(lbIngress, 'load balancer ingress IP', family, who, report) : NONE;
   const sourceRanges: string[] = [];
   for (const raw of spec.loadBalancerSourceRanges ?? []) {
     const c = parseCIDR(String(raw));
@@ -184,7 +202,7 @@ function serviceWideFields(svc: K8sService, family: IPFamily, who: string, repor
   return {
     externalIPs,
     loadBalancerVIPs,
-    loadBalancerSourceRanges: sourceRanges,
+    loadBalancerSourceRanges: sourceRanges.length ? sourceRanges : NONE,
     stickyMaxAgeSeconds: sticky,
     externalPolicyLocal,
     internalPolicyLocal,
@@ -203,7 +221,7 @@ function ipsOfFamily(list: string[] | undefined, what: string, family: IPFamily,
     }
     if (ipFamily(ip) === family && !out.includes(ip)) out.push(ip);
   }
-  return out;
+  return out.length ? out : NONE;
 }
 
 /**
@@ -341,11 +359,9 @@ function shared(name: string | undefined): string | undefined {
   return name;
 }
 
-/** No hints (nearly every endpoint): one shared frozen array, not two per endpoint (50,000 at 10k × 5). */
-const NO_HINTS: string[] = Object.freeze([]) as unknown as string[];
 
 function hintNames(list: Array<{ name?: string | null }> | null | undefined): string[] {
-  if (!list?.length) return NO_HINTS;
+  if (!list?.length) return NONE;
   return list.map((z) => z.name ?? '').filter(Boolean);
 }
 
