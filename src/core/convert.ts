@@ -3,6 +3,7 @@
 // break a rule, bad IPs, ports out of range and unknown protocols are reported and skipped.
 // Pure: no I/O; problems go to the `report` callback.
 import { flat } from './flat.ts';
+import { Interner } from './intern.ts';
 import { canonicalIP, ipFamily, parseCIDR, joinHostPort, type IPFamily } from './ip.ts';
 import {
   PROTOCOLS,
@@ -106,42 +107,43 @@ export function servicePortsOf(svc: K8sService, family: IPFamily, report: Report
   }
   const clusterIP = clusterIPForFamily(svc, family);
   if (!clusterIP) return [];
-  const shared = serviceWideFields(svc, family, who, report);
+  const wide = serviceWideFields(svc, family, who, report);
   const type = spec.type ?? 'ClusterIP';
 
   const out: ServicePort[] = [];
   const seen = new Set<string>();
-  const svcKey = serviceKey(svc.metadata!.namespace!, svc.metadata!.name!);
+  const namespace = names.get(svc.metadata!.namespace!);
+  const name = svc.metadata!.name!;
+  const svcKey = serviceKey(namespace, name);
   for (const p of spec.ports ?? []) {
     const port = validServicePort(p, type, who, report);
     if (!port) continue;
-    const names = { namespace: svc.metadata!.namespace!, name: svc.metadata!.name!, port: port.portName };
-    const key = servicePortKey(names);
+    const key = servicePortKey({ namespace, name, port: port.portName });
     if (seen.has(key)) {
       report(`duplicate port name ${JSON.stringify(port.portName)} skipped`, who);
       continue;
     }
     seen.add(key);
     // Every field written out in one literal, in one order: V8 then gives all ServicePorts
-    // one hidden class with the fields inside the object. Spreading `shared` in, or building
-    // portName by spreading `names`, put fields in a separate property array and gave each
+    // one hidden class with the fields inside the object. Spreading `wide` in, or building
+    // portName by spreading its parts, put fields in a separate property array and gave each
     // portName a hidden class of its own (~270 bytes more per port, measured at 10,000).
     out.push({
       key,
       serviceKey: svcKey,
-      portName: { namespace: names.namespace, name: names.name, port: names.port, protocol: port.protocol },
+      portName: { namespace, name, port: port.portName, protocol: port.protocol },
       protocol: port.protocol,
       clusterIP,
       port: port.port,
       nodePort: port.nodePort,
       targetPort: p.targetPort,
-      externalIPs: shared.externalIPs,
-      loadBalancerVIPs: shared.loadBalancerVIPs,
-      loadBalancerSourceRanges: shared.loadBalancerSourceRanges,
-      stickyMaxAgeSeconds: shared.stickyMaxAgeSeconds,
-      externalPolicyLocal: shared.externalPolicyLocal,
-      internalPolicyLocal: shared.internalPolicyLocal,
-      healthCheckNodePort: shared.healthCheckNodePort,
+      externalIPs: wide.externalIPs,
+      loadBalancerVIPs: wide.loadBalancerVIPs,
+      loadBalancerSourceRanges: wide.loadBalancerSourceRanges,
+      stickyMaxAgeSeconds: wide.stickyMaxAgeSeconds,
+      externalPolicyLocal: wide.externalPolicyLocal,
+      internalPolicyLocal: wide.internalPolicyLocal,
+      healthCheckNodePort: wide.healthCheckNodePort,
       trafficDistribution: spec.trafficDistribution,
       family,
     });
@@ -345,20 +347,13 @@ export function endpointsOfSlices(
   return out;
 }
 
-// Node and zone names repeat across endpoints (a few hundred nodes, 50,000 endpoints), but each
-// parsed object carries its own copy of the text: the endpoints share one string per name.
-// Bounded by clearing: names that come and go over a long run must not pile up.
-const names = new Map<string, string>();
+// Node, zone and namespace names repeat across endpoints and Services (a few hundred nodes,
+// 50,000 endpoints): the objects kept share one string per name (see Interner).
+const names = new Interner();
 
 function shared(name: string | undefined): string | undefined {
-  if (name === undefined) return undefined;
-  const hit = names.get(name);
-  if (hit !== undefined) return hit;
-  if (names.size >= 10_000) names.clear();
-  names.set(name, name);
-  return name;
+  return name === undefined ? undefined : names.get(name);
 }
-
 
 function hintNames(list: Array<{ name?: string | null }> | null | undefined): string[] {
   if (!list?.length) return NONE;

@@ -131,7 +131,8 @@ export class ServiceChangeTracker {
     for (const [svcKey, change] of this.pending) {
       for (const p of change.previous) state.services.delete(p.key);
       for (const p of change.current) state.services.set(p.key, p);
-      if (change.current.length) this.applied.set(svcKey, change.current);
+      // keyed by the ports' own serviceKey: the same text, one string less per Service
+      if (change.current.length) this.applied.set(change.current[0].serviceKey, change.current);
       else this.applied.delete(svcKey);
       changed.add(svcKey);
     }

@@ -21,6 +21,7 @@ import https from 'node:https';
 import { ListWatch, Watch, type KubeConfig, type KubernetesListObject, type KubernetesObject } from '@kubernetes/client-node';
 import type { Logger } from '../log.ts';
 import { coded } from '../errors.ts';
+import { Interner } from '../core/intern.ts';
 
 export interface BackoffOptions {
   /** first retry delay (default 200 ms) */
@@ -85,19 +86,21 @@ function keyOf(o: KubernetesObject): string {
   return `${o.metadata?.namespace ?? ''}/${o.metadata?.name ?? ''}`;
 }
 
+/** Namespaces repeat across objects: the kept identities share one string per namespace. */
+const namespaces = new Interner();
+
 /**
- * What the informer keeps of a delivered object: its identity (kind, name, namespace, uid)
- * and its resourceVersion, which is all ListWatch reads of a cached object (its relist diff
- * compares names and resourceVersions) and all a handler may rely on in an old object
- * (SourceHandler). The whole objects of 10,000 Services and 10,000 EndpointSlices took tens
- * of MB; the trackers keep what they need of each as it is delivered.
+ * What the informer keeps of a delivered object: its identity (kind, name, namespace) and its
+ * resourceVersion, which is all ListWatch reads of a cached object (its relist diff compares
+ * names and resourceVersions) and all a handler may rely on in an old object (SourceHandler).
+ * The whole objects of 10,000 Services and 10,000 EndpointSlices took tens of MB; the
+ * trackers keep what they need of each as it is delivered.
  */
 export function slimObject<T extends KubernetesObject>(o: T): T {
   const m = o.metadata ?? {};
   const metadata: NonNullable<KubernetesObject['metadata']> = {};
   if (m.name !== undefined) metadata.name = m.name;
-  if (m.namespace !== undefined) metadata.namespace = m.namespace;
-  if (m.uid !== undefined) metadata.uid = m.uid;
+  if (m.namespace !== undefined) metadata.namespace = typeof m.namespace === 'string' ? namespaces.get(m.namespace) : m.namespace;
   if (m.resourceVersion !== undefined) metadata.resourceVersion = m.resourceVersion;
   const out: KubernetesObject = { metadata };
   if (o.apiVersion !== undefined) out.apiVersion = o.apiVersion;
