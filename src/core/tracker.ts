@@ -147,6 +147,13 @@ interface SliceEndpoints {
   ports: PortLists;
 }
 
+/** A Service's slices: the one slice itself (the usual case: no array per Service), or several. */
+type ServiceSlices = SliceEndpoints | SliceEndpoints[];
+
+function slicesOf(s: ServiceSlices | undefined): readonly SliceEndpoints[] {
+  return s === undefined ? [] : Array.isArray(s) ? s : [s];
+}
+
 /** A slice's name: its "ns/name" after the namespace (a namespace holds no "/"). */
 function sliceName(id: string): string {
   return id.slice(id.indexOf('/') + 1);
@@ -182,7 +189,7 @@ export class EndpointsChangeTracker {
    * 10,000 slices × 5 endpoints, as JSON text 11 MiB). A Service with one slice uses these
    * very lists; several slices are merged as endpointsOfSlices does.
    */
-  private readonly slices = new Map<string, SliceEndpoints[]>();
+  private readonly slices = new Map<string, ServiceSlices>();
   /** slice "ns/name" → the service key it is filed under, so a relabelled slice leaves its old service */
   private readonly sliceService = new Map<string, string>();
   private readonly applied = new Map<string, PortLists>();
@@ -214,16 +221,15 @@ export class EndpointsChangeTracker {
     const svcKey = valid ? sliceServiceKey(valid) : null;
     const before = this.sliceService.get(id);
     if (before !== undefined) {
-      const kept = (this.slices.get(before) ?? []).filter((e) => e.id !== id);
-      if (kept.length) this.slices.set(before, kept);
+      const kept = slicesOf(this.slices.get(before)).filter((e) => e.id !== id);
+      if (kept.length) this.slices.set(before, kept.length === 1 ? kept[0] : kept);
       else this.slices.delete(before);
       this.sliceService.delete(id);
     }
     if (valid && svcKey) {
       const entry = { id, ports: portListsOf(endpointsOfSlices([valid], this.family, this.nodeName, this.report)) };
       const bySlice = this.slices.get(svcKey);
-      if (bySlice) bySlice.push(entry);
-      else this.slices.set(svcKey, [entry]);
+      this.slices.set(svcKey, bySlice ? [...slicesOf(bySlice), entry] : entry);
       this.sliceService.set(id, svcKey);
     }
     let pending = false;
@@ -257,7 +263,7 @@ export class EndpointsChangeTracker {
       change = { previous: this.applied.get(svcKey) ?? NO_LISTS, current: NO_LISTS };
       this.pending.set(svcKey, change);
     }
-    change.current = mergeSlices(this.slices.get(svcKey) ?? []);
+    change.current = mergeSlices(slicesOf(this.slices.get(svcKey)));
     if (sameLists(change.previous, change.current)) {
       this.pending.delete(svcKey);
       this.triggerTimes.delete(svcKey);
@@ -275,11 +281,11 @@ export class EndpointsChangeTracker {
     if (nodeName === this.nodeName) return;
     this.nodeName = nodeName;
     for (const [svcKey, bySlice] of this.slices) {
-      const relocated = bySlice.map((entry) => ({
+      const relocated = slicesOf(bySlice).map((entry) => ({
         id: entry.id,
         ports: entry.ports.map((x) => (typeof x === 'string' ? x : x.map((e) => ({ ...e, isLocal: !!e.nodeName && e.nodeName === nodeName })))),
       }));
-      this.slices.set(svcKey, relocated);
+      this.slices.set(svcKey, relocated.length === 1 ? relocated[0] : relocated);
       this.recompute(svcKey);
     }
   }
