@@ -216,8 +216,8 @@ export class ResilientInformer<T extends KubernetesObject> {
     const query = { labelSelector: o.labelSelector, fieldSelector: o.fieldSelector };
     const listFn = () => this.list(query);
     this.lw = new ListWatch<T>(o.path, new InstrumentedWatch(o.kc, this), listFn, false, o.labelSelector, o.fieldSelector);
-    this.lw.on('add', (obj) => this.onAddOrUpdate(null, obj));
-    this.lw.on('update', (obj) => this.onAddOrUpdate(this.previous.get(obj) ?? null, obj));
+    this.lw.on('add', (obj) => this.onAddOrUpdate(obj));
+    this.lw.on('update', (obj) => this.onAddOrUpdate(obj, this.previous.get(obj) ?? null));
     this.lw.on('delete', (obj) => this.onDelete(obj));
     this.lw.on('error', (err) => this.fail(err));
   }
@@ -310,7 +310,7 @@ export class ResilientInformer<T extends KubernetesObject> {
     }
   }
 
-  private onAddOrUpdate(old: T | null, obj: T): void {
+  private onAddOrUpdate(obj: T, old: T | null = null): void {
     this.keepSlimInListWatch(obj, slimObject(obj));
     this.safeChange(old, obj);
   }
