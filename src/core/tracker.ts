@@ -17,18 +17,75 @@ import { type K8sEndpointSlice, type Report } from './api.ts';
 import { Boundary, objectIdentity, type BoundaryOptions } from './validate.ts';
 
 interface Change<T> {
-  previous: Map<string, T>;
-  current: Map<string, T>;
+  previous: T;
+  current: T;
 }
 
-function portMap(ports: ServicePort[]): Map<string, ServicePort> {
-  return new Map(ports.map((p) => [p.key, p]));
+// A Service's ports, and its endpoint lists per port, are kept as plain arrays, not a Map per
+// Service and per slice: a small Map costs ~180 bytes, and at 10,000 Services with one slice
+// each there were 30,000 of them (~5 MiB). Order is as the objects give it (spec order, slice
+// port order), as a Map's insertion order was; two versions are compared as a Map was, order
+// aside (samePorts, sameLists).
+
+const NO_PORTS: readonly ServicePort[] = Object.freeze([]);
+
+/** Whether two lists of a Service's ports hold the same ports, in any order. */
+function samePorts(a: readonly ServicePort[], b: readonly ServicePort[]): boolean {
+  if (a.length !== b.length) return false;
+  return a.every((p) => {
+    const q = b.find((x) => x.key === p.key);
+    return q !== undefined && isDeepStrictEqual(p, q);
+  });
+}
+
+/**
+ * Endpoint lists by servicePortKey, flat: `[key, list, key, list, ...]`, each key once.
+ * One port (the usual case) is one small array instead of a Map.
+ */
+export type PortLists = ReadonlyArray<string | Endpoint[]>;
+
+const NO_LISTS: PortLists = Object.freeze([]);
+
+/**
+ * An array kept for long is allocated at its exact length: one grown by push has room for 16
+ * more elements (~130 bytes of nothing, on each of 10,000 Services' arrays).
+ */
+function portListsOf(byPort: Map<string, Endpoint[]>): PortLists {
+  if (byPort.size === 0) return NO_LISTS;
+  const out = new Array<string | Endpoint[]>(byPort.size * 2);
+  let i = 0;
+  for (const [k, list] of byPort) {
+    out[i++] = k;
+    out[i++] = list;
+  }
+  return out;
+}
+
+/** Calls fn for each (servicePortKey, list) of a PortLists, in order. */
+function forEachList(lists: PortLists, fn: (key: string, list: Endpoint[]) => void): void {
+  for (let i = 0; i < lists.length; i += 2) fn(lists[i] as string, lists[i + 1] as Endpoint[]);
+}
+
+/** The list of one port in a PortLists, or undefined. */
+function listOf(lists: PortLists, key: string): Endpoint[] | undefined {
+  for (let i = 0; i < lists.length; i += 2) if (lists[i] === key) return lists[i + 1] as Endpoint[];
+  return undefined;
+}
+
+/** Whether two PortLists hold the same lists by port, in any order of the ports. */
+function sameLists(a: PortLists, b: PortLists): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i += 2) {
+    const other = listOf(b, a[i] as string);
+    if (other === undefined || !isDeepStrictEqual(a[i + 1], other)) return false;
+  }
+  return true;
 }
 
 export class ServiceChangeTracker {
-  private readonly pending = new Map<string, Change<ServicePort>>();
+  private readonly pending = new Map<string, Change<readonly ServicePort[]>>();
   /** the ports each service had when last applied, so "previous" is known for a first change */
-  private readonly applied = new Map<string, Map<string, ServicePort>>();
+  private readonly applied = new Map<string, readonly ServicePort[]>();
 
   constructor(
     private readonly family: IPFamily,
@@ -46,11 +103,13 @@ export class ServiceChangeTracker {
     if (!key) return false;
     let change = this.pending.get(key);
     if (!change) {
-      change = { previous: this.applied.get(key) ?? new Map(), current: new Map() };
+      change = { previous: this.applied.get(key) ?? NO_PORTS, current: NO_PORTS };
       this.pending.set(key, change);
     }
-    change.current = valid ? portMap(servicePortsOf(valid, this.family, this.report)) : new Map();
-    if (isDeepStrictEqual(change.previous, change.current)) {
+    const ports = valid ? servicePortsOf(valid, this.family, this.report) : [];
+    // kept until the next change: at its exact length (portListsOf)
+    change.current = ports.length ? ports.slice() : NO_PORTS;
+    if (samePorts(change.previous, change.current)) {
       this.pending.delete(key);
       return false;
     }
@@ -63,16 +122,17 @@ export class ServiceChangeTracker {
 
   /** The servicePortKeys a service ("ns/name") has in the state since the last apply. */
   portKeysOf(serviceKey: string): Iterable<string> {
-    return this.applied.get(serviceKey)?.keys() ?? [];
+    return (this.applied.get(serviceKey) ?? NO_PORTS).map((p) => p.key);
   }
 
   /** Applies pending changes to state.services; returns the service keys ("ns/name") that changed. */
   apply(state: ProxyState): Set<string> {
     const changed = new Set<string>();
     for (const [svcKey, change] of this.pending) {
-      for (const k of change.previous.keys()) state.services.delete(k);
-      for (const [k, sp] of change.current) state.services.set(k, sp);
-      if (change.current.size) this.applied.set(svcKey, change.current);
+      for (const p of change.previous) state.services.delete(p.key);
+      for (const p of change.current) state.services.set(p.key, p);
+      // keyed by the ports' own serviceKey: the same text, one string less per Service
+      if (change.current.length) this.applied.set(change.current[0].serviceKey, change.current);
       else this.applied.delete(svcKey);
       changed.add(svcKey);
     }
@@ -81,10 +141,22 @@ export class ServiceChangeTracker {
   }
 }
 
-/** One slice's endpoints by servicePortKey (endpointsOfSlices of that slice alone), and its name. */
+/** One slice's endpoints by servicePortKey (endpointsOfSlices of that slice alone), and its "ns/name". */
 interface SliceEndpoints {
-  name: string;
-  ports: Map<string, Endpoint[]>;
+  id: string;
+  ports: PortLists;
+}
+
+/** A Service's slices: the one slice itself (the usual case: no array per Service), or several. */
+type ServiceSlices = SliceEndpoints | SliceEndpoints[];
+
+function slicesOf(s: ServiceSlices | undefined): readonly SliceEndpoints[] {
+  return s === undefined ? [] : Array.isArray(s) ? s : [s];
+}
+
+/** A slice's name: its "ns/name" after the namespace (a namespace holds no "/"). */
+function sliceName(id: string): string {
+  return id.slice(id.indexOf('/') + 1);
 }
 
 /**
@@ -93,34 +165,35 @@ interface SliceEndpoints {
  * is local (each slice's lists already collapsed its own duplicates the same way), lists
  * sorted by key. One slice: its lists as they are.
  */
-function mergeSlices(entries: SliceEndpoints[]): Map<string, Endpoint[]> {
-  if (entries.length === 0) return new Map();
+function mergeSlices(entries: readonly SliceEndpoints[]): PortLists {
+  if (entries.length === 0) return NO_LISTS;
   if (entries.length === 1) return entries[0].ports;
   const byPort = new Map<string, Map<string, Endpoint>>();
-  for (const entry of [...entries].sort((a, b) => a.name.localeCompare(b.name))) {
-    for (const [k, list] of entry.ports) {
+  const named = entries.map((e) => ({ name: sliceName(e.id), ports: e.ports }));
+  for (const entry of named.sort((a, b) => a.name.localeCompare(b.name))) {
+    forEachList(entry.ports, (k, list) => {
       let set = byPort.get(k);
       if (!set) byPort.set(k, (set = new Map()));
       for (const e of list) if (!set.has(e.key) || e.isLocal) set.set(e.key, e);
-    }
+    });
   }
   const out = new Map<string, Endpoint[]>();
   for (const [k, set] of byPort) out.set(k, [...set.values()].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0)));
-  return out;
+  return portListsOf(out);
 }
 
 export class EndpointsChangeTracker {
   /**
-   * What each valid EndpointSlice contributes, by service key then slice "ns/name":
-   * upstream's EndpointSliceCache, kept as the slice's own endpoints per service port (not the
-   * slice: as objects 24 MiB at 10,000 slices × 5 endpoints, as JSON text 11 MiB). A Service
-   * with one slice uses these very lists; several slices are merged as endpointsOfSlices does.
+   * What each valid EndpointSlice contributes, by service key: upstream's EndpointSliceCache,
+   * kept as each slice's own endpoints per service port (not the slice: as objects 24 MiB at
+   * 10,000 slices × 5 endpoints, as JSON text 11 MiB). A Service with one slice uses these
+   * very lists; several slices are merged as endpointsOfSlices does.
    */
-  private readonly slices = new Map<string, Map<string, SliceEndpoints>>();
+  private readonly slices = new Map<string, ServiceSlices>();
   /** slice "ns/name" → the service key it is filed under, so a relabelled slice leaves its old service */
   private readonly sliceService = new Map<string, string>();
-  private readonly applied = new Map<string, Map<string, Endpoint[]>>();
-  private readonly pending = new Map<string, Change<Endpoint[]>>();
+  private readonly applied = new Map<string, PortLists>();
+  private readonly pending = new Map<string, Change<PortLists>>();
   /**
    * The last-change-trigger-times of the pending changes, by service key: upstream's
    * lastChangeTriggerTimes, from which network_programming_duration_seconds is measured once
@@ -148,15 +221,15 @@ export class EndpointsChangeTracker {
     const svcKey = valid ? sliceServiceKey(valid) : null;
     const before = this.sliceService.get(id);
     if (before !== undefined) {
-      const bySlice = this.slices.get(before);
-      bySlice?.delete(id);
-      if (bySlice && !bySlice.size) this.slices.delete(before);
+      const kept = slicesOf(this.slices.get(before)).filter((e) => e.id !== id);
+      if (kept.length) this.slices.set(before, kept.length === 1 ? kept[0] : kept);
+      else this.slices.delete(before);
       this.sliceService.delete(id);
     }
     if (valid && svcKey) {
-      let bySlice = this.slices.get(svcKey);
-      if (!bySlice) this.slices.set(svcKey, (bySlice = new Map()));
-      bySlice.set(id, { name: valid.metadata?.name ?? '', ports: endpointsOfSlices([valid], this.family, this.nodeName, this.report) });
+      const entry = { id, ports: portListsOf(endpointsOfSlices([valid], this.family, this.nodeName, this.report)) };
+      const bySlice = this.slices.get(svcKey);
+      this.slices.set(svcKey, bySlice ? [...slicesOf(bySlice), entry] : entry);
       this.sliceService.set(id, svcKey);
     }
     let pending = false;
@@ -187,11 +260,11 @@ export class EndpointsChangeTracker {
   private recompute(svcKey: string): boolean {
     let change = this.pending.get(svcKey);
     if (!change) {
-      change = { previous: this.applied.get(svcKey) ?? new Map(), current: new Map() };
+      change = { previous: this.applied.get(svcKey) ?? NO_LISTS, current: NO_LISTS };
       this.pending.set(svcKey, change);
     }
-    change.current = mergeSlices([...(this.slices.get(svcKey)?.values() ?? [])]);
-    if (isDeepStrictEqual(change.previous, change.current)) {
+    change.current = mergeSlices(slicesOf(this.slices.get(svcKey)));
+    if (sameLists(change.previous, change.current)) {
       this.pending.delete(svcKey);
       this.triggerTimes.delete(svcKey);
       return false;
@@ -208,11 +281,11 @@ export class EndpointsChangeTracker {
     if (nodeName === this.nodeName) return;
     this.nodeName = nodeName;
     for (const [svcKey, bySlice] of this.slices) {
-      for (const [id, entry] of bySlice) {
-        const ports = new Map<string, Endpoint[]>();
-        for (const [k, list] of entry.ports) ports.set(k, list.map((e) => ({ ...e, isLocal: !!e.nodeName && e.nodeName === nodeName })));
-        bySlice.set(id, { name: entry.name, ports });
-      }
+      const relocated = slicesOf(bySlice).map((entry) => ({
+        id: entry.id,
+        ports: entry.ports.map((x) => (typeof x === 'string' ? x : x.map((e) => ({ ...e, isLocal: !!e.nodeName && e.nodeName === nodeName })))),
+      }));
+      this.slices.set(svcKey, relocated.length === 1 ? relocated[0] : relocated);
       this.recompute(svcKey);
     }
   }
@@ -224,9 +297,9 @@ export class EndpointsChangeTracker {
   apply(state: ProxyState): Set<string> {
     const changed = new Set<string>();
     for (const [svcKey, change] of this.pending) {
-      for (const k of change.previous.keys()) state.endpoints.delete(k);
-      for (const [k, eps] of change.current) state.endpoints.set(k, eps);
-      if (change.current.size) this.applied.set(svcKey, change.current);
+      forEachList(change.previous, (k) => state.endpoints.delete(k));
+      forEachList(change.current, (k, eps) => state.endpoints.set(k, eps));
+      if (change.current.length) this.applied.set(svcKey, change.current);
       else this.applied.delete(svcKey);
       changed.add(svcKey);
     }

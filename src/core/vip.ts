@@ -57,8 +57,12 @@ export interface SafePort {
 }
 
 // The trackers replace a ServicePort whenever its Service changes: one check per object.
-const cache = new WeakMap<ServicePort, SafePort>();
-const cacheLoopbackAllowed = new WeakMap<ServicePort, SafePort>();
+// A port with no unsafe VIP (nearly all) is cached as CLEAN, and its SafePort made on each
+// ask: a kept object and list per port would be ~70 bytes each at 10,000 Services.
+const CLEAN = 0;
+const cache = new WeakMap<ServicePort, SafePort | typeof CLEAN>();
+const cacheLoopbackAllowed = new WeakMap<ServicePort, SafePort | typeof CLEAN>();
+const NOTHING_SKIPPED: SkippedVIP[] = Object.freeze([]) as unknown as SkippedVIP[];
 
 export interface SafeOptions {
   /**
@@ -75,6 +79,7 @@ export interface SafeOptions {
 export function safeServicePort(sp: ServicePort, opts: SafeOptions = {}): SafePort {
   const c = opts.allowLoopback ? cacheLoopbackAllowed : cache;
   const hit = c.get(sp);
+  if (hit === CLEAN) return { sp, skipped: NOTHING_SKIPPED };
   if (hit) return hit;
   const skipped: SkippedVIP[] = [];
   const keep = (field: SkippedVIP['field'], ip: string): boolean => {
@@ -86,7 +91,11 @@ export function safeServicePort(sp: ServicePort, opts: SafeOptions = {}): SafePo
   const clusterIP = sp.clusterIP !== null && !keep('clusterIP', sp.clusterIP) ? null : sp.clusterIP;
   const externalIPs = sp.externalIPs.filter((ip) => keep('externalIPs', ip));
   const loadBalancerVIPs = sp.loadBalancerVIPs.filter((ip) => keep('loadBalancerVIPs', ip));
-  const out: SafePort = skipped.length === 0 ? { sp, skipped } : { sp: { ...sp, clusterIP, externalIPs, loadBalancerVIPs }, skipped };
+  if (skipped.length === 0) {
+    c.set(sp, CLEAN);
+    return { sp, skipped: NOTHING_SKIPPED };
+  }
+  const out: SafePort = { sp: { ...sp, clusterIP, externalIPs, loadBalancerVIPs }, skipped };
   c.set(sp, out);
   return out;
 }

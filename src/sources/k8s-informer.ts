@@ -3,9 +3,11 @@
 // client-node's ListWatch lists, watches from the list's resourceVersion, re-watches when a
 // stream ends cleanly, relists on 410 Gone (diffing the relist against its cache, so
 // deletes missed while away are reported), but:
-// - its update callback only gets the new object: we keep our own cache keyed by
-//   namespace/name and hand (old, new) pairs to the caller, the old object as slimObject
-//   keeps it (its identity and resourceVersion: both caches hold only that);
+// - its update callback only gets the new object, and its cache already holds that one: the
+//   old object is looked up in its cache just before each watch event or listed object
+//   reaches it, and handed to the caller with the new one (old, new), as slimObject keeps it
+//   (its identity and resourceVersion: the cache holds only that; one cache, not a second
+//   one of our own: ~1.5 MiB at 10,000 Services and as many slices);
 // - it stops for good after any error: we restart it with capped exponential back-off
 //   (it resumes the watch from its last resourceVersion, or relists when it has none);
 // - its Watch never times out and ignores ERROR events other than 410 (the server then
@@ -21,6 +23,7 @@ import https from 'node:https';
 import { ListWatch, Watch, type KubeConfig, type KubernetesListObject, type KubernetesObject } from '@kubernetes/client-node';
 import type { Logger } from '../log.ts';
 import { coded } from '../errors.ts';
+import { Interner } from '../core/intern.ts';
 
 export interface BackoffOptions {
   /** first retry delay (default 200 ms) */
@@ -85,19 +88,21 @@ function keyOf(o: KubernetesObject): string {
   return `${o.metadata?.namespace ?? ''}/${o.metadata?.name ?? ''}`;
 }
 
+/** Namespaces repeat across objects: the kept identities share one string per namespace. */
+const namespaces = new Interner();
+
 /**
- * What the informer keeps of a delivered object: its identity (kind, name, namespace, uid)
- * and its resourceVersion, which is all ListWatch reads of a cached object (its relist diff
- * compares names and resourceVersions) and all a handler may rely on in an old object
- * (SourceHandler). The whole objects of 10,000 Services and 10,000 EndpointSlices took tens
- * of MB; the trackers keep what they need of each as it is delivered.
+ * What the informer keeps of a delivered object: its identity (kind, name, namespace) and its
+ * resourceVersion, which is all ListWatch reads of a cached object (its relist diff compares
+ * names and resourceVersions) and all a handler may rely on in an old object (SourceHandler).
+ * The whole objects of 10,000 Services and 10,000 EndpointSlices took tens of MB; the
+ * trackers keep what they need of each as it is delivered.
  */
 export function slimObject<T extends KubernetesObject>(o: T): T {
   const m = o.metadata ?? {};
   const metadata: NonNullable<KubernetesObject['metadata']> = {};
   if (m.name !== undefined) metadata.name = m.name;
-  if (m.namespace !== undefined) metadata.namespace = m.namespace;
-  if (m.uid !== undefined) metadata.uid = m.uid;
+  if (m.namespace !== undefined) metadata.namespace = typeof m.namespace === 'string' ? namespaces.get(m.namespace) : m.namespace;
   if (m.resourceVersion !== undefined) metadata.resourceVersion = m.resourceVersion;
   const out: KubernetesObject = { metadata };
   if (o.apiVersion !== undefined) out.apiVersion = o.apiVersion;
@@ -192,8 +197,12 @@ async function listRaw<T extends KubernetesObject>(
 }
 
 export class ResilientInformer<T extends KubernetesObject> {
-  private readonly cache = new Map<string, T>();
   private readonly lw: ListWatch<T>;
+  /**
+   * What ListWatch's cache held for an object just before ListWatch took it in (a watch event,
+   * a listed object), by the object: the old object of its update or delete.
+   */
+  private readonly previous = new Map<KubernetesObject, T>();
   private readonly liveStreams = new Set<AbortController>();
   private readonly listAborts = new Set<AbortController>();
   private stopped = true;
@@ -208,14 +217,35 @@ export class ResilientInformer<T extends KubernetesObject> {
     const listFn = () => this.list(query);
     this.lw = new ListWatch<T>(o.path, new InstrumentedWatch(o.kc, this), listFn, false, o.labelSelector, o.fieldSelector);
     this.lw.on('add', (obj) => this.onAddOrUpdate(obj));
-    this.lw.on('update', (obj) => this.onAddOrUpdate(obj));
+    this.lw.on('update', (obj) => this.onAddOrUpdate(obj, this.previous.get(obj) ?? null));
     this.lw.on('delete', (obj) => this.onDelete(obj));
     this.lw.on('error', (err) => this.fail(err));
   }
 
   /** Objects currently known, keyed "namespace/name" ("/name" for cluster-scoped), as slimObject keeps them. */
   snapshot(): ReadonlyMap<string, T> {
-    return this.cache;
+    const out = new Map<string, T>();
+    for (const byName of this.listWatchCache().values()) for (const o of byName.values()) out.set(keyOf(o), o);
+    return out;
+  }
+
+  /** What ListWatch's cache holds for the object's namespace and name (ListWatch's keys). */
+  private cached(o: KubernetesObject): T | undefined {
+    return this.listWatchCache().get(o.metadata?.namespace || '')?.get(o.metadata?.name || '');
+  }
+
+  /**
+   * Before ListWatch takes in a watch event's object (InstrumentedWatch calls this): what its
+   * cache holds for it now is the old object of the update or delete it is about to report.
+   */
+  beforeEvent(obj: KubernetesObject | undefined): void {
+    this.previous.clear();
+    const old = obj?.metadata ? this.cached(obj) : undefined;
+    if (old && obj) this.previous.set(obj, old);
+  }
+
+  afterEvent(): void {
+    this.previous.clear();
   }
 
   start(): void {
@@ -258,6 +288,13 @@ export class ResilientInformer<T extends KubernetesObject> {
       const list = await listRaw<T>(this.o.kc, this.o.path, query, signal);
       this.markContact();
       this.listPending = true;
+      // ListWatch diffs the list against its cache as soon as this returns: an object it
+      // already holds is an update (or no change), whose old object is the cached one
+      this.previous.clear();
+      for (const item of list.items) {
+        const old = item?.metadata ? this.cached(item) : undefined;
+        if (old) this.previous.set(item, old);
+      }
       return list;
     } finally {
       this.listAborts.delete(ctl);
@@ -273,12 +310,8 @@ export class ResilientInformer<T extends KubernetesObject> {
     }
   }
 
-  private onAddOrUpdate(obj: T): void {
-    const key = keyOf(obj);
-    const old = this.cache.get(key) ?? null;
-    const slim = slimObject(obj);
-    this.cache.set(key, slim);
-    this.keepSlimInListWatch(obj, slim);
+  private onAddOrUpdate(obj: T, old: T | null = null): void {
+    this.keepSlimInListWatch(obj, slimObject(obj));
     this.safeChange(old, obj);
   }
 
@@ -302,11 +335,9 @@ export class ResilientInformer<T extends KubernetesObject> {
     return objects instanceof Map ? (objects as Map<string, Map<string, T>>) : new Map();
   }
 
+  /** A watch event's object (its old one is what the cache held), or a relist's cached one. */
   private onDelete(obj: T): void {
-    const key = keyOf(obj);
-    const old = this.cache.get(key);
-    this.cache.delete(key);
-    this.safeChange(old ?? obj, null);
+    this.safeChange(this.previous.get(obj) ?? obj, null);
   }
 
   /**
@@ -323,11 +354,14 @@ export class ResilientInformer<T extends KubernetesObject> {
 
   /** ListWatch opens a watch right after delivering a list: that is when a list is "done". */
   beforeWatch(): void {
+    this.previous.clear();
     if (!this.listPending || this.stopped) return;
     this.listPending = false;
     const first = !this.status.listed;
     this.status.listed = true;
-    this.o.log.debug({ resource: this.o.what, objects: this.cache.size, first }, 'listed');
+    let objects = 0;
+    for (const byName of this.listWatchCache().values()) objects += byName.size;
+    this.o.log.debug({ resource: this.o.what, objects, first }, 'listed');
     try {
       this.o.onListed();
     } catch (err) {
@@ -453,7 +487,12 @@ class InstrumentedWatch<T extends KubernetesObject> extends Watch {
         return;
       }
       this.owner.markContact();
-      callback(phase, obj, raw);
+      this.owner.beforeEvent(obj);
+      try {
+        callback(phase, obj, raw);
+      } finally {
+        this.owner.afterEvent();
+      }
     };
     try {
       ctl = await super.watch(path, params, onEvent, finishOnce);

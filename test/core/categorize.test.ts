@@ -506,3 +506,22 @@ test('categorizeEndpoints: no endpoints at all', () => {
     assert.deepEqual([got.clusterEndpoints, got.localEndpoints, got.allReachableEndpoints, got.hasAnyEndpoints], [[], [], [], false]);
   }
 });
+
+test('lists kept in the view: the port\'s own list when every endpoint is used, one frozen empty list, or a list of exactly the endpoints used', () => {
+  const all = [endpoint({ ep: '10.0.0.1:80', ready: true }), endpoint({ ep: '10.0.0.2:80', ready: true })];
+  const cluster = categorizeEndpoints(all, servicePort({}), NODE);
+  assert.equal(cluster.clusterEndpoints, all, 'every endpoint ready: the same list');
+  assert.equal(cluster.allReachableEndpoints, all);
+  assert.deepEqual(cluster.localEndpoints, []);
+  assert.ok(Object.isFrozen(cluster.localEndpoints), 'no local endpoints: the shared frozen list');
+
+  const mixed = [endpoint({ ep: '10.0.0.1:80', isLocal: true, ready: true }), endpoint({ ep: '10.0.0.2:80' }), endpoint({ ep: '10.0.0.3:80', ready: true })];
+  const local = categorizeEndpoints(mixed, servicePort({ internalPolicyLocal: true }), NODE);
+  assert.deepEqual(local.localEndpoints.map((e) => e.key), ['10.0.0.1:80']);
+  assert.notEqual(local.localEndpoints, mixed);
+  assert.ok(!Object.isFrozen(local.localEndpoints));
+  assert.deepEqual(local.clusterEndpoints, []);
+  const some = categorizeEndpoints(mixed, servicePort({}), NODE).clusterEndpoints;
+  assert.deepEqual(some.map((e) => e.key), ['10.0.0.1:80', '10.0.0.3:80']);
+  assert.equal(some[0], mixed[0], 'the same Endpoint objects');
+});

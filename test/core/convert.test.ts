@@ -415,3 +415,32 @@ test('a slice with ports but no endpoints yields an empty list (service exists, 
   const nullEps = endpointsOfSlices([{ ...slice('s', []), endpoints: null }], 4, 'n');
   assert.deepEqual(nullEps.get('ns1/svc1:p80'), []);
 });
+
+test('empty address and range lists are one shared frozen list; a filled one is the Service\'s own', () => {
+  const [a] = servicePortsOf(svc('a', {}), 4);
+  const [b] = servicePortsOf(svc('b', { type: 'LoadBalancer', ports: [{ name: 'p80', port: 80, nodePort: 30080 }] }), 4);
+  const [c] = servicePortsOf(svc('c', { externalIPs: ['203.0.113.7'], loadBalancerSourceRanges: ['203.0.113.0/24'] }), 4);
+  const lists = [a.externalIPs, a.loadBalancerVIPs, a.loadBalancerSourceRanges, b.externalIPs, b.loadBalancerVIPs, b.loadBalancerSourceRanges, c.loadBalancerVIPs];
+  for (const l of lists) {
+    assert.equal(l, a.externalIPs, 'one shared empty list');
+    assert.deepEqual(l, []);
+    assert.ok(Object.isFrozen(l), 'a reader that pushes to it fails loudly');
+  }
+  const [e] = endpointsOfSlices([{ addressType: 'IPv4', metadata: { name: 's', namespace: 'ns1', labels: { 'kubernetes.io/service-name': 'a' } }, ports: [{ name: 'p80', port: 80 }], endpoints: [{ addresses: ['10.180.0.1'] }] }], 4, 'n').get('ns1/a:p80')!;
+  assert.equal(e.zoneHints, a.externalIPs);
+  assert.equal(e.nodeHints, a.externalIPs);
+  assert.deepEqual(c.externalIPs, ['203.0.113.7']);
+  assert.deepEqual(c.loadBalancerSourceRanges, ['203.0.113.0/24']);
+  assert.ok(!Object.isFrozen(c.externalIPs));
+});
+
+test('the ports of one Service share its address lists; each has its own portName', () => {
+  const ports = servicePortsOf(svc('a', { externalIPs: ['203.0.113.7'], ports: [{ name: 'p80', port: 80 }, { name: 'p443', port: 443 }] }), 4);
+  assert.equal(ports.length, 2);
+  assert.equal(ports[0].externalIPs, ports[1].externalIPs);
+  assert.deepEqual(ports.map((p) => p.portName), [
+    { namespace: 'ns1', name: 'a', port: 'p80', protocol: 'TCP' },
+    { namespace: 'ns1', name: 'a', port: 'p443', protocol: 'TCP' },
+  ]);
+  assert.deepEqual(ports.map((p) => p.serviceKey), ['ns1/a', 'ns1/a']);
+});

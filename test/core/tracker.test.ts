@@ -229,3 +229,33 @@ test('an IPv6 tracker ignores IPv4-only services and slices', () => {
   assert.equal(t.endpoints.update(null, slice('a', 'svc1', [ep('10.180.0.1')])), false);
   assert.equal(t.hasPending(), false);
 });
+
+test('a Service whose ports only change order is a no-op; a changed port among them is not', () => {
+  const t = new ProxyStateTracker(4, 'node-a');
+  const two = [{ name: 'p80', port: 80 }, { name: 'dns', port: 53 }];
+  t.services.update(null, svc('svc1', '172.30.0.41', two));
+  t.apply();
+  assert.equal(t.services.update(svc('svc1', '172.30.0.41', two), svc('svc1', '172.30.0.41', [...two].reverse())), false);
+  assert.equal(t.hasPending(), false);
+  assert.equal(t.services.update(svc('svc1', '172.30.0.41', two), svc('svc1', '172.30.0.41', [{ name: 'dns', port: 54 }, { name: 'p80', port: 80 }])), true);
+  assert.deepEqual(keys(t.apply()), ['ns1/svc1']);
+  assert.equal(t.state.services.get('ns1/svc1:dns')?.port, 54);
+  assert.deepEqual([...t.services.portKeysOf('ns1/svc1')], ['ns1/svc1:dns', 'ns1/svc1:p80'], 'in spec order');
+});
+
+test('a slice whose ports only change order is a no-op; the state keeps every port of it', () => {
+  const t = new ProxyStateTracker(4, 'node-a');
+  const ports = [{ name: 'p80', port: 80 }, { name: 'dns', port: 53, protocol: 'UDP' as const }];
+  const a = makeSlice('ns1', 'svc1', { name: 'a', endpoints: [ep('10.180.0.1')], ports });
+  t.endpoints.update(null, a);
+  t.apply();
+  assert.deepEqual(epKeys(t, 'ns1/svc1:p80'), ['10.180.0.1:80']);
+  assert.deepEqual(epKeys(t, 'ns1/svc1:dns'), ['10.180.0.1:53']);
+  const reordered = makeSlice('ns1', 'svc1', { name: 'a', endpoints: [ep('10.180.0.1')], ports: [...ports].reverse() });
+  assert.equal(t.endpoints.update(a, reordered), false);
+  // one port dropped: its list leaves the state, the other stays
+  assert.equal(t.endpoints.update(reordered, makeSlice('ns1', 'svc1', { name: 'a', endpoints: [ep('10.180.0.1')], ports: [ports[1]] })), true);
+  t.apply();
+  assert.equal(t.state.endpoints.has('ns1/svc1:p80'), false);
+  assert.deepEqual(epKeys(t, 'ns1/svc1:dns'), ['10.180.0.1:53']);
+});

@@ -32,6 +32,13 @@ test('safeServicePort returns the same object when nothing is dropped', () => {
   const sp = port('ns', 'ok', 'http', { externalIPs: ['1.2.3.4'] });
   assert.equal(safeServicePort(sp).sp, sp);
   assert.deepEqual(safeServicePort(sp).skipped, []);
+  assert.equal(safeServicePort(sp).sp, sp, 'asked again (cached)');
+  assert.ok(Object.isFrozen(safeServicePort(sp).skipped), 'nothing skipped: one shared frozen list');
+  const bad = port('ns', 'bad', 'http', { externalIPs: ['0.0.0.0', '1.2.3.4'] });
+  const first = safeServicePort(bad);
+  assert.equal(safeServicePort(bad), first, 'a port with skipped VIPs: its cached object');
+  assert.deepEqual(first.sp.externalIPs, ['1.2.3.4']);
+  assert.deepEqual(first.skipped.map((s) => s.ip), ['0.0.0.0']);
 });
 
 const hostile = () =>

@@ -146,6 +146,7 @@ describe('kubernetes source: list and sync', () => {
       assert.equal(upd.new?.spec?.ports?.[0].port, 8081);
       assert.equal(upd.old?.metadata?.name, 'web');
       assert.equal(del.old?.metadata?.name, 'api');
+      assert.equal(del.old?.spec, undefined, 'the old object of a delete is the cached one, not the event\'s');
       assert.equal(del.new, null);
 
       // a slice update, and a slice whose headless label appears: it leaves our view (DELETED)
@@ -180,7 +181,7 @@ describe('kubernetes source: list and sync', () => {
 });
 
 describe('kubernetes source: what the informers keep', () => {
-  test('both caches (ours and ListWatch\'s) keep each object\'s identity and resourceVersion only; changes and a relist still deliver whole new objects and no more', async () => {
+  test('the one cache (ListWatch\'s) keeps each object\'s identity and resourceVersion only; changes and a relist still deliver whole new objects, with the replaced version as the old one, and no more', async () => {
     const r = await rig({ seed: seedBasic });
     try {
       await waitFor(() => r.rec.syncedCalls === 1, 'synced');
@@ -196,7 +197,7 @@ describe('kubernetes source: what the informers keep', () => {
           const { ours, lw } = kept(i);
           assert.ok(ours.length >= 2 && lw.length === ours.length, `${what}: ${resource} cached`);
           for (const o of [...ours, ...lw]) {
-            assert.deepEqual(Object.keys(o.metadata ?? {}).sort(), ['name', 'namespace', 'resourceVersion', 'uid'].filter((k) => k in (o.metadata ?? {})));
+            assert.deepEqual(Object.keys(o.metadata ?? {}).sort(), ['name', 'namespace', 'resourceVersion'].filter((k) => k in (o.metadata ?? {})));
             assert.ok(!('spec' in o) && !('endpoints' in o) && !('status' in o), `${what}: ${o.metadata?.name} slim`);
             const live = r.server.get(resource, o.metadata?.namespace, o.metadata!.name!);
             assert.equal(o.metadata?.resourceVersion, live?.metadata?.resourceVersion, `${what}: ${o.metadata?.name} at the server's version`);
@@ -225,6 +226,9 @@ describe('kubernetes source: what the informers keep', () => {
       await converged(r);
       await waitFor(() => r.server.watchCount() === 3, 'watches open again');
       assert.deepEqual(r.rec.services.slice(n0 + 1).map((e) => [e.old?.metadata?.name, e.new?.spec?.ports?.[0].port]), [['api', 444]]);
+      const relisted = r.rec.services[n0 + 1];
+      assert.equal(relisted.old?.spec, undefined, 'the old object of a relisted update is the cached one');
+      assert.ok(relisted.old?.metadata?.resourceVersion && relisted.old.metadata.resourceVersion !== relisted.new?.metadata?.resourceVersion);
       assert.equal(r.rec.slices.length, m0, 'unchanged slices are not delivered again');
       checkSlim('after a relist');
     } finally {

@@ -4,6 +4,7 @@
 // names the object delivered before (kind, name, namespace: SourceHandler), values JSON
 // cannot carry (.inf, .nan) survive, and an edit that changes nothing is not delivered.
 import { test } from 'node:test';
+import { createHash } from 'node:crypto';
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync, renameSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -44,6 +45,9 @@ test('store/restore: JSON text round-trips until it is dropped; the digest stays
   assert.deepEqual(restoreObject(s), o);
   assert.equal(s.digest, storeObject('Service', structuredClone(o) as never).digest, 'equal objects, equal digests');
   assert.notEqual(s.digest, storeObject('Service', { ...o, spec: { ports: [{ port: 81 }] } } as never).digest);
+  // the first 128 bits of the text's sha256, one Latin-1 character per byte (a 16-character string kept per object)
+  assert.equal(s.digest, createHash('sha256').update(s.text!).digest().subarray(0, 16).toString('latin1'));
+  assert.equal(s.digest!.length, 16);
   assert.deepEqual(identityObject('Service/default/a', 'Service'), { kind: 'Service', metadata: { name: 'a', namespace: 'default' } });
   assert.deepEqual(identityObject('Node//n1', 'Node'), { kind: 'Node', metadata: { name: 'n1' } });
   const inf = { ...o, spec: { ports: [{ port: Number.POSITIVE_INFINITY }] } };
