@@ -15,8 +15,7 @@
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
 import { NO_ENDPOINTS } from '../../core/nodeview.ts';
 import { assembleRuleset, planPortFragment, type NftPlanOptions, type PortFragment } from './plan.ts';
-import { countObjects, type NftChain, type NftElement, type NftSet, type Ruleset } from './ruleset.ts';
-import type { TableLookup } from './transaction.ts';
+import { countObjects, type NftChain, type NftElement, type NftSet, type Ruleset, type TableLookup } from './ruleset.ts';
 
 /** What a port was planned from: the trackers' objects (replaced whenever they change). */
 interface PlannedPort {

@@ -101,3 +101,32 @@ export function countObjects(rs: Ruleset): number {
   for (const s of rs.sets.values()) n += s.elements.size;
   return n;
 }
+
+/**
+ * The desired table as a partial diff reads it: by name, never whole. A partial sync's table
+ * is not kept as objects between syncs (incremental.ts TableIndex answers from the ports'
+ * fragments); a whole Ruleset answers through rulesetLookup.
+ */
+export interface TableLookup {
+  readonly family: NftFamily;
+  readonly table: string;
+  hasChain(name: string): boolean;
+  chain(name: string): NftChain | undefined;
+  hasSet(name: string): boolean;
+  /** the set's declaration (its elements are not necessarily all there: read them with element()) */
+  set(name: string): NftSet | undefined;
+  element(set: string, key: string): NftElement | undefined;
+}
+
+/** A whole Ruleset as a TableLookup. */
+export function rulesetLookup(rs: Ruleset): TableLookup {
+  return {
+    family: rs.family,
+    table: rs.table,
+    hasChain: (name) => rs.chains.has(name),
+    chain: (name) => rs.chains.get(name),
+    hasSet: (name) => rs.sets.has(name),
+    set: (name) => rs.sets.get(name),
+    element: (set, key) => rs.sets.get(set)?.elements.get(key),
+  };
+}

@@ -15,7 +15,7 @@ import { coded } from '../../errors.ts';
 import { parseNftText } from './parse.ts';
 import { optionsFromInput } from './plan.ts';
 import { IncrementalPlanner } from './incremental.ts';
-import { dumpRuleset, type NftElement, type NftFamily } from './ruleset.ts';
+import { dumpRuleset, type NftElement, type NftFamily, type TableLookup } from './ruleset.ts';
 import { TABLE } from './names.ts';
 import {
   deleteElementsOps,
@@ -26,7 +26,6 @@ import {
   partialTransactionFor,
   type LingeringElement,
   type LiveNames,
-  type TableLookup,
   type Transaction,
 } from './transaction.ts';
 

@@ -9,7 +9,7 @@
 // 10,000 Services), so the proxier deletes them when idle. Affinity sets that fall out of use
 // go the same way (`flush set` now, `delete set` later). Pure.
 import { elementKey, ruleText, type NftOp, type NftTableRef } from '../../kernel/nft/model.ts';
-import { tableOf, type NftChain, type NftElement, type NftFamily, type NftSet, type Ruleset } from './ruleset.ts';
+import { rulesetLookup, tableOf, type NftChain, type NftElement, type NftFamily, type NftSet, type Ruleset, type TableLookup } from './ruleset.ts';
 import { isAffinitySetName } from './names.ts';
 import type { Owners, PreviousValues } from './incremental.ts';
 
@@ -18,35 +18,6 @@ export interface LiveNames {
   chains: Set<string>;
   /** name → kind */
   sets: Map<string, 'set' | 'map'>;
-}
-
-/**
- * The desired table as a partial diff reads it: by name, never whole. A partial sync's table
- * is not kept as objects between syncs (incremental.ts TableIndex answers from the ports'
- * fragments); a whole Ruleset answers through rulesetLookup.
- */
-export interface TableLookup {
-  readonly family: NftFamily;
-  readonly table: string;
-  hasChain(name: string): boolean;
-  chain(name: string): NftChain | undefined;
-  hasSet(name: string): boolean;
-  /** the set's declaration (its elements are not necessarily all there: read them with element()) */
-  set(name: string): NftSet | undefined;
-  element(set: string, key: string): NftElement | undefined;
-}
-
-/** A whole Ruleset as a TableLookup. */
-export function rulesetLookup(rs: Ruleset): TableLookup {
-  return {
-    family: rs.family,
-    table: rs.table,
-    hasChain: (name) => rs.chains.has(name),
-    chain: (name) => rs.chains.get(name),
-    hasSet: (name) => rs.sets.has(name),
-    set: (name) => rs.sets.get(name),
-    element: (set, key) => rs.sets.get(set)?.elements.get(key),
-  };
 }
 
 export const NO_OWNERS: Owners = { chain: () => undefined, set: () => undefined, element: () => undefined };
