@@ -25,11 +25,10 @@ interface PlannedPort {
 
 /** Fragments of the ports that were replanned, added or removed, before and after. */
 export interface TouchedFragments {
-  old: PortFragment[];
-  new: PortFragment[];
-  /** the port key of each fragment of `old` and `new`, in the same order */
-  oldKeys: string[];
-  newKeys: string[];
+  /** port key → its previous fragment (none for an added port), in the order they were touched */
+  old: Map<string, PortFragment>;
+  /** port key → its new fragment (none for a removed port) */
+  new: Map<string, PortFragment>;
   /** who owns the touched fragments' objects */
   owners: OwnerIndex;
 }
@@ -113,11 +112,9 @@ function differs(a: NftElement | undefined, b: NftElement): boolean {
 /** Chain name → the port whose fragment has it, for some fragments (the touched ones). */
 type ChainOwners = ReadonlyMap<string, string>;
 
-function chainOwners(frags: readonly PortFragment[], keys: readonly string[]): ChainOwners {
+function chainOwners(frags: ReadonlyMap<string, PortFragment>): ChainOwners {
   const out = new Map<string, string>();
-  frags.forEach((f, i) => {
-    for (const { name } of f.chains) if (!out.has(name)) out.set(name, keys[i]);
-  });
+  for (const [key, f] of frags) for (const { name } of f.chains) if (!out.has(name)) out.set(name, key);
   return out;
 }
 
@@ -309,8 +306,8 @@ class TableIndex {
    */
   previousValues(touched: TouchedFragments, fragmentOf: FragmentOf): PreviousValues {
     const out: PreviousValues = { chains: new Map(), sets: new Map(), elements: new Map() };
-    const owners = chainOwners(touched.old, touched.oldKeys);
-    for (const f of [...touched.old, ...touched.new]) {
+    const owners = chainOwners(touched.old);
+    for (const f of [...touched.old.values(), ...touched.new.values()]) {
       for (const { name } of f.chains) if (!out.chains.has(name)) out.chains.set(name, this.chain(name, fragmentOf, owners));
       for (const s of f.sets.keys()) if (!out.sets.has(s)) out.sets.set(s, this.set(s, fragmentOf));
       for (const { set, key } of f.elements) {
@@ -331,28 +328,28 @@ class TableIndex {
    */
   patch(touched: TouchedFragments, before: FragmentOf, after: FragmentOf): boolean {
     const present = new Map<string, Map<string, boolean>>();
-    for (const f of [...touched.old, ...touched.new]) {
+    for (const f of [...touched.old.values(), ...touched.new.values()]) {
       for (const { set, key } of f.elements) {
         let m = present.get(set);
         if (!m) present.set(set, (m = new Map()));
         if (!m.has(key)) m.set(key, this.hasElement(set, key));
       }
     }
-    touched.old.forEach((f, i) => this.addRefs(touched.oldKeys[i], f, -1, after));
-    touched.new.forEach((f, i) => this.addRefs(touched.newKeys[i], f, 1, after));
+    for (const [key, f] of touched.old) this.addRefs(key, f, -1, after);
+    for (const [key, f] of touched.new) this.addRefs(key, f, 1, after);
     this.sweep(present);
     for (const [set, keys] of present) for (const key of keys.keys()) if (this.conflicted(set, key)) return false;
     const removed = new Set<string>();
-    for (const f of touched.old) for (const { name } of f.chains) removed.add(name);
+    for (const f of touched.old.values()) for (const { name } of f.chains) removed.add(name);
     const added = new Set<string>();
-    for (const f of touched.new) {
+    for (const f of touched.new.values()) {
       for (const { name } of f.chains) {
         if (added.has(name) || (this.hasChain(name) && !removed.has(name))) return false;
         added.add(name);
       }
     }
     let n = this.objectCount;
-    for (const f of touched.old) {
+    for (const f of touched.old.values()) {
       for (const ch of f.chains) {
         const m = this.merged.get(ch.name);
         if (!this.chains.delete(ch.name)) continue;
@@ -366,17 +363,17 @@ class TableIndex {
         n -= 1 + set.elements.size;
       }
     }
-    touched.new.forEach((f, i) => {
+    for (const [key, f] of touched.new) {
       for (const ch of f.chains) {
         this.chains.add(ch.name);
         n += 1 + ch.rules.length;
       }
       for (const [name, set] of f.sets) {
         if (this.hasSet(name)) continue;
-        this.sets.set(name, touched.newKeys[i]);
+        this.sets.set(name, key);
         n += 1 + set.elements.size;
       }
-    });
+    }
     // An element stays while another port still adds it (with the same content).
     for (const [set, keys] of present) for (const [key, was] of keys) n += Number(this.hasElement(set, key)) - Number(was);
     this.objectCount = n;
@@ -469,19 +466,14 @@ export class IncrementalPlanner {
       return { ...this.planAfresh(state, o), previousTable };
     }
     const index = this.index!;
-    const touched: TouchedFragments = { old: [], new: [], oldKeys: [], newKeys: [], owners: new OwnerIndex() };
-    /** the previous fragments of the touched ports that had one, and the new fragments */
-    const olds = new Map<string, PortFragment>();
-    const news = new Map<string, PortFragment>();
+    const touched: TouchedFragments = { old: new Map(), new: new Map(), owners: new OwnerIndex() };
     let planned = 0;
     let keysChanged = false;
     let seen = 0;
     const leave = (key: string, c: PlannedPort): void => {
       this.cache.delete(key);
       const frag = planPortFragment(o, c.sp, c.eps ?? NO_ENDPOINTS);
-      olds.set(key, frag);
-      touched.old.push(frag);
-      touched.oldKeys.push(key);
+      touched.old.set(key, frag);
       touched.owners.add(key, frag);
       keysChanged = true;
     };
@@ -493,14 +485,9 @@ export class IncrementalPlanner {
       const frag = planPortFragment(o, sp, eps ?? NO_ENDPOINTS);
       planned++;
       this.cache.set(key, { sp, eps });
-      if (old) {
-        olds.set(key, old);
-        touched.old.push(old);
-        touched.oldKeys.push(key);
-      } else keysChanged = true;
-      news.set(key, frag);
-      touched.new.push(frag);
-      touched.newKeys.push(key);
+      if (old) touched.old.set(key, old);
+      else keysChanged = true;
+      touched.new.set(key, frag);
       touched.owners.add(key, frag);
       if (old) touched.owners.add(key, old);
     };
@@ -534,11 +521,11 @@ export class IncrementalPlanner {
     this.plannedTotal += planned;
     // Before: a touched port's previous fragment (none for an added port); after: its new one
     // (none for a removed port). Every other port's is the same in both, planned again if read.
-    const after = this.memo(news);
-    const before = this.memo(olds);
+    const after = this.memo(touched.new);
+    const before = this.memo(touched.old);
     const previous = index.previousValues(touched, before);
     if (!index.patch(touched, before, after)) index.rebuild(this.keys, after);
-    return { desired: index.lookup(after, chainOwners(touched.new, touched.newKeys)), table: null, previous, previousTable: null, planned, owners: touched.owners };
+    return { desired: index.lookup(after, chainOwners(touched.new)), table: null, previous, previousTable: null, planned, owners: touched.owners };
   }
 
   /** Every port planned: the whole table, its index and its owners. */
