@@ -6,19 +6,24 @@
 /**
  * The first copy seen of each text, up to `max` texts: then it starts again from empty, so
  * names that come and go over a long run never pile up (a text interned again after that is
- * only a second copy, never a wrong one).
+ * only a second copy, never a wrong one). `copy` makes the copy kept from the first one seen
+ * (e.g. a flat one, src/core/flat.ts).
  */
 export class Interner {
   private readonly texts = new Map<string, string>();
 
-  constructor(private readonly max = 10_000) {}
+  constructor(
+    private readonly max = 10_000,
+    private readonly copy: (text: string) => string = (t) => t,
+  ) {}
 
   get(text: string): string {
     const hit = this.texts.get(text);
     if (hit !== undefined) return hit;
     if (this.texts.size >= this.max) this.texts.clear();
-    this.texts.set(text, text);
-    return text;
+    const kept = this.copy(text);
+    this.texts.set(kept, kept);
+    return kept;
   }
 
   /** How many texts it holds (tests). */

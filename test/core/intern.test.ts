@@ -25,3 +25,18 @@ test('a full Interner starts again from empty rather than growing', () => {
   i.get('d');
   assert.equal(i.size, 1);
 });
+
+test('the copy is made once per text held, and every later get returns that copy', () => {
+  const copies: string[] = [];
+  const i = new Interner(10, (t) => {
+    const c = `${t}`;
+    copies.push(c);
+    return c;
+  });
+  const first = i.get('tcp');
+  assert.equal(i.get('tcp'), first);
+  assert.equal(i.get(['t', 'c', 'p'].join('')), first);
+  assert.equal(copies.length, 1);
+  i.get('udp');
+  assert.deepEqual(copies, ['tcp', 'udp']);
+});

@@ -8,6 +8,7 @@
 import type { Endpoint, ProxyState, ServicePort } from '../../core/model.ts';
 import { NO_ENDPOINTS, nodePortIPsFor, portFactsOf, portOf, resolveNodePortAddresses, settingsOf, type LocalDetectorSpec, type NodePortIPs, type NodeSettings, type PlanInput, type PortFacts, type PortView, type FrontendVerdict } from '../../core/nodeview.ts';
 import { affinitySetName, endpointChainName, flatString, nftComment, serviceChainNames, TABLE, type ServiceChainNames } from './names.ts';
+import { Interner } from '../../core/intern.ts';
 import type { SkippedVIP } from '../../core/vip.ts';
 import { addElement, addRule, addSet, ensureChain, newRuleset, type NftChain, type NftElement, type NftRule, type NftSet, type Ruleset } from './ruleset.ts';
 import { selectionRules } from './selection.ts';
@@ -425,15 +426,10 @@ export function planPortFragment(o: NftPlanOptions, original: ServicePort, endpo
 const NO_SETS: Map<string, NftSet> = new Map();
 
 
-/** small strings repeated in every fragment ("tcp", "80", verdicts): one copy each */
-const interned = new Map<string, string>();
+/** small strings repeated in every fragment ("tcp", "80", verdicts): one flat copy each */
+const interned = new Interner(4096, flatString);
 function intern(s: string): string {
-  let v = interned.get(s);
-  if (v === undefined) {
-    v = flatString(s);
-    if (interned.size < 4096) interned.set(v, v);
-  }
-  return v;
+  return interned.get(s);
 }
 
 /** identical rules (e.g. `jump mark-for-masquerade`) share one object: rules are never mutated */
