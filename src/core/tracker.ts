@@ -154,6 +154,11 @@ function slicesOf(s: ServiceSlices | undefined): readonly SliceEndpoints[] {
   return s === undefined ? [] : Array.isArray(s) ? s : [s];
 }
 
+/** slicesOf's inverse: the one slice itself, several as an array, none as undefined. */
+function asServiceSlices(list: SliceEndpoints[]): ServiceSlices | undefined {
+  return list.length === 0 ? undefined : list.length === 1 ? list[0] : list;
+}
+
 /** A slice's name: its "ns/name" after the namespace (a namespace holds no "/"). */
 function sliceName(id: string): string {
   return id.slice(id.indexOf('/') + 1);
@@ -221,15 +226,15 @@ export class EndpointsChangeTracker {
     const svcKey = valid ? sliceServiceKey(valid) : null;
     const before = this.sliceService.get(id);
     if (before !== undefined) {
-      const kept = slicesOf(this.slices.get(before)).filter((e) => e.id !== id);
-      if (kept.length) this.slices.set(before, kept.length === 1 ? kept[0] : kept);
+      const kept = asServiceSlices(slicesOf(this.slices.get(before)).filter((e) => e.id !== id));
+      if (kept) this.slices.set(before, kept);
       else this.slices.delete(before);
       this.sliceService.delete(id);
     }
     if (valid && svcKey) {
       const entry = { id, ports: portListsOf(endpointsOfSlices([valid], this.family, this.nodeName, this.report)) };
       const bySlice = this.slices.get(svcKey);
-      this.slices.set(svcKey, bySlice ? [...slicesOf(bySlice), entry] : entry);
+      this.slices.set(svcKey, asServiceSlices([...slicesOf(bySlice), entry])!);
       this.sliceService.set(id, svcKey);
     }
     let pending = false;
@@ -285,7 +290,7 @@ export class EndpointsChangeTracker {
         id: entry.id,
         ports: entry.ports.map((x) => (typeof x === 'string' ? x : x.map((e) => ({ ...e, isLocal: !!e.nodeName && e.nodeName === nodeName })))),
       }));
-      this.slices.set(svcKey, relocated.length === 1 ? relocated[0] : relocated);
+      this.slices.set(svcKey, asServiceSlices(relocated)!);
       this.recompute(svcKey);
     }
   }

@@ -428,9 +428,6 @@ const NO_SETS: Map<string, NftSet> = new Map();
 
 /** small strings repeated in every fragment ("tcp", "80", verdicts): one flat copy each */
 const interned = new Interner(4096, flatString);
-function intern(s: string): string {
-  return interned.get(s);
-}
 
 /** identical rules (e.g. `jump mark-for-masquerade`) share one object: rules are never mutated */
 const sharedRules = new Map<string, NftRule>();
@@ -443,7 +440,7 @@ function compactRule(r: NftRule): NftRule {
     }
     return shared;
   }
-  return r.comment === undefined ? { rule: flatString(r.rule) } : { rule: flatString(r.rule), comment: intern(r.comment) };
+  return r.comment === undefined ? { rule: flatString(r.rule) } : { rule: flatString(r.rule), comment: interned.get(r.comment) };
 }
 
 function compactChains(chains: Map<string, NftChain>): NftChain[] {
@@ -461,8 +458,8 @@ function compactChains(chains: Map<string, NftChain>): NftChain[] {
 }
 
 function compactElement(set: string, k: string, el: NftElement): FragmentElement {
-  const c: NftElement = { key: el.key.map((p) => (p.length <= 5 ? intern(p) : p)) };
-  if (el.value !== undefined) c.value = el.value.length <= 32 ? intern(el.value) : flatString(el.value);
+  const c: NftElement = { key: el.key.map((p) => (p.length <= 5 ? interned.get(p) : p)) };
+  if (el.value !== undefined) c.value = el.value.length <= 32 ? interned.get(el.value) : flatString(el.value);
   if (el.comment !== undefined) c.comment = el.comment;
   // k is elementKey()'s join: already flat
   return { set, key: k, el: c };
